@@ -1,0 +1,55 @@
+//! The worker's view of packet I/O: bursts of owned packet buffers moved in
+//! and out of numbered inputs and outputs.
+//!
+//! `sluice-ffi` implements these traits over DPDK queues and mbufs; tests
+//! implement them over plain vectors. The worker loop never sees a DPDK type.
+
+use arrayvec::ArrayVec;
+
+/// Packets moved per receive or transmit call.
+pub const BURST: usize = 32;
+
+/// A fixed-capacity burst of packets; never allocates.
+pub type Burst<P> = ArrayVec<P, BURST>;
+
+/// One packet buffer owned by the worker.
+///
+/// Dropping it returns it to wherever it came from (an mbuf to its pool).
+pub trait PacketBuf {
+    /// The frame, starting at the Ethernet header.
+    fn data(&self) -> &[u8];
+    /// The frame, writable in place.
+    fn data_mut(&mut self) -> &mut [u8];
+    /// Grows the frame at the front by `n` bytes taken from the headroom.
+    /// Returns false, leaving the frame unchanged, when the headroom is short.
+    fn prepend(&mut self, n: usize) -> bool;
+    /// Removes `n` bytes from the front of the frame.
+    /// Returns false, leaving the frame unchanged, when it is shorter than `n`.
+    fn adj(&mut self, n: usize) -> bool;
+    /// The receive-side flow hash computed by the NIC, when it gave one.
+    fn rss_hash(&self) -> Option<u32> {
+        None
+    }
+}
+
+/// Burst receive and transmit for one worker.
+///
+/// Inputs and outputs are small indexes the worker was configured with
+/// (for instance port 0 and port 1, or the exception path).
+pub trait PacketIo {
+    /// The packet buffer type.
+    type Buf: PacketBuf;
+
+    /// Appends up to `burst.remaining_capacity()` received packets from
+    /// `input` to `burst`; returns how many were added.
+    fn rx(&mut self, input: usize, burst: &mut Burst<Self::Buf>) -> usize;
+
+    /// Transmits the packets of `burst` on `output` and empties it. Packets the
+    /// output did not accept are freed; returns how many were accepted.
+    fn tx(&mut self, output: usize, burst: &mut Burst<Self::Buf>) -> usize;
+
+    /// Frees every packet of `burst` (in bulk where the backend can).
+    fn free(&mut self, burst: &mut Burst<Self::Buf>) {
+        burst.clear();
+    }
+}

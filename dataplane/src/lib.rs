@@ -1,0 +1,7 @@
+//! Sluice's fast path, in pure Rust: what a worker does to each packet.
+//!
+//! No I/O, no DPDK types, no locks and no allocation per packet. The worker
+//! loop moves bursts through the [`io::PacketIo`] trait.
+#![forbid(unsafe_code)]
+
+pub mod io;

@@ -1,0 +1,112 @@
+//! Packet-buffer pools (`rte_pktmbuf_pool_create`).
+//!
+//! A pool is shared (`Arc`) by the ports that receive into it. It is freed
+//! only when every mbuf has come back; a pool dropped while mbufs are still
+//! out is leaked rather than freed under them.
+
+use std::ffi::CString;
+use std::fmt;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use crate::error::{call_error, Error, Result};
+use crate::mbuf::Mbuf;
+use crate::{sys, Eal};
+
+/// A pool of packet buffers.
+pub struct Mempool {
+    ptr: NonNull<sys::rte_mempool>,
+    name: String,
+    _eal: Eal,
+}
+
+// SAFETY: rte_mempool get/put and the count functions are multi-thread safe
+// (the pool is created with the default multi-producer/multi-consumer ops).
+unsafe impl Send for Mempool {}
+// SAFETY: see above; `&Mempool` only exposes thread-safe operations.
+unsafe impl Sync for Mempool {}
+
+impl fmt::Debug for Mempool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Mempool")
+            .field("name", &self.name)
+            .field("capacity", &self.capacity())
+            .field("available", &self.available())
+            .finish()
+    }
+}
+
+/// Default space for packet data in each mbuf (2048 plus DPDK's headroom).
+pub const DEFAULT_DATA_ROOM: u16 = 2048 + 128;
+
+impl Mempool {
+    /// Creates a pool of `count` mbufs with a per-lcore cache of `cache`
+    /// and `data_room` bytes of buffer each (headroom included).
+    pub fn new(eal: &Eal, name: &str, count: u32, cache: u32, data_room: u16) -> Result<Arc<Mempool>> {
+        let cname = CString::new(name).map_err(|_| Error::NulInArgument(name.to_owned()))?;
+        if count == 0 {
+            return Err(Error::Call {
+                call: "rte_pktmbuf_pool_create",
+                what: name.to_owned(),
+                errno: libc::EINVAL,
+                reason: "a pool needs at least one mbuf".into(),
+            });
+        }
+        let socket = eal.socket_id();
+        // SAFETY: `cname` is a valid C string; the EAL is initialised.
+        let p = unsafe { sys::rte_pktmbuf_pool_create(cname.as_ptr(), count, cache, 0, data_room, socket) };
+        let ptr = NonNull::new(p).ok_or_else(|| {
+            call_error("rte_pktmbuf_pool_create", format!("{name}, {count} mbufs of {data_room} B"), 0)
+        })?;
+        Ok(Arc::new(Mempool { ptr, name: name.to_owned(), _eal: eal.clone() }))
+    }
+
+    /// The pool's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// How many mbufs the pool holds in all.
+    pub fn capacity(&self) -> u32 {
+        // SAFETY: `ptr` is a live mempool; `size` is set at creation.
+        unsafe { self.ptr.as_ref().size }
+    }
+
+    /// Mbufs in the pool or its lcore caches, ready to allocate.
+    pub fn available(&self) -> u32 {
+        // SAFETY: `ptr` is a live mempool.
+        unsafe { sys::rte_mempool_avail_count(self.ptr.as_ptr()) }
+    }
+
+    /// Mbufs handed out and not yet returned.
+    pub fn in_use(&self) -> u32 {
+        // SAFETY: `ptr` is a live mempool.
+        unsafe { sys::rte_mempool_in_use_count(self.ptr.as_ptr()) }
+    }
+
+    /// Takes one mbuf from the pool, reset and empty.
+    pub fn alloc(&self) -> Option<Mbuf> {
+        // SAFETY: `ptr` is a live packet mempool.
+        let m = unsafe { sys::sluice_pktmbuf_alloc(self.ptr.as_ptr()) };
+        // SAFETY: a non-null result is a freshly allocated mbuf we now own.
+        NonNull::new(m).map(|m| unsafe { Mbuf::from_raw(m) })
+    }
+
+    pub(crate) fn as_ptr(&self) -> *mut sys::rte_mempool {
+        self.ptr.as_ptr()
+    }
+}
+
+impl Drop for Mempool {
+    fn drop(&mut self) {
+        let out = self.in_use();
+        if out != 0 {
+            // Freeing now would leave those mbufs pointing at freed memory.
+            eprintln!("sluice-ffi: mempool {} dropped with {out} mbufs still in use; leaking it", self.name);
+            return;
+        }
+        // SAFETY: every mbuf is back and no port holds the pool any more
+        // (ports keep an Arc to the pools they receive into).
+        unsafe { sys::rte_mempool_free(self.ptr.as_ptr()) };
+    }
+}

@@ -1,0 +1,536 @@
+//! Ethernet ports: lookup, configuration, start/stop, queues, MAC, link,
+//! statistics and extended statistics.
+//!
+//! [`Port::start`] configures N receive and M transmit queues (RSS across
+//! the receive queues when the device has it) and starts the device. Each
+//! queue is handed out once ([`Port::take_rx_queue`]) so that exactly one
+//! thread polls it. The device is stopped and closed when the [`Port`] and
+//! every queue taken from it are gone.
+
+use std::ffi::{CStr, CString};
+use std::fmt;
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use sluice_dataplane::io::{Burst, BURST};
+
+use crate::error::{call_error, Error, Result};
+use crate::mbuf::{burst_u16, burst_u32, Mbuf};
+use crate::mempool::Mempool;
+use crate::{sys, Eal};
+
+/// A DPDK Ethernet port number.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PortId(pub u16);
+
+impl fmt::Display for PortId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "p{}", self.0)
+    }
+}
+
+/// A queue number on a port.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct QueueId(pub u16);
+
+impl fmt::Display for QueueId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "q{}", self.0)
+    }
+}
+
+/// A 48-bit Ethernet address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct MacAddr(pub [u8; 6]);
+
+impl fmt::Display for MacAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let b = self.0;
+        write!(f, "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}", b[0], b[1], b[2], b[3], b[4], b[5])
+    }
+}
+
+/// RSS hash types Sluice asks for: IPv4/IPv6 addresses, TCP/UDP/SCTP ports.
+pub const RSS_HASH_TYPES: u64 = sys::RTE_ETH_RSS_IP as u64
+    | sys::RTE_ETH_RSS_TCP as u64
+    | sys::RTE_ETH_RSS_UDP as u64
+    | sys::RTE_ETH_RSS_SCTP as u64;
+
+/// How to set up a port.
+#[derive(Clone, Debug)]
+pub struct PortConfig {
+    /// Receive queues (one per worker).
+    pub rx_queues: u16,
+    /// Transmit queues (one per thread that sends on the port).
+    pub tx_queues: u16,
+    /// Receive descriptors per queue (adjusted to the device's limits).
+    pub rx_desc: u16,
+    /// Transmit descriptors per queue (adjusted to the device's limits).
+    pub tx_desc: u16,
+    /// Spread receive queues with RSS when there are several and the device supports it.
+    pub rss: bool,
+    /// Receive frames for every destination MAC.
+    pub promiscuous: bool,
+    /// MTU to set, if any.
+    pub mtu: Option<u16>,
+}
+
+impl Default for PortConfig {
+    fn default() -> Self {
+        PortConfig { rx_queues: 1, tx_queues: 1, rx_desc: 1024, tx_desc: 1024, rss: true, promiscuous: true, mtu: None }
+    }
+}
+
+/// What a device is and can do.
+#[derive(Clone, Debug)]
+pub struct PortInfo {
+    /// The port number.
+    pub id: PortId,
+    /// The device name (`net_null0`, a PCI address, ...).
+    pub name: String,
+    /// The driver (`net_null`, `net_ice`, ...).
+    pub driver: String,
+    /// Maximum receive queues.
+    pub max_rx_queues: u16,
+    /// Maximum transmit queues.
+    pub max_tx_queues: u16,
+    /// RSS hash types the device supports (0: no RSS).
+    pub rss_offloads: u64,
+    /// NUMA socket of the device (-1 when unknown).
+    pub socket: i32,
+}
+
+/// Link state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Link {
+    /// Up or down.
+    pub up: bool,
+    /// Speed in Mb/s (0 when unknown).
+    pub speed_mbps: u32,
+    /// Full duplex.
+    pub full_duplex: bool,
+}
+
+/// Basic port counters (`rte_eth_stats`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PortStats {
+    /// Packets received.
+    pub ipackets: u64,
+    /// Packets sent.
+    pub opackets: u64,
+    /// Bytes received.
+    pub ibytes: u64,
+    /// Bytes sent.
+    pub obytes: u64,
+    /// Packets the NIC dropped because receive queues were full.
+    pub imissed: u64,
+    /// Erroneous received packets.
+    pub ierrors: u64,
+    /// Failed transmissions.
+    pub oerrors: u64,
+    /// Receive failures for want of an mbuf.
+    pub rx_nombuf: u64,
+}
+
+fn port_name(id: u16) -> Option<String> {
+    let mut buf = [0 as std::ffi::c_char; sys::RTE_ETH_NAME_MAX_LEN as usize];
+    // SAFETY: `buf` has RTE_ETH_NAME_MAX_LEN bytes as the call requires.
+    let ret = unsafe { sys::rte_eth_dev_get_name_by_port(id, buf.as_mut_ptr()) };
+    if ret != 0 {
+        return None;
+    }
+    // SAFETY: on success the buffer holds a NUL-terminated name.
+    Some(unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned())
+}
+
+/// Every port the EAL probed, in order.
+pub fn ports(_eal: &Eal) -> Vec<PortId> {
+    let mut v = Vec::new();
+    // SAFETY: the EAL is initialised; rte_eth_find_next only reads device state.
+    let mut p = unsafe { sys::rte_eth_find_next(0) };
+    while u32::from(p) < sys::RTE_MAX_ETHPORTS {
+        v.push(PortId(p));
+        // SAFETY: as above.
+        p = unsafe { sys::rte_eth_find_next(p + 1) };
+    }
+    v
+}
+
+/// The port named `name` (e.g. `net_null0`, or a PCI address).
+pub fn port_by_name(eal: &Eal, name: &str) -> Result<PortId> {
+    let cname = CString::new(name).map_err(|_| Error::NulInArgument(name.to_owned()))?;
+    let mut id: u16 = 0;
+    // SAFETY: valid C string and out pointer.
+    let ret = unsafe { sys::rte_eth_dev_get_port_by_name(cname.as_ptr(), &mut id) };
+    if ret == 0 {
+        return Ok(PortId(id));
+    }
+    let known: Vec<String> = ports(eal).iter().filter_map(|p| port_name(p.0)).collect();
+    Err(Error::NoSuchPort { name: name.to_owned(), known: if known.is_empty() { "none".into() } else { known.join(", ") } })
+}
+
+/// What the device behind `id` is and can do.
+pub fn port_info(_eal: &Eal, id: PortId) -> Result<PortInfo> {
+    let mut info = sys::rte_eth_dev_info::default();
+    // SAFETY: `info` is a valid out structure.
+    let ret = unsafe { sys::rte_eth_dev_info_get(id.0, &mut info) };
+    if ret != 0 {
+        return Err(call_error("rte_eth_dev_info_get", id.to_string(), ret));
+    }
+    let driver = if info.driver_name.is_null() {
+        String::new()
+    } else {
+        // SAFETY: the driver name is a static NUL-terminated string.
+        unsafe { CStr::from_ptr(info.driver_name) }.to_string_lossy().into_owned()
+    };
+    // SAFETY: plain query of a valid port.
+    let socket = unsafe { sys::rte_eth_dev_socket_id(id.0) };
+    Ok(PortInfo {
+        id,
+        name: port_name(id.0).unwrap_or_default(),
+        driver,
+        max_rx_queues: info.max_rx_queues,
+        max_tx_queues: info.max_tx_queues,
+        rss_offloads: info.flow_type_rss_offloads,
+        socket,
+    })
+}
+
+struct PortInner {
+    id: PortId,
+    _pool: Arc<Mempool>,
+    _eal: Eal,
+}
+
+impl Drop for PortInner {
+    fn drop(&mut self) {
+        // SAFETY: the Port handle and every queue are gone, so nothing polls
+        // the device; stopping and closing it releases the mbufs it holds
+        // back to the pool (kept alive by `_pool` until after this).
+        unsafe {
+            sys::rte_eth_dev_stop(self.id.0);
+            sys::rte_eth_dev_close(self.id.0);
+        }
+    }
+}
+
+/// A configured, started Ethernet port.
+pub struct Port {
+    inner: Arc<PortInner>,
+    info: PortInfo,
+    rss: bool,
+    rx: Vec<Option<RxQueue>>,
+    tx: Vec<Option<TxQueue>>,
+}
+
+impl fmt::Debug for Port {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Port")
+            .field("id", &self.inner.id)
+            .field("name", &self.info.name)
+            .field("driver", &self.info.driver)
+            .field("rx_queues", &self.rx.len())
+            .field("tx_queues", &self.tx.len())
+            .field("rss", &self.rss)
+            .finish()
+    }
+}
+
+impl Port {
+    /// Configures `id` as `cfg` asks, receiving into `pool`, and starts it.
+    pub fn start(eal: &Eal, id: PortId, cfg: &PortConfig, pool: &Arc<Mempool>) -> Result<Port> {
+        let info = port_info(eal, id)?;
+        let bad = |reason: String| Error::PortConfig { port: id, reason };
+        if cfg.rx_queues == 0 || cfg.tx_queues == 0 {
+            return Err(bad("a port needs at least one receive and one transmit queue".into()));
+        }
+        if cfg.rx_queues > info.max_rx_queues {
+            return Err(bad(format!(
+                "{} receive queues asked, device {} ({}) has at most {}",
+                cfg.rx_queues, info.name, info.driver, info.max_rx_queues
+            )));
+        }
+        if cfg.tx_queues > info.max_tx_queues {
+            return Err(bad(format!(
+                "{} transmit queues asked, device {} ({}) has at most {}",
+                cfg.tx_queues, info.name, info.driver, info.max_tx_queues
+            )));
+        }
+        let mut conf = sys::rte_eth_conf::default();
+        let rss_hf = RSS_HASH_TYPES & info.rss_offloads;
+        let rss = cfg.rss && cfg.rx_queues > 1 && rss_hf != 0;
+        if rss {
+            conf.rxmode.mq_mode = sys::RTE_ETH_MQ_RX_RSS;
+            conf.rx_adv_conf.rss_conf.rss_hf = rss_hf;
+        }
+        // SAFETY: valid port id and configuration structure.
+        let ret = unsafe { sys::rte_eth_dev_configure(id.0, cfg.rx_queues, cfg.tx_queues, &conf) };
+        if ret != 0 {
+            return Err(call_error("rte_eth_dev_configure", format!("{id} {}", info.name), ret));
+        }
+        let inner = Arc::new(PortInner { id, _pool: Arc::clone(pool), _eal: eal.clone() });
+        let (mut nrx, mut ntx) = (cfg.rx_desc, cfg.tx_desc);
+        // SAFETY: valid port and out pointers.
+        let ret = unsafe { sys::rte_eth_dev_adjust_nb_rx_tx_desc(id.0, &mut nrx, &mut ntx) };
+        if ret != 0 {
+            return Err(call_error("rte_eth_dev_adjust_nb_rx_tx_desc", id.to_string(), ret));
+        }
+        // SOCKET_ID_ANY (-1) as the unsigned value DPDK expects.
+        let socket = u32::try_from(info.socket).unwrap_or(u32::MAX);
+        for q in 0..cfg.rx_queues {
+            // SAFETY: configured port; null rxconf means the driver default;
+            // the pool outlives the port (held by `inner`).
+            let ret = unsafe { sys::rte_eth_rx_queue_setup(id.0, q, nrx, socket, std::ptr::null(), pool.as_ptr()) };
+            if ret != 0 {
+                return Err(call_error("rte_eth_rx_queue_setup", format!("{id} q{q}"), ret));
+            }
+        }
+        for q in 0..cfg.tx_queues {
+            // SAFETY: configured port; null txconf means the driver default.
+            let ret = unsafe { sys::rte_eth_tx_queue_setup(id.0, q, ntx, socket, std::ptr::null()) };
+            if ret != 0 {
+                return Err(call_error("rte_eth_tx_queue_setup", format!("{id} q{q}"), ret));
+            }
+        }
+        if let Some(mtu) = cfg.mtu {
+            // SAFETY: configured port.
+            let ret = unsafe { sys::rte_eth_dev_set_mtu(id.0, mtu) };
+            if ret != 0 {
+                return Err(call_error("rte_eth_dev_set_mtu", format!("{id} mtu {mtu}"), ret));
+            }
+        }
+        // SAFETY: every queue is set up.
+        let ret = unsafe { sys::rte_eth_dev_start(id.0) };
+        if ret != 0 {
+            return Err(call_error("rte_eth_dev_start", format!("{id} {}", info.name), ret));
+        }
+        if cfg.promiscuous {
+            // SAFETY: started port. Devices without the feature return an
+            // error, which is harmless: they already receive everything.
+            unsafe { sys::rte_eth_promiscuous_enable(id.0) };
+        }
+        let rx = (0..cfg.rx_queues)
+            .map(|q| Some(RxQueue { port: Arc::clone(&inner), queue: QueueId(q), _not_sync: PhantomData }))
+            .collect();
+        let tx = (0..cfg.tx_queues)
+            .map(|q| Some(TxQueue { port: Arc::clone(&inner), queue: QueueId(q), _not_sync: PhantomData }))
+            .collect();
+        Ok(Port { inner, info, rss, rx, tx })
+    }
+
+    /// The port number.
+    pub fn id(&self) -> PortId {
+        self.inner.id
+    }
+
+    /// What the device is.
+    pub fn info(&self) -> &PortInfo {
+        &self.info
+    }
+
+    /// Whether RSS spreads the receive queues.
+    pub fn rss_enabled(&self) -> bool {
+        self.rss
+    }
+
+    /// Takes receive queue `q` (once).
+    pub fn take_rx_queue(&mut self, q: u16) -> Option<RxQueue> {
+        self.rx.get_mut(usize::from(q))?.take()
+    }
+
+    /// Takes transmit queue `q` (once).
+    pub fn take_tx_queue(&mut self, q: u16) -> Option<TxQueue> {
+        self.tx.get_mut(usize::from(q))?.take()
+    }
+
+    /// The port's own MAC address.
+    pub fn mac(&self) -> Result<MacAddr> {
+        let mut a = sys::rte_ether_addr::default();
+        // SAFETY: valid port and out structure.
+        let ret = unsafe { sys::rte_eth_macaddr_get(self.inner.id.0, &mut a) };
+        if ret != 0 {
+            return Err(call_error("rte_eth_macaddr_get", self.inner.id.to_string(), ret));
+        }
+        Ok(MacAddr(a.addr_bytes))
+    }
+
+    /// The link state, without waiting.
+    pub fn link(&self) -> Result<Link> {
+        let mut l = sys::rte_eth_link::default();
+        // SAFETY: valid port and out structure.
+        let ret = unsafe { sys::rte_eth_link_get_nowait(self.inner.id.0, &mut l) };
+        if ret != 0 {
+            return Err(call_error("rte_eth_link_get_nowait", self.inner.id.to_string(), ret));
+        }
+        Ok(Link {
+            up: l.link_status() != 0,
+            speed_mbps: l.link_speed,
+            full_duplex: l.link_duplex() != 0,
+        })
+    }
+
+    /// Basic counters.
+    pub fn stats(&self) -> Result<PortStats> {
+        stats(self.inner.id)
+    }
+
+    /// Clears the basic counters.
+    pub fn reset_stats(&self) -> Result<()> {
+        // SAFETY: valid port.
+        let ret = unsafe { sys::rte_eth_stats_reset(self.inner.id.0) };
+        if ret != 0 {
+            return Err(call_error("rte_eth_stats_reset", self.inner.id.to_string(), ret));
+        }
+        Ok(())
+    }
+
+    /// The driver's extended counters, by name.
+    pub fn xstats(&self) -> Result<Vec<(String, u64)>> {
+        let id = self.inner.id.0;
+        // SAFETY: a null array with size 0 asks for the count.
+        let n = unsafe { sys::rte_eth_xstats_get_names(id, std::ptr::null_mut(), 0) };
+        let Ok(count) = usize::try_from(n) else {
+            return Err(call_error("rte_eth_xstats_get_names", self.inner.id.to_string(), n));
+        };
+        let mut names = vec![sys::rte_eth_xstat_name { name: [0; 64] }; count];
+        let mut values = vec![sys::rte_eth_xstat::default(); count];
+        let size = u32::try_from(count).unwrap_or(u32::MAX);
+        // SAFETY: `names` has `count` elements.
+        let got = unsafe { sys::rte_eth_xstats_get_names(id, names.as_mut_ptr(), size) };
+        if got < 0 {
+            return Err(call_error("rte_eth_xstats_get_names", self.inner.id.to_string(), got));
+        }
+        // SAFETY: `values` has `count` elements.
+        let got = unsafe { sys::rte_eth_xstats_get(id, values.as_mut_ptr(), size) };
+        if got < 0 {
+            return Err(call_error("rte_eth_xstats_get", self.inner.id.to_string(), got));
+        }
+        let got = usize::try_from(got).unwrap_or(0).min(count);
+        Ok(values[..got]
+            .iter()
+            .filter_map(|v| {
+                let name = names.get(usize::try_from(v.id).ok()?)?;
+                // SAFETY: DPDK NUL-terminates names within their 64 bytes.
+                let s = unsafe { CStr::from_ptr(name.name.as_ptr()) }.to_string_lossy().into_owned();
+                Some((s, v.value))
+            })
+            .collect())
+    }
+}
+
+fn stats(id: PortId) -> Result<PortStats> {
+    let mut s = sys::rte_eth_stats::default();
+    // SAFETY: valid port and out structure.
+    let ret = unsafe { sys::rte_eth_stats_get(id.0, &mut s) };
+    if ret != 0 {
+        return Err(call_error("rte_eth_stats_get", id.to_string(), ret));
+    }
+    Ok(PortStats {
+        ipackets: s.ipackets,
+        opackets: s.opackets,
+        ibytes: s.ibytes,
+        obytes: s.obytes,
+        imissed: s.imissed,
+        ierrors: s.ierrors,
+        oerrors: s.oerrors,
+        rx_nombuf: s.rx_nombuf,
+    })
+}
+
+/// A receive queue, polled by one thread.
+pub struct RxQueue {
+    port: Arc<PortInner>,
+    queue: QueueId,
+    _not_sync: PhantomData<std::cell::Cell<()>>,
+}
+
+impl fmt::Debug for RxQueue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "RxQueue({}/{})", self.port.id, self.queue)
+    }
+}
+
+impl RxQueue {
+    /// The port.
+    pub fn port(&self) -> PortId {
+        self.port.id
+    }
+
+    /// The queue number.
+    pub fn queue(&self) -> QueueId {
+        self.queue
+    }
+
+    /// Receives up to the burst's free capacity; returns how many were added.
+    #[inline]
+    pub fn rx_burst(&mut self, burst: &mut Burst<Mbuf>) -> usize {
+        let len = burst.len();
+        let room = BURST - len;
+        if room == 0 {
+            return 0;
+        }
+        // SAFETY: the slots after `len` are free capacity for `room` mbuf
+        // pointers (Mbuf is repr(transparent) over a non-null pointer);
+        // this thread is the only one polling this queue (RxQueue is !Sync
+        // and handed out once); the port is started and alive (`port`).
+        unsafe {
+            let dst = burst.as_mut_ptr().add(len).cast::<*mut sys::rte_mbuf>();
+            let n = sys::sluice_rx_burst(self.port.id.0, self.queue.0, dst, burst_u16(room));
+            burst.set_len(len + usize::from(n));
+            usize::from(n)
+        }
+    }
+}
+
+/// A transmit queue, used by one thread.
+pub struct TxQueue {
+    port: Arc<PortInner>,
+    queue: QueueId,
+    _not_sync: PhantomData<std::cell::Cell<()>>,
+}
+
+impl fmt::Debug for TxQueue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "TxQueue({}/{})", self.port.id, self.queue)
+    }
+}
+
+impl TxQueue {
+    /// The port.
+    pub fn port(&self) -> PortId {
+        self.port.id
+    }
+
+    /// The queue number.
+    pub fn queue(&self) -> QueueId {
+        self.queue
+    }
+
+    /// Sends the burst and empties it; mbufs the device did not take are
+    /// freed in bulk. Returns how many were sent.
+    #[inline]
+    pub fn tx_burst(&mut self, burst: &mut Burst<Mbuf>) -> usize {
+        let len = burst.len();
+        if len == 0 {
+            return 0;
+        }
+        // SAFETY: the first `len` slots are owned mbuf pointers; the device
+        // takes ownership of the first `sent`; the rest are freed in bulk
+        // below; set_len(0) then forgets all of them without a second free.
+        // This thread is the only user of the queue (TxQueue is !Sync).
+        unsafe {
+            let ptrs = burst.as_mut_ptr().cast::<*mut sys::rte_mbuf>();
+            let sent = usize::from(sys::sluice_tx_burst(self.port.id.0, self.queue.0, ptrs, burst_u16(len)));
+            if sent < len {
+                sys::rte_pktmbuf_free_bulk(ptrs.add(sent), burst_u32(len - sent));
+            }
+            burst.set_len(0);
+            sent
+        }
+    }
+}
+
+/// Reads the counters of any port, started through this crate or not.
+pub fn port_stats(_eal: &Eal, id: PortId) -> Result<PortStats> {
+    stats(id)
+}

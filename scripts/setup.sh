@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs everything Sluice needs to build, test and run its demo on Debian 12.
+# Idempotent: packages already present are left alone; apt-get update runs once,
+# and only when something is missing.
+set -euo pipefail
+
+PKGS=(
+  # build: DPDK headers/libs, libclang for bindgen, a C compiler for the shim
+  dpdk dpdk-dev libdpdk-dev libclang-dev pkg-config build-essential
+  # network test topology and inspection
+  iproute2 iputils-ping tcpdump ethtool procps
+  # traffic and peers for the end-to-end tests and demo
+  socat netcat-openbsd python3 bird2 curl
+)
+
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  # bird2 starts a system daemon on install; Sluice runs its own instance.
+  if command -v systemctl >/dev/null 2>&1; then systemctl disable --now bird >/dev/null 2>&1 || true; fi
+  pkill -x bird >/dev/null 2>&1 || true
+else
+  echo "setup: all packages present"
+fi
+
+pkg-config --modversion libdpdk >/dev/null || { echo "setup: libdpdk not visible to pkg-config" >&2; exit 1; }
+echo "setup: DPDK $(pkg-config --modversion libdpdk)"
