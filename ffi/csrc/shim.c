@@ -1,5 +1,6 @@
 #include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <rte_config.h>
 #include <rte_errno.h>
@@ -73,32 +74,68 @@ unsigned int sluice_ring_count(const struct rte_ring *r)
 	return rte_ring_count(r);
 }
 
-static FILE *capture_stream;
-static char *capture_buf;
-static size_t capture_len;
+/*
+ * Output capture around rte_eal_init: DPDK writes its log (through a stream
+ * on stdout), getopt's complaints (stderr) and its usage text (stdout)
+ * straight to the process's descriptors. While capturing, descriptors 1 and
+ * 2 point at a temporary file; stop restores them and returns what was
+ * written. Afterwards DPDK's log goes to stderr, keeping stdout for output.
+ */
+static FILE *capture_file;
+static int saved_out = -1;
+static int saved_err = -1;
 
-int sluice_log_capture_start(void)
+int sluice_capture_start(void)
 {
-	if (capture_stream != NULL)
+	if (capture_file != NULL)
 		return -1;
-	capture_stream = open_memstream(&capture_buf, &capture_len);
-	if (capture_stream == NULL)
+	fflush(stdout);
+	fflush(stderr);
+	capture_file = tmpfile();
+	if (capture_file == NULL)
 		return -1;
-	return rte_openlog_stream(capture_stream);
+	saved_out = dup(STDOUT_FILENO);
+	saved_err = dup(STDERR_FILENO);
+	if (saved_out < 0 || saved_err < 0) {
+		if (saved_out >= 0)
+			close(saved_out);
+		if (saved_err >= 0)
+			close(saved_err);
+		fclose(capture_file);
+		capture_file = NULL;
+		return -1;
+	}
+	dup2(fileno(capture_file), STDOUT_FILENO);
+	dup2(fileno(capture_file), STDERR_FILENO);
+	return 0;
 }
 
-char *sluice_log_capture_stop(void)
+char *sluice_capture_stop(void)
 {
-	char *out;
+	char *out = NULL;
+	long len;
 
-	if (capture_stream == NULL)
+	if (capture_file == NULL)
 		return NULL;
-	rte_openlog_stream(NULL);
-	fclose(capture_stream);
-	capture_stream = NULL;
-	out = capture_buf;
-	capture_buf = NULL;
-	capture_len = 0;
+	fflush(stdout);
+	fflush(stderr);
+	dup2(saved_out, STDOUT_FILENO);
+	dup2(saved_err, STDERR_FILENO);
+	close(saved_out);
+	close(saved_err);
+	saved_out = saved_err = -1;
+	rte_openlog_stream(stderr);
+
+	len = lseek(fileno(capture_file), 0, SEEK_END);
+	if (len >= 0 && lseek(fileno(capture_file), 0, SEEK_SET) == 0) {
+		out = malloc((size_t)len + 1);
+		if (out != NULL) {
+			ssize_t got = read(fileno(capture_file), out, (size_t)len);
+			out[got > 0 ? got : 0] = '\0';
+		}
+	}
+	fclose(capture_file);
+	capture_file = NULL;
 	return out;
 }
 

@@ -27,11 +27,10 @@ unsigned int sluice_ring_enqueue_burst(struct rte_ring *r, void *const *objs, un
 unsigned int sluice_ring_dequeue_burst(struct rte_ring *r, void **objs, unsigned int n);
 unsigned int sluice_ring_count(const struct rte_ring *r);
 
-/* EAL log capture: DPDK writes its log to a memory stream between start and
- * stop, so that start-up failures can be reported with DPDK's own words. */
-int sluice_log_capture_start(void);
-/* Returns a malloc'ed NUL-terminated buffer (free with sluice_free) or NULL. */
-char *sluice_log_capture_stop(void);
+/* Output capture around rte_eal_init (see shim.c). stop returns a malloc'ed
+ * NUL-terminated buffer (free with sluice_free) or NULL. */
+int sluice_capture_start(void);
+char *sluice_capture_stop(void);
 void sluice_free(void *p);
 
 #endif

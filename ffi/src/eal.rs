@@ -54,25 +54,73 @@ impl Drop for EalInner {
     }
 }
 
-fn hint_for(errno: i32, log: &str) -> String {
-    let lower = log.to_ascii_lowercase();
-    if lower.contains("hugepage") && !lower.contains("no-huge") {
-        return "no usable hugepages: pass --no-huge (with -m <MB>), or reserve them \
-                (echo 512 > /proc/sys/vm/nr_hugepages) and mount hugetlbfs"
-            .into();
-    }
-    if lower.contains("vdev") || lower.contains("driver") || lower.contains("probe") {
-        return "a device could not be created: check the --vdev/-a arguments (driver name, \
-                iface=..., the interface exists) and that the PMD is installed"
-            .into();
-    }
-    if lower.contains("lcore") || lower.contains("coremask") || lower.contains("core list") {
-        return "check -l/--lcores: every listed core must exist on this machine".into();
-    }
-    if lower.contains("file-prefix") || lower.contains("lock") || lower.contains("primary") {
-        return "another DPDK process uses the same runtime directory: give each process \
-                its own --file-prefix"
-            .into();
+/// True for lines of DPDK's usage text, which it prints on any bad option.
+fn is_usage_line(l: &str) -> bool {
+    l.is_empty()
+        || l.starts_with(char::is_whitespace)
+        || l.starts_with("Usage:")
+        || (l.starts_with("EAL ") && l.ends_with(':'))
+        || l == "SIMD bitwidth"
+}
+
+/// What DPDK printed, without its usage text.
+fn meaningful(output: &str) -> String {
+    output.lines().filter(|l| !is_usage_line(l)).collect::<Vec<_>>().join("\n")
+}
+
+/// The argument that names `needle`, if any.
+fn arg_naming<'a>(args: &[&'a str], needle: &str) -> Option<&'a str> {
+    args.iter().copied().find(|a| a.contains(needle))
+}
+
+fn quoted(line: &str) -> Option<&str> {
+    let start = line.find(['"', '\''])? + 1;
+    let end = start + line[start..].find(['"', '\''])?;
+    Some(&line[start..end])
+}
+
+/// What to change, from the error code and the error lines DPDK printed.
+fn hint_for(errno: i32, log: &str, args: &[&str]) -> String {
+    for line in log.lines() {
+        let lower = line.to_ascii_lowercase();
+        if lower.contains("unrecognized option") || lower.contains("invalid option") {
+            let opt = quoted(line).unwrap_or("?");
+            return format!("argument `{opt}` is not an EAL option (`dpdk-testpmd --help` lists them)");
+        }
+        if lower.contains("requires an argument") {
+            let opt = quoted(line).unwrap_or("?");
+            let dash = if opt.len() == 1 { "-" } else { "" };
+            return format!("argument `{dash}{opt}` needs a value");
+        }
+        if lower.contains("failed to parse device") || lower.contains("unable to parse device") {
+            let dev = quoted(line).unwrap_or("?");
+            let arg = arg_naming(args, dev).unwrap_or(dev);
+            return format!(
+                "argument `{arg}`: no driver is named `{dev}`; virtual devices are net_null<N>, \
+                 net_ring<N>, net_tap<N>, net_af_packet<N>,iface=<if>, net_af_xdp<N>,iface=<if>, \
+                 net_memif<N> (a PCI device goes with -a <domain:bus:dev.fn>)"
+            );
+        }
+        if lower.contains("lcore") && (lower.contains("unavailable") || lower.contains("invalid core")) {
+            let arg = args
+                .iter()
+                .position(|a| *a == "-l" || *a == "--lcores" || *a == "-c")
+                .and_then(|i| args.get(i..i + 2))
+                .map(|p| p.join(" "))
+                .or_else(|| arg_naming(args, "-l").map(str::to_owned))
+                .unwrap_or_else(|| "-l".into());
+            return format!("argument `{arg}`: every listed core must exist on this machine ({line})");
+        }
+        if lower.contains("cannot get hugepage information") || lower.contains("not enough memory available") {
+            return "no usable hugepages: pass --no-huge (with -m <MB>), or reserve them \
+                    (echo 512 > /proc/sys/vm/nr_hugepages) and mount hugetlbfs"
+                .into();
+        }
+        if lower.contains("cannot create lock") || lower.contains("is another primary process running") {
+            return "another DPDK process uses the same runtime directory: give each process its \
+                    own --file-prefix"
+                .into();
+        }
     }
     match errno {
         libc::EACCES | libc::EPERM => {
@@ -81,23 +129,42 @@ fn hint_for(errno: i32, log: &str) -> String {
         libc::ENOMEM => "not enough memory: lower -m, use --no-huge, or reserve more hugepages".into(),
         libc::EALREADY => "the EAL is already initialised in this process".into(),
         libc::ENODEV => "no device matched: check the --vdev/-a arguments".into(),
-        libc::EINVAL => "an argument is invalid: see what DPDK said below (unknown option, \
-                         malformed --vdev, bad -l list)"
-            .into(),
         _ => "see what DPDK said below".into(),
     }
 }
 
-/// Captures what DPDK logs between `start` and `finish`.
+/// The Ethernet vdevs (`--vdev=net_...`) the arguments ask for.
+fn requested_net_vdevs<'a>(args: &[&'a str]) -> Vec<(&'a str, &'a str)> {
+    let mut out = Vec::new();
+    let mut it = args.iter().copied().peekable();
+    while let Some(a) = it.next() {
+        let spec = if let Some(v) = a.strip_prefix("--vdev=") {
+            Some(v)
+        } else if a == "--vdev" {
+            it.next()
+        } else {
+            None
+        };
+        if let Some(spec) = spec {
+            let name = spec.split(',').next().unwrap_or(spec);
+            if name.starts_with("net_") {
+                out.push((a, name));
+            }
+        }
+    }
+    out
+}
+
+/// Captures what DPDK writes to stdout and stderr between `start` and `finish`.
 struct LogCapture {
     active: bool,
 }
 
 impl LogCapture {
     fn start() -> Self {
-        // SAFETY: installs a memory stream as DPDK's log stream; only called
+        // SAFETY: points stdout/stderr at a temporary file; only called
         // around rte_eal_init, from the one thread that initialises the EAL.
-        let active = unsafe { sys::sluice_log_capture_start() } == 0;
+        let active = unsafe { sys::sluice_capture_start() } == 0;
         LogCapture { active }
     }
 
@@ -110,9 +177,9 @@ impl LogCapture {
             return String::new();
         }
         self.active = false;
-        // SAFETY: restores DPDK's default log stream and returns the
-        // malloc'ed buffer of what was written (or null), which we own.
-        let p = unsafe { sys::sluice_log_capture_stop() };
+        // SAFETY: restores stdout/stderr and returns the malloc'ed buffer
+        // of what was written (or null), which we own.
+        let p = unsafe { sys::sluice_capture_stop() };
         if p.is_null() {
             return String::new();
         }
@@ -155,6 +222,7 @@ impl Eal {
         argv.push(std::ptr::null_mut());
         let argc = c_int::try_from(owned.len()).map_err(|_| Error::NulInArgument("too many arguments".into()))?;
 
+        let joined: Vec<&str> = args.iter().map(AsRef::as_ref).collect();
         let capture = LogCapture::start();
         // SAFETY: argv holds argc valid NUL-terminated strings followed by a
         // null pointer, all alive for the rest of the process; the EAL has
@@ -165,15 +233,36 @@ impl Eal {
         if ret < 0 {
             // DPDK itself refuses a second attempt when the first got too far.
             INITIALISED.store(false, Ordering::SeqCst);
-            let joined: Vec<&str> = args.iter().map(AsRef::as_ref).collect();
+            let log = meaningful(&log);
             return Err(Error::EalInit {
                 args: joined.join(" "),
                 reason: strerror(errno),
-                hint: hint_for(errno, &log),
+                hint: hint_for(errno, &log, &joined),
                 log,
             });
         }
-        Ok(Eal { inner: Arc::new(EalInner { log, rings: Mutex::new(Vec::new()) }) })
+        let eal = Eal { inner: Arc::new(EalInner { log, rings: Mutex::new(Vec::new()) }) };
+        // A virtual device whose driver failed to probe does not fail
+        // rte_eal_init; a port that silently is not there is worse.
+        for (arg, name) in requested_net_vdevs(&joined) {
+            if crate::port::port_by_name(&eal, name).is_err() {
+                let said: Vec<&str> = eal
+                    .startup_log()
+                    .lines()
+                    .filter(|l| l.contains(name) || l.to_ascii_lowercase().contains("error") || l.contains("cannot"))
+                    .collect();
+                return Err(Error::EalInit {
+                    args: joined.join(" "),
+                    reason: format!("device {name} was not created"),
+                    hint: format!(
+                        "argument `{arg}`: the driver refused the device (for af_packet/af_xdp: does \
+                         the interface exist in this network namespace, and is it up?)"
+                    ),
+                    log: said.join("\n"),
+                });
+            }
+        }
+        Ok(eal)
     }
 
     /// What DPDK logged while the EAL started.
