@@ -10,7 +10,7 @@ PKGS=(
   # network test topology and inspection
   iproute2 iputils-ping tcpdump ethtool procps
   # traffic and peers for the end-to-end tests and demo
-  socat netcat-openbsd python3 bird2 curl
+  socat netcat-openbsd python3 bird2 curl bc
 )
 
 missing=()

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Installs what is missing, builds Sluice once in release mode, lints it and
+# runs every test (unit, property, DPDK, and end-to-end in network namespaces).
+# Needs root: DPDK and the namespace tests require it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+scripts/setup.sh
+export CARGO_TERM_COLOR=${CARGO_TERM_COLOR:-never}
+
+echo "== build (release)"
+cargo build --release --workspace --all-targets --locked
+
+echo "== clippy"
+cargo clippy --release --workspace --all-targets --locked -- -D warnings
+
+echo "== tests"
+cargo test --release --workspace --locked -- --test-threads="${TEST_THREADS:-2}"
+
+echo "== all tests passed"

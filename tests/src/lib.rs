@@ -1,0 +1,209 @@
+//! Harness for end-to-end tests: network namespaces joined by veth pairs,
+//! processes that are killed when the test ends, and the `sluice` binary.
+//!
+//! Everything a test creates is removed when its guard drops, also when the
+//! test fails. Names carry the test process id, so runs do not collide.
+#![forbid(unsafe_code)]
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test harness: failing loudly is the point
+
+use std::io::Read;
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// Panics with a clear message unless the tests run as root; with
+/// `SLUICE_SKIP_PRIVILEGED=1` returns false instead (the test then skips).
+pub fn privileged() -> bool {
+    let uid = Command::new("id").arg("-u").output().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned());
+    if uid.ok().as_deref() == Some("0") {
+        return true;
+    }
+    if std::env::var("SLUICE_SKIP_PRIVILEGED").as_deref() == Ok("1") {
+        eprintln!("skipped: needs root (network namespaces, DPDK)");
+        return false;
+    }
+    panic!("this test needs root (network namespaces and DPDK); run as root or set SLUICE_SKIP_PRIVILEGED=1 to skip it");
+}
+
+/// Runs a command, panicking with its output if it fails.
+pub fn run(cmd: &[&str]) -> Output {
+    let out = Command::new(cmd[0]).args(&cmd[1..]).output().unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed ({}):\n{}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// The `sluice` binary: `$SLUICE_BIN`, else next to this test's target dir.
+pub fn sluice_bin() -> PathBuf {
+    if let Ok(p) = std::env::var("SLUICE_BIN") {
+        return PathBuf::from(p);
+    }
+    let exe = std::env::current_exe().expect("test executable path");
+    // target/<profile>/deps/<test> -> target/<profile>/sluice
+    let dir = exe.parent().and_then(|d| d.parent()).expect("target dir");
+    let bin = dir.join("sluice");
+    assert!(
+        bin.exists(),
+        "{} not found: build it first (`cargo build --release -p sluice` for release tests) or set SLUICE_BIN",
+        bin.display()
+    );
+    bin
+}
+
+/// A network namespace, deleted (with its interfaces) on drop.
+#[derive(Debug)]
+pub struct Netns {
+    /// Its name under /run/netns.
+    pub name: String,
+}
+
+impl Netns {
+    /// Creates `slt<pid>-<tag>`, with loopback up.
+    pub fn new(tag: &str) -> Netns {
+        let name = format!("slt{}-{tag}", std::process::id());
+        let _ = Command::new("ip").args(["netns", "del", &name]).output();
+        run(&["ip", "netns", "add", &name]);
+        let ns = Netns { name };
+        ns.run(&["ip", "link", "set", "lo", "up"]);
+        ns
+    }
+
+    fn exec_args<'a>(&'a self, cmd: &[&'a str]) -> Vec<&'a str> {
+        let mut v = vec!["ip", "netns", "exec", self.name.as_str()];
+        v.extend_from_slice(cmd);
+        v
+    }
+
+    /// Runs a command inside, panicking if it fails.
+    pub fn run(&self, cmd: &[&str]) -> Output {
+        run(&self.exec_args(cmd))
+    }
+
+    /// Runs a command inside and returns its output whatever the status.
+    pub fn output(&self, cmd: &[&str]) -> Output {
+        let args = self.exec_args(cmd);
+        Command::new(args[0]).args(&args[1..]).output().expect("spawn ip netns exec")
+    }
+
+    /// Starts a command inside; it is killed when the guard drops.
+    pub fn spawn(&self, cmd: &[&str]) -> Proc {
+        let args = self.exec_args(cmd);
+        let child = Command::new(args[0])
+            .args(&args[1..])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
+        Proc { child: Some(child), what: cmd.join(" ") }
+    }
+
+    /// Sets a sysctl inside.
+    pub fn sysctl(&self, key: &str, value: &str) {
+        self.run(&["sysctl", "-qw", &format!("{key}={value}")]);
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        // Kill what still runs inside, then delete the namespace.
+        if let Ok(o) = Command::new("ip").args(["netns", "pids", &self.name]).output() {
+            for pid in String::from_utf8_lossy(&o.stdout).split_whitespace() {
+                let _ = Command::new("kill").args(["-9", pid]).output();
+            }
+        }
+        let _ = Command::new("ip").args(["netns", "del", &self.name]).output();
+    }
+}
+
+/// Creates a veth pair `a` (in `ns_a`) <-> `b` (in `ns_b`), both up, with
+/// checksum and segmentation offloads off so every frame is complete and
+/// MTU-sized (DPDK's af_packet sees frames as the kernel hands them over).
+pub fn veth(ns_a: &Netns, a: &str, ns_b: &Netns, b: &str) {
+    run(&["ip", "link", "add", a, "netns", &ns_a.name, "type", "veth", "peer", "name", b, "netns", &ns_b.name]);
+    for (ns, dev) in [(ns_a, a), (ns_b, b)] {
+        ns.run(&["ip", "link", "set", dev, "up"]);
+        let _ = ns.output(&["ethtool", "-K", dev, "tx", "off", "rx", "off", "tso", "off", "gso", "off", "gro", "off"]);
+    }
+}
+
+/// A process that is killed (if still running) when dropped.
+#[derive(Debug)]
+pub struct Proc {
+    child: Option<Child>,
+    what: String,
+}
+
+impl Proc {
+    /// Sends `signal` (e.g. "INT") and waits up to `timeout` for the exit;
+    /// returns the exit code and everything the process printed.
+    pub fn stop(&mut self, signal: &str, timeout: Duration) -> (Option<i32>, String, String) {
+        let mut child = self.child.take().expect("process already stopped");
+        let _ = Command::new("kill").args([&format!("-{signal}"), &child.id().to_string()]).output();
+        let end = Instant::now() + timeout;
+        let status = loop {
+            if let Some(s) = child.try_wait().expect("wait") {
+                break Some(s);
+            }
+            if Instant::now() > end {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let (mut out, mut err) = (String::new(), String::new());
+        if let Some(mut o) = child.stdout.take() {
+            let _ = o.read_to_string(&mut out);
+        }
+        if let Some(mut e) = child.stderr.take() {
+            let _ = e.read_to_string(&mut err);
+        }
+        (status.and_then(|s| s.code()), out, err)
+    }
+
+    /// True while the process runs.
+    pub fn running(&mut self) -> bool {
+        self.child.as_mut().is_some_and(|c| c.try_wait().ok().flatten().is_none())
+    }
+
+    /// What was started.
+    pub fn what(&self) -> &str {
+        &self.what
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Polls `f` every 50 ms until it returns true or `timeout` passes.
+pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + timeout;
+    loop {
+        if f() {
+            return true;
+        }
+        if Instant::now() > end {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A tiny Python program (Python 3 is part of the test dependencies) run
+/// inside a namespace: traffic generators and sinks for the tests.
+pub fn python(ns: &Netns, program: &str, args: &[&str]) -> Proc {
+    let mut cmd = vec!["python3", "-c", program];
+    cmd.extend_from_slice(args);
+    ns.spawn(&cmd)
+}
