@@ -39,5 +39,5 @@ fn unsafe_lives_only_in_ffi() {
         })
         .map(|f| f.display().to_string())
         .collect();
-    assert!(offenders.is_empty(), "`unsafe` outside ffi/: {offenders:?}");
+    assert!(offenders.is_empty(), "`{word}` outside ffi/: {offenders:?}");
 }
