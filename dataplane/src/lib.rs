@@ -4,4 +4,9 @@
 //! loop moves bursts through the [`io::PacketIo`] trait.
 #![forbid(unsafe_code)]
 
+pub mod addr;
+pub mod checksum;
+pub mod craft;
 pub mod io;
+pub mod parse;
+pub mod verdict;

@@ -1,0 +1,164 @@
+//! What happens to a packet: sent out of an output, handed to the kernel
+//! (exception path), held back (an early IP fragment), or dropped for a
+//! named reason. Every drop is counted under its reason.
+
+/// Why a packet was dropped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(u8)]
+pub enum DropReason {
+    /// Shorter than an Ethernet header.
+    EthTruncated,
+    /// Longer than 65535 bytes.
+    FrameTooLong,
+    /// More than two VLAN tags.
+    VlanTooDeep,
+    /// IPv4 header cut short by the end of the frame.
+    Ipv4Truncated,
+    /// IPv4 ethertype but the version field is not 4.
+    Ipv4BadVersion,
+    /// IPv4 header length below 20 bytes.
+    Ipv4BadHeaderLength,
+    /// IPv4 total length smaller than the header, or larger than the frame.
+    Ipv4BadTotalLength,
+    /// IPv4 header checksum does not verify.
+    Ipv4BadChecksum,
+    /// IPv6 header cut short by the end of the frame.
+    Ipv6Truncated,
+    /// IPv6 ethertype but the version field is not 6.
+    Ipv6BadVersion,
+    /// IPv6 payload length larger than the frame, or zero without a jumbo option.
+    Ipv6BadPayloadLength,
+    /// IPv6 jumbogram (payload length 0 with a hop-by-hop jumbo option): unsupported.
+    Ipv6Jumbo,
+    /// IPv6 extension header chain truncated or longer than 8 headers.
+    Ipv6BadExtensionHeader,
+    /// TCP, UDP, SCTP or ICMP header shorter than its minimum.
+    L4Truncated,
+    /// TCP data offset below 5 words or beyond the segment.
+    TcpBadDataOffset,
+    /// UDP length field smaller than 8 or larger than the datagram.
+    UdpBadLength,
+    /// ICMP error whose embedded packet is too short to identify the flow.
+    IcmpErrorTruncated,
+    /// TTL or hop limit would reach zero.
+    TtlExpired,
+    /// Addressed to a VIP, but no route matches.
+    NoRoute,
+    /// The route's service has no endpoint that can take the flow.
+    NoEndpoint,
+    /// A later IP fragment arrived first and the hold-back area was full.
+    FragmentStashFull,
+    /// A held-back IP fragment whose first fragment never came.
+    FragmentTimeout,
+    /// Not enough headroom in the buffer to add the encapsulation header.
+    EncapNoHeadroom,
+    /// The encapsulated packet would exceed the output's MTU.
+    EncapTooBig,
+    /// Return traffic from a VIP, but no gateway next hop is configured.
+    NoGateway,
+    /// The output queue was full.
+    TxQueueFull,
+}
+
+impl DropReason {
+    /// Every reason, in counter order.
+    pub const ALL: [DropReason; 26] = [
+        DropReason::EthTruncated,
+        DropReason::FrameTooLong,
+        DropReason::VlanTooDeep,
+        DropReason::Ipv4Truncated,
+        DropReason::Ipv4BadVersion,
+        DropReason::Ipv4BadHeaderLength,
+        DropReason::Ipv4BadTotalLength,
+        DropReason::Ipv4BadChecksum,
+        DropReason::Ipv6Truncated,
+        DropReason::Ipv6BadVersion,
+        DropReason::Ipv6BadPayloadLength,
+        DropReason::Ipv6Jumbo,
+        DropReason::Ipv6BadExtensionHeader,
+        DropReason::L4Truncated,
+        DropReason::TcpBadDataOffset,
+        DropReason::UdpBadLength,
+        DropReason::IcmpErrorTruncated,
+        DropReason::TtlExpired,
+        DropReason::NoRoute,
+        DropReason::NoEndpoint,
+        DropReason::FragmentStashFull,
+        DropReason::FragmentTimeout,
+        DropReason::EncapNoHeadroom,
+        DropReason::EncapTooBig,
+        DropReason::NoGateway,
+        DropReason::TxQueueFull,
+    ];
+
+    /// Number of reasons.
+    pub const COUNT: usize = Self::ALL.len();
+
+    /// Counter index.
+    #[inline(always)]
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    /// Snake-case name, as used in metrics labels.
+    pub fn name(self) -> &'static str {
+        match self {
+            DropReason::EthTruncated => "eth_truncated",
+            DropReason::FrameTooLong => "frame_too_long",
+            DropReason::VlanTooDeep => "vlan_too_deep",
+            DropReason::Ipv4Truncated => "ipv4_truncated",
+            DropReason::Ipv4BadVersion => "ipv4_bad_version",
+            DropReason::Ipv4BadHeaderLength => "ipv4_bad_header_length",
+            DropReason::Ipv4BadTotalLength => "ipv4_bad_total_length",
+            DropReason::Ipv4BadChecksum => "ipv4_bad_checksum",
+            DropReason::Ipv6Truncated => "ipv6_truncated",
+            DropReason::Ipv6BadVersion => "ipv6_bad_version",
+            DropReason::Ipv6BadPayloadLength => "ipv6_bad_payload_length",
+            DropReason::Ipv6Jumbo => "ipv6_jumbo",
+            DropReason::Ipv6BadExtensionHeader => "ipv6_bad_extension_header",
+            DropReason::L4Truncated => "l4_truncated",
+            DropReason::TcpBadDataOffset => "tcp_bad_data_offset",
+            DropReason::UdpBadLength => "udp_bad_length",
+            DropReason::IcmpErrorTruncated => "icmp_error_truncated",
+            DropReason::TtlExpired => "ttl_expired",
+            DropReason::NoRoute => "no_route",
+            DropReason::NoEndpoint => "no_endpoint",
+            DropReason::FragmentStashFull => "fragment_stash_full",
+            DropReason::FragmentTimeout => "fragment_timeout",
+            DropReason::EncapNoHeadroom => "encap_no_headroom",
+            DropReason::EncapTooBig => "encap_too_big",
+            DropReason::NoGateway => "no_gateway",
+            DropReason::TxQueueFull => "tx_queue_full",
+        }
+    }
+}
+
+/// What the pipeline decided for one packet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Rewritten in place; send it out of this output port.
+    Forward(u8),
+    /// Not load-balancer traffic: hand it to the kernel through the
+    /// exception path of the port it came in on.
+    Exception,
+    /// A later IP fragment whose first fragment has not been seen: hold it.
+    Stash,
+    /// Drop it, counting the reason.
+    Drop(DropReason),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn indexes_follow_the_table() {
+        for (i, r) in DropReason::ALL.iter().enumerate() {
+            assert_eq!(r.index(), i, "{r:?}");
+        }
+        let mut names: Vec<&str> = DropReason::ALL.iter().map(|r| r.name()).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), DropReason::COUNT, "names are unique");
+    }
+}
