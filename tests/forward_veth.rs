@@ -8,6 +8,8 @@
 //!  [server ns]  s0 10.77.0.2 ──veth── lbs ┘
 //! ```
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::time::Duration;
 
 use sluice_tests::{privileged, python, sluice_bin, veth, wait_until, Netns};

@@ -35,6 +35,7 @@ impl Addr {
 
     /// The 4 bytes of an IPv4 address (meaningless for IPv6).
     #[inline(always)]
+    #[allow(clippy::cast_possible_truncation)] // the low 32 bits hold the IPv4 address
     pub fn v4_bytes(self) -> [u8; 4] {
         (self.0 as u32).to_be_bytes()
     }
@@ -186,7 +187,7 @@ impl Cidr {
     }
 
     /// The prefix length in the family's own terms (0-32 or 0-128).
-    pub fn len(&self) -> u8 {
+    pub fn prefix_len(&self) -> u8 {
         if self.is_v4() {
             self.len128 - 96
         } else {
@@ -223,7 +224,7 @@ impl FromStr for Cidr {
 
 impl fmt::Display for Cidr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.addr(), self.len())
+        write!(f, "{}/{}", self.addr(), self.prefix_len())
     }
 }
 
@@ -255,7 +256,7 @@ mod tests {
         assert!(!c.contains("11.0.0.1".parse().unwrap()));
         assert!(!c.contains("::a00:1".parse().unwrap()), "IPv6 never matches an IPv4 prefix");
         assert_eq!(c.to_string(), "10.0.0.0/8");
-        assert_eq!(c.len(), 8);
+        assert_eq!(c.prefix_len(), 8);
         assert_eq!("10.0.0.1/24".parse::<Cidr>(), Err(CidrError::HostBitsSet));
         assert_eq!("10.0.0.0/33".parse::<Cidr>(), Err(CidrError::BadLength));
         assert_eq!("10.0.0.0".parse::<Cidr>(), Err(CidrError::MissingLength));

@@ -16,6 +16,7 @@ pub fn sum(data: &[u8]) -> u16 {
 
 /// Folds a wide one's-complement accumulator to 16 bits.
 #[inline(always)]
+#[allow(clippy::cast_possible_truncation)] // the loop leaves at most 16 bits
 pub fn fold(mut acc: u64) -> u16 {
     while acc > 0xffff {
         acc = (acc & 0xffff) + (acc >> 16);

@@ -245,16 +245,16 @@ pub fn parse(frame: &[u8]) -> Result<Frame, DropReason> {
     }
     let mut type_off = ETH_TYPE;
     let mut et = be16(frame, type_off);
-    let mut vlans = 0usize;
+    let mut vlans = 0u8;
     let mut vlan_ids = [0u16; MAX_VLANS];
     while matches!(et, ethertype::VLAN | ethertype::QINQ | ethertype::QINQ_OLD) {
-        if vlans == MAX_VLANS {
+        if usize::from(vlans) == MAX_VLANS {
             return Err(DropReason::VlanTooDeep);
         }
         if frame.len() < type_off + 2 + VLAN_LEN {
             return Err(DropReason::EthTruncated);
         }
-        vlan_ids[vlans] = be16(frame, type_off + 2) & 0x0fff;
+        vlan_ids[usize::from(vlans)] = be16(frame, type_off + 2) & 0x0fff;
         type_off += VLAN_LEN;
         et = be16(frame, type_off);
         vlans += 1;
@@ -265,7 +265,7 @@ pub fn parse(frame: &[u8]) -> Result<Frame, DropReason> {
         ethertype::IPV6 => parse_ipv6(frame, l3)?,
         _ => return Ok(Frame::Other { ethertype: et, l3: off16(l3) }),
     };
-    p.vlans = vlans as u8;
+    p.vlans = vlans;
     p.vlan_ids = vlan_ids;
     Ok(Frame::Ip(p))
 }

@@ -5,6 +5,8 @@
 //! for every packet the parser accepts as IP, the 5-tuple must be the one
 //! `tcpdump -nn` prints for it.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};

@@ -1,6 +1,8 @@
 //! Forwarding through the safe API on virtual devices: counts match and
 //! every mbuf is back in its pool afterwards.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use sluice_dataplane::io::{Burst, PacketBuf};
