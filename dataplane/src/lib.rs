@@ -7,6 +7,8 @@
 pub mod addr;
 pub mod checksum;
 pub mod craft;
+pub mod hash;
 pub mod io;
+pub mod maglev;
 pub mod parse;
 pub mod verdict;

@@ -1,0 +1,475 @@
+//! Weighted Maglev lookup tables, as a pure function of (table size,
+//! endpoints as (identifier, weight)).
+//!
+//! Each endpoint walks its own permutation of the table, as in Maglev
+//! (Eisenbud et al., NSDI 2016, section 3.4: `offset + j * skip mod M`, M
+//! prime). Population differs from the paper in one way: the paper lets an
+//! endpoint skip ahead to its next *free* slot in every round, which makes
+//! the table very sensitive to any change (removing one of 100 endpoints
+//! moves about 2.6/100 of the entries at M = 100 N). Here an endpoint looks at
+//! exactly one slot per round, its next one by rank, and takes it only if
+//! free; every endpoint stops at a quota of its weighted share plus 2%. The
+//! result is the stable assignment of slots to endpoints by rank, which
+//! moves far fewer entries when the set changes, and whose balance is
+//! bounded by the quota rather than by chance.
+//!
+//! Invariants:
+//! - Deterministic: the same inputs give a byte-identical table in every
+//!   process and on every appliance; input order does not matter.
+//! - Balanced: each endpoint owns close to `M * weight / total_weight` entries.
+//! - Minimal disruption: removing one of N endpoints remaps about 1/N of
+//!   the entries, almost only those it owned.
+//! - Compact: entries are one byte when identifiers fit in `u8`, else two.
+
+use std::fmt;
+
+use crate::hash::{hash_u64, reduce};
+
+/// An endpoint identifier (0..limit-1 within a service).
+pub type EndpointId = u16;
+
+const SEED_OFFSET: u64 = 0x6d61_676c_6576_6f66; // "maglevof"
+const SEED_SKIP: u64 = 0x6d61_676c_6576_736b; // "maglevsk"
+
+/// The entries of a lookup table: endpoint identifiers.
+#[derive(Clone, PartialEq, Eq)]
+pub enum Entries {
+    /// One byte per entry (identifier limit <= 256).
+    U8(Box<[u8]>),
+    /// Two bytes per entry.
+    U16(Box<[u16]>),
+}
+
+impl fmt::Debug for Entries {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Entries::U8(e) => write!(f, "Entries::U8(len {})", e.len()),
+            Entries::U16(e) => write!(f, "Entries::U16(len {})", e.len()),
+        }
+    }
+}
+
+impl Entries {
+    /// Number of entries (M).
+    pub fn len(&self) -> usize {
+        match self {
+            Entries::U8(e) => e.len(),
+            Entries::U16(e) => e.len(),
+        }
+    }
+
+    /// True when there are no entries.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The identifier at entry `i`.
+    #[inline(always)]
+    pub fn get(&self, i: usize) -> EndpointId {
+        match self {
+            Entries::U8(e) => EndpointId::from(e[i]),
+            Entries::U16(e) => e[i],
+        }
+    }
+
+    /// Bytes of heap memory used.
+    pub fn heap_bytes(&self) -> usize {
+        match self {
+            Entries::U8(e) => e.len(),
+            Entries::U16(e) => e.len() * 2,
+        }
+    }
+
+    /// The raw bytes (little-endian for two-byte entries), for comparing
+    /// tables across processes.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        match self {
+            Entries::U8(e) => e.to_vec(),
+            Entries::U16(e) => e.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        }
+    }
+}
+
+/// A built table: entry `reduce(hash, M)` names the endpoint for a flow.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Table {
+    entries: Entries,
+}
+
+/// Why a table cannot be built.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TableError {
+    /// M must be a prime (so every skip generates a full permutation).
+    NotPrime(u32),
+    /// An identifier is not below the limit.
+    IdBeyondLimit {
+        /// The identifier.
+        id: EndpointId,
+        /// The limit.
+        limit: u32,
+    },
+    /// The same identifier appears twice.
+    DuplicateId(EndpointId),
+    /// The limit is 0 or above 65536.
+    BadLimit(u32),
+}
+
+impl fmt::Display for TableError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TableError::NotPrime(m) => write!(f, "table size {m} is not a prime (next prime: {})", next_prime(*m)),
+            TableError::IdBeyondLimit { id, limit } => {
+                write!(f, "endpoint identifier {id} is not below the service's limit {limit}")
+            }
+            TableError::DuplicateId(id) => write!(f, "endpoint identifier {id} appears twice"),
+            TableError::BadLimit(l) => write!(f, "endpoint limit {l} is outside 1..=65536"),
+        }
+    }
+}
+
+impl std::error::Error for TableError {}
+
+/// True when `n` is prime.
+pub fn is_prime(n: u32) -> bool {
+    if n < 2 {
+        return false;
+    }
+    if n % 2 == 0 {
+        return n == 2;
+    }
+    let mut d = 3u32;
+    while u64::from(d) * u64::from(d) <= u64::from(n) {
+        if n % d == 0 {
+            return false;
+        }
+        d += 2;
+    }
+    true
+}
+
+/// The smallest prime >= `n`.
+pub fn next_prime(n: u32) -> u32 {
+    let mut m = n.max(2);
+    while !is_prime(m) {
+        m += 1;
+    }
+    m
+}
+
+/// The default table size for a service whose identifiers are below
+/// `limit`: the smallest prime >= 100 x limit (at most 65537), which keeps
+/// each endpoint within 1% of its share.
+pub fn default_size(limit: u32) -> u32 {
+    next_prime((limit.saturating_mul(100)).min(65537))
+}
+
+/// Share of the table above its weighted share that an endpoint may take.
+pub const BALANCE_SLACK: f64 = 0.02;
+
+/// Most replica walkers a table is built with; beyond it weights are
+/// scaled down (each endpoint keeps at least one).
+pub const MAX_REPLICAS: u32 = 8192;
+
+/// One walk through a permutation of the table, on behalf of an endpoint.
+#[derive(Clone, Copy)]
+struct Walker {
+    pos: u32,
+    skip: u32,
+    endpoint: u32,
+}
+
+impl Table {
+    /// Builds the table of size `m` (a prime) for `endpoints` given as
+    /// (identifier, weight), identifiers below `limit`. Endpoints with
+    /// weight 0 get no entries. An empty (or all-zero) set gives `None`.
+    pub fn build(m: u32, limit: u32, endpoints: &[(EndpointId, u32)]) -> Result<Option<Table>, TableError> {
+        if !is_prime(m) {
+            return Err(TableError::NotPrime(m));
+        }
+        if limit == 0 || limit > 65536 {
+            return Err(TableError::BadLimit(limit));
+        }
+        let mut eps: Vec<(EndpointId, u32)> = endpoints.to_vec();
+        eps.sort_unstable();
+        for w in eps.windows(2) {
+            if w[0].0 == w[1].0 {
+                return Err(TableError::DuplicateId(w[0].0));
+            }
+        }
+        if let Some(&(id, _)) = eps.iter().find(|(id, _)| u32::from(*id) >= limit) {
+            return Err(TableError::IdBeyondLimit { id, limit });
+        }
+        eps.retain(|&(_, w)| w > 0);
+        if eps.is_empty() {
+            return Ok(None);
+        }
+        let owner = fill(m, &eps);
+        let entries = if limit <= 256 {
+            // Identifiers are below 256 (checked above).
+            Entries::U8(owner.iter().map(|&i| u8::try_from(eps[i as usize].0).unwrap_or(u8::MAX)).collect())
+        } else {
+            Entries::U16(owner.iter().map(|&i| eps[i as usize].0).collect())
+        };
+        Ok(Some(Table { entries }))
+    }
+
+    /// Table size M.
+    pub fn size(&self) -> u32 {
+        u32::try_from(self.entries.len()).unwrap_or(u32::MAX)
+    }
+
+    /// The endpoint for a flow hash.
+    #[inline(always)]
+    pub fn lookup(&self, hash: u64) -> EndpointId {
+        self.entries.get(reduce(hash, self.size()) as usize)
+    }
+
+    /// The entries.
+    pub fn entries(&self) -> &Entries {
+        &self.entries
+    }
+
+    /// Bytes of heap memory used.
+    pub fn heap_bytes(&self) -> usize {
+        self.entries.heap_bytes()
+    }
+
+    /// Entries owned by each identifier, indexed by identifier.
+    pub fn counts(&self, limit: u32) -> Vec<u32> {
+        let mut c = vec![0u32; limit as usize];
+        for i in 0..self.entries.len() {
+            c[usize::from(self.entries.get(i))] += 1;
+        }
+        c
+    }
+}
+
+/// Quota of each endpoint: its weighted share plus [`BALANCE_SLACK`],
+/// rounded down, and never below the share rounded up (so quotas always
+/// add up to at least M).
+#[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // bounded by m
+fn quotas(m: u32, eps: &[(EndpointId, u32)]) -> Vec<u32> {
+    let total: u64 = eps.iter().map(|e| u64::from(e.1)).sum();
+    eps.iter()
+        .map(|&(_, w)| {
+            let share = f64::from(m) * f64::from(w) / total as f64;
+            let q = (share * (1.0 + BALANCE_SLACK)).floor().max(share.ceil());
+            (q as u32).clamp(1, m)
+        })
+        .collect()
+}
+
+fn gcd(mut a: u32, mut b: u32) -> u32 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
+}
+
+/// Replica walkers per endpoint: weights divided by their gcd, scaled down
+/// proportionally (at least one each) when they add up to more than
+/// [`MAX_REPLICAS`].
+#[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // bounded by MAX_REPLICAS
+fn replicas(eps: &[(EndpointId, u32)]) -> Vec<u32> {
+    let g = eps.iter().fold(0, |g, e| gcd(g, e.1)).max(1);
+    let r: Vec<u32> = eps.iter().map(|e| e.1 / g).collect();
+    let total: u64 = r.iter().map(|&x| u64::from(x)).sum();
+    if total <= u64::from(MAX_REPLICAS) {
+        return r;
+    }
+    let scale = f64::from(MAX_REPLICAS) / total as f64;
+    r.iter().map(|&x| ((f64::from(x) * scale).round() as u32).max(1)).collect()
+}
+
+/// The population: returns, for each entry, the index (into `eps`, sorted,
+/// non-empty, weights > 0) of the endpoint that owns it.
+///
+/// Each endpoint walks its permutation with one walker per replica (weight
+/// unit), all walkers taking turns in a fixed order, one slot per turn,
+/// taking the slot only when it is free. An endpoint at its quota stops.
+fn fill(m: u32, eps: &[(EndpointId, u32)]) -> Vec<u32> {
+    let quota = quotas(m, eps);
+    let reps = replicas(eps);
+    let mut walkers: Vec<Walker> = Vec::with_capacity(reps.iter().map(|&r| r as usize).sum());
+    for (i, (&(id, _), &r)) in eps.iter().zip(&reps).enumerate() {
+        for k in 0..r {
+            let key = (u64::from(k) << 16) | u64::from(id);
+            walkers.push(Walker {
+                pos: reduce(hash_u64(key, SEED_OFFSET), m),
+                skip: reduce(hash_u64(key, SEED_SKIP), m - 1) + 1,
+                endpoint: u32::try_from(i).unwrap_or(u32::MAX),
+            });
+        }
+    }
+    let mut taken = vec![0u32; eps.len()];
+    // Occupancy as a bitmap (8 KiB for M = 65537): the probe loop's only
+    // random access, kept in L1.
+    let mut used = vec![0u64; (m as usize).div_ceil(64)];
+    let mut owner = vec![0u32; m as usize];
+    let mut filled = 0u32;
+    // Walkers in (endpoint, replica) order. Those of an endpoint at its
+    // quota are skipped, and swept out once they are half of the list:
+    // either way the turn order of the others is unchanged.
+    let mut full = vec![false; eps.len()];
+    let mut active = walkers;
+    let mut dead = 0usize;
+    loop {
+        for w in &mut active {
+            let e = w.endpoint as usize;
+            if full[e] {
+                continue;
+            }
+            let slot = w.pos;
+            w.pos += w.skip;
+            if w.pos >= m {
+                w.pos -= m;
+            }
+            let (word, bit) = ((slot >> 6) as usize, 1u64 << (slot & 63));
+            if used[word] & bit != 0 {
+                continue;
+            }
+            used[word] |= bit;
+            owner[slot as usize] = w.endpoint;
+            taken[e] += 1;
+            filled += 1;
+            if filled == m {
+                return owner;
+            }
+            if taken[e] == quota[e] {
+                full[e] = true;
+                dead += reps[e] as usize;
+            }
+        }
+        if dead * 2 > active.len() {
+            active.retain(|w| !full[w.endpoint as usize]);
+            dead = 0;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn uniform(n: u16) -> Vec<(EndpointId, u32)> {
+        (0..n).map(|i| (i, 1)).collect()
+    }
+
+    #[test]
+    fn primes() {
+        assert!(is_prime(65537) && is_prime(2) && is_prime(251) && !is_prime(1) && !is_prime(65535));
+        assert_eq!(next_prime(6400), 6421);
+        assert_eq!(default_size(64), 6421);
+        assert_eq!(default_size(1000), 65537);
+    }
+
+    #[test]
+    fn empty_and_single() {
+        assert_eq!(Table::build(251, 8, &[]).unwrap(), None);
+        assert_eq!(Table::build(251, 8, &[(3, 0)]).unwrap(), None, "weight 0 gets nothing");
+        let t = Table::build(251, 8, &[(5, 1)]).unwrap().unwrap();
+        assert!((0..251).all(|i| t.entries().get(i) == 5));
+        assert_eq!(t.lookup(12345), 5);
+    }
+
+    #[test]
+    fn rejects_bad_input() {
+        assert_eq!(Table::build(100, 8, &[(0, 1)]), Err(TableError::NotPrime(100)));
+        assert_eq!(Table::build(251, 8, &[(8, 1)]), Err(TableError::IdBeyondLimit { id: 8, limit: 8 }));
+        assert_eq!(Table::build(251, 8, &[(1, 1), (1, 2)]), Err(TableError::DuplicateId(1)));
+        assert_eq!(Table::build(251, 0, &[]), Err(TableError::BadLimit(0)));
+        assert!(TableError::NotPrime(100).to_string().contains("101"));
+    }
+
+    #[test]
+    fn entry_width_follows_the_limit() {
+        let small = Table::build(1009, 256, &uniform(10)).unwrap().unwrap();
+        assert!(matches!(small.entries(), Entries::U8(_)));
+        assert_eq!(small.heap_bytes(), 1009);
+        let wide = Table::build(1009, 257, &uniform(10)).unwrap().unwrap();
+        assert!(matches!(wide.entries(), Entries::U16(_)));
+        assert_eq!(wide.heap_bytes(), 2018);
+        assert_eq!(small.entries().to_bytes(), wide.entries().to_bytes().chunks(2).map(|c| c[0]).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn deterministic_whatever_the_input_order() {
+        let mut eps: Vec<(EndpointId, u32)> = (0..100).map(|i| (i * 3, 1 + u32::from(i % 4))).collect();
+        let a = Table::build(65537, 1000, &eps).unwrap().unwrap();
+        eps.reverse();
+        let b = Table::build(65537, 1000, &eps).unwrap().unwrap();
+        assert_eq!(a.entries().to_bytes(), b.entries().to_bytes());
+        // A known prefix: tables must not change between versions either.
+        let t = Table::build(13, 4, &uniform(3)).unwrap().unwrap();
+        let first: Vec<u16> = (0..13).map(|i| t.entries().get(i)).collect();
+        assert_eq!(first, GOLDEN_13_3.to_vec());
+    }
+
+    // Recorded from this implementation; a change means appliances of
+    // different versions would disagree on flows.
+    const GOLDEN_13_3: [u16; 13] = [1, 0, 2, 2, 0, 1, 0, 2, 1, 0, 2, 1, 0];
+
+    #[test]
+    fn balanced_when_m_is_100_times_n() {
+        for n in [10u16, 100, 650] {
+            let m = next_prime(u32::from(n) * 100);
+            let t = Table::build(m, u32::from(n), &uniform(n)).unwrap().unwrap();
+            let c = t.counts(u32::from(n));
+            let mean = f64::from(m) / f64::from(n);
+            let max = f64::from(*c.iter().max().unwrap());
+            assert!(max / mean <= 1.02, "n={n} m={m}: max/mean {}", max / mean);
+        }
+    }
+
+    /// Fraction of entries (= of flows, hashes being uniform) that changed owner.
+    fn moved(a: &Table, b: &Table) -> f64 {
+        let m = a.entries().len();
+        let changed = (0..m).filter(|&i| a.entries().get(i) != b.entries().get(i)).count();
+        changed as f64 / m as f64
+    }
+
+    #[test]
+    fn one_of_n_leaving_moves_about_one_nth() {
+        // Default sizing (200 x N) for small services, M = 65537 for large ones.
+        for (n, m) in [(5u16, 1009), (10, 2003), (25, 5003), (50, 65537), (100, 65537)] {
+            let all = uniform(n);
+            let before = Table::build(m, 65536, &all).unwrap().unwrap();
+            for gone in (0..n).step_by(usize::from(n / 10).max(1)) {
+                let rest: Vec<_> = all.iter().copied().filter(|e| e.0 != gone).collect();
+                let after = Table::build(m, 65536, &rest).unwrap().unwrap();
+                let f = moved(&before, &after);
+                let share = f64::from(before.counts(65536)[usize::from(gone)]) / f64::from(m);
+                assert!(f <= 1.2 / f64::from(n), "n={n} m={m} removing {gone}: moved {:.3}/N", f * f64::from(n));
+                assert!(f >= share, "the leaver's entries all move");
+                // Adding it back is the same change in reverse.
+                assert_eq!(moved(&after, &before), f);
+            }
+        }
+    }
+
+    #[test]
+    fn quotas_cover_the_table_and_cap_the_share() {
+        for (m, eps) in [(13u32, uniform(5)), (101, uniform(100)), (65537, vec![(0, 1), (1, 1_000_000)])] {
+            let q = quotas(m, &eps);
+            assert!(q.iter().map(|&x| u64::from(x)).sum::<u64>() >= u64::from(m));
+        }
+        let t = Table::build(1009, 8, &uniform(8)).unwrap().unwrap();
+        let c = t.counts(8);
+        assert_eq!(c.iter().sum::<u32>(), 1009);
+        assert!(f64::from(*c.iter().max().unwrap()) <= 1009.0 / 8.0 * 1.02);
+    }
+
+    #[test]
+    fn weights_are_respected_within_two_percent() {
+        let eps: Vec<(EndpointId, u32)> = vec![(0, 1), (1, 2), (2, 3), (3, 10), (4, 1), (5, 7)];
+        let m = 65537;
+        let t = Table::build(m, 8, &eps).unwrap().unwrap();
+        let c = t.counts(8);
+        let total: u32 = eps.iter().map(|e| e.1).sum();
+        for &(id, w) in &eps {
+            let want = f64::from(m) * f64::from(w) / f64::from(total);
+            let got = f64::from(c[usize::from(id)]);
+            assert!((got - want).abs() / want <= 0.02, "id {id} weight {w}: {got} entries, want {want:.0}");
+        }
+    }
+}
