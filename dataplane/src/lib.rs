@@ -6,6 +6,7 @@
 
 pub mod addr;
 pub mod checksum;
+pub mod classify;
 pub mod craft;
 pub mod hash;
 pub mod io;

@@ -1,0 +1,656 @@
+//! Route classification with L34Route semantics (Meridio 2.x): destination
+//! VIPs, source CIDRs, source and destination port ranges, protocols and
+//! byte matches on the transport header; the route with the highest
+//! priority wins, ties broken by name, then by input order.
+//!
+//! Compiled layout, built once per snapshot and read-only after:
+//! 1. an open-addressing hash of VIPs (128-bit keys);
+//! 2. per VIP and transport slot (TCP, UDP, SCTP, other), the destination
+//!    port space cut into elementary intervals (binary search), each with
+//!    the candidate routes covering it, in precedence order;
+//! 3. candidates are checked in order for source CIDR, source port and byte
+//!    matches; the first that matches wins.
+//!
+//! Identical candidate lists are shared. A lookup costs one hash probe, one
+//! binary search and, typically, one candidate check.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+
+use crate::addr::{Addr, Cidr};
+use crate::parse::{proto, Flow};
+
+/// An inclusive port range.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PortRange {
+    /// First port.
+    pub lo: u16,
+    /// Last port.
+    pub hi: u16,
+}
+
+impl PortRange {
+    /// Every port.
+    pub const ANY: PortRange = PortRange { lo: 0, hi: u16::MAX };
+
+    /// One port.
+    pub fn single(p: u16) -> PortRange {
+        PortRange { lo: p, hi: p }
+    }
+
+    #[inline(always)]
+    fn contains(&self, p: u16) -> bool {
+        self.lo <= p && p <= self.hi
+    }
+}
+
+impl fmt::Display for PortRange {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.lo == self.hi {
+            write!(f, "{}", self.lo)
+        } else {
+            write!(f, "{}-{}", self.lo, self.hi)
+        }
+    }
+}
+
+/// A match on transport-header bytes: `proto[offset:len] & mask == value`,
+/// `len` 1, 2 or 4, big-endian. It applies to packets of `proto` only.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ByteMatch {
+    /// Transport protocol the statement is about.
+    pub proto: u8,
+    /// Offset from the start of the transport header.
+    pub offset: u16,
+    /// Bytes read: 1, 2 or 4.
+    pub len: u8,
+    /// Mask applied before comparing.
+    pub mask: u32,
+    /// Expected value.
+    pub value: u32,
+}
+
+impl ByteMatch {
+    /// True when `l4` (the transport header onward) satisfies the statement.
+    #[inline]
+    pub fn matches(&self, l4: &[u8]) -> bool {
+        let o = usize::from(self.offset);
+        let v = match self.len {
+            1 => l4.get(o).map(|&b| u32::from(b)),
+            2 => l4.get(o..o + 2).map(|b| u32::from(u16::from_be_bytes([b[0], b[1]]))),
+            4 => l4.get(o..o + 4).map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]])),
+            _ => None,
+        };
+        v.is_some_and(|v| v & self.mask == self.value)
+    }
+}
+
+/// A route as the control plane hands it over.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RouteSpec {
+    /// Unique name (tie-breaker between equal priorities).
+    pub name: String,
+    /// Higher wins.
+    pub priority: i32,
+    /// Index of the service in the snapshot.
+    pub service: u32,
+    /// Destination addresses (VIPs).
+    pub vips: Vec<Addr>,
+    /// Source prefixes; empty means any.
+    pub src_cidrs: Vec<Cidr>,
+    /// Source ports; empty means any.
+    pub src_ports: Vec<PortRange>,
+    /// Destination ports; empty means any.
+    pub dst_ports: Vec<PortRange>,
+    /// Transport protocols (TCP, UDP, SCTP); empty means any protocol.
+    pub protocols: Vec<u8>,
+    /// Byte matches; all statements about the packet's protocol must hold.
+    pub byte_matches: Vec<ByteMatch>,
+}
+
+/// The outcome of a lookup.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lookup {
+    /// The destination is not a VIP.
+    NotVip,
+    /// A VIP, but no route matches.
+    NoRoute,
+    /// The winning route (index into [`Classifier::route`]).
+    Route(u32),
+}
+
+/// Slots of the per-VIP tables.
+const SLOT_TCP: usize = 0;
+const SLOT_UDP: usize = 1;
+const SLOT_SCTP: usize = 2;
+const SLOT_OTHER: usize = 3;
+const SLOTS: usize = 4;
+
+#[inline(always)]
+fn slot_of(p: u8) -> usize {
+    match p {
+        proto::TCP => SLOT_TCP,
+        proto::UDP => SLOT_UDP,
+        proto::SCTP => SLOT_SCTP,
+        _ => SLOT_OTHER,
+    }
+}
+
+/// (start, length) into one of the pools.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+struct Span {
+    start: u32,
+    len: u32,
+}
+
+impl Span {
+    #[inline(always)]
+    fn range(self) -> std::ops::Range<usize> {
+        self.start as usize..(self.start + self.len) as usize
+    }
+}
+
+/// A route, compiled.
+#[derive(Clone, Debug)]
+pub struct Route {
+    /// Its name.
+    pub name: String,
+    /// Its priority.
+    pub priority: i32,
+    /// Index of its service.
+    pub service: u32,
+    src: Span,
+    sports: Span,
+    bytes: Span,
+}
+
+#[derive(Clone, Debug, Default)]
+struct PortIndex {
+    /// Start port of each elementary interval; the first is 0.
+    bounds: Vec<u16>,
+    /// Candidates of each interval.
+    lists: Vec<Span>,
+    /// Candidates for packets without ports: routes without port constraints.
+    portless: Span,
+}
+
+/// Compiled routes.
+#[derive(Clone, Debug, Default)]
+pub struct Classifier {
+    vip_keys: Vec<u128>,
+    vip_vals: Vec<u32>,
+    vip_mask: usize,
+    /// Per VIP, per slot.
+    tables: Vec<[PortIndex; SLOTS]>,
+    vips: Vec<Addr>,
+    routes: Vec<Route>,
+    candidates: Vec<u32>,
+    cidrs: Vec<Cidr>,
+    ports: Vec<PortRange>,
+    bytes: Vec<ByteMatch>,
+}
+
+const EMPTY: u32 = u32::MAX;
+
+#[inline(always)]
+#[allow(clippy::cast_possible_truncation)] // folding to the table size
+fn vip_hash(a: u128) -> usize {
+    let x = (a as u64) ^ ((a >> 64) as u64).rotate_left(17);
+    (x.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) as usize
+}
+
+fn push_span<T: Copy>(pool: &mut Vec<T>, items: &[T]) -> Span {
+    let start = u32::try_from(pool.len()).unwrap_or(u32::MAX);
+    pool.extend_from_slice(items);
+    Span { start, len: u32::try_from(items.len()).unwrap_or(u32::MAX) }
+}
+
+impl Classifier {
+    /// Compiles `routes`.
+    pub fn build(routes: &[RouteSpec]) -> Classifier {
+        // Precedence: priority descending, then name, then input order.
+        let mut order: Vec<usize> = (0..routes.len()).collect();
+        order.sort_by(|&a, &b| {
+            routes[b].priority.cmp(&routes[a].priority).then_with(|| routes[a].name.cmp(&routes[b].name)).then(a.cmp(&b))
+        });
+        let mut c = Classifier::default();
+        for &i in &order {
+            let r = &routes[i];
+            let src = push_span(&mut c.cidrs, &r.src_cidrs);
+            let sports = if r.src_ports.iter().any(|p| *p == PortRange::ANY) {
+                Span::default()
+            } else {
+                push_span(&mut c.ports, &r.src_ports)
+            };
+            let bytes = push_span(&mut c.bytes, &r.byte_matches);
+            c.routes.push(Route { name: r.name.clone(), priority: r.priority, service: r.service, src, sports, bytes });
+        }
+
+        // Routes per (VIP, slot), by rank.
+        let mut vip_index: HashMap<Addr, usize> = HashMap::new();
+        let mut per_vip: Vec<[Vec<u32>; SLOTS]> = Vec::new();
+        for (rank, &i) in order.iter().enumerate() {
+            let r = &routes[i];
+            let rank = u32::try_from(rank).unwrap_or(u32::MAX);
+            let slots: Vec<usize> = if r.protocols.is_empty() {
+                (0..SLOTS).collect()
+            } else {
+                let mut s: Vec<usize> = r.protocols.iter().map(|&p| slot_of(p)).collect();
+                s.sort_unstable();
+                s.dedup();
+                s
+            };
+            for &v in &r.vips {
+                let vi = *vip_index.entry(v).or_insert_with(|| {
+                    per_vip.push(Default::default());
+                    c.vips.push(v);
+                    per_vip.len() - 1
+                });
+                for &s in &slots {
+                    per_vip[vi][s].push(rank);
+                }
+            }
+        }
+
+        let mut shared: HashMap<Vec<u32>, Span> = HashMap::new();
+        for lists in &per_vip {
+            let mut t: [PortIndex; SLOTS] = Default::default();
+            for (s, ranks) in lists.iter().enumerate() {
+                t[s] = c.port_index(routes, &order, ranks, &mut shared);
+            }
+            c.tables.push(t);
+        }
+
+        let cap = (c.vips.len() * 2).next_power_of_two().max(4);
+        c.vip_keys = vec![0; cap];
+        c.vip_vals = vec![EMPTY; cap];
+        c.vip_mask = cap - 1;
+        for (i, v) in c.vips.iter().enumerate() {
+            let mut h = vip_hash(v.0) & c.vip_mask;
+            while c.vip_vals[h] != EMPTY {
+                h = (h + 1) & c.vip_mask;
+            }
+            c.vip_keys[h] = v.0;
+            c.vip_vals[h] = u32::try_from(i).unwrap_or(EMPTY);
+        }
+        c
+    }
+
+    /// Elementary destination-port intervals over the routes `ranks`.
+    fn port_index(
+        &mut self,
+        routes: &[RouteSpec],
+        order: &[usize],
+        ranks: &[u32],
+        shared: &mut HashMap<Vec<u32>, Span>,
+    ) -> PortIndex {
+        let dst = |rank: u32| -> &[PortRange] {
+            let r = &routes[order[rank as usize]];
+            if r.dst_ports.iter().any(|p| *p == PortRange::ANY) { &[] } else { &r.dst_ports }
+        };
+        let mut intern = |list: Vec<u32>, pool: &mut Vec<u32>| -> Span {
+            if let Some(s) = shared.get(&list) {
+                return *s;
+            }
+            let s = push_span(pool, &list);
+            shared.insert(list, s);
+            s
+        };
+        let portless: Vec<u32> = ranks
+            .iter()
+            .copied()
+            .filter(|&k| dst(k).is_empty() && self.routes[k as usize].sports.len == 0)
+            .collect();
+        let portless = intern(portless, &mut self.candidates);
+
+        // Sweep: at each boundary, the routes whose ranges cover it.
+        let mut events: Vec<(u32, bool, u32)> = Vec::new(); // (port, is_start, rank)
+        for &k in ranks {
+            let ranges = dst(k);
+            if ranges.is_empty() {
+                events.push((0, true, k));
+            }
+            for r in ranges {
+                events.push((u32::from(r.lo), true, k));
+                events.push((u32::from(r.hi) + 1, false, k));
+            }
+        }
+        events.sort_unstable_by_key(|&(p, start, k)| (p, start, k));
+        let mut bounds = vec![0u16];
+        let mut lists: Vec<Span> = Vec::new();
+        // Rank -> how many of its ranges cover the current port.
+        let mut active: BTreeMap<u32, u32> = BTreeMap::new();
+        let mut i = 0;
+        let mut cur = 0u32;
+        loop {
+            while i < events.len() && events[i].0 == cur {
+                let (_, start, k) = events[i];
+                if start {
+                    *active.entry(k).or_default() += 1;
+                } else if let Some(n) = active.get_mut(&k) {
+                    *n -= 1;
+                    if *n == 0 {
+                        active.remove(&k);
+                    }
+                }
+                i += 1;
+            }
+            let list: Vec<u32> = active.keys().copied().collect();
+            let span = intern(list, &mut self.candidates);
+            if cur == 0 || lists.last() != Some(&span) {
+                if cur != 0 {
+                    bounds.push(u16::try_from(cur).unwrap_or(u16::MAX));
+                }
+                lists.push(span);
+            }
+            match events.get(i) {
+                Some(&(p, _, _)) if p <= u32::from(u16::MAX) => cur = p,
+                _ => break,
+            }
+        }
+        PortIndex { bounds, lists, portless }
+    }
+
+    /// True when `a` is a VIP.
+    #[inline]
+    pub fn is_vip(&self, a: Addr) -> bool {
+        self.vip(a).is_some()
+    }
+
+    #[inline(always)]
+    fn vip(&self, a: Addr) -> Option<usize> {
+        let mut h = vip_hash(a.0) & self.vip_mask;
+        loop {
+            let v = *self.vip_vals.get(h)?;
+            if v == EMPTY {
+                return None;
+            }
+            if self.vip_keys[h] == a.0 {
+                return Some(v as usize);
+            }
+            h = (h + 1) & self.vip_mask;
+        }
+    }
+
+    /// Classifies a packet of `flow` (ports meaningful when `has_ports`)
+    /// whose transport header onward is `l4` (empty when absent or when
+    /// byte matches cannot be evaluated, e.g. for ICMP errors).
+    #[inline]
+    pub fn classify(&self, flow: &Flow, has_ports: bool, l4: Option<&[u8]>) -> Lookup {
+        let Some(v) = self.vip(flow.dst) else { return Lookup::NotVip };
+        let t = &self.tables[v][slot_of(flow.proto)];
+        let list = if has_ports {
+            let i = t.bounds.partition_point(|&b| b <= flow.dport) - 1;
+            t.lists[i]
+        } else {
+            t.portless
+        };
+        for &k in &self.candidates[list.range()] {
+            if self.matches(&self.routes[k as usize], flow, has_ports, l4) {
+                return Lookup::Route(k);
+            }
+        }
+        Lookup::NoRoute
+    }
+
+    #[inline(always)]
+    fn matches(&self, r: &Route, flow: &Flow, has_ports: bool, l4: Option<&[u8]>) -> bool {
+        if r.src.len != 0 && !self.cidrs[r.src.range()].iter().any(|c| c.contains(flow.src)) {
+            return false;
+        }
+        if r.sports.len != 0 && !(has_ports && self.ports[r.sports.range()].iter().any(|p| p.contains(flow.sport))) {
+            return false;
+        }
+        if r.bytes.len != 0 {
+            for b in &self.bytes[r.bytes.range()] {
+                if b.proto != flow.proto {
+                    continue;
+                }
+                match l4 {
+                    Some(l4) if b.matches(l4) => {}
+                    Some(_) => return false,
+                    // Not evaluable (ICMP error about the flow): ignored.
+                    None => {}
+                }
+            }
+        }
+        true
+    }
+
+    /// Route `i` (from [`Lookup::Route`]).
+    pub fn route(&self, i: u32) -> &Route {
+        &self.routes[i as usize]
+    }
+
+    /// Every route, in precedence order.
+    pub fn routes(&self) -> &[Route] {
+        &self.routes
+    }
+
+    /// Every VIP.
+    pub fn vips(&self) -> &[Addr] {
+        &self.vips
+    }
+
+    /// Bytes of heap memory used (approximately: vectors' capacity).
+    pub fn heap_bytes(&self) -> usize {
+        let t: usize = self
+            .tables
+            .iter()
+            .flat_map(|t| t.iter())
+            .map(|p| p.bounds.capacity() * 2 + p.lists.capacity() * std::mem::size_of::<Span>())
+            .sum();
+        t + self.tables.capacity() * std::mem::size_of::<[PortIndex; SLOTS]>()
+            + self.vip_keys.capacity() * 16
+            + self.vip_vals.capacity() * 4
+            + self.vips.capacity() * 16
+            + self.routes.capacity() * std::mem::size_of::<Route>()
+            + self.routes.iter().map(|r| r.name.capacity()).sum::<usize>()
+            + self.candidates.capacity() * 4
+            + self.cidrs.capacity() * std::mem::size_of::<Cidr>()
+            + self.ports.capacity() * std::mem::size_of::<PortRange>()
+            + self.bytes.capacity() * std::mem::size_of::<ByteMatch>()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn a(s: &str) -> Addr {
+        s.parse().unwrap()
+    }
+
+    fn route(name: &str, prio: i32, vips: &[&str], dports: &[(u16, u16)], protos: &[u8]) -> RouteSpec {
+        RouteSpec {
+            name: name.into(),
+            priority: prio,
+            service: 0,
+            vips: vips.iter().map(|v| a(v)).collect(),
+            src_cidrs: vec![],
+            src_ports: vec![],
+            dst_ports: dports.iter().map(|&(lo, hi)| PortRange { lo, hi }).collect(),
+            protocols: protos.to_vec(),
+            byte_matches: vec![],
+        }
+    }
+
+    fn flow(src: &str, dst: &str, sport: u16, dport: u16, p: u8) -> Flow {
+        Flow { src: a(src), dst: a(dst), sport, dport, proto: p }
+    }
+
+    fn name(c: &Classifier, l: Lookup) -> Option<&str> {
+        match l {
+            Lookup::Route(i) => Some(&c.route(i).name),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn meridio_example() {
+        // The seed's L34Route: 20.0.0.1, TCP 4000-4001, any source.
+        let mut r = route("vip-20-0-0-1-multi-ports-a", 10, &["20.0.0.1"], &[(4000, 4000), (4001, 4001)], &[proto::TCP]);
+        r.src_cidrs = vec!["0.0.0.0/0".parse().unwrap()];
+        r.src_ports = vec![PortRange::ANY];
+        let c = Classifier::build(&[r]);
+        let hit = c.classify(&flow("1.2.3.4", "20.0.0.1", 5555, 4001, proto::TCP), true, Some(&[]));
+        assert_eq!(name(&c, hit), Some("vip-20-0-0-1-multi-ports-a"));
+        assert_eq!(c.classify(&flow("1.2.3.4", "20.0.0.1", 5555, 4002, proto::TCP), true, None), Lookup::NoRoute);
+        assert_eq!(c.classify(&flow("1.2.3.4", "20.0.0.1", 5555, 4000, proto::UDP), true, None), Lookup::NoRoute);
+        assert_eq!(c.classify(&flow("1.2.3.4", "20.0.0.2", 5555, 4000, proto::TCP), true, None), Lookup::NotVip);
+        assert_eq!(c.classify(&flow("2001::1", "20.0.0.1", 5555, 4000, proto::TCP), true, None), Lookup::NoRoute, "v6 source, v4 prefix");
+        assert!(c.is_vip(a("20.0.0.1")) && !c.is_vip(a("20.0.0.2")));
+    }
+
+    #[test]
+    fn priority_then_name_decides() {
+        let c = Classifier::build(&[
+            route("b-low", 1, &["10.0.0.1"], &[], &[]),
+            route("z-high", 5, &["10.0.0.1"], &[(80, 80)], &[proto::TCP]),
+            route("a-high", 5, &["10.0.0.1"], &[(80, 80)], &[proto::TCP]),
+        ]);
+        let f = flow("1.1.1.1", "10.0.0.1", 1, 80, proto::TCP);
+        assert_eq!(name(&c, c.classify(&f, true, None)), Some("a-high"));
+        let g = flow("1.1.1.1", "10.0.0.1", 1, 81, proto::TCP);
+        assert_eq!(name(&c, c.classify(&g, true, None)), Some("b-low"));
+        // No ports (ICMP echo, later fragment): only port-free routes.
+        let p = flow("1.1.1.1", "10.0.0.1", 0, 0, proto::ICMP);
+        assert_eq!(name(&c, c.classify(&p, false, None)), Some("b-low"));
+    }
+
+    #[test]
+    fn byte_matches_apply_to_their_protocol_only() {
+        let mut r = route("syn-only", 9, &["10.0.0.1"], &[], &[proto::TCP, proto::UDP]);
+        // tcp[13:1] & 0x02 = 0x02: SYN set.
+        r.byte_matches = vec![ByteMatch { proto: proto::TCP, offset: 13, len: 1, mask: 0x02, value: 0x02 }];
+        let c = Classifier::build(&[r, route("rest", 1, &["10.0.0.1"], &[], &[])]);
+        let f = flow("1.1.1.1", "10.0.0.1", 1, 80, proto::TCP);
+        let mut syn = [0u8; 20];
+        syn[13] = 0x02;
+        assert_eq!(name(&c, c.classify(&f, true, Some(&syn))), Some("syn-only"));
+        assert_eq!(name(&c, c.classify(&f, true, Some(&[0u8; 20]))), Some("rest"));
+        assert_eq!(name(&c, c.classify(&f, true, Some(&[0u8; 10]))), Some("rest"), "short header: no match");
+        let u = flow("1.1.1.1", "10.0.0.1", 1, 80, proto::UDP);
+        assert_eq!(name(&c, c.classify(&u, true, Some(&[0u8; 8]))), Some("syn-only"), "no UDP statement");
+        assert!(ByteMatch { proto: 6, offset: 0, len: 4, mask: 0xffff_0000, value: 0x1234_0000 }.matches(&[0x12, 0x34, 9, 9]));
+        assert!(!ByteMatch { proto: 6, offset: 0, len: 3, mask: 0, value: 0 }.matches(&[0; 8]), "bad length");
+    }
+
+    #[test]
+    fn empty_and_many_vips() {
+        let c = Classifier::build(&[]);
+        assert_eq!(c.classify(&flow("1.1.1.1", "2.2.2.2", 1, 2, 6), true, None), Lookup::NotVip);
+        let routes: Vec<RouteSpec> =
+            (0..1000u32).map(|i| route(&format!("r{i}"), 0, &[&format!("10.{}.{}.1", i / 256, i % 256)], &[], &[])).collect();
+        let c = Classifier::build(&routes);
+        for i in (0..1000u32).step_by(7) {
+            let f = flow("1.1.1.1", &format!("10.{}.{}.1", i / 256, i % 256), 1, 2, 6);
+            assert_eq!(name(&c, c.classify(&f, true, None)), Some(format!("r{i}").as_str()));
+        }
+        assert!(c.heap_bytes() > 0);
+    }
+
+    /// Linear scan in precedence order: the definition the index must agree with.
+    fn reference<'a>(routes: &'a [RouteSpec], f: &Flow, has_ports: bool, l4: Option<&[u8]>) -> Option<&'a str> {
+        let mut order: Vec<&RouteSpec> = routes.iter().collect();
+        order.sort_by(|x, y| y.priority.cmp(&x.priority).then_with(|| x.name.cmp(&y.name)));
+        let any = |p: &[PortRange]| p.is_empty() || p.contains(&PortRange::ANY);
+        order
+            .into_iter()
+            .find(|r| {
+                r.vips.contains(&f.dst)
+                    && (r.protocols.is_empty() || r.protocols.contains(&f.proto))
+                    && (any(&r.dst_ports) || (has_ports && r.dst_ports.iter().any(|p| p.contains(f.dport))))
+                    && (r.src_cidrs.is_empty() || r.src_cidrs.iter().any(|c| c.contains(f.src)))
+                    && (any(&r.src_ports) || (has_ports && r.src_ports.iter().any(|p| p.contains(f.sport))))
+                    && r.byte_matches.iter().filter(|b| b.proto == f.proto).all(|b| l4.is_none_or(|l| b.matches(l)))
+            })
+            .map(|r| r.name.as_str())
+    }
+
+    const VIPS: [&str; 5] = ["20.0.0.1", "20.0.0.2", "20.0.0.3", "2001:db8::1", "2001:db8::2"];
+    const SRCS: [&str; 6] = ["10.0.0.0/8", "10.1.0.0/16", "192.168.0.0/24", "0.0.0.0/0", "2001:db8:1::/48", "::/0"];
+    const PORTS: [u16; 8] = [0, 1, 53, 80, 443, 8080, 40000, 65535];
+
+    fn port_range() -> impl Strategy<Value = PortRange> {
+        (0..PORTS.len(), 0..PORTS.len(), 0u16..3).prop_map(|(a, b, jitter)| {
+            let (lo, hi) = (PORTS[a.min(b)], PORTS[a.max(b)]);
+            PortRange { lo, hi: hi.saturating_add(jitter).max(lo) }
+        })
+    }
+
+    fn route_spec(i: usize) -> impl Strategy<Value = RouteSpec> {
+        (
+            -2i32..3,
+            proptest::sample::subsequence(VIPS.to_vec(), 1..3),
+            proptest::sample::subsequence(SRCS.to_vec(), 0..3),
+            proptest::collection::vec(port_range(), 0..3),
+            proptest::collection::vec(port_range(), 0..3),
+            proptest::sample::subsequence(vec![proto::TCP, proto::UDP, proto::SCTP], 0..3),
+            proptest::option::of((0u16..24, 0u32..4)),
+        )
+            .prop_map(move |(priority, vips, srcs, sports, dports, protocols, bm)| RouteSpec {
+                name: format!("r{i:03}"),
+                priority,
+                service: 0,
+                vips: vips.iter().map(|v| a(v)).collect(),
+                src_cidrs: srcs.iter().map(|s| s.parse().unwrap()).collect(),
+                src_ports: sports,
+                dst_ports: dports,
+                protocols,
+                byte_matches: bm
+                    .map(|(off, v)| vec![ByteMatch { proto: proto::TCP, offset: off, len: 1, mask: 0x3, value: v }])
+                    .unwrap_or_default(),
+            })
+    }
+
+    fn routes() -> impl Strategy<Value = Vec<RouteSpec>> {
+        (1usize..40).prop_flat_map(|n| (0..n).map(route_spec).collect::<Vec<_>>())
+    }
+
+    fn flows() -> impl Strategy<Value = Vec<(Flow, bool, Option<Vec<u8>>)>> {
+        let src = prop_oneof![
+            (any::<[u8; 4]>()).prop_map(Addr::v4),
+            Just(a("10.1.2.3")),
+            Just(a("192.168.0.7")),
+            Just(a("2001:db8:1::9")),
+            (any::<[u8; 16]>()).prop_map(Addr::v6),
+        ];
+        let port = prop_oneof![(0..PORTS.len()).prop_map(|i| PORTS[i]), any::<u16>()];
+        proptest::collection::vec(
+            (
+                src,
+                0..VIPS.len() + 1,
+                port.clone(),
+                port,
+                prop_oneof![Just(proto::TCP), Just(proto::UDP), Just(proto::SCTP), Just(proto::ICMP)],
+                any::<bool>(),
+                proptest::option::of(proptest::collection::vec(any::<u8>(), 0..24)),
+            )
+                .prop_map(|(src, v, sport, dport, p, has_ports, l4)| {
+                    let dst = if v == VIPS.len() { a("9.9.9.9") } else { a(VIPS[v]) };
+                    (Flow { src, dst, sport, dport, proto: p }, has_ports, l4)
+                }),
+            1..64,
+        )
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1000))]
+        #[test]
+        fn agrees_with_linear_scan(rs in routes(), fs in flows()) {
+            let c = Classifier::build(&rs);
+            for (f, has_ports, l4) in &fs {
+                let got = c.classify(f, *has_ports, l4.as_deref());
+                let want = reference(&rs, f, *has_ports, l4.as_deref());
+                let is_vip = rs.iter().any(|r| r.vips.contains(&f.dst));
+                match got {
+                    Lookup::NotVip => prop_assert!(!is_vip),
+                    Lookup::NoRoute => prop_assert!(is_vip && want.is_none(), "{f:?}: index found none, reference {want:?}"),
+                    Lookup::Route(i) => prop_assert_eq!(Some(c.route(i).name.as_str()), want, "{:?}", f),
+                }
+            }
+        }
+    }
+}
