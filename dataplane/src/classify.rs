@@ -217,7 +217,7 @@ impl Classifier {
         for &i in &order {
             let r = &routes[i];
             let src = push_span(&mut c.cidrs, &r.src_cidrs);
-            let sports = if r.src_ports.iter().any(|p| *p == PortRange::ANY) {
+            let sports = if r.src_ports.contains(&PortRange::ANY) {
                 Span::default()
             } else {
                 push_span(&mut c.ports, &r.src_ports)
@@ -286,7 +286,7 @@ impl Classifier {
     ) -> PortIndex {
         let dst = |rank: u32| -> &[PortRange] {
             let r = &routes[order[rank as usize]];
-            if r.dst_ports.iter().any(|p| *p == PortRange::ANY) { &[] } else { &r.dst_ports }
+            if r.dst_ports.contains(&PortRange::ANY) { &[] } else { &r.dst_ports }
         };
         let mut intern = |list: Vec<u32>, pool: &mut Vec<u32>| -> Span {
             if let Some(s) = shared.get(&list) {

@@ -189,6 +189,8 @@ pub struct Parsed {
     /// For an ICMP error: the 5-tuple of the packet it is about, as it
     /// travelled (ports zero if it had none).
     pub inner: Flow,
+    /// The embedded packet's ports were there (TCP, UDP, SCTP, not a later fragment).
+    pub inner_ports: bool,
 }
 
 /// A parsed frame.
@@ -499,14 +501,14 @@ fn parse_icmp(dgram: &[u8], l4: usize, avail: usize, p: &mut Parsed) -> Result<(
         return Ok(());
     }
     p.icmp_error = true;
-    p.inner = parse_embedded(dgram, l4 + ICMP_MIN, p.v6)?;
+    (p.inner, p.inner_ports) = parse_embedded(dgram, l4 + ICMP_MIN, p.v6)?;
     Ok(())
 }
 
 /// The 5-tuple of the packet embedded in an ICMP error, which may be cut
-/// short after its transport ports.
+/// short after its transport ports, and whether it had ports.
 #[inline]
-fn parse_embedded(buf: &[u8], off: usize, v6: bool) -> Result<Flow, DropReason> {
+fn parse_embedded(buf: &[u8], off: usize, v6: bool) -> Result<(Flow, bool), DropReason> {
     let avail = buf.len().saturating_sub(off);
     let (mut flow, l4, later) = if v6 {
         if avail < v6::LEN || buf[off] >> 4 != 6 {
@@ -532,14 +534,15 @@ fn parse_embedded(buf: &[u8], off: usize, v6: bool) -> Result<Flow, DropReason> 
         };
         (f, off + ihl, be16(buf, off + v4::FRAG) & v4::OFFSET_MASK != 0)
     };
-    if !later && matches!(flow.proto, proto::TCP | proto::UDP | proto::SCTP) {
+    let ports = !later && matches!(flow.proto, proto::TCP | proto::UDP | proto::SCTP);
+    if ports {
         if l4 + 4 > buf.len() {
             return Err(DropReason::IcmpErrorTruncated);
         }
         flow.sport = be16(buf, l4);
         flow.dport = be16(buf, l4 + 2);
     }
-    Ok(flow)
+    Ok((flow, ports))
 }
 
 #[cfg(test)]
@@ -709,7 +712,7 @@ mod tests {
         let reply = craft::ipv4(B4, A4, proto::TCP, &craft::tcp(80, 40000, 0x10, &[0; 100]));
         let err = craft::icmp4_error(3, 4, &reply[..28]);
         let p = ip(&craft::frame_v4(&[], [192, 0, 2, 1], B4, proto::ICMP, &err));
-        assert!(p.icmp_error);
+        assert!(p.icmp_error && p.inner_ports);
         assert_eq!(p.inner, Flow { src: Addr::v4(B4), dst: Addr::v4(A4), sport: 80, dport: 40000, proto: proto::TCP });
         assert_eq!(
             parse(&craft::frame_v4(&[], [192, 0, 2, 1], B4, proto::ICMP, &craft::icmp4_error(3, 4, &reply[..22]))),

@@ -10,6 +10,8 @@ pub enum DropReason {
     EthTruncated,
     /// Longer than 65535 bytes.
     FrameTooLong,
+    /// Unicast to another MAC than the port's (seen in promiscuous mode).
+    NotOurMac,
     /// More than two VLAN tags.
     VlanTooDeep,
     /// IPv4 header cut short by the end of the frame.
@@ -58,13 +60,18 @@ pub enum DropReason {
     NoGateway,
     /// The output queue was full.
     TxQueueFull,
+    /// Meant for the kernel, but the port has no exception path.
+    NoExceptionPath,
+    /// Sent to an output the worker does not have (a configuration error).
+    NoSuchOutput,
 }
 
 impl DropReason {
     /// Every reason, in counter order.
-    pub const ALL: [DropReason; 26] = [
+    pub const ALL: [DropReason; 29] = [
         DropReason::EthTruncated,
         DropReason::FrameTooLong,
+        DropReason::NotOurMac,
         DropReason::VlanTooDeep,
         DropReason::Ipv4Truncated,
         DropReason::Ipv4BadVersion,
@@ -89,6 +96,8 @@ impl DropReason {
         DropReason::EncapTooBig,
         DropReason::NoGateway,
         DropReason::TxQueueFull,
+        DropReason::NoExceptionPath,
+        DropReason::NoSuchOutput,
     ];
 
     /// Number of reasons.
@@ -105,6 +114,7 @@ impl DropReason {
         match self {
             DropReason::EthTruncated => "eth_truncated",
             DropReason::FrameTooLong => "frame_too_long",
+            DropReason::NotOurMac => "not_our_mac",
             DropReason::VlanTooDeep => "vlan_too_deep",
             DropReason::Ipv4Truncated => "ipv4_truncated",
             DropReason::Ipv4BadVersion => "ipv4_bad_version",
@@ -129,6 +139,8 @@ impl DropReason {
             DropReason::EncapTooBig => "encap_too_big",
             DropReason::NoGateway => "no_gateway",
             DropReason::TxQueueFull => "tx_queue_full",
+            DropReason::NoExceptionPath => "no_exception_path",
+            DropReason::NoSuchOutput => "no_such_output",
         }
     }
 }

@@ -1,0 +1,121 @@
+//! Packet I/O in memory: buffers with headroom like mbufs, inputs fed from
+//! queues, outputs collected in vectors. For tests, benchmarks and replay
+//! tools; the fast path itself never depends on it.
+
+use std::collections::VecDeque;
+
+use crate::io::{Burst, PacketBuf, PacketIo};
+
+/// Headroom of a [`MemBuf`], as in a DPDK mbuf.
+pub const HEADROOM: usize = 128;
+
+/// A frame in an owned buffer with headroom.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemBuf {
+    mem: Vec<u8>,
+    start: usize,
+}
+
+impl MemBuf {
+    /// A buffer holding `frame` after [`HEADROOM`] bytes.
+    pub fn new(frame: &[u8]) -> MemBuf {
+        let mut mem = Vec::with_capacity(HEADROOM + frame.len());
+        mem.resize(HEADROOM, 0);
+        mem.extend_from_slice(frame);
+        MemBuf { mem, start: HEADROOM }
+    }
+
+    /// Replaces the frame, restoring the headroom, without reallocating
+    /// when the capacity suffices.
+    pub fn reset(&mut self, frame: &[u8]) {
+        self.mem.truncate(HEADROOM);
+        self.mem.extend_from_slice(frame);
+        self.start = HEADROOM;
+    }
+}
+
+impl PacketBuf for MemBuf {
+    #[inline(always)]
+    fn data(&self) -> &[u8] {
+        &self.mem[self.start..]
+    }
+
+    #[inline(always)]
+    fn data_mut(&mut self) -> &mut [u8] {
+        &mut self.mem[self.start..]
+    }
+
+    fn prepend(&mut self, n: usize) -> bool {
+        if n > self.start {
+            return false;
+        }
+        self.start -= n;
+        true
+    }
+
+    fn adj(&mut self, n: usize) -> bool {
+        if n > self.mem.len() - self.start {
+            return false;
+        }
+        self.start += n;
+        true
+    }
+}
+
+/// Inputs and outputs in memory.
+#[derive(Debug, Default)]
+pub struct MemIo {
+    /// Frames waiting on each input.
+    pub inputs: Vec<VecDeque<MemBuf>>,
+    /// Frames sent on each output.
+    pub outputs: Vec<Vec<MemBuf>>,
+    /// Accept at most this many frames per transmit call (simulates a full queue).
+    pub tx_limit: usize,
+    /// Frames freed.
+    pub freed: usize,
+}
+
+impl MemIo {
+    /// `inputs` empty inputs and `outputs` empty outputs.
+    pub fn new(inputs: usize, outputs: usize) -> MemIo {
+        MemIo {
+            inputs: (0..inputs).map(|_| VecDeque::new()).collect(),
+            outputs: (0..outputs).map(|_| Vec::new()).collect(),
+            tx_limit: usize::MAX,
+            freed: 0,
+        }
+    }
+}
+
+impl PacketIo for MemIo {
+    type Buf = MemBuf;
+
+    fn rx(&mut self, input: usize, burst: &mut Burst<MemBuf>) -> usize {
+        let Some(q) = self.inputs.get_mut(input) else { return 0 };
+        let mut n = 0;
+        while !burst.is_full() {
+            let Some(b) = q.pop_front() else { break };
+            burst.push(b);
+            n += 1;
+        }
+        n
+    }
+
+    fn tx(&mut self, output: usize, burst: &mut Burst<MemBuf>) -> usize {
+        let n = burst.len().min(self.tx_limit);
+        let Some(out) = self.outputs.get_mut(output) else {
+            self.freed += burst.len();
+            burst.clear();
+            return 0;
+        };
+        out.extend(burst.drain(..n));
+        self.freed += burst.len();
+        burst.clear();
+        n
+    }
+
+    fn free(&mut self, burst: &mut Burst<MemBuf>) {
+        self.freed += burst.len();
+        burst.clear();
+    }
+}

@@ -1,0 +1,262 @@
+//! A service as workers see it: its algorithm, its lookup table, and its
+//! endpoints by identifier (with how to reach each one).
+//!
+//! Built from a [`ServiceSpec`] by the control plane and shared, immutable,
+//! between snapshots while the spec does not change: only changed services'
+//! tables are rebuilt.
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::addr::Addr;
+use crate::maglev::{default_size, EndpointId, Table, TableError};
+
+/// How a service picks an endpoint for a new flow.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum Algorithm {
+    /// Consistent hashing of the 5-tuple through the Maglev table: the same
+    /// flow gets the same endpoint on every worker and every appliance.
+    #[default]
+    Maglev,
+    /// A random endpoint (in proportion to weights), remembered per flow in
+    /// the worker's flow table.
+    Random,
+}
+
+impl FromStr for Algorithm {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Algorithm, String> {
+        match s {
+            "maglev" => Ok(Algorithm::Maglev),
+            "random" => Ok(Algorithm::Random),
+            other => Err(format!("unknown load-balancing algorithm {other:?} (expected maglev or random)")),
+        }
+    }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Algorithm::Maglev => "maglev",
+            Algorithm::Random => "random",
+        })
+    }
+}
+
+/// How packets reach an endpoint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Delivery {
+    /// NAT-less layer 2: the frame goes to the endpoint's MAC unchanged but
+    /// for the Ethernet header and the TTL; the endpoint owns the VIP.
+    L2,
+    /// IP-in-IP (or IPv6-in-IPv6, and the mixed cases): an outer header from
+    /// `src` to the endpoint's address, sent to the next hop's MAC.
+    IpIp {
+        /// Outer source address (the appliance's own).
+        src: Addr,
+    },
+}
+
+/// One endpoint as the control plane describes it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct EndpointSpec {
+    /// Identifier within the service (stable while the endpoint is in it).
+    pub id: EndpointId,
+    /// Changes whenever the identifier is given to a different endpoint.
+    pub incarnation: u32,
+    /// Relative weight; 0 takes no new flows.
+    pub weight: u32,
+    /// Draining: no new flows; established flows stay where a flow table is on.
+    pub draining: bool,
+    /// The endpoint's address (outer destination when encapsulating).
+    pub addr: Addr,
+    /// Output port index.
+    pub port: u8,
+    /// MAC of the next hop (the endpoint itself on a shared segment).
+    pub mac: [u8; 6],
+    /// How to deliver.
+    pub delivery: Delivery,
+    /// Slot of its counters in each worker.
+    pub counter: u32,
+}
+
+/// A service as the control plane describes it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ServiceSpec {
+    /// Name, for status and logs.
+    pub name: String,
+    /// Stable key (also its counter slot).
+    pub key: u32,
+    /// Algorithm for new flows.
+    pub algorithm: Algorithm,
+    /// Remember each flow's endpoint in the worker's flow table (always on
+    /// for `random`).
+    pub flow_table: bool,
+    /// Identifiers are below this limit.
+    pub limit: u32,
+    /// Lookup-table size (a prime); 0 for the default of the limit.
+    pub table_size: u32,
+    /// Endpoints.
+    pub endpoints: Vec<EndpointSpec>,
+}
+
+/// An endpoint, compiled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Endpoint {
+    /// Identifier.
+    pub id: EndpointId,
+    /// Incarnation.
+    pub incarnation: u32,
+    /// Draining.
+    pub draining: bool,
+    /// Address.
+    pub addr: Addr,
+    /// Output port.
+    pub port: u8,
+    /// Next-hop MAC.
+    pub mac: [u8; 6],
+    /// Delivery.
+    pub delivery: Delivery,
+    /// Counter slot.
+    pub counter: u32,
+}
+
+/// A service, compiled.
+#[derive(Clone, Debug)]
+pub struct Service {
+    /// Name.
+    pub name: String,
+    /// Stable key.
+    pub key: u32,
+    /// Algorithm.
+    pub algorithm: Algorithm,
+    /// Flow table on.
+    pub flow_table: bool,
+    /// Identifier limit.
+    pub limit: u32,
+    /// Table of endpoints taking new flows; `None` when there is none.
+    pub table: Option<Table>,
+    /// Endpoints by identifier (draining ones included).
+    endpoints: Box<[Option<Endpoint>]>,
+    spec: ServiceSpec,
+}
+
+impl Service {
+    /// Compiles `spec`.
+    pub fn build(spec: &ServiceSpec) -> Result<Service, TableError> {
+        let m = if spec.table_size == 0 { default_size(spec.limit) } else { spec.table_size };
+        let takers: Vec<(EndpointId, u32)> =
+            spec.endpoints.iter().filter(|e| !e.draining).map(|e| (e.id, e.weight)).collect();
+        // Draining endpoints are checked too (limit, duplicates).
+        let all: Vec<(EndpointId, u32)> = spec.endpoints.iter().map(|e| (e.id, 0)).collect();
+        Table::build(m, spec.limit, &all)?;
+        let table = Table::build(m, spec.limit, &takers)?;
+        let n = spec.endpoints.iter().map(|e| usize::from(e.id) + 1).max().unwrap_or(0);
+        let mut endpoints = vec![None; n];
+        for e in &spec.endpoints {
+            endpoints[usize::from(e.id)] = Some(Endpoint {
+                id: e.id,
+                incarnation: e.incarnation,
+                draining: e.draining,
+                addr: e.addr,
+                port: e.port,
+                mac: e.mac,
+                delivery: e.delivery,
+                counter: e.counter,
+            });
+        }
+        Ok(Service {
+            name: spec.name.clone(),
+            key: spec.key,
+            algorithm: spec.algorithm,
+            flow_table: spec.flow_table || spec.algorithm == Algorithm::Random,
+            limit: spec.limit,
+            table,
+            endpoints: endpoints.into_boxed_slice(),
+            spec: spec.clone(),
+        })
+    }
+
+    /// The endpoint with identifier `id`.
+    #[inline(always)]
+    pub fn endpoint(&self, id: EndpointId) -> Option<&Endpoint> {
+        self.endpoints.get(usize::from(id)).and_then(Option::as_ref)
+    }
+
+    /// Every endpoint.
+    pub fn endpoints(&self) -> impl Iterator<Item = &Endpoint> {
+        self.endpoints.iter().flatten()
+    }
+
+    /// True when at least one endpoint takes new flows.
+    pub fn has_ready_endpoint(&self) -> bool {
+        self.table.is_some()
+    }
+
+    /// The spec it was built from (to decide whether to rebuild it).
+    pub fn spec(&self) -> &ServiceSpec {
+        &self.spec
+    }
+
+    /// Bytes of heap memory used by the table and the endpoint slots.
+    pub fn heap_bytes(&self) -> usize {
+        self.table.as_ref().map_or(0, Table::heap_bytes)
+            + self.endpoints.len() * std::mem::size_of::<Option<Endpoint>>()
+            + self.name.capacity()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ep(id: u16, draining: bool) -> EndpointSpec {
+        EndpointSpec {
+            id,
+            incarnation: 1,
+            weight: 1,
+            draining,
+            addr: Addr::v4([10, 0, 0, u8::try_from(id).unwrap()]),
+            port: 1,
+            mac: [2, 0, 0, 0, 0, u8::try_from(id).unwrap()],
+            delivery: Delivery::L2,
+            counter: u32::from(id),
+        }
+    }
+
+    fn spec(eps: Vec<EndpointSpec>) -> ServiceSpec {
+        ServiceSpec {
+            name: "s".into(),
+            key: 1,
+            algorithm: Algorithm::Maglev,
+            flow_table: false,
+            limit: 8,
+            table_size: 0,
+            endpoints: eps,
+        }
+    }
+
+    #[test]
+    fn draining_endpoints_get_no_new_flows_but_stay_known() {
+        let s = Service::build(&spec(vec![ep(0, false), ep(3, true)])).unwrap();
+        let t = s.table.as_ref().unwrap();
+        assert_eq!(t.size(), default_size(8));
+        assert!((0..t.size() as usize).all(|i| t.entries().get(i) == 0));
+        assert!(s.endpoint(3).unwrap().draining);
+        assert!(s.endpoint(1).is_none() && s.endpoint(99).is_none());
+        assert_eq!(s.endpoints().count(), 2);
+        let only_draining = Service::build(&spec(vec![ep(3, true)])).unwrap();
+        assert!(!only_draining.has_ready_endpoint());
+    }
+
+    #[test]
+    fn limits_and_algorithms() {
+        let e = Service::build(&spec(vec![ep(8, true)])).unwrap_err();
+        assert_eq!(e, TableError::IdBeyondLimit { id: 8, limit: 8 });
+        let mut r = spec(vec![ep(0, false)]);
+        r.algorithm = Algorithm::Random;
+        assert!(Service::build(&r).unwrap().flow_table, "random always remembers flows");
+        assert_eq!("random".parse::<Algorithm>(), Ok(Algorithm::Random));
+        assert!("rr".parse::<Algorithm>().is_err());
+    }
+}
