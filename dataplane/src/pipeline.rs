@@ -165,8 +165,11 @@ impl Pipeline {
             let Some(ep) = svc.endpoint(pin.endpoint).filter(|e| e.incarnation == pin.incarnation) else {
                 return Verdict::Drop(DropReason::NoEndpoint);
             };
-            count(ctr, svc, ep, len);
-            return deliver(snap, ep, p, pkt, flow_hash(&p.flow));
+            let v = deliver(snap, ep, p, pkt, flow_hash(&p.flow));
+            if matches!(v, Verdict::Forward(_)) {
+                count(ctr, svc, ep, len);
+            }
+            return v;
         }
         let (key, has_ports, l4) = if p.icmp_error {
             // About a reply (VIP -> client): the flow is its reverse.
@@ -193,8 +196,10 @@ impl Pipeline {
             self.frags.insert(&fk, pin, now_ms.max(1));
             self.frag_event = FragEvent::Pinned(fk);
         }
-        count(ctr, svc, ep, len);
         let v = deliver(snap, ep, p, pkt, hash);
+        if matches!(v, Verdict::Forward(_)) {
+            count(ctr, svc, ep, len);
+        }
         ctr.flow_evictions.set(self.flows.stats.evictions);
         v
     }

@@ -1,0 +1,188 @@
+//! The pipeline's golden table: frame in, what it is, expected verdict,
+//! expected frame out.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::*;
+use sluice_dataplane::addr::Addr;
+use sluice_dataplane::counters::WorkerCounters;
+use sluice_dataplane::craft;
+use sluice_dataplane::hash::flow_hash;
+use sluice_dataplane::io::PacketBuf;
+use sluice_dataplane::memio::MemBuf;
+use sluice_dataplane::parse::{ethertype, proto, v4, Flow};
+use sluice_dataplane::pipeline::{Pipeline, PipelineConfig};
+use sluice_dataplane::snapshot::Snapshot;
+use sluice_dataplane::verdict::{DropReason, Verdict};
+
+/// The endpoint MAC the "web" table gives to `flow`.
+fn web_mac(snap: &Snapshot, svc: usize, flow: &Flow) -> [u8; 6] {
+    let s = &snap.services[svc];
+    let id = s.table.as_ref().unwrap().lookup(flow_hash(flow));
+    s.endpoint(id).unwrap().mac
+}
+
+fn flow4(sport: u16, dport: u16, p: u8) -> Flow {
+    Flow { src: Addr::v4(CLIENT), dst: Addr::v4(VIP), sport, dport, proto: p }
+}
+
+/// A frame to `dst_mac` carrying `ip` (an IP packet).
+fn eth(dst_mac: [u8; 6], src_mac: [u8; 6], vlans: &[u16], v6: bool, ip: &[u8]) -> Vec<u8> {
+    craft::ether_with(dst_mac, src_mac, vlans, if v6 { ethertype::IPV6 } else { ethertype::IPV4 }, ip)
+}
+
+fn tcp4(src: [u8; 4], dst: [u8; 4], sport: u16, dport: u16, ttl: u8) -> Vec<u8> {
+    craft::with_l4_checksum(craft::ipv4_full(src, dst, proto::TCP, ttl, 0, v4::DF, &[], &craft::tcp(sport, dport, 0x02, b"GET")), 20)
+}
+
+struct Case {
+    what: &'static str,
+    frame: Vec<u8>,
+    port: u8,
+    verdict: Verdict,
+    out: Option<Vec<u8>>,
+}
+
+fn cases(snap: &Snapshot) -> Vec<Case> {
+    let client_mac = [0x02, 0xcc, 0, 0, 0, 1];
+    let syn = tcp4(CLIENT, VIP, 40000, 80, 64);
+    let syn_out = tcp4(CLIENT, VIP, 40000, 80, 63);
+    let reply = tcp4(VIP, CLIENT, 80, 40000, 64);
+    let reply_out = tcp4(VIP, CLIENT, 80, 40000, 63);
+    let web_ep = web_mac(snap, 0, &flow4(40000, 80, proto::TCP));
+
+    // A router on the return path says the reply was too big.
+    let router = [203, 0, 113, 1];
+    let too_big = craft::icmp4_error(3, 4, &reply[..28]);
+    let icmp = craft::ipv4_full(router, VIP, proto::ICMP, 64, 0, 0, &[], &too_big);
+    let icmp_out = craft::ipv4_full(router, VIP, proto::ICMP, 63, 0, 0, &[], &too_big);
+
+    let syn6 = craft::with_l4_checksum(craft::ipv6(CLIENT6, VIP6, proto::TCP, &craft::tcp(5000, 443, 2, b"")), 40);
+    let mut syn6_inner = syn6.clone();
+    syn6_inner[7] = 63;
+    let f6 = Flow { src: Addr::v6(CLIENT6), dst: Addr::v6(VIP6), sport: 5000, dport: 443, proto: proto::TCP };
+    let ep6 = {
+        let s = &snap.services[2];
+        *s.endpoint(s.table.as_ref().unwrap().lookup(flow_hash(&f6))).unwrap()
+    };
+    let label = (flow_hash(&f6) as u32) & 0xfffff;
+    let mut outer6 = craft::ipv6(APPLIANCE6, ep6.addr.v6_bytes(), proto::IPV6, &syn6_inner);
+    outer6[1] = (label >> 16) as u8;
+    outer6[2..4].copy_from_slice(&((label & 0xffff) as u16).to_be_bytes());
+
+    let mut bad_csum = eth(FRONT_MAC, client_mac, &[], false, &syn);
+    bad_csum[14 + 10] ^= 0xff;
+
+    let arp = craft::ether_with([0xff; 6], client_mac, &[], ethertype::ARP, &[0u8; 28]);
+
+    vec![
+        Case {
+            what: "TCP SYN to VIP:80 goes NAT-less to the endpoint the table picks",
+            frame: eth(FRONT_MAC, client_mac, &[], false, &syn),
+            port: 0,
+            verdict: Verdict::Forward(1),
+            out: Some(eth(web_ep, BACK_MAC, &[], false, &syn_out)),
+        },
+        Case {
+            what: "VLAN-tagged VIP traffic leaves untagged",
+            frame: eth(FRONT_MAC, client_mac, &[100], false, &syn),
+            port: 0,
+            verdict: Verdict::Forward(1),
+            out: Some(eth(web_ep, BACK_MAC, &[], false, &syn_out)),
+        },
+        Case {
+            what: "VIP port without a route",
+            frame: eth(FRONT_MAC, client_mac, &[], false, &tcp4(CLIENT, VIP, 40000, 81, 64)),
+            port: 0,
+            verdict: Verdict::Drop(DropReason::NoRoute),
+            out: None,
+        },
+        Case {
+            what: "route to a service without endpoints",
+            frame: eth(FRONT_MAC, client_mac, &[], false, &tcp4(CLIENT, VIP, 40000, 9, 64)),
+            port: 0,
+            verdict: Verdict::Drop(DropReason::NoEndpoint),
+            out: None,
+        },
+        Case {
+            what: "TTL 1 cannot be forwarded",
+            frame: eth(FRONT_MAC, client_mac, &[], false, &tcp4(CLIENT, VIP, 40000, 80, 1)),
+            port: 0,
+            verdict: Verdict::Drop(DropReason::TtlExpired),
+            out: None,
+        },
+        Case {
+            what: "bad IPv4 header checksum",
+            frame: bad_csum,
+            port: 0,
+            verdict: Verdict::Drop(DropReason::Ipv4BadChecksum),
+            out: None,
+        },
+        Case {
+            what: "ARP broadcast goes to the kernel",
+            frame: arp,
+            port: 0,
+            verdict: Verdict::Exception,
+            out: None,
+        },
+        Case {
+            what: "traffic for the appliance's own address goes to the kernel",
+            frame: eth(FRONT_MAC, client_mac, &[], false, &tcp4(CLIENT, [198, 51, 100, 1], 40000, 179, 64)),
+            port: 0,
+            verdict: Verdict::Exception,
+            out: None,
+        },
+        Case {
+            what: "unicast to another MAC (promiscuous port)",
+            frame: eth([0x02, 9, 9, 9, 9, 9], client_mac, &[], false, &syn),
+            port: 0,
+            verdict: Verdict::Drop(DropReason::NotOurMac),
+            out: None,
+        },
+        Case {
+            what: "return traffic from a VIP goes to the gateway",
+            frame: eth(BACK_MAC, web_ep, &[], false, &reply),
+            port: 1,
+            verdict: Verdict::Forward(0),
+            out: Some(eth(GW_MAC, FRONT_MAC, &[], false, &reply_out)),
+        },
+        Case {
+            what: "IPv6 return traffic without an IPv6 gateway",
+            frame: eth(BACK_MAC, web_ep, &[], true, &craft::ipv6(VIP6, CLIENT6, proto::TCP, &craft::tcp(443, 5000, 0x12, b""))),
+            port: 1,
+            verdict: Verdict::Drop(DropReason::NoGateway),
+            out: None,
+        },
+        Case {
+            what: "fragmentation-needed about a reply reaches the endpoint that owns the flow",
+            frame: eth(FRONT_MAC, [0x02, 0xaa, 0, 0, 0, 1], &[], false, &icmp),
+            port: 0,
+            verdict: Verdict::Forward(1),
+            out: Some(eth(web_ep, BACK_MAC, &[], false, &icmp_out)),
+        },
+        Case {
+            what: "IPv6 VIP traffic is tunnelled IPv6-in-IPv6 to its endpoint",
+            frame: eth(FRONT_MAC, client_mac, &[], true, &syn6),
+            port: 0,
+            verdict: Verdict::Forward(1),
+            out: Some(eth(ep6.mac, BACK_MAC, &[], true, &outer6)),
+        },
+    ]
+}
+
+#[test]
+fn golden_table() {
+    let snap = appliance(1);
+    let ctr = WorkerCounters::new(8, 1000);
+    let mut pl = Pipeline::new(&PipelineConfig::default(), 1);
+    for c in cases(&snap) {
+        let mut buf = MemBuf::new(&c.frame);
+        let v = pl.process(&snap, c.port, &mut buf, 1, &ctr);
+        assert_eq!(v, c.verdict, "{}", c.what);
+        if let Some(out) = &c.out {
+            assert_eq!(buf.data(), &out[..], "{}: frame out", c.what);
+        }
+    }
+    assert_eq!(ctr.services[0].packets.get(), 3, "web counted the SYNs and the ICMP error");
+}

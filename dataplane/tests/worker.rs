@@ -1,0 +1,247 @@
+//! The worker loop over in-memory I/O: where packets go, what happens to
+//! fragments and full queues, how the algorithms keep flows, and that every
+//! packet is accounted for (sent, dropped under a reason, or held).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use common::*;
+use sluice_dataplane::addr::Addr;
+use sluice_dataplane::counters::WorkerCounters;
+use sluice_dataplane::craft;
+use sluice_dataplane::io::PacketBuf;
+use sluice_dataplane::memio::{MemBuf, MemIo};
+use sluice_dataplane::parse::{ethertype, proto, v4};
+use sluice_dataplane::rcu::Publisher;
+use sluice_dataplane::service::{Algorithm, Delivery};
+use sluice_dataplane::snapshot::Snapshot;
+use sluice_dataplane::verdict::DropReason;
+use sluice_dataplane::worker::{Input, Worker, WorkerConfig};
+
+const CLIENT_MAC: [u8; 6] = [0x02, 0xcc, 0, 0, 0, 1];
+
+fn config() -> WorkerConfig {
+    WorkerConfig {
+        id: 0,
+        // p0 (front, exception to output 2), p1 (back, no exception path),
+        // the kernel's side of p0's exception path (out on p0).
+        inputs: vec![
+            Input::Port { port: 0, exception: Some(2) },
+            Input::Port { port: 1, exception: None },
+            Input::Passthrough { output: 0 },
+        ],
+        outputs: 3,
+        pipeline: Default::default(),
+        stash_capacity: 16,
+        stash_ttl_ms: 1000,
+    }
+}
+
+/// A worker and the number of frames taken from its outputs so far.
+struct H {
+    w: Worker<MemIo>,
+    drained: u64,
+}
+
+impl std::ops::Deref for H {
+    type Target = Worker<MemIo>;
+    fn deref(&self) -> &Worker<MemIo> {
+        &self.w
+    }
+}
+
+impl std::ops::DerefMut for H {
+    fn deref_mut(&mut self) -> &mut Worker<MemIo> {
+        &mut self.w
+    }
+}
+
+fn worker(p: &Publisher<Snapshot>) -> H {
+    H { w: Worker::new(MemIo::new(3, 3), p.reader(), Arc::new(WorkerCounters::new(8, 1000)), &config()), drained: 0 }
+}
+
+fn to_vip(sport: u16, dport: u16, p: u8) -> Vec<u8> {
+    let l4 = if p == proto::UDP { craft::udp(sport, dport, &[7; 40]) } else { craft::tcp(sport, dport, 2, b"") };
+    craft::ether_with(FRONT_MAC, CLIENT_MAC, &[], ethertype::IPV4, &craft::with_l4_checksum(craft::ipv4(CLIENT, VIP, p, &l4), 20))
+}
+
+fn feed(w: &mut H, input: usize, frames: &[Vec<u8>]) {
+    w.io_mut().inputs[input].extend(frames.iter().map(|f| MemBuf::new(f)));
+}
+
+fn drain(w: &mut H, output: usize) -> Vec<MemBuf> {
+    let v = std::mem::take(&mut w.io_mut().outputs[output]);
+    w.drained += v.len() as u64;
+    v
+}
+
+fn dst_mac(b: &MemBuf) -> [u8; 6] {
+    b.data()[0..6].try_into().unwrap()
+}
+
+/// Every received packet was sent, dropped under a reason, or is held.
+fn assert_conserved(w: &mut H) {
+    let c = Arc::clone(w.counters());
+    let held = w.held() as u64;
+    let drained = w.drained;
+    let io = w.io_mut();
+    let sent: u64 = drained + io.outputs.iter().map(|o| o.len() as u64).sum::<u64>();
+    assert_eq!(c.rx_packets.get(), c.tx_packets.get() + c.total_drops() + held, "counters add up");
+    assert_eq!(c.tx_packets.get(), sent);
+    assert_eq!(c.total_drops(), io.freed as u64, "every drop freed its buffer");
+}
+
+#[test]
+fn exception_path_and_kernel_passthrough() {
+    let p = Publisher::new(appliance(1));
+    let mut w = worker(&p);
+    let arp = craft::ether_with([0xff; 6], CLIENT_MAC, &[], ethertype::ARP, &[0; 28]);
+    feed(&mut w, 0, std::slice::from_ref(&arp));
+    feed(&mut w, 1, std::slice::from_ref(&arp));
+    feed(&mut w, 2, &[b"from the kernel, any frame at all".to_vec()]);
+    assert_eq!(w.poll(1), 3);
+    assert_eq!(drain(&mut w, 2).len(), 1, "front ARP to the kernel");
+    assert_eq!(drain(&mut w, 0)[0].data(), b"from the kernel, any frame at all");
+    assert_eq!(w.counters().drops[DropReason::NoExceptionPath.index()].get(), 1);
+    assert_eq!((w.counters().exception.get(), w.counters().from_kernel.get()), (1, 1));
+    assert_conserved(&mut w);
+}
+
+#[test]
+fn fragments_out_of_order_are_held_then_follow_their_first() {
+    let p = Publisher::new(appliance(1));
+    let mut w = worker(&p);
+    // One UDP datagram to the "dns" service (random: only the flow table
+    // makes later fragments follow), in three fragments.
+    let dgram = craft::udp(5353, 53, &[1; 64]);
+    let frag = |off: u16, more: bool, part: &[u8]| {
+        let f = off / 8 | if more { v4::MF } else { 0 };
+        craft::ether_with(FRONT_MAC, CLIENT_MAC, &[], ethertype::IPV4, &craft::ipv4_full(CLIENT, VIP, proto::UDP, 64, 4242, f, &[], part))
+    };
+    let first = frag(0, true, &dgram[..24]);
+    let middle = frag(24, true, &dgram[24..48]);
+    let last = frag(48, false, &dgram[48..]);
+    feed(&mut w, 0, &[last.clone(), middle.clone()]);
+    w.poll(10);
+    assert_eq!(w.held(), 2, "later fragments wait for the first");
+    assert!(w.io_mut().outputs[1].is_empty());
+    feed(&mut w, 0, &[first]);
+    w.poll(20);
+    assert_eq!(w.held(), 0);
+    let out = drain(&mut w, 1);
+    assert_eq!(out.len(), 3);
+    let macs: HashSet<[u8; 6]> = out.iter().map(dst_mac).collect();
+    assert_eq!(macs.len(), 1, "all fragments reach one endpoint");
+    // Further fragments of the same datagram follow without waiting.
+    feed(&mut w, 0, &[middle]);
+    w.poll(30);
+    assert_eq!(dst_mac(&drain(&mut w, 1)[0]), *macs.iter().next().unwrap());
+
+    // A later fragment whose first never comes is dropped after the hold time.
+    let orphan = craft::ether_with(FRONT_MAC, CLIENT_MAC, &[], ethertype::IPV4, &craft::ipv4_full(CLIENT, VIP, proto::UDP, 64, 99, 3, &[], &[0; 16]));
+    feed(&mut w, 0, &[orphan]);
+    w.poll(100);
+    assert_eq!(w.held(), 1);
+    w.poll(1200);
+    assert_eq!(w.held(), 0);
+    assert_eq!(w.counters().drops[DropReason::FragmentTimeout.index()].get(), 1);
+    assert_conserved(&mut w);
+}
+
+#[test]
+fn a_full_output_queue_is_counted() {
+    let p = Publisher::new(appliance(1));
+    let mut w = worker(&p);
+    w.io_mut().tx_limit = 5;
+    let frames: Vec<Vec<u8>> = (0..20).map(|i| to_vip(1000 + i, 80, proto::TCP)).collect();
+    feed(&mut w, 0, &frames);
+    w.poll(1);
+    assert_eq!(drain(&mut w, 1).len(), 5);
+    assert_eq!(w.counters().drops[DropReason::TxQueueFull.index()].get(), 15);
+    assert_conserved(&mut w);
+}
+
+/// Endpoint MAC each flow (by source port) was sent to.
+fn send_flows(w: &mut H, ports: std::ops::Range<u16>, dport: u16, p: u8, now: u64) -> HashMap<u16, [u8; 6]> {
+    let frames: Vec<Vec<u8>> = ports.clone().map(|s| to_vip(s, dport, p)).collect();
+    feed(w, 0, &frames);
+    while w.poll(now) > 0 {}
+    let out = drain(w, 1);
+    assert_eq!(out.len(), frames.len(), "every flow forwarded");
+    ports.zip(out.iter().map(dst_mac)).collect()
+}
+
+#[test]
+fn random_picks_spread_and_stick() {
+    let p = Publisher::new(appliance(1));
+    let mut w = worker(&p);
+    let first = send_flows(&mut w, 1000..1400, 53, proto::UDP, 1000);
+    let again = send_flows(&mut w, 1000..1400, 53, proto::UDP, 2000);
+    assert_eq!(first, again, "each flow keeps its endpoint");
+    let used: HashSet<&[u8; 6]> = first.values().collect();
+    assert_eq!(used.len(), 4, "new flows spread over all endpoints");
+    assert_conserved(&mut w);
+}
+
+/// The "sticky" (maglev + flow table) and "web" (maglev) services with
+/// `n` endpoints, the first `draining` of them draining.
+fn with_endpoints(generation: u64, n: u16, draining: u16) -> Snapshot {
+    let mut s = appliance(generation);
+    let eps = |svc: u8| {
+        (0..n)
+            .map(|i| {
+                let mut e = endpoint(svc, i, 1, Delivery::L2);
+                e.draining = i < draining;
+                e
+            })
+            .collect::<Vec<_>>()
+    };
+    let mut services = s.services.clone();
+    services[0] = service("web", 0, Algorithm::Maglev, false, eps(0));
+    services[4] = service("sticky", 4, Algorithm::Maglev, true, eps(4));
+    s = sluice_dataplane::snapshot::Snapshot::new(
+        generation,
+        &[
+            route("web", 0, Addr::v4(VIP), Some(80), &[proto::TCP]),
+            route("sticky", 4, Addr::v4(VIP), Some(8080), &[proto::TCP]),
+        ],
+        services,
+        s.ports.clone(),
+        s.gateway_v4,
+        None,
+    );
+    s
+}
+
+#[test]
+fn flow_table_keeps_established_flows_when_endpoints_change() {
+    let mut p = Publisher::new(with_endpoints(1, 3, 0));
+    let mut w = worker(&p);
+    let sticky0 = send_flows(&mut w, 2000..2600, 8080, proto::TCP, 1000);
+    let web0 = send_flows(&mut w, 2000..2600, 80, proto::TCP, 1000);
+
+    // A fourth endpoint joins: stateless maglev moves about 1/4 of the flows,
+    // the flow table keeps every established one where it was.
+    p.publish(with_endpoints(2, 4, 0));
+    let sticky1 = send_flows(&mut w, 2000..2600, 8080, proto::TCP, 2000);
+    let web1 = send_flows(&mut w, 2000..2600, 80, proto::TCP, 2000);
+    assert_eq!(sticky0, sticky1, "established flows survive the addition");
+    let moved = web0.iter().filter(|(k, v)| web1[k] != **v).count();
+    assert!((100..200).contains(&moved), "stateless maglev moved {moved} of 600 (about a quarter)");
+    let fresh = send_flows(&mut w, 5000..5400, 8080, proto::TCP, 2000);
+    assert!(fresh.values().any(|m| *m == ep_mac(4, 3, 1)), "new flows reach the new endpoint");
+
+    // Endpoint 0 drains: its established flows stay (flow table), new ones avoid it.
+    p.publish(with_endpoints(3, 4, 1));
+    let sticky2 = send_flows(&mut w, 2000..2600, 8080, proto::TCP, 3000);
+    assert_eq!(sticky0, sticky2);
+    let fresh = send_flows(&mut w, 6000..6400, 8080, proto::TCP, 3000);
+    assert!(fresh.values().all(|m| *m != ep_mac(4, 0, 1)), "no new flow to a draining endpoint");
+    let web2 = send_flows(&mut w, 2000..2600, 80, proto::TCP, 3000);
+    assert!(web2.values().all(|m| *m != ep_mac(0, 0, 1)), "without a flow table, draining moves flows away");
+    assert!(p.synchronize(std::time::Duration::from_secs(1)) || w.poll(4000) == 0);
+    assert_conserved(&mut w);
+}
