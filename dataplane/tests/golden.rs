@@ -1,6 +1,6 @@
 //! The pipeline's golden table: frame in, what it is, expected verdict,
 //! expected frame out.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::cast_possible_truncation)]
 
 mod common;
 

@@ -5,7 +5,7 @@
 //! for every packet the parser accepts as IP, the 5-tuple must be the one
 //! `tcpdump -nn` prints for it.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::cast_possible_truncation)]
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;

@@ -1,7 +1,7 @@
 //! Snapshots swapped continuously while workers forward on other threads:
 //! no packet lost, none sent to an endpoint its snapshot did not choose,
 //! generations only move forward, and replaced snapshots are freed.
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::cast_possible_truncation)]
 
 mod common;
 

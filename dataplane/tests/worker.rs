@@ -1,7 +1,7 @@
 //! The worker loop over in-memory I/O: where packets go, what happens to
 //! fragments and full queues, how the algorithms keep flows, and that every
 //! packet is accounted for (sent, dropped under a reason, or held).
-#![allow(clippy::unwrap_used, clippy::expect_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::cast_possible_truncation)]
 
 mod common;
 
@@ -118,7 +118,7 @@ fn fragments_out_of_order_are_held_then_follow_their_first() {
     // makes later fragments follow), in three fragments.
     let dgram = craft::udp(5353, 53, &[1; 64]);
     let frag = |off: u16, more: bool, part: &[u8]| {
-        let f = off / 8 | if more { v4::MF } else { 0 };
+        let f = (off / 8) | if more { v4::MF } else { 0 };
         craft::ether_with(FRONT_MAC, CLIENT_MAC, &[], ethertype::IPV4, &craft::ipv4_full(CLIENT, VIP, proto::UDP, 64, 4242, f, &[], part))
     };
     let first = frag(0, true, &dgram[..24]);
