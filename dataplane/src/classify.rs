@@ -150,7 +150,7 @@ impl Span {
     }
 }
 
-/// A route, compiled.
+/// A route, compiled: what status and logs show.
 #[derive(Clone, Debug)]
 pub struct Route {
     /// Its name.
@@ -159,10 +159,27 @@ pub struct Route {
     pub priority: i32,
     /// Index of its service.
     pub service: u32,
-    src: Span,
+}
+
+/// Match conditions beyond the destination, checked per candidate: the
+/// first source prefix is inline (most routes have at most one), the rest
+/// in pools.
+#[derive(Clone, Copy, Debug)]
+struct Cond {
+    flags: u8,
+    src0: Cidr,
+    /// Further source prefixes.
+    src_more: Span,
     sports: Span,
     bytes: Span,
 }
+
+/// Any source address.
+const ANY_SRC: u8 = 1;
+/// Any source port.
+const ANY_SPORT: u8 = 2;
+/// No byte match.
+const NO_BYTES: u8 = 4;
 
 #[derive(Clone, Debug, Default)]
 struct PortIndex {
@@ -184,6 +201,7 @@ pub struct Classifier {
     tables: Vec<[PortIndex; SLOTS]>,
     vips: Vec<Addr>,
     routes: Vec<Route>,
+    conds: Vec<Cond>,
     candidates: Vec<u32>,
     cidrs: Vec<Cidr>,
     ports: Vec<PortRange>,
@@ -216,14 +234,24 @@ impl Classifier {
         let mut c = Classifier::default();
         for &i in &order {
             let r = &routes[i];
-            let src = push_span(&mut c.cidrs, &r.src_cidrs);
-            let sports = if r.src_ports.contains(&PortRange::ANY) {
+            let mut flags = 0;
+            if r.src_cidrs.is_empty() {
+                flags |= ANY_SRC;
+            }
+            let sports = if r.src_ports.is_empty() || r.src_ports.contains(&PortRange::ANY) {
+                flags |= ANY_SPORT;
                 Span::default()
             } else {
                 push_span(&mut c.ports, &r.src_ports)
             };
+            if r.byte_matches.is_empty() {
+                flags |= NO_BYTES;
+            }
+            let src0 = r.src_cidrs.first().copied().unwrap_or(Cidr::host(Addr(0)));
+            let src_more = push_span(&mut c.cidrs, r.src_cidrs.get(1..).unwrap_or_default());
             let bytes = push_span(&mut c.bytes, &r.byte_matches);
-            c.routes.push(Route { name: r.name.clone(), priority: r.priority, service: r.service, src, sports, bytes });
+            c.conds.push(Cond { flags, src0, src_more, sports, bytes });
+            c.routes.push(Route { name: r.name.clone(), priority: r.priority, service: r.service });
         }
 
         // Routes per (VIP, slot), by rank.
@@ -299,7 +327,7 @@ impl Classifier {
         let portless: Vec<u32> = ranks
             .iter()
             .copied()
-            .filter(|&k| dst(k).is_empty() && self.routes[k as usize].sports.len == 0)
+            .filter(|&k| dst(k).is_empty() && self.conds[k as usize].flags & ANY_SPORT != 0)
             .collect();
         let portless = intern(portless, &mut self.candidates);
 
@@ -357,6 +385,12 @@ impl Classifier {
         self.vip(a).is_some()
     }
 
+    /// The index of VIP `a`, for [`Classifier::classify_vip`].
+    #[inline]
+    pub fn vip_index(&self, a: Addr) -> Option<usize> {
+        self.vip(a)
+    }
+
     #[inline(always)]
     fn vip(&self, a: Addr) -> Option<usize> {
         let mut h = vip_hash(a.0) & self.vip_mask;
@@ -377,31 +411,48 @@ impl Classifier {
     /// byte matches cannot be evaluated, e.g. for ICMP errors).
     #[inline]
     pub fn classify(&self, flow: &Flow, has_ports: bool, l4: Option<&[u8]>) -> Lookup {
-        let Some(v) = self.vip(flow.dst) else { return Lookup::NotVip };
-        let t = &self.tables[v][slot_of(flow.proto)];
+        match self.vip(flow.dst) {
+            Some(v) => self.classify_vip(v, flow, has_ports, l4),
+            None => Lookup::NotVip,
+        }
+    }
+
+    /// [`Classifier::classify`] when the destination's VIP index `v` is
+    /// already known (from [`Classifier::vip_index`]).
+    #[inline]
+    pub fn classify_vip(&self, v: usize, flow: &Flow, has_ports: bool, l4: Option<&[u8]>) -> Lookup {
+        let Some(t) = self.tables.get(v).map(|t| &t[slot_of(flow.proto)]) else { return Lookup::NotVip };
         let list = if has_ports {
             let i = t.bounds.partition_point(|&b| b <= flow.dport) - 1;
             t.lists[i]
         } else {
             t.portless
         };
-        for &k in &self.candidates[list.range()] {
-            if self.matches(&self.routes[k as usize], flow, has_ports, l4) {
-                return Lookup::Route(k);
+        let Some(cands) = self.candidates.get(list.range()) else { return Lookup::NoRoute };
+        for &k in cands {
+            if let Some(cond) = self.conds.get(k as usize) {
+                if self.matches(cond, flow, has_ports, l4) {
+                    return Lookup::Route(k);
+                }
             }
         }
         Lookup::NoRoute
     }
 
     #[inline(always)]
-    fn matches(&self, r: &Route, flow: &Flow, has_ports: bool, l4: Option<&[u8]>) -> bool {
-        if r.src.len != 0 && !self.cidrs[r.src.range()].iter().any(|c| c.contains(flow.src)) {
+    fn matches(&self, r: &Cond, flow: &Flow, has_ports: bool, l4: Option<&[u8]>) -> bool {
+        if r.flags & ANY_SRC == 0
+            && !r.src0.contains(flow.src)
+            && !self.cidrs[r.src_more.range()].iter().any(|c| c.contains(flow.src))
+        {
             return false;
         }
-        if r.sports.len != 0 && !(has_ports && self.ports[r.sports.range()].iter().any(|p| p.contains(flow.sport))) {
+        if r.flags & ANY_SPORT == 0
+            && !(has_ports && self.ports[r.sports.range()].iter().any(|p| p.contains(flow.sport)))
+        {
             return false;
         }
-        if r.bytes.len != 0 {
+        if r.flags & NO_BYTES == 0 {
             for b in &self.bytes[r.bytes.range()] {
                 if b.proto != flow.proto {
                     continue;
@@ -445,6 +496,7 @@ impl Classifier {
             + self.vip_vals.capacity() * 4
             + self.vips.capacity() * 16
             + self.routes.capacity() * std::mem::size_of::<Route>()
+            + self.conds.capacity() * std::mem::size_of::<Cond>()
             + self.routes.iter().map(|r| r.name.capacity()).sum::<usize>()
             + self.candidates.capacity() * 4
             + self.cidrs.capacity() * std::mem::size_of::<Cidr>()

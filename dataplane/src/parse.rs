@@ -236,17 +236,104 @@ fn off16(off: usize) -> u16 {
     off as u16
 }
 
-/// Parses an Ethernet frame.
-#[inline]
+/// What [`parse_into`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// IPv4 or IPv6: the [`Parsed`] is filled in.
+    Ip,
+    /// Anything else: its ethertype (after VLAN tags) and header length.
+    Other {
+        /// The ethertype.
+        ethertype: u16,
+        /// Bytes of Ethernet header and VLAN tags.
+        l3: u16,
+    },
+}
+
+/// Parses an Ethernet frame (a convenience over [`parse_into`]).
 pub fn parse(frame: &[u8]) -> Result<Frame, DropReason> {
-    if frame.len() < ETH_LEN {
-        return Err(DropReason::EthTruncated);
+    let mut p = Parsed::default();
+    Ok(match parse_into(frame, &mut p)? {
+        Kind::Ip => Frame::Ip(p),
+        Kind::Other { ethertype, l3 } => Frame::Other { ethertype, l3 },
+    })
+}
+
+/// The common frame, checked at constant offsets: untagged IPv4 without
+/// options, not a fragment, TCP or UDP with a well-formed header. Returns
+/// false (leaving the general parser to decide, and to name any error)
+/// for everything else.
+#[inline(always)]
+fn parse_common_v4(frame: &[u8], p: &mut Parsed) -> bool {
+    const L3: usize = ETH_LEN;
+    const L4: usize = ETH_LEN + v4::MIN_LEN;
+    let Some(f) = frame.first_chunk::<{ L4 + UDP_LEN }>() else { return false };
+    if f[12] != 0x08 || f[13] != 0x00 || f[L3] != 0x45 {
+        return false;
     }
+    let total = usize::from(u16::from_be_bytes([f[L3 + 2], f[L3 + 3]]));
+    if L3 + total > frame.len() || f[L3 + v4::FRAG] & 0x3f != 0 || f[L3 + v4::FRAG + 1] != 0 {
+        return false;
+    }
+    let Some(h) = f[L3..].first_chunk::<{ v4::MIN_LEN }>() else { return false };
+    if !checksum::ipv4_header_ok(h) {
+        return false;
+    }
+    let seg = total.wrapping_sub(v4::MIN_LEN);
+    match f[L3 + v4::PROTO] {
+        proto::TCP => {
+            let doff = match frame.get(L4 + 12) {
+                Some(b) => usize::from(b >> 4) * 4,
+                None => return false,
+            };
+            if total < v4::MIN_LEN + TCP_MIN || doff < TCP_MIN || doff > seg {
+                return false;
+            }
+        }
+        proto::UDP => {
+            let ulen = usize::from(u16::from_be_bytes([f[L4 + 4], f[L4 + 5]]));
+            if total < v4::MIN_LEN + UDP_LEN || ulen < UDP_LEN || ulen > seg {
+                return false;
+            }
+        }
+        _ => return false,
+    }
+    p.l3 = L3 as u16;
+    p.l4 = L4 as u16;
+    p.ip_end = off16(L3 + total);
+    p.vlans = 0;
+    p.v6 = false;
+    p.ttl = h[v4::TTL];
+    p.frag = Fragment::No;
+    p.frag_id = 0;
+    p.flow = Flow {
+        src: Addr::v4([h[12], h[13], h[14], h[15]]),
+        dst: Addr::v4([h[16], h[17], h[18], h[19]]),
+        sport: u16::from_be_bytes([f[L4], f[L4 + 1]]),
+        dport: u16::from_be_bytes([f[L4 + 2], f[L4 + 3]]),
+        proto: h[v4::PROTO],
+    };
+    p.has_ports = true;
+    p.icmp_error = false;
+    p.inner_ports = false;
+    true
+}
+
+/// Parses an Ethernet frame into `p`, in place (the fast path's entry:
+/// no copy of the parsed headers). `p` is meaningful only for [`Kind::Ip`].
+#[inline]
+pub fn parse_into(frame: &[u8], p: &mut Parsed) -> Result<Kind, DropReason> {
+    if parse_common_v4(frame, p) {
+        return Ok(Kind::Ip);
+    }
+    let Some(eth) = frame.first_chunk::<ETH_LEN>() else {
+        return Err(DropReason::EthTruncated);
+    };
     if frame.len() > usize::from(u16::MAX) {
         return Err(DropReason::FrameTooLong);
     }
     let mut type_off = ETH_TYPE;
-    let mut et = be16(frame, type_off);
+    let mut et = u16::from_be_bytes([eth[ETH_TYPE], eth[ETH_TYPE + 1]]);
     let mut vlans = 0u8;
     let mut vlan_ids = [0u16; MAX_VLANS];
     while matches!(et, ethertype::VLAN | ethertype::QINQ | ethertype::QINQ_OLD) {
@@ -262,34 +349,36 @@ pub fn parse(frame: &[u8]) -> Result<Frame, DropReason> {
         vlans += 1;
     }
     let l3 = type_off + 2;
-    let mut p = match et {
-        ethertype::IPV4 => parse_ipv4(frame, l3)?,
-        ethertype::IPV6 => parse_ipv6(frame, l3)?,
-        _ => return Ok(Frame::Other { ethertype: et, l3: off16(l3) }),
-    };
     p.vlans = vlans;
     p.vlan_ids = vlan_ids;
-    Ok(Frame::Ip(p))
+    match et {
+        ethertype::IPV4 => parse_ipv4(frame, l3, p)?,
+        ethertype::IPV6 => parse_ipv6(frame, l3, p)?,
+        _ => return Ok(Kind::Other { ethertype: et, l3: off16(l3) }),
+    }
+    Ok(Kind::Ip)
 }
 
 /// Parses an IP packet that starts at `l3` in `buf` (a raw-IP capture, or
 /// the frame after its Ethernet header). The version nibble decides.
 pub fn parse_ip(buf: &[u8], l3: usize) -> Result<Parsed, DropReason> {
+    let mut p = Parsed::default();
     match buf.get(l3).map(|b| b >> 4) {
-        Some(6) => parse_ipv6(buf, l3),
-        Some(4) => parse_ipv4(buf, l3),
-        Some(_) => Err(DropReason::Ipv4BadVersion),
-        None => Err(DropReason::Ipv4Truncated),
+        Some(6) => parse_ipv6(buf, l3, &mut p)?,
+        Some(4) => parse_ipv4(buf, l3, &mut p)?,
+        Some(_) => return Err(DropReason::Ipv4BadVersion),
+        None => return Err(DropReason::Ipv4Truncated),
     }
+    Ok(p)
 }
 
 #[inline]
-fn parse_ipv4(frame: &[u8], l3: usize) -> Result<Parsed, DropReason> {
-    let avail = frame.len().saturating_sub(l3);
-    if avail < v4::MIN_LEN {
+fn parse_ipv4(frame: &[u8], l3: usize, p: &mut Parsed) -> Result<(), DropReason> {
+    let rest = frame.get(l3..).unwrap_or_default();
+    let Some(h) = rest.first_chunk::<{ v4::MIN_LEN }>() else {
         return Err(DropReason::Ipv4Truncated);
-    }
-    let vihl = frame[l3];
+    };
+    let vihl = h[0];
     if vihl >> 4 != 4 {
         return Err(DropReason::Ipv4BadVersion);
     }
@@ -297,43 +386,35 @@ fn parse_ipv4(frame: &[u8], l3: usize) -> Result<Parsed, DropReason> {
     if ihl < v4::MIN_LEN {
         return Err(DropReason::Ipv4BadHeaderLength);
     }
-    if ihl > avail {
+    if ihl > rest.len() {
         return Err(DropReason::Ipv4Truncated);
     }
-    let total = usize::from(be16(frame, l3 + v4::TOTAL_LEN));
-    if total < ihl || total > avail {
+    let total = usize::from(u16::from_be_bytes([h[v4::TOTAL_LEN], h[v4::TOTAL_LEN + 1]]));
+    if total < ihl || total > rest.len() {
         return Err(DropReason::Ipv4BadTotalLength);
     }
-    if checksum::sum(&frame[l3..l3 + ihl]) != 0xffff {
+    let ok = if ihl == v4::MIN_LEN { checksum::ipv4_header_ok(h) } else { checksum::sum(&rest[..ihl]) == 0xffff };
+    if !ok {
         return Err(DropReason::Ipv4BadChecksum);
     }
-    let fragf = be16(frame, l3 + v4::FRAG);
-    let frag = if fragf & v4::OFFSET_MASK != 0 {
+    let fragf = u16::from_be_bytes([h[v4::FRAG], h[v4::FRAG + 1]]);
+    p.frag = if fragf & v4::OFFSET_MASK != 0 {
         Fragment::Later
     } else if fragf & v4::MF != 0 {
         Fragment::First
     } else {
         Fragment::No
     };
-    let ip_end = l3 + total;
-    let mut p = Parsed {
-        l3: off16(l3),
-        l4: off16(l3 + ihl),
-        ip_end: off16(ip_end),
-        v6: false,
-        ttl: frame[l3 + v4::TTL],
-        frag,
-        frag_id: u32::from(be16(frame, l3 + v4::ID)),
-        flow: Flow {
-            src: addr4(frame, l3 + v4::SRC),
-            dst: addr4(frame, l3 + v4::DST),
-            proto: frame[l3 + v4::PROTO],
-            ..Flow::default()
-        },
-        ..Parsed::default()
-    };
-    parse_l4(&frame[..ip_end], &mut p)?;
-    Ok(p)
+    p.l3 = off16(l3);
+    p.l4 = off16(l3 + ihl);
+    p.ip_end = off16(l3 + total);
+    p.v6 = false;
+    p.ttl = h[v4::TTL];
+    p.frag_id = u32::from(u16::from_be_bytes([h[v4::ID], h[v4::ID + 1]]));
+    p.flow.src = Addr::v4([h[12], h[13], h[14], h[15]]);
+    p.flow.dst = Addr::v4([h[16], h[17], h[18], h[19]]);
+    p.flow.proto = h[v4::PROTO];
+    parse_l4(&frame[..l3 + total], p)
 }
 
 /// Walks IPv6 extension headers from `off` with first next-header `next`,
@@ -389,7 +470,7 @@ fn walk_ipv6_ext(buf: &[u8], mut off: usize, mut next: u8) -> Result<(u8, usize,
 }
 
 #[inline]
-fn parse_ipv6(frame: &[u8], l3: usize) -> Result<Parsed, DropReason> {
+fn parse_ipv6(frame: &[u8], l3: usize, p: &mut Parsed) -> Result<(), DropReason> {
     let avail = frame.len().saturating_sub(l3);
     if avail < v6::LEN {
         return Err(DropReason::Ipv6Truncated);
@@ -412,24 +493,17 @@ fn parse_ipv6(frame: &[u8], l3: usize) -> Result<Parsed, DropReason> {
     let ip_end = l3 + v6::LEN + plen;
     let dgram = &frame[..ip_end];
     let (l4proto, l4, frag, frag_id) = walk_ipv6_ext(dgram, l3 + v6::LEN, first_next)?;
-    let mut p = Parsed {
-        l3: off16(l3),
-        l4: off16(l4),
-        ip_end: off16(ip_end),
-        v6: true,
-        ttl: frame[l3 + v6::HOP_LIMIT],
-        frag,
-        frag_id,
-        flow: Flow {
-            src: addr6(frame, l3 + v6::SRC),
-            dst: addr6(frame, l3 + v6::DST),
-            proto: l4proto,
-            ..Flow::default()
-        },
-        ..Parsed::default()
-    };
-    parse_l4(dgram, &mut p)?;
-    Ok(p)
+    p.l3 = off16(l3);
+    p.l4 = off16(l4);
+    p.ip_end = off16(ip_end);
+    p.v6 = true;
+    p.ttl = frame[l3 + v6::HOP_LIMIT];
+    p.frag = frag;
+    p.frag_id = frag_id;
+    p.flow.src = addr6(frame, l3 + v6::SRC);
+    p.flow.dst = addr6(frame, l3 + v6::DST);
+    p.flow.proto = l4proto;
+    parse_l4(dgram, p)
 }
 
 #[inline(always)]
@@ -447,34 +521,40 @@ fn is_icmp_error(v6: bool, typ: u8) -> bool {
 /// end of the IP datagram).
 #[inline]
 fn parse_l4(dgram: &[u8], p: &mut Parsed) -> Result<(), DropReason> {
+    p.flow.sport = 0;
+    p.flow.dport = 0;
+    p.has_ports = false;
+    p.icmp_error = false;
+    p.inner_ports = false;
     if p.frag == Fragment::Later {
         return Ok(());
     }
     let l4 = usize::from(p.l4);
-    let avail = dgram.len().saturating_sub(l4);
+    let seg = dgram.get(l4..).unwrap_or_default();
+    let avail = seg.len();
     match p.flow.proto {
         proto::TCP => {
-            if avail < TCP_MIN {
+            let Some(t) = seg.first_chunk::<TCP_MIN>() else {
                 return Err(DropReason::L4Truncated);
-            }
-            let doff = usize::from(dgram[l4 + 12] >> 4) * 4;
+            };
+            let doff = usize::from(t[12] >> 4) * 4;
             if doff < TCP_MIN || doff > avail {
                 return Err(DropReason::TcpBadDataOffset);
             }
-            p.flow.sport = be16(dgram, l4);
-            p.flow.dport = be16(dgram, l4 + 2);
+            p.flow.sport = u16::from_be_bytes([t[0], t[1]]);
+            p.flow.dport = u16::from_be_bytes([t[2], t[3]]);
             p.has_ports = true;
         }
         proto::UDP => {
-            if avail < UDP_LEN {
+            let Some(u) = seg.first_chunk::<UDP_LEN>() else {
                 return Err(DropReason::L4Truncated);
-            }
-            let ulen = usize::from(be16(dgram, l4 + 4));
+            };
+            let ulen = usize::from(u16::from_be_bytes([u[4], u[5]]));
             if p.frag == Fragment::No && (ulen < UDP_LEN || ulen > avail) {
                 return Err(DropReason::UdpBadLength);
             }
-            p.flow.sport = be16(dgram, l4);
-            p.flow.dport = be16(dgram, l4 + 2);
+            p.flow.sport = u16::from_be_bytes([u[0], u[1]]);
+            p.flow.dport = u16::from_be_bytes([u[2], u[3]]);
             p.has_ports = true;
         }
         proto::SCTP => {

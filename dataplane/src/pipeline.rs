@@ -12,7 +12,7 @@ use crate::counters::WorkerCounters;
 use crate::flow::{FlowTable, FragKey, FragTable, Pin};
 use crate::hash::flow_hash;
 use crate::io::PacketBuf;
-use crate::parse::{parse, Flow, Fragment, Frame, Parsed, ETH_LEN};
+use crate::parse::{parse_into, Flow, Fragment, Kind, Parsed, ETH_LEN};
 use crate::rewrite::{encapsulate, forward_l2, Tunnel};
 use crate::service::{Algorithm, Delivery, Endpoint, Service};
 use crate::snapshot::Snapshot;
@@ -111,19 +111,20 @@ impl Pipeline {
         if frame[0] & 1 != 0 {
             return Verdict::Exception; // broadcast, multicast
         }
-        if let Some(port) = snap.ports.get(usize::from(in_port)) {
-            if frame[0..6] != port.mac {
+        if let (Some(port), Some(dst)) = (snap.ports.get(usize::from(in_port)), frame.first_chunk::<6>()) {
+            if *dst != port.mac {
                 return Verdict::Drop(DropReason::NotOurMac);
             }
         }
-        let p = match parse(frame) {
-            Ok(Frame::Ip(p)) => p,
-            Ok(Frame::Other { .. }) => return Verdict::Exception,
+        let mut p = Parsed::default();
+        match parse_into(frame, &mut p) {
+            Ok(Kind::Ip) => {}
+            Ok(Kind::Other { .. }) => return Verdict::Exception,
             Err(r) => return Verdict::Drop(r),
-        };
+        }
         let c = &snap.classifier;
-        if c.is_vip(p.flow.dst) {
-            let v = self.balance(snap, &p, pkt, now_ms, ctr);
+        if let Some(vip) = c.vip_index(p.flow.dst) {
+            let v = self.balance(snap, vip, &p, pkt, now_ms, ctr);
             if matches!(v, Verdict::Forward(_)) {
                 ctr.balanced.add(1);
             }
@@ -148,6 +149,7 @@ impl Pipeline {
     fn balance<P: PacketBuf>(
         &mut self,
         snap: &Snapshot,
+        vip: usize,
         p: &Parsed,
         pkt: &mut P,
         now_ms: u64,
@@ -171,23 +173,27 @@ impl Pipeline {
             }
             return v;
         }
+        let about;
         let (key, has_ports, l4) = if p.icmp_error {
             // About a reply (VIP -> client): the flow is its reverse.
-            let k = if c.is_vip(p.inner.src) { p.inner.reversed() } else { p.inner };
-            (k, p.inner_ports, None)
+            about = if c.is_vip(p.inner.src) { p.inner.reversed() } else { p.inner };
+            (&about, p.inner_ports, None)
         } else {
-            (p.flow, p.has_ports, pkt.data().get(usize::from(p.l4)..usize::from(p.ip_end)))
+            (&p.flow, p.has_ports, pkt.data().get(usize::from(p.l4)..usize::from(p.ip_end)))
         };
-        let route = match c.classify(&key, has_ports, l4) {
+        // An ICMP error's flow is towards the VIP it was sent to, or towards
+        // another: look that one up.
+        let lookup = if key.dst == p.flow.dst { c.classify_vip(vip, key, has_ports, l4) } else { c.classify(key, has_ports, l4) };
+        let route = match lookup {
             Lookup::Route(r) => c.route(r),
             Lookup::NoRoute | Lookup::NotVip => return Verdict::Drop(DropReason::NoRoute),
         };
         let Some(svc) = snap.services.get(route.service as usize) else {
             return Verdict::Drop(DropReason::NoRoute);
         };
-        let hash = flow_hash(&key);
+        let hash = flow_hash(key);
         let now_s = u32::try_from(now_ms / 1000).unwrap_or(u32::MAX).saturating_add(1);
-        let Some(ep) = self.select(svc, &key, hash, p.icmp_error, now_s) else {
+        let Some(ep) = self.select(svc, key, hash, p.icmp_error, now_s) else {
             return Verdict::Drop(DropReason::NoEndpoint);
         };
         if p.frag == Fragment::First {

@@ -21,15 +21,18 @@ pub fn decrement_ttl(frame: &mut [u8], l3: usize, is_v6: bool) -> Result<(), Dro
         }
         *h -= 1;
     } else {
-        let ttl = frame[l3 + v4::TTL];
+        let h = &mut frame[l3..l3 + v4::MIN_LEN];
+        let ttl = h[v4::TTL];
         if ttl <= 1 {
             return Err(DropReason::TtlExpired);
         }
-        let old = u16::from_be_bytes([ttl, frame[l3 + v4::PROTO]]);
-        frame[l3 + v4::TTL] = ttl - 1;
-        let new = u16::from_be_bytes([ttl - 1, frame[l3 + v4::PROTO]]);
-        let c = u16::from_be_bytes([frame[l3 + v4::CHECK], frame[l3 + v4::CHECK + 1]]);
-        frame[l3 + v4::CHECK..l3 + v4::CHECK + 2].copy_from_slice(&checksum::update16(c, old, new).to_be_bytes());
+        h[v4::TTL] = ttl - 1;
+        // The TTL is the high byte of its 16-bit word: the word drops by
+        // 0x0100, so the checksum rises by 0x0100 with end-around carry
+        // (RFC 1624; the same update as Linux's ip_decrease_ttl).
+        let c = u32::from(u16::from_be_bytes([h[v4::CHECK], h[v4::CHECK + 1]])) + 0x0100;
+        let c = (c + (c >> 16)) as u16;
+        h[v4::CHECK..v4::CHECK + 2].copy_from_slice(&c.to_be_bytes());
     }
     Ok(())
 }
@@ -37,9 +40,11 @@ pub fn decrement_ttl(frame: &mut [u8], l3: usize, is_v6: bool) -> Result<(), Dro
 /// Writes an untagged Ethernet header at the start of `frame`.
 #[inline(always)]
 fn write_eth(frame: &mut [u8], dst: [u8; 6], src: [u8; 6], et: u16) {
-    frame[0..6].copy_from_slice(&dst);
-    frame[6..12].copy_from_slice(&src);
-    frame[12..14].copy_from_slice(&et.to_be_bytes());
+    let mut h = [0u8; ETH_LEN];
+    h[0..6].copy_from_slice(&dst);
+    h[6..12].copy_from_slice(&src);
+    h[12..14].copy_from_slice(&et.to_be_bytes());
+    frame[..ETH_LEN].copy_from_slice(&h);
 }
 
 /// Makes exactly `before` bytes precede the IP header that is now at `l3`.
@@ -60,9 +65,15 @@ fn make_room<P: PacketBuf>(pkt: &mut P, l3: usize, before: usize) -> Result<(), 
 #[inline]
 pub fn forward_l2<P: PacketBuf>(pkt: &mut P, p: &Parsed, src: [u8; 6], dst: [u8; 6]) -> Result<(), DropReason> {
     let l3 = usize::from(p.l3);
+    let et = if p.v6 { ethertype::IPV6 } else { ethertype::IPV4 };
+    if l3 == ETH_LEN {
+        let f = pkt.data_mut();
+        decrement_ttl(f, l3, p.v6)?;
+        write_eth(f, dst, src, et);
+        return Ok(());
+    }
     decrement_ttl(pkt.data_mut(), l3, p.v6)?;
     make_room(pkt, l3, ETH_LEN)?;
-    let et = if p.v6 { ethertype::IPV6 } else { ethertype::IPV4 };
     write_eth(pkt.data_mut(), dst, src, et);
     Ok(())
 }

@@ -1,0 +1,117 @@
+//! Synthetic appliances for benchmarks: many VIPs, routes and services,
+//! and bursts of frames that hit them.
+#![forbid(unsafe_code)]
+
+use std::sync::Arc;
+
+use sluice_dataplane::addr::Addr;
+use sluice_dataplane::classify::{PortRange, RouteSpec};
+use sluice_dataplane::craft;
+use sluice_dataplane::hash::hash_u64;
+use sluice_dataplane::maglev::EndpointId;
+use sluice_dataplane::parse::{ethertype, proto};
+use sluice_dataplane::service::{Algorithm, Delivery, EndpointSpec, Service, ServiceSpec};
+use sluice_dataplane::snapshot::{NextHop, PortInfo, Snapshot};
+
+/// MAC of the receiving port.
+pub const FRONT_MAC: [u8; 6] = [0x02, 0, 0, 0, 1, 0];
+/// MAC of the port towards endpoints.
+pub const BACK_MAC: [u8; 6] = [0x02, 0, 0, 0, 1, 1];
+
+/// Address of VIP number `i`.
+pub fn vip(i: u32) -> [u8; 4] {
+    let b = i.to_be_bytes();
+    [20, b[1], b[2], b[3]]
+}
+
+/// A service of `n` L2 endpoints, identifiers below `limit`.
+#[allow(clippy::cast_possible_truncation)] // synthetic addresses
+pub fn service(key: u32, n: u16, limit: u32, algorithm: Algorithm) -> Service {
+    let eps = (0..n)
+        .map(|i| EndpointSpec {
+            id: i,
+            incarnation: 1,
+            weight: 1,
+            draining: false,
+            addr: Addr::v4([10, (key >> 8) as u8, key as u8, i as u8]),
+            port: 1,
+            mac: [0x02, 0xee, (key >> 8) as u8, key as u8, 0, i as u8],
+            delivery: Delivery::L2,
+            counter: key * u32::from(n) + u32::from(i),
+        })
+        .collect();
+    let spec = ServiceSpec {
+        name: format!("svc-{key}"),
+        key,
+        algorithm,
+        flow_table: false,
+        limit,
+        table_size: 0,
+        endpoints: eps,
+    };
+    Service::build(&spec).unwrap_or_else(|e| panic!("service {key}: {e}"))
+}
+
+/// A route set: `routes` routes over `routes / ports_per_vip` VIPs, each
+/// VIP with TCP routes on `ports_per_vip` ports, spread over `services`
+/// services of `endpoints` endpoints each.
+pub struct Appliance {
+    /// The snapshot.
+    pub snapshot: Snapshot,
+    /// (VIP, port) of every route.
+    pub targets: Vec<([u8; 4], u16)>,
+}
+
+/// Builds an [`Appliance`].
+#[allow(clippy::cast_possible_truncation)] // synthetic ports
+pub fn appliance(routes: u32, ports_per_vip: u32, services: u32, endpoints: u16) -> Appliance {
+    let svcs: Vec<Arc<Service>> =
+        (0..services).map(|k| Arc::new(service(k, endpoints, 32, Algorithm::Maglev))).collect();
+    let mut specs = Vec::new();
+    let mut targets = Vec::new();
+    for r in 0..routes {
+        let v = vip(r / ports_per_vip);
+        let port = 1000 + (r % ports_per_vip) as u16 * 7;
+        specs.push(RouteSpec {
+            name: format!("route-{r:05}"),
+            priority: (r % 3) as i32,
+            service: r % services,
+            vips: vec![Addr::v4(v)],
+            src_cidrs: vec!["0.0.0.0/0".parse().unwrap_or_else(|_| unreachable!())],
+            src_ports: vec![PortRange::ANY],
+            dst_ports: vec![PortRange::single(port)],
+            protocols: vec![proto::TCP],
+            byte_matches: vec![],
+        });
+        targets.push((v, port));
+    }
+    let snapshot = Snapshot::new(
+        1,
+        &specs,
+        svcs,
+        vec![PortInfo { mac: FRONT_MAC, mtu: 1500 }, PortInfo { mac: BACK_MAC, mtu: 1500 }],
+        Some(NextHop { port: 0, mac: [2, 0, 0, 0, 0xf, 0xf] }),
+        None,
+    );
+    Appliance { snapshot, targets }
+}
+
+/// `n` TCP frames from varied clients to random route targets.
+#[allow(clippy::cast_possible_truncation)] // synthetic addresses and ports
+pub fn frames(a: &Appliance, n: usize, seed: u64) -> Vec<Vec<u8>> {
+    (0..n as u64)
+        .map(|i| {
+            let h = hash_u64(i, seed);
+            let (v, port) = a.targets[(h % a.targets.len() as u64) as usize];
+            let client = [198, 51, (h >> 8) as u8, (h >> 16) as u8];
+            let tcp = craft::tcp(1024 + (h >> 24) as u16 % 60000, port, 0x10, &[0; 6]);
+            let ip = craft::with_l4_checksum(craft::ipv4(client, v, proto::TCP, &tcp), 20);
+            craft::ether_with(FRONT_MAC, [2, 0xcc, 0, 0, 0, 1], &[], ethertype::IPV4, &ip)
+        })
+        .collect()
+}
+
+/// Identifier list 0..n with weight 1.
+pub fn uniform(n: u16) -> Vec<(EndpointId, u32)> {
+    (0..n).map(|i| (i, 1)).collect()
+}
