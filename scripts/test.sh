@@ -17,4 +17,7 @@ cargo clippy --release --workspace --all-targets --locked -- -D warnings
 echo "== tests"
 cargo test --release --workspace --locked -- --test-threads="${TEST_THREADS:-2}"
 
+echo "== fuzz (bounded)"
+FUZZ_SECONDS="${FUZZ_SECONDS:-30}" scripts/fuzz.sh
+
 echo "== all tests passed"

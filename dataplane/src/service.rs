@@ -198,11 +198,14 @@ impl Service {
         &self.spec
     }
 
-    /// Bytes of heap memory used by the table and the endpoint slots.
+    /// Bytes of heap memory used: table, endpoint slots, and the copy of
+    /// the spec kept to detect changes.
     pub fn heap_bytes(&self) -> usize {
         self.table.as_ref().map_or(0, Table::heap_bytes)
             + self.endpoints.len() * std::mem::size_of::<Option<Endpoint>>()
             + self.name.capacity()
+            + self.spec.name.capacity()
+            + self.spec.endpoints.capacity() * std::mem::size_of::<EndpointSpec>()
     }
 }
 
