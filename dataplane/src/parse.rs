@@ -298,8 +298,8 @@ fn parse_common_v4(frame: &[u8], p: &mut Parsed) -> bool {
         }
         _ => return false,
     }
-    p.l3 = L3 as u16;
-    p.l4 = L4 as u16;
+    p.l3 = off16(L3);
+    p.l4 = off16(L4);
     p.ip_end = off16(L3 + total);
     p.vlans = 0;
     p.v6 = false;

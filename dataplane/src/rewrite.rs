@@ -31,7 +31,7 @@ pub fn decrement_ttl(frame: &mut [u8], l3: usize, is_v6: bool) -> Result<(), Dro
         // 0x0100, so the checksum rises by 0x0100 with end-around carry
         // (RFC 1624; the same update as Linux's ip_decrease_ttl).
         let c = u32::from(u16::from_be_bytes([h[v4::CHECK], h[v4::CHECK + 1]])) + 0x0100;
-        let c = (c + (c >> 16)) as u16;
+        let c = u16::try_from((c + (c >> 16)) & 0xffff).unwrap_or(0);
         h[v4::CHECK..v4::CHECK + 2].copy_from_slice(&c.to_be_bytes());
     }
     Ok(())

@@ -1,0 +1,211 @@
+//! Parsing of the route, service and endpoint fields shared by the
+//! appliance file and the Kubernetes-style manifests.
+
+// Integers are range-checked by `Node::int` before any narrowing cast.
+#![allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+
+use sluice_dataplane::addr::{Addr, Cidr};
+use sluice_dataplane::classify::{ByteMatch, PortRange};
+use sluice_dataplane::parse::proto;
+
+use super::node::{Node, Problems};
+
+/// A destination that must be a single address (a VIP): `a.b.c.d`,
+/// `a.b.c.d/32`, `x::y` or `x::y/128`.
+pub fn vip(n: Node<'_>, p: &mut Problems) -> Option<Addr> {
+    let s = n.string(p)?;
+    let s = s.trim();
+    if let Some((a, len)) = s.split_once('/') {
+        let addr: Addr = match a.parse() {
+            Ok(a) => a,
+            Err(_) => {
+                n.bad(p, format!("{s:?} is not an IP address"));
+                return None;
+            }
+        };
+        let host = if addr.is_v4() { "32" } else { "128" };
+        if len != host {
+            n.bad(p, format!("VIP {s} is not a /32 or /128: a route's destinations are single addresses"));
+            return None;
+        }
+        return Some(addr);
+    }
+    match s.parse() {
+        Ok(a) => Some(a),
+        Err(_) => {
+            n.bad(p, format!("{s:?} is not an IP address"));
+            None
+        }
+    }
+}
+
+/// A prefix like `10.0.0.0/8`.
+pub fn cidr(n: Node<'_>, p: &mut Problems) -> Option<Cidr> {
+    n.parse::<Cidr>(p, "a CIDR prefix")
+}
+
+/// `80`, `8000-8080` or `any`.
+pub fn port_range(n: Node<'_>, p: &mut Problems) -> Option<PortRange> {
+    let s = n.string(p)?;
+    let s = s.trim();
+    if s == "any" {
+        return Some(PortRange::ANY);
+    }
+    let num = |t: &str| -> Option<u16> { t.trim().parse().ok() };
+    let r = match s.split_once('-') {
+        Some((a, b)) => match (num(a), num(b)) {
+            (Some(lo), Some(hi)) => PortRange { lo, hi },
+            _ => {
+                n.bad(p, format!("{s:?} is not a port range (0-65535, like 80, 8000-8080 or any)"));
+                return None;
+            }
+        },
+        None => match num(s) {
+            Some(x) => PortRange::single(x),
+            None => {
+                n.bad(p, format!("{s:?} is not a port (0-65535, like 80, 8000-8080 or any)"));
+                return None;
+            }
+        },
+    };
+    if r.lo > r.hi {
+        n.bad(p, format!("port range {s} is reversed (write {}-{})", r.hi, r.lo));
+        return None;
+    }
+    Some(r)
+}
+
+/// TCP, UDP or SCTP (any case).
+pub fn protocol(n: Node<'_>, p: &mut Problems) -> Option<u8> {
+    let s = n.string(p)?;
+    match s.to_ascii_uppercase().as_str() {
+        "TCP" => Some(proto::TCP),
+        "UDP" => Some(proto::UDP),
+        "SCTP" => Some(proto::SCTP),
+        _ => {
+            n.bad(p, format!("unknown protocol {s:?} (expected TCP, UDP or SCTP)"));
+            None
+        }
+    }
+}
+
+/// Name of a transport protocol number.
+pub fn protocol_name(p: u8) -> &'static str {
+    match p {
+        proto::TCP => "TCP",
+        proto::UDP => "UDP",
+        proto::SCTP => "SCTP",
+        _ => "?",
+    }
+}
+
+fn number(t: &str) -> Option<u32> {
+    let t = t.trim();
+    match t.strip_prefix("0x") {
+        Some(h) => u32::from_str_radix(h, 16).ok(),
+        None => t.parse().ok(),
+    }
+}
+
+/// `proto[offset:len] & mask = value` (tcpdump-like, as in Meridio and
+/// nfqlb): `len` is 1, 2 or 4 bytes, the mask is optional.
+pub fn byte_match(n: Node<'_>, p: &mut Problems) -> Option<ByteMatch> {
+    let s = n.string(p)?;
+    let fail = |p: &mut Problems, why: &str| {
+        n.bad(p, format!("byte match {s:?}: {why} (format: tcp[13:1] & 0x02 = 0x02)"));
+        None
+    };
+    let Some((lhs, value)) = s.split_once('=') else { return fail(p, "missing \"= value\"") };
+    let (field, mask) = match lhs.split_once('&') {
+        Some((f, m)) => (f.trim(), Some(m.trim())),
+        None => (lhs.trim(), None),
+    };
+    let Some((pname, rest)) = field.split_once('[') else { return fail(p, "expected proto[offset:length]") };
+    let protocol = match pname.trim() {
+        "tcp" => proto::TCP,
+        "udp" => proto::UDP,
+        "sctp" => proto::SCTP,
+        other => return fail(p, &format!("unknown protocol {other:?} (tcp, udp or sctp)")),
+    };
+    let Some(inner) = rest.strip_suffix(']') else { return fail(p, "missing ']'") };
+    let Some((off, len)) = inner.split_once(':') else { return fail(p, "expected [offset:length]") };
+    let Some(offset) = number(off).and_then(|o| u16::try_from(o).ok()) else { return fail(p, "bad offset") };
+    let len = match number(len) {
+        Some(l @ (1 | 2 | 4)) => l as u8,
+        _ => return fail(p, "length must be 1, 2 or 4"),
+    };
+    let full = if len == 4 { u32::MAX } else { (1u32 << (8 * u32::from(len))) - 1 };
+    let mask = match mask {
+        Some(m) => match number(m) {
+            Some(m) if m <= full => m,
+            _ => return fail(p, "bad mask (hexadecimal, as wide as the length)"),
+        },
+        None => full,
+    };
+    let Some(value) = number(value) else { return fail(p, "bad value") };
+    if value & !mask != 0 {
+        return fail(p, "the value has bits outside the mask: it can never match");
+    }
+    Some(ByteMatch { proto: protocol, offset, len, mask, value })
+}
+
+/// A MAC address `aa:bb:cc:dd:ee:ff`.
+pub fn mac(n: Node<'_>, p: &mut Problems) -> Option<[u8; 6]> {
+    let s = n.string(p)?;
+    let parts: Vec<&str> = s.trim().split(':').collect();
+    let mut m = [0u8; 6];
+    if parts.len() == 6 && parts.iter().zip(m.iter_mut()).all(|(t, b)| u8::from_str_radix(t, 16).map(|v| *b = v).is_ok()) {
+        Some(m)
+    } else {
+        n.bad(p, format!("{s:?} is not a MAC address (aa:bb:cc:dd:ee:ff)"));
+        None
+    }
+}
+
+/// A name usable as an identifier: letters, digits, `-`, `_`, `.`.
+pub fn name(n: Node<'_>, p: &mut Problems) -> Option<String> {
+    let s = n.string(p)?;
+    if s.is_empty() || s.len() > 253 || !s.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
+        n.bad(p, format!("{s:?} is not a valid name (letters, digits, '-', '_', '.'; at most 253)"));
+        return None;
+    }
+    Some(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_yaml::Value;
+
+    fn one<T>(text: &str, f: impl FnOnce(Node<'_>, &mut Problems) -> Option<T>) -> Result<T, String> {
+        let v = Value::String(text.into());
+        let mut p = Problems::default();
+        f(Node::root(&v, "f"), &mut p).ok_or_else(|| p.0.iter().map(|x| x.message.clone()).collect::<Vec<_>>().join("; "))
+    }
+
+    #[test]
+    fn byte_matches() {
+        let b = one("tcp[13:1] & 0x02 = 0x02", byte_match).unwrap();
+        assert_eq!((b.proto, b.offset, b.len, b.mask, b.value), (proto::TCP, 13, 1, 2, 2));
+        let b = one("sctp[8:4] = 0x01020304", byte_match).unwrap();
+        assert_eq!((b.mask, b.value), (u32::MAX, 0x0102_0304));
+        assert!(one("udp[0:3] = 1", byte_match).unwrap_err().contains("length must be 1, 2 or 4"));
+        assert!(one("icmp[0:1] = 1", byte_match).unwrap_err().contains("unknown protocol"));
+        assert!(one("tcp[0:1] & 0x0f = 0x10", byte_match).unwrap_err().contains("never match"));
+        assert!(one("tcp[0:1] & 0x1ff = 1", byte_match).unwrap_err().contains("bad mask"));
+    }
+
+    #[test]
+    fn ports_vips_macs() {
+        assert_eq!(one("8000-8080", port_range).unwrap(), PortRange { lo: 8000, hi: 8080 });
+        assert_eq!(one("any", port_range).unwrap(), PortRange::ANY);
+        assert!(one("90-80", port_range).unwrap_err().contains("reversed (write 80-90)"));
+        assert!(one("70000", port_range).unwrap_err().contains("not a port"));
+        assert_eq!(one("20.0.0.1/32", vip).unwrap(), "20.0.0.1".parse().unwrap());
+        assert!(one("20.0.0.0/24", vip).unwrap_err().contains("not a /32 or /128"));
+        assert!(one("2001:db8::1/64", vip).unwrap_err().contains("not a /32 or /128"));
+        assert_eq!(one("02:00:00:aa:bb:0c", mac).unwrap(), [2, 0, 0, 0xaa, 0xbb, 0x0c]);
+        assert!(one("02:00:00:aa:bb", mac).is_err());
+        assert!(one("web tier", name).is_err());
+    }
+}
