@@ -2,5 +2,12 @@
 //! its tests.
 #![forbid(unsafe_code)]
 
+pub mod admin;
+pub mod check;
+pub mod compile;
 pub mod config;
+pub mod kernel;
 pub mod model;
+pub mod run;
+pub mod sources;
+pub mod status;

@@ -1,18 +1,23 @@
 //! `sluice`: the appliance binary.
 //!
-//! Sub-commands: `forward` (a plain io-forwarder between two ports, the
-//! speed baseline and a proof of the DPDK bindings).
+//! Sub-commands: `run` (the load balancer), `check` (validate a
+//! configuration), `status` (what a running appliance does), `forward` (a
+//! plain io-forwarder between two ports, the speed baseline and a proof of
+//! the DPDK bindings).
 #![forbid(unsafe_code)]
 
 mod forward;
 mod logging;
 
 use clap::{Parser, Subcommand};
+use sluice::{check, run, status};
 
 /// Sluice: a kernel-bypass L3/L4 load balancer on DPDK.
 ///
-/// DPDK (EAL) arguments go after `--`, for example:
-///   sluice forward -- --no-huge -m 1024 --no-pci -l 0,1 --vdev=net_null0 --vdev=net_null1
+/// Start with a configuration (see configs/demo.yaml):
+///   sluice check --config configs/demo.yaml
+///   sluice run --config configs/demo.yaml
+///   sluice status
 #[derive(Debug, Parser)]
 #[command(name = "sluice", version = version_line(), propagate_version = true, verbatim_doc_comment)]
 struct Cli {
@@ -27,6 +32,9 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    Run(run::RunArgs),
+    Check(check::CheckArgs),
+    Status(status::StatusArgs),
     Forward(forward::ForwardArgs),
 }
 
@@ -47,6 +55,9 @@ fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     logging::init(cli.log.as_deref());
     let result = match cli.command {
+        Command::Run(args) => run::run(&args),
+        Command::Check(args) => Ok(check::run(&args)),
+        Command::Status(args) => status::run(&args),
         Command::Forward(args) => forward::run(&args),
     };
     match result {

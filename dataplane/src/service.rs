@@ -2,8 +2,9 @@
 //! endpoints by identifier (with how to reach each one).
 //!
 //! Built from a [`ServiceSpec`] by the control plane and shared, immutable,
-//! between snapshots while the spec does not change: only changed services'
-//! tables are rebuilt.
+//! between snapshots while the spec does not change (the control plane
+//! keeps the specs and compares them): only changed services' tables are
+//! rebuilt.
 
 use std::fmt;
 use std::str::FromStr;
@@ -138,7 +139,6 @@ pub struct Service {
     pub table: Option<Table>,
     /// Endpoints by identifier (draining ones included).
     endpoints: Box<[Option<Endpoint>]>,
-    spec: ServiceSpec,
 }
 
 impl Service {
@@ -173,7 +173,6 @@ impl Service {
             limit: spec.limit,
             table,
             endpoints: endpoints.into_boxed_slice(),
-            spec: spec.clone(),
         })
     }
 
@@ -193,19 +192,11 @@ impl Service {
         self.table.is_some()
     }
 
-    /// The spec it was built from (to decide whether to rebuild it).
-    pub fn spec(&self) -> &ServiceSpec {
-        &self.spec
-    }
-
-    /// Bytes of heap memory used: table, endpoint slots, and the copy of
-    /// the spec kept to detect changes.
+    /// Bytes of heap memory used: table, endpoint slots and name.
     pub fn heap_bytes(&self) -> usize {
         self.table.as_ref().map_or(0, Table::heap_bytes)
             + self.endpoints.len() * std::mem::size_of::<Option<Endpoint>>()
             + self.name.capacity()
-            + self.spec.name.capacity()
-            + self.spec.endpoints.capacity() * std::mem::size_of::<EndpointSpec>()
     }
 }
 

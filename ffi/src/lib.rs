@@ -21,7 +21,7 @@ pub use io::QueueIo;
 pub use mbuf::{free_burst, Mbuf};
 pub use mempool::{Mempool, DEFAULT_DATA_ROOM};
 pub use port::{
-    port_by_name, port_info, port_stats, ports, Link, MacAddr, Port, PortConfig, PortId, PortInfo, PortStats,
+    port_by_name, port_info, port_link, port_stats, ports, Link, MacAddr, Port, PortConfig, PortId, PortInfo, PortStats,
     QueueId, RxQueue, TxQueue,
 };
 pub use ring::{ring_port, Ring};

@@ -356,17 +356,7 @@ impl Port {
 
     /// The link state, without waiting.
     pub fn link(&self) -> Result<Link> {
-        let mut l = sys::rte_eth_link::default();
-        // SAFETY: valid port and out structure.
-        let ret = unsafe { sys::rte_eth_link_get_nowait(self.inner.id.0, &mut l) };
-        if ret != 0 {
-            return Err(call_error("rte_eth_link_get_nowait", self.inner.id.to_string(), ret));
-        }
-        Ok(Link {
-            up: l.link_status() != 0,
-            speed_mbps: l.link_speed,
-            full_duplex: l.link_duplex() != 0,
-        })
+        link(self.inner.id)
     }
 
     /// Basic counters.
@@ -416,6 +406,21 @@ impl Port {
             })
             .collect())
     }
+}
+
+fn link(id: PortId) -> Result<Link> {
+    let mut l = sys::rte_eth_link::default();
+    // SAFETY: valid port and out structure.
+    let ret = unsafe { sys::rte_eth_link_get_nowait(id.0, &mut l) };
+    if ret != 0 {
+        return Err(call_error("rte_eth_link_get_nowait", id.to_string(), ret));
+    }
+    Ok(Link { up: l.link_status() != 0, speed_mbps: l.link_speed, full_duplex: l.link_duplex() != 0 })
+}
+
+/// The link state of any port, without waiting.
+pub fn port_link(_eal: &Eal, id: PortId) -> Result<Link> {
+    link(id)
 }
 
 fn stats(id: PortId) -> Result<PortStats> {

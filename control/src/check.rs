@@ -1,0 +1,104 @@
+//! `sluice check`: validates a configuration without starting anything.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use sluice_dataplane::addr::Addr;
+
+use crate::compile::{Compiler, EndpointState, Neighbors, TopoPort, Topology};
+use crate::config::node::Problem;
+use crate::sources;
+
+/// Check a configuration and its manifests.
+///
+/// Prints every problem as `file: path: reason` and exits 1 when there is
+/// any; prints a summary and exits 0 otherwise. Nothing is started.
+#[derive(Debug, clap::Args)]
+pub struct CheckArgs {
+    /// The appliance configuration (YAML).
+    #[arg(long, short, value_name = "FILE")]
+    pub config: PathBuf,
+}
+
+/// Every next hop "resolves": check looks at placement, not at the network.
+struct AllResolved;
+
+impl Neighbors for AllResolved {
+    fn mac(&self, _port: u8, _addr: Addr) -> Option<[u8; 6]> {
+        Some([0; 6])
+    }
+}
+
+/// Everything wrong with the configuration at `path`.
+pub fn problems(path: &std::path::Path) -> Result<sources::Loaded, Vec<Problem>> {
+    let loaded = sources::load(path)?;
+    let cfg = &loaded.config;
+    let topo = Topology {
+        ports: cfg
+            .ports
+            .iter()
+            .map(|p| TopoPort { name: p.name.clone(), mac: [0; 6], mtu: p.mtu, addresses: p.addresses.clone() })
+            .collect(),
+        gateways: cfg.gateways.clone(),
+    };
+    let mut out = Vec::new();
+    if crate::run::count_lcores(&cfg.dpdk.lcores) < 2 {
+        out.push(Problem {
+            file: cfg.path.display().to_string(),
+            path: "dpdk.lcores".into(),
+            message: "list at least two cores: the first runs the control thread, the others workers".into(),
+        });
+    }
+    let origins: HashMap<(&str, u32), &crate::model::Origin> = loaded
+        .resolved
+        .services
+        .values()
+        .flat_map(|s| s.endpoints.iter().map(|e| ((e.service.as_str(), e.id), &e.origin)))
+        .collect();
+    match Compiler::new(cfg.max_services, cfg.max_endpoints).compile(&loaded.resolved, &topo, &AllResolved) {
+        Err(e) => out.push(Problem { file: cfg.path.display().to_string(), path: String::new(), message: e }),
+        Ok(c) => {
+            for e in &c.endpoints {
+                if let EndpointState::Unreachable(why) = &e.state {
+                    let o = origins.get(&(e.service.as_str(), e.id));
+                    out.push(Problem {
+                        file: o.map_or_else(|| cfg.path.display().to_string(), |o| o.file.clone()),
+                        path: o.map_or_else(String::new, |o| o.path.clone()),
+                        message: format!("endpoint {} of service {:?} cannot be reached: {why}", e.address, e.service),
+                    });
+                }
+            }
+        }
+    }
+    if out.is_empty() {
+        Ok(loaded)
+    } else {
+        Err(out)
+    }
+}
+
+/// Runs `sluice check`.
+pub fn run(args: &CheckArgs) -> ExitCode {
+    match problems(&args.config) {
+        Ok(l) => {
+            println!(
+                "{}: ok: {} route(s), {} service(s), {} endpoint(s), {} port(s){}",
+                args.config.display(),
+                l.resolved.routes.len(),
+                l.resolved.services.len(),
+                l.resolved.endpoint_count(),
+                l.config.ports.len(),
+                if l.config.manifests.is_some() { ", manifests included" } else { "" }
+            );
+            ExitCode::SUCCESS
+        }
+        Err(ps) => {
+            for p in &ps {
+                eprintln!("error: {p}");
+            }
+            eprintln!("{}: {} problem(s)", args.config.display(), ps.len());
+            ExitCode::from(1)
+        }
+    }
+}

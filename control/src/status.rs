@@ -1,0 +1,171 @@
+//! `sluice status`: the running appliance's `/status`, as tables.
+
+use std::fmt::Write as _;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use serde_json::Value;
+
+/// Show what a running appliance is doing.
+///
+/// Reads /status from the admin endpoint and prints ports, workers,
+/// services, endpoints (with each one's share of its service's packets)
+/// and drops.
+#[derive(Debug, clap::Args)]
+pub struct StatusArgs {
+    /// Admin endpoint of the appliance (admin.listen in its configuration).
+    #[arg(long, default_value = "127.0.0.1:9091")]
+    pub admin: SocketAddr,
+    /// Print the raw JSON instead of tables.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// GETs `path` from `addr` (HTTP/1.0) and returns the body.
+pub fn http_get(addr: SocketAddr, path: &str) -> Result<String> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))
+        .with_context(|| format!("cannot reach the admin endpoint at {addr}: is `sluice run` running there?"))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf)?;
+    let Some((head, body)) = buf.split_once("\r\n\r\n") else { bail!("malformed HTTP answer from {addr}") };
+    if !head.starts_with("HTTP/1.1 200") && !head.starts_with("HTTP/1.0 200") {
+        bail!("{addr} answered: {}", head.lines().next().unwrap_or(""));
+    }
+    Ok(body.to_owned())
+}
+
+fn table(out: &mut String, header: &[&str], rows: &[Vec<String>]) {
+    let mut w: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for r in rows {
+        for (i, c) in r.iter().enumerate() {
+            w[i] = w[i].max(c.len());
+        }
+    }
+    let line = |out: &mut String, cells: Vec<String>| {
+        let s: Vec<String> = cells.iter().enumerate().map(|(i, c)| format!("{c:<width$}", width = w[i])).collect();
+        let _ = writeln!(out, "  {}", s.join("  ").trim_end());
+    };
+    line(out, header.iter().map(|h| (*h).to_owned()).collect());
+    for r in rows {
+        line(out, r.clone());
+    }
+}
+
+fn s(v: &Value) -> String {
+    match v {
+        Value::String(x) => x.clone(),
+        Value::Null => "-".into(),
+        other => other.to_string(),
+    }
+}
+
+/// Renders a `/status` document.
+pub fn render(st: &Value) -> String {
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "sluice {} on {} | config {} | up {:.0}s | snapshot generation {} (last publish {:.2} ms)",
+        s(&st["version"]),
+        s(&st["dpdk"]),
+        s(&st["config"]),
+        st["uptime_seconds"].as_f64().unwrap_or(0.0),
+        st["generation"],
+        st["publish_seconds"].as_f64().unwrap_or(0.0) * 1e3
+    );
+    let lr = &st["last_reload"];
+    if lr["at"].as_u64().unwrap_or(0) > 0 {
+        if lr["ok"].as_bool().unwrap_or(false) {
+            let _ = writeln!(o, "last reload: ok, rebuilt {}", lr["rebuilt"]);
+        } else {
+            let _ = writeln!(o, "last reload: REJECTED, still serving the previous configuration:");
+            for p in lr["problems"].as_array().into_iter().flatten() {
+                let _ = writeln!(o, "  {}", s(p));
+            }
+        }
+    }
+    let _ = writeln!(o, "mbufs in use: {} of {}\n\nPORTS", st["mbufs_in_use"], st["mbufs"]);
+    let rows: Vec<Vec<String>> = st["ports"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|p| {
+            let link = match p["link_up"].as_bool() {
+                Some(true) => "up",
+                Some(false) => "down",
+                None => "?",
+            };
+            vec![s(&p["name"]), s(&p["device"]), s(&p["mac"]), link.into(), s(&p["kernel_interface"]), s(&p["rx_packets"]), s(&p["tx_packets"]), s(&p["rx_missed"])]
+        })
+        .collect();
+    table(&mut o, &["NAME", "DEVICE", "MAC", "LINK", "KERNEL IF", "RX", "TX", "MISSED"], &rows);
+    let _ = writeln!(o, "\nWORKERS");
+    let rows: Vec<Vec<String>> = st["workers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|w| {
+            let (b, i) = (w["busy_polls"].as_f64().unwrap_or(0.0), w["idle_polls"].as_f64().unwrap_or(0.0));
+            let idle = if b + i > 0.0 { format!("{:.1}%", 100.0 * i / (b + i)) } else { "-".into() };
+            vec![s(&w["lcore"]), s(&w["rx_packets"]), s(&w["tx_packets"]), s(&w["balanced"]), s(&w["exception"]), s(&w["drops"]), idle, s(&w["generation"])]
+        })
+        .collect();
+    table(&mut o, &["LCORE", "RX", "TX", "BALANCED", "TO KERNEL", "DROPS", "IDLE", "GENERATION"], &rows);
+    let _ = writeln!(o, "\nSERVICES");
+    let rows: Vec<Vec<String>> = st["services"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|v| {
+            let ft = if v["flow_table"].as_bool().unwrap_or(false) { "+flows" } else { "" };
+            vec![s(&v["name"]), format!("{}{ft}", s(&v["algorithm"])), s(&v["table_size"]), if v["ready"].as_bool().unwrap_or(false) { "yes".into() } else { "NO".into() }, s(&v["packets"]), s(&v["bytes"])]
+        })
+        .collect();
+    table(&mut o, &["NAME", "ALGORITHM", "TABLE", "READY", "PACKETS", "BYTES"], &rows);
+    let _ = writeln!(o, "\nENDPOINTS");
+    let totals: std::collections::HashMap<String, f64> = st["services"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|v| (s(&v["name"]), v["packets"].as_f64().unwrap_or(0.0)))
+        .collect();
+    let rows: Vec<Vec<String>> = st["endpoints"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|e| {
+            let total = totals.get(&s(&e["service"])).copied().unwrap_or(0.0);
+            let pk = e["packets"].as_f64().unwrap_or(0.0);
+            let share = if total > 0.0 { format!("{:.1}%", 100.0 * pk / total) } else { "-".into() };
+            let state = match e["reason"].as_str() {
+                Some(r) => format!("{} ({r})", s(&e["state"])),
+                None => s(&e["state"]),
+            };
+            vec![s(&e["service"]), s(&e["id"]), s(&e["address"]), s(&e["mac"]), state, s(&e["packets"]), share]
+        })
+        .collect();
+    table(&mut o, &["SERVICE", "ID", "ADDRESS", "MAC", "STATE", "PACKETS", "SHARE"], &rows);
+    let drops = st["drops"].as_array().cloned().unwrap_or_default();
+    if !drops.is_empty() {
+        let _ = writeln!(o, "\nDROPS");
+        let rows: Vec<Vec<String>> = drops.iter().map(|d| vec![s(&d[0]), s(&d[1])]).collect();
+        table(&mut o, &["REASON", "PACKETS"], &rows);
+    }
+    o
+}
+
+/// Runs `sluice status`.
+pub fn run(args: &StatusArgs) -> Result<ExitCode> {
+    let body = http_get(args.admin, "/status")?;
+    if args.json {
+        println!("{body}");
+        return Ok(ExitCode::SUCCESS);
+    }
+    let v: Value = serde_json::from_str(&body).context("the admin endpoint answered something that is not JSON")?;
+    print!("{}", render(&v));
+    Ok(ExitCode::SUCCESS)
+}
