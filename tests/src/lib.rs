@@ -92,14 +92,7 @@ impl Netns {
 
     /// Starts a command inside; it is killed when the guard drops.
     pub fn spawn(&self, cmd: &[&str]) -> Proc {
-        let args = self.exec_args(cmd);
-        let child = Command::new(args[0])
-            .args(&args[1..])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
-        Proc { child: Some(child), what: cmd.join(" ") }
+        Proc::spawn(&self.exec_args(cmd))
     }
 
     /// Sets a sysctl inside.
@@ -139,6 +132,17 @@ pub struct Proc {
 }
 
 impl Proc {
+    /// Starts `cmd` with its output captured.
+    pub fn spawn(cmd: &[&str]) -> Proc {
+        let child = Command::new(cmd[0])
+            .args(&cmd[1..])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {cmd:?}: {e}"));
+        Proc { child: Some(child), what: cmd.join(" ") }
+    }
+
     /// Sends `signal` (e.g. "INT") and waits up to `timeout` for the exit;
     /// returns the exit code and everything the process printed.
     pub fn stop(&mut self, signal: &str, timeout: Duration) -> (Option<i32>, String, String) {
