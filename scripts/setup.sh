@@ -11,6 +11,8 @@ PKGS=(
   iproute2 iputils-ping tcpdump ethtool procps
   # traffic and peers for the end-to-end tests and demo
   socat netcat-openbsd python3 bird2 curl bc
+  # benchmarks (instruction counts)
+  valgrind
 )
 
 missing=()

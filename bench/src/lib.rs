@@ -55,6 +55,7 @@ pub fn service(key: u32, n: u16, limit: u32, algorithm: Algorithm) -> Service {
 /// A route set: `routes` routes over `routes / ports_per_vip` VIPs, each
 /// VIP with TCP routes on `ports_per_vip` ports, spread over `services`
 /// services of `endpoints` endpoints each.
+#[derive(Debug)]
 pub struct Appliance {
     /// The snapshot.
     pub snapshot: Snapshot,
