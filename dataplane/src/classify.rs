@@ -419,7 +419,7 @@ impl Classifier {
 
     /// [`Classifier::classify`] when the destination's VIP index `v` is
     /// already known (from [`Classifier::vip_index`]).
-    #[inline]
+    #[inline(always)]
     pub fn classify_vip(&self, v: usize, flow: &Flow, has_ports: bool, l4: Option<&[u8]>) -> Lookup {
         let Some(t) = self.tables.get(v).map(|t| &t[slot_of(flow.proto)]) else { return Lookup::NotVip };
         let list = if has_ports {
@@ -439,21 +439,33 @@ impl Classifier {
         Lookup::NoRoute
     }
 
+    /// The common checks inline; the rest (more prefixes, source ports,
+    /// byte matches) out of line, so the candidate loop stays small.
     #[inline(always)]
     fn matches(&self, r: &Cond, flow: &Flow, has_ports: bool, l4: Option<&[u8]>) -> bool {
-        if r.flags & ANY_SRC == 0
-            && !r.src0.contains(flow.src)
-            && !self.cidrs[r.src_more.range()].iter().any(|c| c.contains(flow.src))
-        {
+        if r.flags & ANY_SRC == 0 && !r.src0.contains(flow.src) && (r.src_more.len == 0 || !self.more_sources(r, flow)) {
             return false;
         }
+        if r.flags & (ANY_SPORT | NO_BYTES) != (ANY_SPORT | NO_BYTES) {
+            return self.ports_and_bytes(r, flow, has_ports, l4);
+        }
+        true
+    }
+
+    #[inline(never)]
+    fn more_sources(&self, r: &Cond, flow: &Flow) -> bool {
+        self.cidrs.get(r.src_more.range()).is_some_and(|c| c.iter().any(|c| c.contains(flow.src)))
+    }
+
+    #[inline(never)]
+    fn ports_and_bytes(&self, r: &Cond, flow: &Flow, has_ports: bool, l4: Option<&[u8]>) -> bool {
         if r.flags & ANY_SPORT == 0
-            && !(has_ports && self.ports[r.sports.range()].iter().any(|p| p.contains(flow.sport)))
+            && !(has_ports && self.ports.get(r.sports.range()).is_some_and(|p| p.iter().any(|p| p.contains(flow.sport))))
         {
             return false;
         }
         if r.flags & NO_BYTES == 0 {
-            for b in &self.bytes[r.bytes.range()] {
+            for b in self.bytes.get(r.bytes.range()).unwrap_or_default() {
                 if b.proto != flow.proto {
                     continue;
                 }

@@ -53,11 +53,19 @@ pub enum FragEvent {
 /// One worker's pipeline state.
 #[derive(Debug)]
 pub struct Pipeline {
+    state: State,
+    /// Headers of the packet being processed (reused: the parser sets
+    /// every field the pipeline reads).
+    parsed: Parsed,
+}
+
+/// The tables and the per-packet outcome a pipeline keeps.
+#[derive(Debug)]
+struct State {
     flows: FlowTable,
     frags: FragTable,
     rng: u64,
-    /// Fragment state change made by the last [`Pipeline::process`].
-    pub frag_event: FragEvent,
+    frag_event: FragEvent,
 }
 
 fn frag_key(p: &Parsed) -> FragKey {
@@ -69,28 +77,26 @@ impl Pipeline {
     /// algorithm between workers.
     pub fn new(cfg: &PipelineConfig, seed: u64) -> Pipeline {
         Pipeline {
-            flows: FlowTable::new(cfg.flow_entries, cfg.flow_idle_secs),
-            frags: FragTable::new(cfg.frag_entries, cfg.frag_ttl_ms),
-            rng: seed | 1,
-            frag_event: FragEvent::None,
+            state: State {
+                flows: FlowTable::new(cfg.flow_entries, cfg.flow_idle_secs),
+                frags: FragTable::new(cfg.frag_entries, cfg.frag_ttl_ms),
+                rng: seed | 1,
+                frag_event: FragEvent::None,
+            },
+            parsed: Parsed::default(),
         }
     }
 
     /// The flow table (for status).
     pub fn flows(&self) -> &FlowTable {
-        &self.flows
+        &self.state.flows
     }
 
-    #[inline(always)]
-    fn next_random(&mut self) -> u64 {
-        // xorshift64*
-        let mut x = self.rng;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.rng = x;
-        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    /// Fragment state change made by the last [`Pipeline::process`].
+    pub fn frag_event(&self) -> FragEvent {
+        self.state.frag_event
     }
+
 
     /// Decides the fate of `pkt`, received on port `in_port`, rewriting it
     /// in place when it is forwarded. `now_ms` is a monotonic clock.
@@ -103,7 +109,7 @@ impl Pipeline {
         now_ms: u64,
         ctr: &WorkerCounters,
     ) -> Verdict {
-        self.frag_event = FragEvent::None;
+        self.state.frag_event = FragEvent::None;
         let frame = pkt.data();
         if frame.len() < ETH_LEN {
             return Verdict::Drop(DropReason::EthTruncated);
@@ -116,15 +122,39 @@ impl Pipeline {
                 return Verdict::Drop(DropReason::NotOurMac);
             }
         }
-        let mut p = Parsed::default();
-        match parse_into(frame, &mut p) {
-            Ok(Kind::Ip) => {}
-            Ok(Kind::Other { .. }) => return Verdict::Exception,
-            Err(r) => return Verdict::Drop(r),
+        match parse_into(frame, &mut self.parsed) {
+            Ok(Kind::Ip) => self.state.decide(snap, &self.parsed, pkt, now_ms, ctr),
+            Ok(Kind::Other { .. }) => Verdict::Exception,
+            Err(r) => Verdict::Drop(r),
         }
+    }
+}
+
+impl State {
+    #[inline(always)]
+    fn next_random(&mut self) -> u64 {
+        // xorshift64*
+        let mut x = self.rng;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.rng = x;
+        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// The verdict for a parsed IP packet.
+    #[inline(always)]
+    fn decide<P: PacketBuf>(
+        &mut self,
+        snap: &Snapshot,
+        p: &Parsed,
+        pkt: &mut P,
+        now_ms: u64,
+        ctr: &WorkerCounters,
+    ) -> Verdict {
         let c = &snap.classifier;
         if let Some(vip) = c.vip_index(p.flow.dst) {
-            let v = self.balance(snap, vip, &p, pkt, now_ms, ctr);
+            let v = self.balance(snap, vip, p, pkt, now_ms, ctr);
             if matches!(v, Verdict::Forward(_)) {
                 ctr.balanced.add(1);
             }
@@ -134,7 +164,7 @@ impl Pipeline {
             let gw = if p.v6 { snap.gateway_v6 } else { snap.gateway_v4 };
             let Some(gw) = gw else { return Verdict::Drop(DropReason::NoGateway) };
             let src = snap.ports.get(usize::from(gw.port)).map_or([0; 6], |p| p.mac);
-            return match forward_l2(pkt, &p, src, gw.mac) {
+            return match forward_l2(pkt, p, src, gw.mac) {
                 Ok(()) => {
                     ctr.returned.add(1);
                     Verdict::Forward(gw.port)

@@ -183,7 +183,7 @@ impl<IO: PacketIo> Worker<IO> {
                     for mut pkt in rx.drain(..) {
                         let v = pipeline.process(snap, port, &mut pkt, now_ms, ctr);
                         route(io, &mut out, pipeline, stash, *stash_capacity, v, port, exception, now_ms, pkt);
-                        if let FragEvent::Pinned(key) = pipeline.frag_event {
+                        if let FragEvent::Pinned(key) = pipeline.frag_event() {
                             release(io, &mut out, pipeline, snap, stash, key, now_ms);
                         }
                     }
@@ -261,7 +261,7 @@ fn route<IO: PacketIo>(
             }
             None => out.discard(io, DropReason::NoExceptionPath, pkt),
         },
-        Verdict::Stash => match pipeline.frag_event {
+        Verdict::Stash => match pipeline.frag_event() {
             FragEvent::Held(key) if stash.len() < capacity => {
                 out.ctr.stashed.add(1);
                 stash.push(Held { key, port, exception, since: now_ms, pkt });
