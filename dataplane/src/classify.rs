@@ -166,6 +166,8 @@ pub struct Route {
 /// in pools.
 #[derive(Clone, Copy, Debug)]
 struct Cond {
+    /// The route's service (hot: read right after the match).
+    service: u32,
     flags: u8,
     src0: Cidr,
     /// Further source prefixes.
@@ -194,8 +196,8 @@ struct PortIndex {
 /// Compiled routes.
 #[derive(Clone, Debug, Default)]
 pub struct Classifier {
-    vip_keys: Vec<u128>,
-    vip_vals: Vec<u32>,
+    /// Open addressing: one cache line holds a slot's key and value.
+    vip_slots: Vec<VipSlot>,
     vip_mask: usize,
     /// Per VIP, per slot.
     tables: Vec<[PortIndex; SLOTS]>,
@@ -209,6 +211,12 @@ pub struct Classifier {
 }
 
 const EMPTY: u32 = u32::MAX;
+
+#[derive(Clone, Copy, Debug)]
+struct VipSlot {
+    key: u128,
+    index: u32,
+}
 
 #[inline(always)]
 #[allow(clippy::cast_possible_truncation)] // folding to the table size
@@ -250,7 +258,7 @@ impl Classifier {
             let src0 = r.src_cidrs.first().copied().unwrap_or(Cidr::host(Addr(0)));
             let src_more = push_span(&mut c.cidrs, r.src_cidrs.get(1..).unwrap_or_default());
             let bytes = push_span(&mut c.bytes, &r.byte_matches);
-            c.conds.push(Cond { flags, src0, src_more, sports, bytes });
+            c.conds.push(Cond { service: r.service, flags, src0, src_more, sports, bytes });
             c.routes.push(Route { name: r.name.clone(), priority: r.priority, service: r.service });
         }
 
@@ -290,16 +298,14 @@ impl Classifier {
         }
 
         let cap = (c.vips.len() * 2).next_power_of_two().max(4);
-        c.vip_keys = vec![0; cap];
-        c.vip_vals = vec![EMPTY; cap];
+        c.vip_slots = vec![VipSlot { key: 0, index: EMPTY }; cap];
         c.vip_mask = cap - 1;
         for (i, v) in c.vips.iter().enumerate() {
             let mut h = vip_hash(v.0) & c.vip_mask;
-            while c.vip_vals[h] != EMPTY {
+            while c.vip_slots[h].index != EMPTY {
                 h = (h + 1) & c.vip_mask;
             }
-            c.vip_keys[h] = v.0;
-            c.vip_vals[h] = u32::try_from(i).unwrap_or(EMPTY);
+            c.vip_slots[h] = VipSlot { key: v.0, index: u32::try_from(i).unwrap_or(EMPTY) };
         }
         c
     }
@@ -395,12 +401,12 @@ impl Classifier {
     fn vip(&self, a: Addr) -> Option<usize> {
         let mut h = vip_hash(a.0) & self.vip_mask;
         loop {
-            let v = *self.vip_vals.get(h)?;
-            if v == EMPTY {
+            let slot = self.vip_slots.get(h)?;
+            if slot.index == EMPTY {
                 return None;
             }
-            if self.vip_keys[h] == a.0 {
-                return Some(v as usize);
+            if slot.key == a.0 {
+                return Some(slot.index as usize);
             }
             h = (h + 1) & self.vip_mask;
         }
@@ -480,6 +486,12 @@ impl Classifier {
         true
     }
 
+    /// The service of route `i` (from [`Lookup::Route`]).
+    #[inline(always)]
+    pub fn service_of(&self, i: u32) -> Option<u32> {
+        self.conds.get(i as usize).map(|c| c.service)
+    }
+
     /// Route `i` (from [`Lookup::Route`]).
     pub fn route(&self, i: u32) -> &Route {
         &self.routes[i as usize]
@@ -504,8 +516,7 @@ impl Classifier {
             .map(|p| p.bounds.capacity() * 2 + p.lists.capacity() * std::mem::size_of::<Span>())
             .sum();
         t + self.tables.capacity() * std::mem::size_of::<[PortIndex; SLOTS]>()
-            + self.vip_keys.capacity() * 16
-            + self.vip_vals.capacity() * 4
+            + self.vip_slots.capacity() * std::mem::size_of::<VipSlot>()
             + self.vips.capacity() * 16
             + self.routes.capacity() * std::mem::size_of::<Route>()
             + self.conds.capacity() * std::mem::size_of::<Cond>()

@@ -214,11 +214,11 @@ impl State {
         // An ICMP error's flow is towards the VIP it was sent to, or towards
         // another: look that one up.
         let lookup = if key.dst == p.flow.dst { c.classify_vip(vip, key, has_ports, l4) } else { c.classify(key, has_ports, l4) };
-        let route = match lookup {
-            Lookup::Route(r) => c.route(r),
+        let service = match lookup {
+            Lookup::Route(r) => c.service_of(r).unwrap_or(u32::MAX),
             Lookup::NoRoute | Lookup::NotVip => return Verdict::Drop(DropReason::NoRoute),
         };
-        let Some(svc) = snap.services.get(route.service as usize) else {
+        let Some(svc) = snap.services.get(service as usize) else {
             return Verdict::Drop(DropReason::NoRoute);
         };
         let hash = flow_hash(key);
