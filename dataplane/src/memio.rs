@@ -14,23 +14,29 @@ pub const HEADROOM: usize = 128;
 pub struct MemBuf {
     mem: Vec<u8>,
     start: usize,
+    headroom: usize,
 }
 
 impl MemBuf {
     /// A buffer holding `frame` after [`HEADROOM`] bytes.
     pub fn new(frame: &[u8]) -> MemBuf {
-        let mut mem = Vec::with_capacity(HEADROOM + frame.len());
-        mem.resize(HEADROOM, 0);
+        MemBuf::with_headroom(frame, HEADROOM)
+    }
+
+    /// A buffer holding `frame` after `headroom` bytes.
+    pub fn with_headroom(frame: &[u8], headroom: usize) -> MemBuf {
+        let mut mem = Vec::with_capacity(headroom + frame.len());
+        mem.resize(headroom, 0);
         mem.extend_from_slice(frame);
-        MemBuf { mem, start: HEADROOM }
+        MemBuf { mem, start: headroom, headroom }
     }
 
     /// Replaces the frame, restoring the headroom, without reallocating
     /// when the capacity suffices.
     pub fn reset(&mut self, frame: &[u8]) {
-        self.mem.truncate(HEADROOM);
+        self.mem.resize(self.headroom, 0);
         self.mem.extend_from_slice(frame);
-        self.start = HEADROOM;
+        self.start = self.headroom;
     }
 }
 
@@ -117,5 +123,20 @@ impl PacketIo for MemIo {
     fn free(&mut self, burst: &mut Burst<MemBuf>) {
         self.freed += burst.len();
         burst.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reset_restores_the_headroom() {
+        let mut b = MemBuf::with_headroom(b"abc", 8);
+        assert!(b.prepend(8) && !b.prepend(1));
+        b.reset(b"xy");
+        assert_eq!(b.data(), b"xy");
+        assert!(b.prepend(8), "all the headroom is back");
+        assert!(b.adj(10) && b.data().is_empty());
     }
 }

@@ -152,44 +152,8 @@ pub fn encapsulate<P: PacketBuf>(pkt: &mut P, p: &Parsed, t: &Tunnel, entropy: u
 mod tests {
     use super::*;
     use crate::craft;
+    use crate::memio::MemBuf as Buf;
     use crate::parse::{parse, parse_ip, Frame};
-
-    /// A frame in a buffer with headroom, like an mbuf.
-    struct Buf {
-        mem: Vec<u8>,
-        start: usize,
-    }
-
-    impl Buf {
-        fn new(frame: &[u8]) -> Buf {
-            let mut mem = vec![0u8; 128];
-            mem.extend_from_slice(frame);
-            Buf { mem, start: 128 }
-        }
-    }
-
-    impl PacketBuf for Buf {
-        fn data(&self) -> &[u8] {
-            &self.mem[self.start..]
-        }
-        fn data_mut(&mut self) -> &mut [u8] {
-            &mut self.mem[self.start..]
-        }
-        fn prepend(&mut self, n: usize) -> bool {
-            if n > self.start {
-                return false;
-            }
-            self.start -= n;
-            true
-        }
-        fn adj(&mut self, n: usize) -> bool {
-            if n > self.mem.len() - self.start {
-                return false;
-            }
-            self.start += n;
-            true
-        }
-    }
 
     fn parsed(f: &[u8]) -> Parsed {
         match parse(f).unwrap() {
@@ -256,7 +220,7 @@ mod tests {
         let mut b = Buf::new(&inner4);
         let t = Tunnel { src: out4.0, dst: out4.1, src_mac: [0; 6], dst_mac: [0; 6], mtu: 60 };
         assert_eq!(encapsulate(&mut b, &p, &t, 0), Err(DropReason::EncapTooBig));
-        let mut tight = Buf { mem: inner4.clone(), start: 0 };
+        let mut tight = Buf::with_headroom(&inner4, 0);
         let t = Tunnel { mtu: 1500, ..t };
         assert_eq!(encapsulate(&mut tight, &p, &t, 0), Err(DropReason::EncapNoHeadroom));
     }

@@ -58,8 +58,9 @@ pub enum Delivery {
     },
 }
 
-/// One endpoint as the control plane describes it.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+/// One endpoint: as the control plane describes it, and as the service
+/// keeps it (by identifier).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct EndpointSpec {
     /// Identifier within the service (stable while the endpoint is in it).
     pub id: EndpointId,
@@ -101,26 +102,8 @@ pub struct ServiceSpec {
     pub endpoints: Vec<EndpointSpec>,
 }
 
-/// An endpoint, compiled.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Endpoint {
-    /// Identifier.
-    pub id: EndpointId,
-    /// Incarnation.
-    pub incarnation: u32,
-    /// Draining.
-    pub draining: bool,
-    /// Address.
-    pub addr: Addr,
-    /// Output port.
-    pub port: u8,
-    /// Next-hop MAC.
-    pub mac: [u8; 6],
-    /// Delivery.
-    pub delivery: Delivery,
-    /// Counter slot.
-    pub counter: u32,
-}
+/// An endpoint as the fast path reads it: the spec itself.
+pub type Endpoint = EndpointSpec;
 
 /// A service, compiled.
 #[derive(Clone, Debug)]
@@ -154,16 +137,7 @@ impl Service {
         let n = spec.endpoints.iter().map(|e| usize::from(e.id) + 1).max().unwrap_or(0);
         let mut endpoints = vec![None; n];
         for e in &spec.endpoints {
-            endpoints[usize::from(e.id)] = Some(Endpoint {
-                id: e.id,
-                incarnation: e.incarnation,
-                draining: e.draining,
-                addr: e.addr,
-                port: e.port,
-                mac: e.mac,
-                delivery: e.delivery,
-                counter: e.counter,
-            });
+            endpoints[usize::from(e.id)] = Some(*e);
         }
         Ok(Service {
             name: spec.name.clone(),
