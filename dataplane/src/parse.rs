@@ -480,12 +480,10 @@ fn parse_ipv6(frame: &[u8], l3: usize, p: &mut Parsed) -> Result<(), DropReason>
     }
     let plen = usize::from(be16(frame, l3 + v6::PAYLOAD_LEN));
     let first_next = frame[l3 + v6::NEXT];
-    if plen == 0 && first_next != proto::NONE {
-        return Err(if first_next == proto::HOPOPT {
-            DropReason::Ipv6Jumbo
-        } else {
-            DropReason::Ipv6BadPayloadLength
-        });
+    // Payload length 0 with a hop-by-hop header is a jumbogram (RFC 2675),
+    // which Sluice does not carry; otherwise it is an empty payload.
+    if plen == 0 && first_next == proto::HOPOPT {
+        return Err(DropReason::Ipv6Jumbo);
     }
     if v6::LEN + plen > avail {
         return Err(DropReason::Ipv6BadPayloadLength);
@@ -780,6 +778,8 @@ mod tests {
         j[14 + 5] = 0;
         j[14 + 6] = proto::HOPOPT;
         assert_eq!(parse(&j), Err(DropReason::Ipv6Jumbo));
+        j[14 + 6] = proto::UDP;
+        assert_eq!(parse(&j), Err(DropReason::L4Truncated), "an empty payload is fine at IPv6, not for UDP");
         let mut v = f.clone();
         v[14] = 0x40;
         assert_eq!(parse(&v), Err(DropReason::Ipv6BadVersion));

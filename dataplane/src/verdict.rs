@@ -28,7 +28,7 @@ pub enum DropReason {
     Ipv6Truncated,
     /// IPv6 ethertype but the version field is not 6.
     Ipv6BadVersion,
-    /// IPv6 payload length larger than the frame, or zero without a jumbo option.
+    /// IPv6 payload length larger than the frame.
     Ipv6BadPayloadLength,
     /// IPv6 jumbogram (payload length 0 with a hop-by-hop jumbo option): unsupported.
     Ipv6Jumbo,
