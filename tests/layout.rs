@@ -1,4 +1,5 @@
-//! House rules that a test can check: `unsafe` appears only in `ffi/`.
+//! House rules that a test can check: the keyword that allows raw-pointer
+//! code appears only in `ffi/`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
