@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use sluice_dataplane::addr::Addr;
-use sluice_dataplane::classify::{PortRange, RouteSpec};
+use sluice_dataplane::classify::{PortRange, RouteMatch, RouteSpec};
 use sluice_dataplane::craft;
 use sluice_dataplane::hash::hash_u64;
 use sluice_dataplane::maglev::EndpointId;
@@ -77,12 +77,14 @@ pub fn appliance(routes: u32, ports_per_vip: u32, services: u32, endpoints: u16)
             name: format!("route-{r:05}"),
             priority: (r % 3) as i32,
             service: r % services,
-            vips: vec![Addr::v4(v)],
-            src_cidrs: vec!["0.0.0.0/0".parse().unwrap_or_else(|_| unreachable!())],
-            src_ports: vec![PortRange::ANY],
-            dst_ports: vec![PortRange::single(port)],
-            protocols: vec![proto::TCP],
-            byte_matches: vec![],
+            matches: RouteMatch {
+                vips: vec![Addr::v4(v)],
+                src_cidrs: vec!["0.0.0.0/0".parse().unwrap_or_else(|_| unreachable!())],
+                src_ports: vec![PortRange::ANY],
+                dst_ports: vec![PortRange::single(port)],
+                protocols: vec![proto::TCP],
+                byte_matches: vec![],
+            },
         });
         targets.push((v, port));
     }

@@ -303,12 +303,7 @@ impl Compiler {
                     name: rt.name.clone(),
                     priority: rt.priority,
                     service: *index.get(rt.service.as_str())?,
-                    vips: rt.vips.clone(),
-                    src_cidrs: rt.src_cidrs.clone(),
-                    src_ports: rt.src_ports.clone(),
-                    dst_ports: rt.dst_ports.clone(),
-                    protocols: rt.protocols.clone(),
-                    byte_matches: rt.byte_matches.clone(),
+                    matches: rt.matches.clone(),
                 })
             })
             .collect();
@@ -393,6 +388,7 @@ fn place(
 mod tests {
     use super::*;
     use crate::model::{Defaults, Desired, Model, Origin, RouteDef, ServiceDef};
+    use sluice_dataplane::classify::RouteMatch;
 
     fn topo() -> Topology {
         let ifa = |s: &str| {
@@ -426,12 +422,7 @@ mod tests {
                     name: "r".into(),
                     service: "web".into(),
                     priority: 0,
-                    vips: vec!["20.0.0.1".parse().unwrap()],
-                    src_cidrs: vec![],
-                    src_ports: vec![],
-                    dst_ports: vec![],
-                    protocols: vec![],
-                    byte_matches: vec![],
+                    matches: RouteMatch { vips: vec!["20.0.0.1".parse().unwrap()], ..RouteMatch::default() },
                     origin: Origin::default(),
                 }],
             },

@@ -9,8 +9,8 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use sluice_dataplane::addr::{Addr, Cidr};
-use sluice_dataplane::classify::{ByteMatch, PortRange};
+use sluice_dataplane::addr::Addr;
+use sluice_dataplane::classify::RouteMatch;
 use sluice_dataplane::maglev::{default_size, is_prime, next_prime};
 use sluice_dataplane::service::Algorithm;
 
@@ -70,18 +70,8 @@ pub struct RouteDef {
     pub service: String,
     /// Higher wins.
     pub priority: i32,
-    /// Destination VIPs.
-    pub vips: Vec<Addr>,
-    /// Source prefixes (empty: any).
-    pub src_cidrs: Vec<Cidr>,
-    /// Source ports (empty: any).
-    pub src_ports: Vec<PortRange>,
-    /// Destination ports (empty: any).
-    pub dst_ports: Vec<PortRange>,
-    /// Protocols (empty: any).
-    pub protocols: Vec<u8>,
-    /// Byte matches.
-    pub byte_matches: Vec<ByteMatch>,
+    /// What it matches.
+    pub matches: RouteMatch,
     /// Where it came from.
     pub origin: Origin,
 }
@@ -355,12 +345,7 @@ mod tests {
             name: name.into(),
             service: service.into(),
             priority: 1,
-            vips: vec!["20.0.0.1".parse().unwrap()],
-            src_cidrs: vec![],
-            src_ports: vec![],
-            dst_ports: vec![],
-            protocols: vec![],
-            byte_matches: vec![],
+            matches: RouteMatch { vips: vec!["20.0.0.1".parse().unwrap()], ..RouteMatch::default() },
             origin: origin(&format!("routes.{name}")),
         }
     }

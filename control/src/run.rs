@@ -148,7 +148,7 @@ impl Control {
                 name: r.name.clone(),
                 service: r.service.clone(),
                 priority: r.priority,
-                vips: r.vips.iter().map(ToString::to_string).collect(),
+                vips: r.matches.vips.iter().map(ToString::to_string).collect(),
             })
             .collect();
         for e in &c.endpoints {

@@ -94,6 +94,13 @@ pub struct RouteSpec {
     pub priority: i32,
     /// Index of the service in the snapshot.
     pub service: u32,
+    /// What it matches.
+    pub matches: RouteMatch,
+}
+
+/// What a route matches (L34Route), besides its name, priority and service.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RouteMatch {
     /// Destination addresses (VIPs).
     pub vips: Vec<Addr>,
     /// Source prefixes; empty means any.
@@ -243,21 +250,21 @@ impl Classifier {
         for &i in &order {
             let r = &routes[i];
             let mut flags = 0;
-            if r.src_cidrs.is_empty() {
+            if r.matches.src_cidrs.is_empty() {
                 flags |= ANY_SRC;
             }
-            let sports = if r.src_ports.is_empty() || r.src_ports.contains(&PortRange::ANY) {
+            let sports = if r.matches.src_ports.is_empty() || r.matches.src_ports.contains(&PortRange::ANY) {
                 flags |= ANY_SPORT;
                 Span::default()
             } else {
-                push_span(&mut c.ports, &r.src_ports)
+                push_span(&mut c.ports, &r.matches.src_ports)
             };
-            if r.byte_matches.is_empty() {
+            if r.matches.byte_matches.is_empty() {
                 flags |= NO_BYTES;
             }
-            let src0 = r.src_cidrs.first().copied().unwrap_or(Cidr::host(Addr(0)));
-            let src_more = push_span(&mut c.cidrs, r.src_cidrs.get(1..).unwrap_or_default());
-            let bytes = push_span(&mut c.bytes, &r.byte_matches);
+            let src0 = r.matches.src_cidrs.first().copied().unwrap_or(Cidr::host(Addr(0)));
+            let src_more = push_span(&mut c.cidrs, r.matches.src_cidrs.get(1..).unwrap_or_default());
+            let bytes = push_span(&mut c.bytes, &r.matches.byte_matches);
             c.conds.push(Cond { service: r.service, flags, src0, src_more, sports, bytes });
             c.routes.push(Route { name: r.name.clone(), priority: r.priority, service: r.service });
         }
@@ -268,15 +275,15 @@ impl Classifier {
         for (rank, &i) in order.iter().enumerate() {
             let r = &routes[i];
             let rank = u32::try_from(rank).unwrap_or(u32::MAX);
-            let slots: Vec<usize> = if r.protocols.is_empty() {
+            let slots: Vec<usize> = if r.matches.protocols.is_empty() {
                 (0..SLOTS).collect()
             } else {
-                let mut s: Vec<usize> = r.protocols.iter().map(|&p| slot_of(p)).collect();
+                let mut s: Vec<usize> = r.matches.protocols.iter().map(|&p| slot_of(p)).collect();
                 s.sort_unstable();
                 s.dedup();
                 s
             };
-            for &v in &r.vips {
+            for &v in &r.matches.vips {
                 let vi = *vip_index.entry(v).or_insert_with(|| {
                     per_vip.push(Default::default());
                     c.vips.push(v);
@@ -320,7 +327,7 @@ impl Classifier {
     ) -> PortIndex {
         let dst = |rank: u32| -> &[PortRange] {
             let r = &routes[order[rank as usize]];
-            if r.dst_ports.contains(&PortRange::ANY) { &[] } else { &r.dst_ports }
+            if r.matches.dst_ports.contains(&PortRange::ANY) { &[] } else { &r.matches.dst_ports }
         };
         let mut intern = |list: Vec<u32>, pool: &mut Vec<u32>| -> Span {
             if let Some(s) = shared.get(&list) {
@@ -542,12 +549,12 @@ mod tests {
             name: name.into(),
             priority: prio,
             service: 0,
-            vips: vips.iter().map(|v| a(v)).collect(),
-            src_cidrs: vec![],
-            src_ports: vec![],
-            dst_ports: dports.iter().map(|&(lo, hi)| PortRange { lo, hi }).collect(),
-            protocols: protos.to_vec(),
-            byte_matches: vec![],
+            matches: RouteMatch {
+                vips: vips.iter().map(|v| a(v)).collect(),
+                dst_ports: dports.iter().map(|&(lo, hi)| PortRange { lo, hi }).collect(),
+                protocols: protos.to_vec(),
+                ..RouteMatch::default()
+            },
         }
     }
 
@@ -566,8 +573,8 @@ mod tests {
     fn meridio_example() {
         // The seed's L34Route: 20.0.0.1, TCP 4000-4001, any source.
         let mut r = route("vip-20-0-0-1-multi-ports-a", 10, &["20.0.0.1"], &[(4000, 4000), (4001, 4001)], &[proto::TCP]);
-        r.src_cidrs = vec!["0.0.0.0/0".parse().unwrap()];
-        r.src_ports = vec![PortRange::ANY];
+        r.matches.src_cidrs = vec!["0.0.0.0/0".parse().unwrap()];
+        r.matches.src_ports = vec![PortRange::ANY];
         let c = Classifier::build(&[r]);
         let hit = c.classify(&flow("1.2.3.4", "20.0.0.1", 5555, 4001, proto::TCP), true, Some(&[]));
         assert_eq!(name(&c, hit), Some("vip-20-0-0-1-multi-ports-a"));
@@ -598,7 +605,7 @@ mod tests {
     fn byte_matches_apply_to_their_protocol_only() {
         let mut r = route("syn-only", 9, &["10.0.0.1"], &[], &[proto::TCP, proto::UDP]);
         // tcp[13:1] & 0x02 = 0x02: SYN set.
-        r.byte_matches = vec![ByteMatch { proto: proto::TCP, offset: 13, len: 1, mask: 0x02, value: 0x02 }];
+        r.matches.byte_matches = vec![ByteMatch { proto: proto::TCP, offset: 13, len: 1, mask: 0x02, value: 0x02 }];
         let c = Classifier::build(&[r, route("rest", 1, &["10.0.0.1"], &[], &[])]);
         let f = flow("1.1.1.1", "10.0.0.1", 1, 80, proto::TCP);
         let mut syn = [0u8; 20];
@@ -634,12 +641,12 @@ mod tests {
         order
             .into_iter()
             .find(|r| {
-                r.vips.contains(&f.dst)
-                    && (r.protocols.is_empty() || r.protocols.contains(&f.proto))
-                    && (any(&r.dst_ports) || (has_ports && r.dst_ports.iter().any(|p| p.contains(f.dport))))
-                    && (r.src_cidrs.is_empty() || r.src_cidrs.iter().any(|c| c.contains(f.src)))
-                    && (any(&r.src_ports) || (has_ports && r.src_ports.iter().any(|p| p.contains(f.sport))))
-                    && r.byte_matches.iter().filter(|b| b.proto == f.proto).all(|b| l4.is_none_or(|l| b.matches(l)))
+                r.matches.vips.contains(&f.dst)
+                    && (r.matches.protocols.is_empty() || r.matches.protocols.contains(&f.proto))
+                    && (any(&r.matches.dst_ports) || (has_ports && r.matches.dst_ports.iter().any(|p| p.contains(f.dport))))
+                    && (r.matches.src_cidrs.is_empty() || r.matches.src_cidrs.iter().any(|c| c.contains(f.src)))
+                    && (any(&r.matches.src_ports) || (has_ports && r.matches.src_ports.iter().any(|p| p.contains(f.sport))))
+                    && r.matches.byte_matches.iter().filter(|b| b.proto == f.proto).all(|b| l4.is_none_or(|l| b.matches(l)))
             })
             .map(|r| r.name.as_str())
     }
@@ -669,14 +676,16 @@ mod tests {
                 name: format!("r{i:03}"),
                 priority,
                 service: 0,
-                vips: vips.iter().map(|v| a(v)).collect(),
-                src_cidrs: srcs.iter().map(|s| s.parse().unwrap()).collect(),
-                src_ports: sports,
-                dst_ports: dports,
-                protocols,
-                byte_matches: bm
-                    .map(|(off, v)| vec![ByteMatch { proto: proto::TCP, offset: off, len: 1, mask: 0x3, value: v }])
-                    .unwrap_or_default(),
+                matches: RouteMatch {
+                    vips: vips.iter().map(|v| a(v)).collect(),
+                    src_cidrs: srcs.iter().map(|s| s.parse().unwrap()).collect(),
+                    src_ports: sports,
+                    dst_ports: dports,
+                    protocols,
+                    byte_matches: bm
+                        .map(|(off, v)| vec![ByteMatch { proto: proto::TCP, offset: off, len: 1, mask: 0x3, value: v }])
+                        .unwrap_or_default(),
+                },
             })
     }
 
@@ -719,7 +728,7 @@ mod tests {
             for (f, has_ports, l4) in &fs {
                 let got = c.classify(f, *has_ports, l4.as_deref());
                 let want = reference(&rs, f, *has_ports, l4.as_deref());
-                let is_vip = rs.iter().any(|r| r.vips.contains(&f.dst));
+                let is_vip = rs.iter().any(|r| r.matches.vips.contains(&f.dst));
                 match got {
                     Lookup::NotVip => prop_assert!(!is_vip),
                     Lookup::NoRoute => prop_assert!(is_vip && want.is_none(), "{f:?}: index found none, reference {want:?}"),

@@ -8,7 +8,7 @@ use std::sync::{Arc, OnceLock};
 
 use libfuzzer_sys::fuzz_target;
 use sluice_dataplane::addr::Addr;
-use sluice_dataplane::classify::{PortRange, RouteSpec};
+use sluice_dataplane::classify::{PortRange, RouteMatch, RouteSpec};
 use sluice_dataplane::counters::WorkerCounters;
 use sluice_dataplane::io::PacketBuf;
 use sluice_dataplane::memio::MemBuf;
@@ -48,12 +48,12 @@ fn snapshot() -> Snapshot {
         name: name.into(),
         priority: 1,
         service,
-        vips: vec![vip.parse().unwrap()],
-        src_cidrs: vec![],
-        src_ports: vec![],
-        dst_ports: vec![PortRange { lo: 0, hi: 1024 }],
-        protocols,
-        byte_matches: vec![],
+        matches: RouteMatch {
+            vips: vec![vip.parse().unwrap()],
+            dst_ports: vec![PortRange { lo: 0, hi: 1024 }],
+            protocols,
+            ..RouteMatch::default()
+        },
     };
     Snapshot::new(
         1,

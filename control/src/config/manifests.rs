@@ -324,7 +324,7 @@ endpoints:
         assert!(p.is_empty(), "{:?}", p.0);
         assert_eq!(d.routes.len(), 1, "the other Gateway's route is not ours");
         let r = &d.routes[0];
-        assert_eq!((r.service.as_str(), r.priority, r.dst_ports.len()), ("service-a", 10, 2));
+        assert_eq!((r.service.as_str(), r.priority, r.matches.dst_ports.len()), ("service-a", 10, 2));
         assert_eq!(d.services[0].algorithm, Some(sluice_dataplane::service::Algorithm::Random));
         let eps: Vec<(u32, bool)> = d.endpoints.iter().map(|e| (e.id, e.draining)).collect();
         assert_eq!(eps, vec![(0, false), (1, true)], "terminating+serving drains, not ready is left out");

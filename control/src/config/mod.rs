@@ -18,6 +18,7 @@ use std::path::{Path, PathBuf};
 
 use serde_yaml::Value;
 use sluice_dataplane::addr::{Addr, Cidr};
+use sluice_dataplane::classify::RouteMatch;
 
 use crate::model::{Defaults, DeliveryMode, Desired, EndpointDef, Origin, RouteDef, ServiceDef};
 use node::{Node, Problem, Problems};
@@ -387,29 +388,24 @@ pub(crate) fn route_fields(n: Node<'_>, p: &mut Problems, name: String, service:
         name,
         service,
         priority: n.field("priority", |n| n.int(p, i64::from(i32::MIN), i64::from(i32::MAX))).flatten().unwrap_or(0) as i32,
-        vips,
-        src_cidrs: Vec::new(),
-        src_ports: Vec::new(),
-        dst_ports: Vec::new(),
-        protocols: Vec::new(),
-        byte_matches: Vec::new(),
+        matches: RouteMatch { vips, ..RouteMatch::default() },
         origin: origin(&n),
     };
-    n.field("sourceCIDRs", |n| n.each(p, |n, p| r.src_cidrs.extend(fields::cidr(n, p))));
-    n.field("sourcePorts", |n| n.each(p, |n, p| r.src_ports.extend(fields::port_range(n, p))));
-    n.field("destinationPorts", |n| n.each(p, |n, p| r.dst_ports.extend(fields::port_range(n, p))));
-    n.field("protocols", |n| n.each(p, |n, p| r.protocols.extend(fields::protocol(n, p))));
-    n.field("byteMatches", |n| n.each(p, |n, p| r.byte_matches.extend(fields::byte_match(n, p))));
-    r.protocols.sort_unstable();
-    if r.protocols.windows(2).any(|w| w[0] == w[1]) {
+    n.field("sourceCIDRs", |n| n.each(p, |n, p| r.matches.src_cidrs.extend(fields::cidr(n, p))));
+    n.field("sourcePorts", |n| n.each(p, |n, p| r.matches.src_ports.extend(fields::port_range(n, p))));
+    n.field("destinationPorts", |n| n.each(p, |n, p| r.matches.dst_ports.extend(fields::port_range(n, p))));
+    n.field("protocols", |n| n.each(p, |n, p| r.matches.protocols.extend(fields::protocol(n, p))));
+    n.field("byteMatches", |n| n.each(p, |n, p| r.matches.byte_matches.extend(fields::byte_match(n, p))));
+    r.matches.protocols.sort_unstable();
+    if r.matches.protocols.windows(2).any(|w| w[0] == w[1]) {
         n.bad(p, "a protocol is listed twice");
     }
-    let has_ports = [&r.src_ports, &r.dst_ports].iter().any(|l| !l.is_empty() && !l.contains(&sluice_dataplane::classify::PortRange::ANY));
-    if has_ports && r.protocols.is_empty() {
+    let has_ports = [&r.matches.src_ports, &r.matches.dst_ports].iter().any(|l| !l.is_empty() && !l.contains(&sluice_dataplane::classify::PortRange::ANY));
+    if has_ports && r.matches.protocols.is_empty() {
         n.bad(p, "ports are set but protocols are not: ports mean nothing without TCP, UDP or SCTP");
     }
-    for b in &r.byte_matches {
-        if !r.protocols.is_empty() && !r.protocols.contains(&b.proto) {
+    for b in &r.matches.byte_matches {
+        if !r.matches.protocols.is_empty() && !r.matches.protocols.contains(&b.proto) {
             n.bad(p, format!(
                 "a byte match is about {} but the route does not carry it: it would never apply",
                 fields::protocol_name(b.proto)

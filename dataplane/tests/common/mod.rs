@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use sluice_dataplane::addr::Addr;
-use sluice_dataplane::classify::{PortRange, RouteSpec};
+use sluice_dataplane::classify::{PortRange, RouteMatch, RouteSpec};
 use sluice_dataplane::parse::proto;
 use sluice_dataplane::service::{Algorithm, Delivery, EndpointSpec, Service, ServiceSpec};
 use sluice_dataplane::snapshot::{NextHop, PortInfo, Snapshot};
@@ -67,12 +67,12 @@ pub fn route(name: &str, service: u32, vip: Addr, dport: Option<u16>, protocols:
         name: name.into(),
         priority: 10,
         service,
-        vips: vec![vip],
-        src_cidrs: vec![],
-        src_ports: vec![],
-        dst_ports: dport.map(|p| vec![PortRange::single(p)]).unwrap_or_default(),
-        protocols: protocols.to_vec(),
-        byte_matches: vec![],
+        matches: RouteMatch {
+            vips: vec![vip],
+            dst_ports: dport.map(|p| vec![PortRange::single(p)]).unwrap_or_default(),
+            protocols: protocols.to_vec(),
+            ..RouteMatch::default()
+        },
     }
 }
 
