@@ -134,8 +134,8 @@ fn load_balances_real_traffic_and_reloads_without_disturbing_other_flows() {
         "the file change was picked up"
     );
     let st = status(&topo);
-    assert_eq!(st["last_reload"]["ok"], true);
-    assert_eq!(st["last_reload"]["rebuilt"], serde_json::json!(["web"]), "only the changed service was rebuilt");
+    assert_eq!(st["sources"]["file"]["accepted"], true);
+    assert_eq!(st["sources"]["file"]["rebuilt"], serde_json::json!(["web"]), "only the changed service was rebuilt");
 
     assert!(wait_until(Duration::from_secs(30), || hold_out.exists()), "long-lived connections finished");
     let held: HashMap<String, [u64; 2]> = serde_json::from_str(&std::fs::read_to_string(&hold_out).unwrap()).unwrap();
@@ -154,10 +154,10 @@ fn load_balances_real_traffic_and_reloads_without_disturbing_other_flows() {
     // A broken configuration is rejected; traffic goes on.
     std::fs::write(&cfg, without_be3.replace("vips: [20.0.0.1]", "vips: [20.0.0.0/24]")).unwrap();
     assert!(
-        wait_until(Duration::from_secs(10), || status(&topo)["last_reload"]["ok"] == false),
+        wait_until(Duration::from_secs(10), || status(&topo)["sources"]["file"]["accepted"] == false),
         "the broken file was noticed"
     );
-    let problems = status(&topo)["last_reload"]["problems"].to_string();
+    let problems = status(&topo)["sources"]["file"]["problems"].to_string();
     assert!(problems.contains("is not a /32 or /128"), "{problems}");
     let still = client(&topo, &["short", "20.0.0.1", "30", "8"]);
     assert_eq!(still.values().sum::<u64>(), 30);

@@ -158,22 +158,37 @@ impl<K: Hash + Eq + Clone> Slots<K> {
         Slots { map: HashMap::new(), free: VecDeque::new(), next: 0, cap }
     }
 
-    /// The slot of `k`, allocating one (and noting it in `new`) when needed.
-    fn get(&mut self, k: &K, new: &mut Vec<u32>) -> Option<u32> {
+    /// The slot of `k`, allocating one (and noting it in `new` and in
+    /// `journal`, so that [`Slots::undo`] can give it back) when needed.
+    fn get(&mut self, k: &K, new: &mut Vec<u32>, journal: &mut Vec<(K, bool)>) -> Option<u32> {
         if let Some(&s) = self.map.get(k) {
             return Some(s);
         }
-        let s = match self.free.pop_front() {
-            Some(s) => s,
+        let (s, recycled) = match self.free.pop_front() {
+            Some(s) => (s, true),
             None if self.next < self.cap => {
                 self.next += 1;
-                self.next - 1
+                (self.next - 1, false)
             }
             None => return None,
         };
         self.map.insert(k.clone(), s);
+        journal.push((k.clone(), recycled));
         new.push(s);
         Some(s)
+    }
+
+    /// Gives back, newest first, the slots handed out as `journal` records.
+    fn undo(&mut self, journal: Vec<(K, bool)>) {
+        for (k, recycled) in journal.into_iter().rev() {
+            if let Some(s) = self.map.remove(&k) {
+                if recycled {
+                    self.free.push_front(s);
+                } else {
+                    self.next -= 1;
+                }
+            }
+        }
     }
 
     /// Frees the slots of keys not in `live`.
@@ -185,6 +200,15 @@ impl<K: Hash + Eq + Clone> Slots<K> {
             }
         }
     }
+}
+
+/// What one compilation changed, to undo it if it fails.
+#[derive(Default)]
+struct Journal {
+    services: Vec<(String, bool)>,
+    endpoints: Vec<((String, Addr), bool)>,
+    next_incarnation: u32,
+    cache: Vec<(String, (ServiceSpec, Arc<Service>))>,
 }
 
 /// Keeps what compilations share.
@@ -212,8 +236,29 @@ impl Compiler {
         }
     }
 
-    /// Compiles `r` for `topo`, with MACs from `neigh`.
+    /// Compiles `r` for `topo`, with MACs from `neigh`. All or nothing: a
+    /// compilation that fails leaves the compiler as it was (no counter
+    /// slot, incarnation, cached table or generation is kept from it).
     pub fn compile(&mut self, r: &Resolved, topo: &Topology, neigh: &dyn Neighbors) -> Result<Compiled, String> {
+        let mut j = Journal { next_incarnation: self.next_incarnation, ..Journal::default() };
+        match self.try_compile(r, topo, neigh, &mut j) {
+            Ok(c) => {
+                for (name, entry) in j.cache {
+                    self.cache.insert(name, entry);
+                }
+                self.cache.retain(|k, _| r.services.contains_key(k));
+                Ok(c)
+            }
+            Err(e) => {
+                self.service_slots.undo(j.services);
+                self.endpoint_slots.undo(j.endpoints);
+                self.next_incarnation = j.next_incarnation;
+                Err(e)
+            }
+        }
+    }
+
+    fn try_compile(&mut self, r: &Resolved, topo: &Topology, neigh: &dyn Neighbors, j: &mut Journal) -> Result<Compiled, String> {
         let mut new = NewSlots::default();
         let mut endpoints = Vec::new();
         let mut unresolved = Vec::new();
@@ -225,14 +270,14 @@ impl Compiler {
         let mut live_eps = std::collections::HashSet::new();
         let mut live_inc = HashMap::new();
         for (name, s) in &r.services {
-            let key = self.service_slots.get(name, &mut new.services).ok_or_else(|| {
+            let key = self.service_slots.get(name, &mut new.services, &mut j.services).ok_or_else(|| {
                 format!("more than {} services: raise capacity.services", self.service_slots.cap)
             })?;
             service_slots.push((key, name.clone()));
             let mut specs = Vec::new();
             for e in &s.endpoints {
                 live_eps.insert((name.clone(), e.address));
-                let counter = self.endpoint_slots.get(&(name.clone(), e.address), &mut new.endpoints).ok_or_else(|| {
+                let counter = self.endpoint_slots.get(&(name.clone(), e.address), &mut new.endpoints, &mut j.endpoints).ok_or_else(|| {
                     format!("more than {} endpoints: raise capacity.endpoints", self.endpoint_slots.cap)
                 })?;
                 let ikey = (name.clone(), e.address, e.id);
@@ -282,7 +327,7 @@ impl Compiler {
                 Some((old, svc)) if *old == spec => Arc::clone(svc),
                 _ => {
                     let svc = Arc::new(Service::build(&spec).map_err(|e| format!("service {name:?}: {e}"))?);
-                    self.cache.insert(name.clone(), (spec, Arc::clone(&svc)));
+                    j.cache.push((name.clone(), (spec, Arc::clone(&svc))));
                     rebuilt.push(name.clone());
                     svc
                 }
@@ -290,7 +335,6 @@ impl Compiler {
             index.insert(name, u32::try_from(services.len()).unwrap_or(u32::MAX));
             services.push(svc);
         }
-        self.cache.retain(|k, _| r.services.contains_key(k));
         self.service_slots.retain(&r.services.keys().cloned().collect());
         self.endpoint_slots.retain(&live_eps);
         self.incarnations = live_inc;
@@ -462,6 +506,35 @@ mod tests {
         assert_ne!(web.endpoint(1).unwrap().incarnation, old.endpoint(1).unwrap().incarnation);
         assert_eq!(web.endpoint(0).unwrap().incarnation, old.endpoint(0).unwrap().incarnation);
         assert_eq!(c2.new_slots.endpoints.len(), 1);
+    }
+
+    #[test]
+    fn a_compile_that_fails_leaves_no_slot_behind() {
+        // Found: a compile failing on capacity kept the counter slots it had
+        // handed out; the slot (recycled from a removed service) was then
+        // not reported as new, so the service showed its previous owner's
+        // counts.
+        let one = |names: &[&str]| {
+            let mut m = Model::default();
+            m.set(
+                "t",
+                Desired { services: names.iter().map(|n| ServiceDef { name: (*n).into(), ..Default::default() }).collect(), ..Default::default() },
+            );
+            m.resolve(&Defaults::default()).unwrap()
+        };
+        let none = HashMap::new();
+        let mut c = Compiler::new(2, 64);
+        let a = c.compile(&one(&["a"]), &topo(), &none).unwrap();
+        assert_eq!(a.new_slots.services, vec![0]);
+        let b = c.compile(&one(&["b"]), &topo(), &none).unwrap();
+        assert_eq!(b.new_slots.services, vec![1], "a's slot is freed only after this compile");
+        let generation = b.snapshot.generation;
+        // "c" takes a's old slot, then "d" and "e" overflow: the compile fails.
+        assert!(c.compile(&one(&["c", "d", "e"]), &topo(), &none).unwrap_err().contains("capacity.services"));
+        let c2 = c.compile(&one(&["c"]), &topo(), &none).unwrap();
+        assert_eq!(c2.new_slots.services, vec![0], "c's slot is new to it, so its counters start over");
+        assert_eq!(c2.rebuilt, vec!["c".to_string()]);
+        assert_eq!(c2.snapshot.generation, generation + 1, "a failed compile publishes no generation");
     }
 
     #[test]

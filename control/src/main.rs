@@ -6,11 +6,11 @@
 //! the DPDK bindings).
 #![forbid(unsafe_code)]
 
-mod forward;
 mod logging;
 
 use clap::{Parser, Subcommand};
-use sluice::{check, run, status};
+use sluice::appliance as run;
+use sluice::cli::{check, forward, status};
 
 /// Sluice: a kernel-bypass L3/L4 load balancer on DPDK.
 ///

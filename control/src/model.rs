@@ -196,6 +196,20 @@ impl Model {
         self.sources.remove(source);
     }
 
+    /// What `source` owns.
+    pub fn get(&self, source: &str) -> Option<&Desired> {
+        self.sources.get(source)
+    }
+
+    /// Puts back what [`Model::get`] returned: `source` owns `desired`, or
+    /// nothing.
+    pub fn put(&mut self, source: &str, desired: Option<Desired>) {
+        match desired {
+            Some(d) => self.set(source, d),
+            None => self.remove(source),
+        }
+    }
+
     /// Merges the sources and checks the result.
     pub fn resolve(&self, defaults: &Defaults) -> Result<Resolved, Vec<Problem>> {
         let mut p = Problems::default();

@@ -43,7 +43,7 @@ pub fn problems(path: &std::path::Path) -> Result<sources::Loaded, Vec<Problem>>
         gateways: cfg.gateways.clone(),
     };
     let mut out = Vec::new();
-    if crate::run::count_lcores(&cfg.dpdk.lcores) < 2 {
+    if crate::appliance::count_lcores(&cfg.dpdk.lcores) < 2 {
         out.push(Problem {
             file: cfg.path.display().to_string(),
             path: "dpdk.lcores".into(),

@@ -77,13 +77,21 @@ pub fn render(st: &Value) -> String {
         st["generation"],
         st["publish_seconds"].as_f64().unwrap_or(0.0) * 1e3
     );
-    let lr = &st["last_reload"];
-    if lr["at"].as_u64().unwrap_or(0) > 0 {
-        if lr["ok"].as_bool().unwrap_or(false) {
-            let _ = writeln!(o, "last reload: ok, rebuilt {}", lr["rebuilt"]);
+    let health = |ok: &Value, why: &Value| -> String {
+        if ok.as_bool().unwrap_or(false) {
+            "yes".into()
         } else {
-            let _ = writeln!(o, "last reload: REJECTED, still serving the previous configuration:");
-            for p in lr["problems"].as_array().into_iter().flatten() {
+            let first = why.as_array().and_then(|a| a.first()).map(s).unwrap_or_default();
+            format!("NO ({first})")
+        }
+    };
+    let _ = writeln!(o, "healthy: {} | ready: {}", health(&st["healthy"], &st["not_healthy"]), health(&st["ready"], &st["not_ready"]));
+    for (name, src) in st["sources"].as_object().into_iter().flatten() {
+        if src["accepted"].as_bool().unwrap_or(false) {
+            let _ = writeln!(o, "source {name}: applied ({}), rebuilt {}", s(&src["trigger"]), src["rebuilt"]);
+        } else {
+            let _ = writeln!(o, "source {name}: REJECTED ({}), still serving its previous state:", s(&src["trigger"]));
+            for p in src["problems"].as_array().into_iter().flatten() {
                 let _ = writeln!(o, "  {}", s(p));
             }
         }
@@ -99,22 +107,41 @@ pub fn render(st: &Value) -> String {
                 Some(false) => "down",
                 None => "?",
             };
-            vec![s(&p["name"]), s(&p["device"]), s(&p["mac"]), link.into(), s(&p["kernel_interface"]), s(&p["rx_packets"]), s(&p["tx_packets"]), s(&p["rx_missed"])]
+            let lost = &p["lost_below_dpdk"];
+            vec![
+                s(&p["name"]),
+                s(&p["device"]),
+                s(&p["mac"]),
+                s(&p["mtu"]),
+                link.into(),
+                s(&p["kernel_interface"]),
+                s(&p["rx_packets"]),
+                s(&p["tx_packets"]),
+                format!("{} ({})", s(&lost["below_dpdk"]), s(&lost["source"])),
+                s(&p["rx_nombuf"]),
+            ]
         })
         .collect();
-    table(&mut o, &["NAME", "DEVICE", "MAC", "LINK", "KERNEL IF", "RX", "TX", "MISSED"], &rows);
+    table(&mut o, &["NAME", "DEVICE", "MAC", "MTU", "LINK", "KERNEL IF", "RX", "TX", "LOST BELOW DPDK", "NO MBUF"], &rows);
     let _ = writeln!(o, "\nWORKERS");
     let rows: Vec<Vec<String>> = st["workers"]
         .as_array()
         .into_iter()
         .flatten()
         .map(|w| {
-            let (b, i) = (w["busy_polls"].as_f64().unwrap_or(0.0), w["idle_polls"].as_f64().unwrap_or(0.0));
-            let idle = if b + i > 0.0 { format!("{:.1}%", 100.0 * i / (b + i)) } else { "-".into() };
-            vec![s(&w["lcore"]), s(&w["rx_packets"]), s(&w["tx_packets"]), s(&w["balanced"]), s(&w["exception"]), s(&w["drops"]), idle, s(&w["generation"])]
+            vec![
+                s(&w["lcore"]),
+                s(&w["rx_packets"]),
+                s(&w["tx_packets"]),
+                s(&w["balanced"]),
+                s(&w["returned"]),
+                s(&w["exception"]),
+                s(&w["drops"]),
+                s(&w["generation"]),
+            ]
         })
         .collect();
-    table(&mut o, &["LCORE", "RX", "TX", "BALANCED", "TO KERNEL", "DROPS", "IDLE", "GENERATION"], &rows);
+    table(&mut o, &["LCORE", "RX", "TX", "BALANCED", "RETURNED", "TO KERNEL", "DROPS", "GENERATION"], &rows);
     let _ = writeln!(o, "\nSERVICES");
     let rows: Vec<Vec<String>> = st["services"]
         .as_array()

@@ -1,0 +1,164 @@
+//! Liveness and readiness.
+//!
+//! A sampler looks at every worker's poll counter and snapshot generation
+//! a few times a second. The appliance is *healthy* while every worker's
+//! poll counter keeps moving and no worker lags behind the published
+//! snapshot for longer than [`STALL`]; it is *ready* when, in addition,
+//! every source's last state was accepted and every worker forwards with
+//! the snapshot published last ("serving the current configuration").
+
+use std::time::{Duration, Instant};
+
+use super::state::{lock, Shared};
+
+/// How long a worker may go without polling, or without picking up a new
+/// snapshot, before the appliance is unhealthy.
+pub const STALL: Duration = Duration::from_secs(1);
+
+/// How often the sampler runs.
+pub const SAMPLE_EVERY: Duration = Duration::from_millis(200);
+
+/// Records what each worker did since the last sample.
+pub fn sample(sh: &Shared, now: Instant) {
+    let published = lock(&sh.state).generation;
+    let mut live = lock(&sh.liveness);
+    for (l, w) in live.iter_mut().zip(&sh.workers) {
+        let c = &w.counters;
+        let polls = c.busy_polls.get() + c.idle_polls.get();
+        if polls != l.polls {
+            l.polls = polls;
+            l.progressed = now;
+        }
+        l.generation = c.generation.get();
+        if l.generation >= published {
+            l.lagging_since = None;
+        } else if l.lagging_since.is_none() {
+            l.lagging_since = Some(now);
+        }
+    }
+}
+
+/// Why the appliance is not healthy (empty when it is).
+pub fn unhealthy(sh: &Shared, now: Instant) -> Vec<String> {
+    let live = lock(&sh.liveness);
+    let published = lock(&sh.state).generation;
+    let mut why = Vec::new();
+    for (l, w) in live.iter().zip(&sh.workers) {
+        let idle = now.saturating_duration_since(l.progressed);
+        if idle > STALL {
+            why.push(format!("worker on lcore {} has not polled for {:.1} s", w.lcore, idle.as_secs_f64()));
+        }
+        if let Some(since) = l.lagging_since {
+            let lag = now.saturating_duration_since(since);
+            if lag > STALL {
+                why.push(format!(
+                    "worker on lcore {} still uses snapshot {} of {} after {:.1} s",
+                    w.lcore,
+                    l.generation,
+                    published,
+                    lag.as_secs_f64()
+                ));
+            }
+        }
+    }
+    why
+}
+
+/// Why the appliance does not serve its current configuration (empty when
+/// it does).
+pub fn unready(sh: &Shared, now: Instant) -> Vec<String> {
+    let mut why = unhealthy(sh, now);
+    let st = lock(&sh.state);
+    why.extend(st.faults.iter().cloned());
+    if st.published_at.is_none() {
+        why.push("no configuration published yet".into());
+    }
+    for (name, s) in &st.sources {
+        if !s.accepted {
+            let first = s.problems.first().map_or("", String::as_str);
+            why.push(format!("source {name}: last state refused ({} problem(s)): {first}", s.problems.len()));
+        }
+    }
+    let live = lock(&sh.liveness);
+    for (l, w) in live.iter().zip(&sh.workers) {
+        let g = w.counters.generation.get().max(l.generation);
+        if g < st.generation {
+            why.push(format!("worker on lcore {} forwards with snapshot {g}, not {}", w.lcore, st.generation));
+        }
+    }
+    why
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use sluice_dataplane::counters::WorkerCounters;
+
+    use super::*;
+    use crate::admin::state::{PoolProbe, SourceStatus, WorkerEntry};
+
+    #[derive(Debug)]
+    struct Pool;
+    impl PoolProbe for Pool {
+        fn in_use(&self) -> u32 {
+            0
+        }
+        fn capacity(&self) -> u32 {
+            1
+        }
+    }
+
+    fn shared(workers: usize) -> Shared {
+        let w = (0..workers)
+            .map(|i| WorkerEntry { lcore: u32::try_from(i).unwrap() + 1, counters: Arc::new(WorkerCounters::new(1, 1)) })
+            .collect();
+        Shared::new("t.yaml".into(), Vec::new(), Arc::new(Pool), w, 1)
+    }
+
+    #[test]
+    fn a_worker_that_stops_polling_makes_the_appliance_unhealthy() {
+        let sh = shared(2);
+        let t0 = Instant::now();
+        sample(&sh, t0);
+        assert!(unhealthy(&sh, t0).is_empty());
+        // Worker 0 polls, worker 1 does not.
+        sh.workers[0].counters.idle_polls.add(5);
+        let t1 = t0 + Duration::from_millis(1500);
+        sample(&sh, t1);
+        let why = unhealthy(&sh, t1);
+        assert_eq!(why.len(), 1, "{why:?}");
+        assert!(why[0].contains("lcore 2 has not polled"), "{why:?}");
+    }
+
+    #[test]
+    fn a_worker_stuck_on_an_old_snapshot_is_unhealthy_and_unready() {
+        let sh = shared(1);
+        let t0 = Instant::now();
+        {
+            let mut st = lock(&sh.state);
+            st.generation = 3;
+            st.published_at = Some(t0);
+            st.sources.insert("file".into(), SourceStatus { accepted: true, ..Default::default() });
+        }
+        sh.workers[0].counters.generation.set(2);
+        sh.workers[0].counters.idle_polls.add(1);
+        sample(&sh, t0);
+        assert!(unhealthy(&sh, t0).is_empty(), "a fresh lag is not yet a fault");
+        assert_eq!(unready(&sh, t0).len(), 1, "but the appliance does not serve the current snapshot yet");
+        let t1 = t0 + Duration::from_millis(1200);
+        sh.workers[0].counters.idle_polls.add(1);
+        sample(&sh, t1);
+        assert!(unhealthy(&sh, t1).iter().any(|w| w.contains("still uses snapshot 2 of 3")));
+        sh.workers[0].counters.generation.set(3);
+        sh.workers[0].counters.idle_polls.add(1);
+        sample(&sh, t1);
+        assert!(unhealthy(&sh, t1).is_empty());
+        assert!(unready(&sh, t1).is_empty());
+        lock(&sh.state).sources.insert(
+            "file".into(),
+            SourceStatus { accepted: false, problems: vec!["a.yaml:3:5: vips[0]: bad".into()], ..Default::default() },
+        );
+        assert!(unready(&sh, t1)[0].contains("source file: last state refused"));
+    }
+}

@@ -1,0 +1,288 @@
+//! `/metrics`: a Prometheus collector that reads the workers' counters,
+//! the ports' statistics and the reconciler's record at scrape time.
+//!
+//! Counters are exposed without copying them into a registry: each scrape
+//! encodes what the workers have counted so far (OpenMetrics text).
+
+use std::borrow::Cow;
+use std::fmt;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::registry::Registry;
+use sluice_dataplane::counters::WorkerCounters;
+use sluice_dataplane::verdict::DropReason;
+
+use super::{health, AdminCounters};
+use super::state::{lock, PortStats, Shared};
+use crate::compile::EndpointStatus;
+
+type Labels = Vec<(&'static str, Cow<'static, str>)>;
+
+/// Reads everything at scrape time.
+pub struct SluiceCollector {
+    shared: Arc<Shared>,
+    admin: Arc<AdminCounters>,
+}
+
+impl fmt::Debug for SluiceCollector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SluiceCollector").finish_non_exhaustive()
+    }
+}
+
+/// A registry with the collector.
+pub fn registry(shared: Arc<Shared>, admin: Arc<AdminCounters>) -> Registry {
+    let mut r = Registry::default();
+    r.register_collector(Box::new(SluiceCollector { shared, admin }));
+    r
+}
+
+/// The text exposition of `r`.
+pub fn render(r: &Registry) -> String {
+    let mut s = String::new();
+    // Writing into a String cannot fail.
+    let _ = prometheus_client::encoding::text::encode(&mut s, r);
+    s
+}
+
+/// How a metric family's values are typed.
+enum Kind {
+    Counter,
+    Gauge,
+}
+
+/// A value: whole numbers stay whole in the exposition.
+#[derive(Clone, Copy)]
+enum V {
+    U(u64),
+    F(f64),
+}
+
+/// Writes one metric family: `rows` of (labels, value).
+fn family(
+    enc: &mut DescriptorEncoder<'_>,
+    name: &str,
+    help: &str,
+    kind: Kind,
+    rows: impl IntoIterator<Item = (Labels, V)>,
+) -> fmt::Result {
+    let t = match kind {
+        Kind::Counter => ConstCounter::<u64>::default().metric_type(),
+        Kind::Gauge => ConstGauge::<u64>::new(0).metric_type(),
+    };
+    let mut m = enc.encode_descriptor(name, help, None, t)?;
+    for (labels, v) in rows {
+        let e = m.encode_family(&labels)?;
+        match (&kind, v) {
+            (Kind::Counter, V::U(x)) => ConstCounter::new(x).encode(e)?,
+            (Kind::Counter, V::F(x)) => ConstCounter::new(x).encode(e)?,
+            (Kind::Gauge, V::U(x)) => ConstGauge::new(x).encode(e)?,
+            (Kind::Gauge, V::F(x)) => ConstGauge::new(x).encode(e)?,
+        }
+    }
+    Ok(())
+}
+
+fn one(v: V) -> Vec<(Labels, V)> {
+    vec![(Vec::new(), v)]
+}
+
+fn s(v: impl Into<Cow<'static, str>>) -> Cow<'static, str> {
+    v.into()
+}
+
+fn f(v: u64) -> V {
+    V::U(v)
+}
+
+/// A metric read from a worker's counters: (name, help, reader).
+type WorkerMetric = (&'static str, &'static str, fn(&WorkerCounters) -> u64);
+/// A metric read from a port's statistics.
+type PortMetric = (&'static str, &'static str, fn(&PortStats) -> u64);
+
+const WORKER_COUNTERS: [WorkerMetric; 11] = [
+    ("rx_packets", "Packets received from ports.", |w| w.rx_packets.get()),
+    ("rx_bytes", "Bytes received from ports.", |w| w.rx_bytes.get()),
+    ("tx_packets", "Packets sent.", |w| w.tx_packets.get()),
+    ("balanced_packets", "Packets load-balanced to an endpoint.", |w| w.balanced.get()),
+    ("returned_packets", "Return traffic sent to the gateway.", |w| w.returned.get()),
+    ("exception_packets", "Packets handed to the kernel.", |w| w.exception.get()),
+    ("from_kernel_packets", "Packets the kernel sent out of a port.", |w| w.from_kernel.get()),
+    ("held_fragments", "Later IP fragments held for their first fragment.", |w| w.stashed.get()),
+    ("busy_polls", "Poll rounds that received packets.", |w| w.busy_polls.get()),
+    ("idle_polls", "Poll rounds that received nothing.", |w| w.idle_polls.get()),
+    ("flow_evictions", "Live flow-table entries evicted to make room.", |w| w.flow_evictions.get()),
+];
+
+const PORT_COUNTERS: [PortMetric; 8] = [
+    ("rx_packets", "Packets the port received (DPDK).", |s| s.ipackets),
+    ("tx_packets", "Packets the port sent (DPDK).", |s| s.opackets),
+    ("rx_bytes", "Bytes the port received (DPDK).", |s| s.ibytes),
+    ("tx_bytes", "Bytes the port sent (DPDK).", |s| s.obytes),
+    ("rx_missed", "Packets the device dropped for want of receive descriptors (DPDK imissed).", |s| s.imissed),
+    ("rx_errors", "Erroneous received packets.", |s| s.ierrors),
+    ("tx_errors", "Failed transmissions.", |s| s.oerrors),
+    ("rx_nombuf", "Receive failures for want of an mbuf.", |s| s.rx_nombuf),
+];
+
+impl Collector for SluiceCollector {
+    fn encode(&self, mut e: DescriptorEncoder<'_>) -> fmt::Result {
+        let sh = &*self.shared;
+        let now = Instant::now();
+        let build: Labels = vec![("version", s(env!("CARGO_PKG_VERSION"))), ("dpdk", s(sluice_ffi::dpdk_version()))];
+        family(&mut e, "sluice_build_info", "Version of Sluice and of the DPDK it runs on.", Kind::Gauge, vec![(build, f(1))])?;
+        family(&mut e, "sluice_uptime_seconds", "Seconds since start.", Kind::Gauge, one(V::F(sh.started.elapsed().as_secs_f64())))?;
+        let healthy = health::unhealthy(sh, now).is_empty();
+        let ready = health::unready(sh, now).is_empty();
+        family(&mut e, "sluice_healthy", "1 while every worker polls and follows the published snapshot.", Kind::Gauge, one(f(u64::from(healthy))))?;
+        family(&mut e, "sluice_ready", "1 while the appliance serves its current configuration.", Kind::Gauge, one(f(u64::from(ready))))?;
+        let a = &self.admin;
+        family(&mut e, "sluice_admin_requests", "Admin requests answered.", Kind::Counter, one(f(a.requests.load(Ordering::Relaxed))))?;
+        family(&mut e, "sluice_admin_connections_refused", "Admin connections closed because the connection cap was reached.", Kind::Counter, one(f(a.over_cap.load(Ordering::Relaxed))))?;
+        family(&mut e, "sluice_admin_connection_errors", "Admin connections that ended in a protocol error or a timeout.", Kind::Counter, one(f(a.failed.load(Ordering::Relaxed))))?;
+        family(&mut e, "sluice_mempool_mbufs_in_use", "Packet buffers taken from the pool.", Kind::Gauge, one(f(u64::from(sh.pool.in_use()))))?;
+        family(&mut e, "sluice_mempool_mbufs", "Packet buffers in the pool.", Kind::Gauge, one(f(u64::from(sh.pool.capacity()))))?;
+
+        {
+            let st = lock(&sh.state);
+            family(&mut e, "sluice_snapshot_generation", "Generation of the snapshot published last.", Kind::Gauge, one(f(st.generation)))?;
+            family(&mut e, "sluice_snapshot_publish_seconds", "Time the last compile and publish took.", Kind::Gauge, one(V::F(st.publish_seconds)))?;
+            family(&mut e, "sluice_snapshot_publishes", "Snapshots published.", Kind::Counter, one(f(st.publishes)))?;
+            family(&mut e, "sluice_snapshots_pending", "Replaced snapshots waiting for every worker to move on.", Kind::Gauge, one(f(st.snapshots_pending as u64)))?;
+            family(&mut e, "sluice_next_hops_unresolved", "Next hops whose MAC the kernel has not resolved.", Kind::Gauge, one(f(st.unresolved as u64)))?;
+            let (ok, rejected) = st.reload_totals();
+            family(
+                &mut e,
+                "sluice_config_reloads",
+                "Source states (configuration file, manifests, ...) by result.",
+                Kind::Counter,
+                vec![(vec![("result", s("ok"))], f(ok)), (vec![("result", s("rejected"))], f(rejected))],
+            )?;
+            family(
+                &mut e,
+                "sluice_source_accepted",
+                "1 when a source's last state is the one being served.",
+                Kind::Gauge,
+                st.sources.iter().map(|(n, v)| (vec![("source", s(n.clone()))], f(u64::from(v.accepted)))),
+            )?;
+
+            let svc = |n: &str| vec![("service", s(n.to_owned()))];
+            family(
+                &mut e,
+                "sluice_service_packets",
+                "Packets forwarded to a service's endpoints.",
+                Kind::Counter,
+                st.services.iter().map(|v| (svc(&v.name), f(sh.service_count(&st, v.slot).0))),
+            )?;
+            family(
+                &mut e,
+                "sluice_service_bytes",
+                "Bytes forwarded to a service's endpoints.",
+                Kind::Counter,
+                st.services.iter().map(|v| (svc(&v.name), f(sh.service_count(&st, v.slot).1))),
+            )?;
+            family(
+                &mut e,
+                "sluice_service_ready",
+                "1 when a service has an endpoint taking new flows.",
+                Kind::Gauge,
+                st.services.iter().map(|v| (svc(&v.name), f(u64::from(v.ready)))),
+            )?;
+            let ep = |x: &EndpointStatus| -> Labels {
+                vec![("service", s(x.service.clone())), ("id", s(x.id.to_string())), ("address", s(x.address.to_string()))]
+            };
+            family(
+                &mut e,
+                "sluice_endpoint_packets",
+                "Packets forwarded to an endpoint.",
+                Kind::Counter,
+                st.endpoints.iter().map(|x| (ep(x), f(sh.endpoint_count(&st, x.counter).0))),
+            )?;
+            family(
+                &mut e,
+                "sluice_endpoint_bytes",
+                "Bytes forwarded to an endpoint.",
+                Kind::Counter,
+                st.endpoints.iter().map(|x| (ep(x), f(sh.endpoint_count(&st, x.counter).1))),
+            )?;
+            family(
+                &mut e,
+                "sluice_endpoint_state",
+                "1 for an endpoint's current state.",
+                Kind::Gauge,
+                st.endpoints.iter().map(|x| {
+                    let mut l = ep(x);
+                    l.push(("state", s(x.state.name())));
+                    (l, f(1))
+                }),
+            )?;
+        }
+
+        let worker = |w: &super::state::WorkerEntry| vec![("worker", s(w.lcore.to_string()))];
+        for (name, help, get) in WORKER_COUNTERS {
+            let full = format!("sluice_worker_{name}");
+            family(&mut e, &full, help, Kind::Counter, sh.workers.iter().map(|w| (worker(w), f(get(&w.counters)))))?;
+        }
+        family(
+            &mut e,
+            "sluice_worker_snapshot_generation",
+            "Snapshot generation a worker uses.",
+            Kind::Gauge,
+            sh.workers.iter().map(|w| (worker(w), f(w.counters.generation.get()))),
+        )?;
+        family(
+            &mut e,
+            "sluice_drops",
+            "Dropped packets, by worker and reason.",
+            Kind::Counter,
+            sh.workers.iter().flat_map(|w| {
+                DropReason::ALL.iter().map(move |r| {
+                    (vec![("worker", s(w.lcore.to_string())), ("reason", s(r.name()))], f(w.counters.drops[r.index()].get()))
+                })
+            }),
+        )?;
+
+        let stats: Vec<(Labels, PortStats)> = sh
+            .ports
+            .iter()
+            .flat_map(|p| {
+                let mut v = Vec::new();
+                if let Some(st) = p.port.stats() {
+                    v.push((vec![("port", s(p.meta.name.clone())), ("side", s("port"))], st));
+                }
+                if let Some(st) = p.tap.as_ref().and_then(|t| t.stats()) {
+                    v.push((vec![("port", s(p.meta.name.clone())), ("side", s("kernel"))], st));
+                }
+                v
+            })
+            .collect();
+        for (name, help, get) in PORT_COUNTERS {
+            let full = format!("sluice_port_{name}");
+            family(&mut e, &full, help, Kind::Counter, stats.iter().map(|(l, st)| (l.clone(), f(get(st)))))?;
+        }
+        family(
+            &mut e,
+            "sluice_port_rx_lost_below_dpdk",
+            "Frames a port lost before DPDK received them (device or kernel ring full), by where the figure comes from.",
+            Kind::Counter,
+            sh.ports.iter().map(|p| {
+                let l = lock(&p.loss);
+                (vec![("port", s(p.meta.name.clone())), ("source", s(l.source.clone()))], f(l.below_dpdk))
+            }),
+        )?;
+        family(
+            &mut e,
+            "sluice_port_link_up",
+            "1 when a port's link is up.",
+            Kind::Gauge,
+            sh.ports.iter().filter_map(|p| Some((vec![("port", s(p.meta.name.clone()))], f(u64::from(p.port.link_up()?))))),
+        )?;
+        Ok(())
+    }
+}

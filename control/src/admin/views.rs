@@ -1,0 +1,190 @@
+//! `/status`: what the appliance does, as one JSON document (rendered as
+//! tables by `sluice status`).
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use serde::Serialize;
+use sluice_dataplane::verdict::DropReason;
+
+use super::health;
+use super::state::{lock, PortLoss, PortMeta, RouteMeta, ServiceMeta, Shared, SourceStatus};
+use crate::compile::EndpointState;
+
+#[derive(Serialize)]
+struct WorkerView {
+    lcore: u32,
+    rx_packets: u64,
+    tx_packets: u64,
+    balanced: u64,
+    returned: u64,
+    exception: u64,
+    drops: u64,
+    busy_polls: u64,
+    idle_polls: u64,
+    generation: u64,
+}
+
+#[derive(Serialize)]
+struct EndpointView {
+    service: String,
+    id: u32,
+    address: String,
+    weight: u32,
+    mac: Option<String>,
+    port: Option<String>,
+    state: String,
+    reason: Option<String>,
+    packets: u64,
+    bytes: u64,
+}
+
+#[derive(Serialize)]
+struct ServiceView {
+    #[serde(flatten)]
+    meta: ServiceMeta,
+    packets: u64,
+    bytes: u64,
+}
+
+#[derive(Serialize)]
+struct PortView {
+    #[serde(flatten)]
+    meta: PortMeta,
+    link_up: Option<bool>,
+    rx_packets: u64,
+    tx_packets: u64,
+    rx_missed: u64,
+    rx_nombuf: u64,
+    lost_below_dpdk: PortLoss,
+    kernel_rx_packets: u64,
+    kernel_tx_packets: u64,
+}
+
+#[derive(Serialize)]
+struct StatusView {
+    version: String,
+    dpdk: String,
+    config: String,
+    uptime_seconds: f64,
+    healthy: bool,
+    ready: bool,
+    not_healthy: Vec<String>,
+    not_ready: Vec<String>,
+    generation: u64,
+    publish_seconds: f64,
+    snapshots_pending: usize,
+    next_hops_unresolved: usize,
+    sources: BTreeMap<String, SourceStatus>,
+    mbufs_in_use: u32,
+    mbufs: u32,
+    ports: Vec<PortView>,
+    workers: Vec<WorkerView>,
+    drops: Vec<(String, u64)>,
+    services: Vec<ServiceView>,
+    routes: Vec<RouteMeta>,
+    endpoints: Vec<EndpointView>,
+}
+
+/// The `/status` document.
+pub fn status(sh: &Shared) -> String {
+    let now = Instant::now();
+    let not_healthy = health::unhealthy(sh, now);
+    let not_ready = health::unready(sh, now);
+    let drops = DropReason::ALL
+        .iter()
+        .map(|r| (r.name().to_owned(), sh.workers.iter().map(|w| w.counters.drops[r.index()].get()).sum::<u64>()))
+        .filter(|(_, n)| *n > 0)
+        .collect();
+    let ports = sh
+        .ports
+        .iter()
+        .map(|p| {
+            let s = p.port.stats().unwrap_or_default();
+            let k = p.tap.as_ref().and_then(|t| t.stats()).unwrap_or_default();
+            PortView {
+                meta: p.meta.clone(),
+                link_up: p.port.link_up(),
+                rx_packets: s.ipackets,
+                tx_packets: s.opackets,
+                rx_missed: s.imissed,
+                rx_nombuf: s.rx_nombuf,
+                lost_below_dpdk: lock(&p.loss).clone(),
+                kernel_rx_packets: k.ipackets,
+                kernel_tx_packets: k.opackets,
+            }
+        })
+        .collect();
+    let workers = sh
+        .workers
+        .iter()
+        .map(|w| {
+            let c = &w.counters;
+            WorkerView {
+                lcore: w.lcore,
+                rx_packets: c.rx_packets.get(),
+                tx_packets: c.tx_packets.get(),
+                balanced: c.balanced.get(),
+                returned: c.returned.get(),
+                exception: c.exception.get(),
+                drops: c.total_drops(),
+                busy_polls: c.busy_polls.get(),
+                idle_polls: c.idle_polls.get(),
+                generation: c.generation.get(),
+            }
+        })
+        .collect();
+    let st = lock(&sh.state);
+    let view = StatusView {
+        version: env!("CARGO_PKG_VERSION").to_owned(),
+        dpdk: sluice_ffi::dpdk_version(),
+        config: sh.config_path.clone(),
+        uptime_seconds: sh.started.elapsed().as_secs_f64(),
+        healthy: not_healthy.is_empty(),
+        ready: not_ready.is_empty(),
+        not_healthy,
+        not_ready,
+        generation: st.generation,
+        publish_seconds: st.publish_seconds,
+        snapshots_pending: st.snapshots_pending,
+        next_hops_unresolved: st.unresolved,
+        sources: st.sources.clone(),
+        mbufs_in_use: sh.pool.in_use(),
+        mbufs: sh.pool.capacity(),
+        ports,
+        workers,
+        drops,
+        services: st
+            .services
+            .iter()
+            .map(|s| {
+                let (packets, bytes) = sh.service_count(&st, s.slot);
+                ServiceView { meta: s.clone(), packets, bytes }
+            })
+            .collect(),
+        routes: st.routes.clone(),
+        endpoints: st
+            .endpoints
+            .iter()
+            .map(|e| {
+                let (packets, bytes) = sh.endpoint_count(&st, e.counter);
+                EndpointView {
+                    service: e.service.clone(),
+                    id: e.id,
+                    address: e.address.to_string(),
+                    weight: e.weight,
+                    mac: e.mac.map(|m| sluice_ffi::MacAddr(m).to_string()),
+                    port: e.port.clone(),
+                    state: e.state.name().to_owned(),
+                    reason: match &e.state {
+                        EndpointState::Unreachable(r) => Some(r.clone()),
+                        _ => None,
+                    },
+                    packets,
+                    bytes,
+                }
+            })
+            .collect(),
+    };
+    serde_json::to_string_pretty(&view).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+}

@@ -1,0 +1,67 @@
+//! Bring-up of the machine: the packet pool, the ports with the MTU the
+//! configuration asks for, their exception taps and the kernel side of
+//! each tap (MAC, MTU, addresses).
+
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use sluice_ffi::{Eal, Mempool, Port, PortConfig as FfiPortConfig, DEFAULT_DATA_ROOM};
+use tracing::info;
+
+use super::eal::tap_device;
+use crate::config::{ApplianceConfig, PortConfig};
+
+/// A started port and its exception tap.
+#[derive(Debug)]
+pub struct PortUp {
+    /// Its configuration.
+    pub cfg: PortConfig,
+    /// The port.
+    pub port: Port,
+    /// Its exception tap, when it has a kernel interface.
+    pub tap: Option<Port>,
+    /// Its MAC.
+    pub mac: [u8; 6],
+}
+
+/// The packet pool and every port, started.
+#[derive(Debug)]
+pub struct Machine {
+    /// The pool every port receives into.
+    pub pool: Arc<Mempool>,
+    /// Ports, in configuration order.
+    pub ports: Vec<PortUp>,
+}
+
+/// Starts the pool, the ports and their taps, each with one queue per worker.
+pub fn start(eal: &Eal, cfg: &ApplianceConfig, workers: u16) -> Result<Machine> {
+    let cache = if cfg.dpdk.mbufs >= 4096 { 256 } else { 0 };
+    let pool = Mempool::new(eal, "sluice_pool", cfg.dpdk.mbufs, cache, DEFAULT_DATA_ROOM)
+        .context("creating the packet pool (lower dpdk.mbufs or raise dpdk.memoryMB)")?;
+    let mut ports = Vec::new();
+    for (i, pc) in cfg.ports.iter().enumerate() {
+        let id = sluice_ffi::port_by_name(eal, pc.device_name())?;
+        let q = FfiPortConfig {
+            rx_queues: workers,
+            tx_queues: workers,
+            rx_desc: cfg.dpdk.descriptors,
+            tx_desc: cfg.dpdk.descriptors,
+            mtu: Some(pc.mtu),
+            ..FfiPortConfig::default()
+        };
+        let port = Port::start(eal, id, &q, &pool)
+            .with_context(|| format!("starting port {:?} ({}) with MTU {}", pc.name, pc.device, pc.mtu))?;
+        let mac = port.mac()?;
+        info!(port = %pc.name, device = %pc.device, driver = %port.info().driver, %mac, mtu = pc.mtu, rss = port.rss_enabled(), "port started");
+        let tap = if pc.kernel_interface.is_empty() {
+            None
+        } else {
+            let tid = sluice_ffi::port_by_name(eal, &tap_device(i))?;
+            let tq = FfiPortConfig { rx_desc: 256, tx_desc: 256, promiscuous: false, mtu: None, ..q.clone() };
+            let t = Port::start(eal, tid, &tq, &pool).with_context(|| format!("starting the exception tap of port {:?}", pc.name))?;
+            Some(t)
+        };
+        ports.push(PortUp { cfg: pc.clone(), port, tap, mac: mac.0 });
+    }
+    Ok(Machine { pool, ports })
+}

@@ -1,0 +1,67 @@
+//! The EAL arguments of an appliance configuration.
+
+use crate::config::ApplianceConfig;
+
+/// Number of cores in an EAL core list like `0,1` or `0-3,6`.
+pub fn count_lcores(list: &str) -> usize {
+    list.split(',')
+        .map(|part| match part.split_once('-') {
+            Some((a, b)) => match (a.trim().parse::<usize>(), b.trim().parse::<usize>()) {
+                (Ok(a), Ok(b)) if b >= a => b - a + 1,
+                _ => 0,
+            },
+            None => usize::from(part.trim().parse::<usize>().is_ok()),
+        })
+        .sum()
+}
+
+/// Name of the tap device of port `i`'s exception path.
+pub fn tap_device(i: usize) -> String {
+    format!("net_tap{i}")
+}
+
+/// The EAL arguments for `cfg` with `workers` workers.
+pub fn eal_args(cfg: &ApplianceConfig, workers: usize) -> Vec<String> {
+    let d = &cfg.dpdk;
+    let mut a = vec!["-l".to_owned(), d.lcores.clone(), "-m".to_owned(), d.memory_mb.to_string()];
+    if !d.hugepages {
+        a.push("--no-huge".into());
+    }
+    a.push(format!("--file-prefix={}", d.file_prefix));
+    a.push("--no-telemetry".into());
+    let pci: Vec<&str> = cfg.ports.iter().filter(|p| p.is_pci()).map(|p| p.device.as_str()).collect();
+    if pci.is_empty() {
+        a.push("--no-pci".into());
+    }
+    for p in pci {
+        a.push("-a".into());
+        a.push(p.into());
+    }
+    for p in cfg.ports.iter().filter(|p| !p.is_pci()) {
+        let mut dev = p.device.clone();
+        if p.device_name().starts_with("net_af_packet") && !dev.contains("qpairs=") {
+            dev.push_str(&format!(",qpairs={workers}"));
+        }
+        a.push(format!("--vdev={dev}"));
+    }
+    for (i, p) in cfg.ports.iter().enumerate() {
+        if !p.kernel_interface.is_empty() {
+            a.push(format!("--vdev={},iface={}", tap_device(i), p.kernel_interface));
+        }
+    }
+    a.extend(d.extra_args.iter().cloned());
+    a
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn core_lists() {
+        assert_eq!(count_lcores("0,1"), 2);
+        assert_eq!(count_lcores("0-3,6"), 5);
+        assert_eq!(count_lcores("3-1"), 0);
+        assert_eq!(count_lcores("x"), 0);
+    }
+}

@@ -1,0 +1,258 @@
+//! `sluice run`: the appliance.
+//!
+//! In order: the configuration is read and checked; DPDK starts on the
+//! configured cores; the control runtime is created (its threads share the
+//! main lcore's core, never a worker's); the packet pool, ports and
+//! exception taps come up ([`bringup`]) and the kernel side of each tap is
+//! configured; the port and queue plan ([`plan`]) gives each worker its
+//! queues; the first snapshot is published; the workers are launched
+//! ([`workers`]); the control runtime ([`control`]) runs until SIGINT or
+//! SIGTERM. Shutdown goes the other way: admin endpoint and control tasks,
+//! workers (stopped before they are waited for), ports, then the check that
+//! every mbuf is back in the pool.
+
+pub mod bringup;
+pub mod control;
+pub mod eal;
+pub mod loss;
+pub mod plan;
+pub mod workers;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use anyhow::{anyhow, bail, Context, Result};
+use sluice_dataplane::counters::WorkerCounters;
+use sluice_dataplane::pipeline::PipelineConfig;
+use sluice_dataplane::rcu::Publisher;
+use sluice_dataplane::snapshot::Snapshot;
+use sluice_dataplane::worker::{Worker, WorkerConfig};
+use sluice_ffi::{Eal, Mempool, PortId, PortStats, QueueIo};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info};
+
+use crate::admin::state::{PoolProbe, PortEntry, PortLoss, PortMeta, PortProbe, Shared, WorkerEntry};
+use crate::admin::Limits;
+use crate::compile::{TopoPort, Topology};
+use crate::config::node::Problem;
+use crate::model::Model;
+use crate::reconcile::Reconciler;
+use crate::sources;
+pub use eal::{count_lcores, eal_args};
+use plan::{Plan, Queue};
+
+/// Run the load balancer.
+///
+/// Starts DPDK on the configured cores and ports, forwards until SIGINT or
+/// SIGTERM, reloads the configuration on SIGHUP or when a file changes
+/// (keeping the last good one if the new one has problems), and serves
+/// /metrics, /status, /healthz and /readyz on the admin address.
+///
+/// Example: sluice run --config configs/demo.yaml
+#[derive(Debug, clap::Args)]
+#[command(verbatim_doc_comment)]
+pub struct RunArgs {
+    /// The appliance configuration (YAML; see configs/).
+    #[arg(long, short, value_name = "FILE")]
+    pub config: PathBuf,
+}
+
+fn problems_error(ps: &[Problem], path: &std::path::Path) -> anyhow::Error {
+    for p in ps {
+        error!(problem = %p, "configuration rejected");
+    }
+    anyhow!("{} problem(s) in the configuration (run `sluice check --config {}`)", ps.len(), path.display())
+}
+
+/// DPDK's counters of one port, read at scrape time.
+#[derive(Debug)]
+struct DpdkPort {
+    eal: Eal,
+    id: PortId,
+}
+
+impl PortProbe for DpdkPort {
+    fn stats(&self) -> Option<PortStats> {
+        sluice_ffi::port_stats(&self.eal, self.id).ok()
+    }
+    fn link_up(&self) -> Option<bool> {
+        sluice_ffi::port_link(&self.eal, self.id).ok().map(|l| l.up)
+    }
+    fn xstats(&self) -> Vec<(String, u64)> {
+        Vec::new()
+    }
+}
+
+#[derive(Debug)]
+struct Pool(Arc<Mempool>);
+
+impl PoolProbe for Pool {
+    fn in_use(&self) -> u32 {
+        self.0.in_use()
+    }
+    fn capacity(&self) -> u32 {
+        self.0.capacity()
+    }
+}
+
+/// Runs the appliance.
+pub fn run(args: &RunArgs) -> Result<ExitCode> {
+    let initial = sources::read(&args.config).map_err(|ps| problems_error(&ps, &args.config))?;
+    {
+        let mut m = Model::default();
+        initial.set_into(&mut m);
+        m.resolve(&initial.config.defaults).map_err(|ps| problems_error(&ps, &args.config))?;
+    }
+    let cfg = initial.config.clone();
+    let nworkers = count_lcores(&cfg.dpdk.lcores).saturating_sub(1);
+    if nworkers == 0 {
+        bail!("dpdk.lcores lists one core: list at least two (the first runs the control thread, the others workers)");
+    }
+    let eal_args = eal_args(&cfg, nworkers);
+    info!(args = %eal_args.join(" "), "starting DPDK");
+    let eal = Eal::init(&eal_args)?;
+    for line in eal.startup_log().lines().filter(|l| !l.trim().is_empty()) {
+        tracing::debug!(target: "dpdk", "{line}");
+    }
+    // Created after the EAL: its threads inherit the main lcore's affinity
+    // and so never compete with a worker for its core.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("sluice-control")
+        .enable_all()
+        .build()
+        .context("starting the control runtime")?;
+    let lcores = eal.worker_lcores();
+    let w16 = u16::try_from(lcores.len()).context("too many workers")?;
+    let mut machine = bringup::start(&eal, &cfg, w16)?;
+    for p in &machine.ports {
+        if !p.cfg.kernel_interface.is_empty() {
+            crate::kernel::configure_interface(&p.cfg.kernel_interface, &p.mac, p.cfg.mtu, &p.cfg.addresses)
+                .with_context(|| format!("configuring kernel interface {:?}", p.cfg.kernel_interface))?;
+            info!(port = %p.cfg.name, interface = %p.cfg.kernel_interface, addresses = ?p.cfg.addresses.iter().map(ToString::to_string).collect::<Vec<_>>(), "exception path ready");
+        }
+    }
+
+    let plan = Plan::new(&machine.ports.iter().map(|p| p.tap.is_some()).collect::<Vec<_>>());
+    let publisher = Publisher::new(Snapshot::default());
+    let mut built = Vec::new();
+    let mut entries = Vec::new();
+    for (k, &lcore) in lcores.iter().enumerate() {
+        let q = u16::try_from(k)?;
+        let mut io = QueueIo::default();
+        for r in &plan.rx {
+            let queue = match *r {
+                Queue::Port(i) => machine.ports[i].port.take_rx_queue(q),
+                Queue::Tap(i) => machine.ports[i].tap.as_mut().and_then(|t| t.take_rx_queue(q)),
+            };
+            io.rx.push(queue.with_context(|| format!("receive queue {q} of {r:?}"))?);
+        }
+        for t in &plan.tx {
+            let queue = match *t {
+                Queue::Port(i) => machine.ports[i].port.take_tx_queue(q),
+                Queue::Tap(i) => machine.ports[i].tap.as_mut().and_then(|t| t.take_tx_queue(q)),
+            };
+            io.tx.push(queue.with_context(|| format!("transmit queue {q} of {t:?}"))?);
+        }
+        let ctr = Arc::new(WorkerCounters::new(cfg.max_services as usize, cfg.max_endpoints as usize));
+        let wc = WorkerConfig {
+            id: u32::from(q),
+            inputs: plan.inputs.clone(),
+            outputs: plan.outputs(),
+            pipeline: PipelineConfig {
+                flow_entries: cfg.flow_entries,
+                flow_idle_secs: cfg.flow_idle_secs,
+                ..PipelineConfig::default()
+            },
+            stash_capacity: 256,
+            stash_ttl_ms: 1000,
+        };
+        built.push((lcore, Worker::new(io, publisher.reader(), Arc::clone(&ctr), &wc)));
+        entries.push(WorkerEntry { lcore: lcore.0, counters: ctr });
+    }
+
+    let ports: Vec<PortEntry> = machine
+        .ports
+        .iter()
+        .map(|p| PortEntry {
+            meta: PortMeta {
+                name: p.cfg.name.clone(),
+                device: p.cfg.device.clone(),
+                driver: p.port.info().driver.clone(),
+                kernel_interface: p.cfg.kernel_interface.clone(),
+                mac: sluice_ffi::MacAddr(p.mac).to_string(),
+                mtu: p.cfg.mtu,
+            },
+            port: Arc::new(DpdkPort { eal: eal.clone(), id: p.port.id() }),
+            tap: p.tap.as_ref().map(|t| Arc::new(DpdkPort { eal: eal.clone(), id: t.id() }) as Arc<dyn PortProbe>),
+            loss: Mutex::new(PortLoss::default()),
+        })
+        .collect();
+    let shared = Arc::new(Shared::new(
+        args.config.display().to_string(),
+        ports,
+        Arc::new(Pool(Arc::clone(&machine.pool))),
+        entries,
+        1_000_000_000,
+    ));
+    let topo = Topology {
+        ports: machine
+            .ports
+            .iter()
+            .map(|p| TopoPort { name: p.cfg.name.clone(), mac: p.mac, mtu: p.cfg.mtu, addresses: p.cfg.addresses.clone() })
+            .collect(),
+        gateways: cfg.gateways.clone(),
+    };
+    let (hops_tx, hops_rx) = watch::channel(Vec::new());
+    let mut reconciler = Reconciler::new(initial.clone(), topo, publisher, Arc::clone(&shared), hops_tx);
+    reconciler.start().map_err(|ps| anyhow!("the first snapshot could not be built: {}", ps.join("; ")))?;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut workers = workers::Workers::new(Arc::clone(&stop));
+    for (lcore, mut worker) in built {
+        let stop = Arc::clone(&stop);
+        workers.launch(&eal, lcore, move || {
+            let start = Instant::now();
+            worker.run(&stop, || u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX));
+            0
+        })?;
+    }
+    info!(workers = workers.len(), "workers started");
+
+    let loss = loss::LossSampler::new(Arc::clone(&shared), &cfg.ports, crate::routing::links::Counters);
+    let parts = control::Parts {
+        shared: Arc::clone(&shared),
+        reconciler,
+        hops: hops_rx,
+        config_path: args.config.clone(),
+        initial,
+        admin: (cfg.admin, Limits::default()),
+        ifaces: cfg.ports.iter().map(|p| p.kernel_interface.clone()).collect(),
+        loss,
+    };
+    let control_result = rt.block_on(control::run(parts, CancellationToken::new()));
+    rt.shutdown_timeout(std::time::Duration::from_secs(2));
+
+    let mut failed = !workers.stop();
+    let forwarded: u64 = shared.workers.iter().map(|w| w.counters.balanced.get() + w.counters.returned.get()).sum();
+    let dropped: u64 = shared.workers.iter().map(|w| w.counters.total_drops()).sum();
+    drop(shared);
+    for p in machine.ports.drain(..) {
+        drop(p);
+    }
+    let in_use = machine.pool.in_use();
+    info!(forwarded, dropped, mbufs_in_use = in_use, "stopped");
+    if in_use != 0 {
+        error!(mbufs_in_use = in_use, "mbufs not returned to the pool");
+        failed = true;
+    }
+    if let Err(e) = control_result {
+        error!(error = format!("{e:#}"), "control runtime failed");
+        failed = true;
+    }
+    Ok(if failed { ExitCode::from(1) } else { ExitCode::SUCCESS })
+}

@@ -1,0 +1,5 @@
+//! The sub-commands other than `run` (which is [`crate::appliance`]).
+
+pub mod check;
+pub mod status;
+pub mod forward;

@@ -1,0 +1,431 @@
+//! The reconciler: the one owner of the model, the compiler and the
+//! snapshot publisher. Sources send it whole desired states; for each it
+//! applies the state tentatively, resolves the merged model, compiles and
+//! publishes, and records the outcome. Anything that fails on the way (a
+//! bad object, a conflict with another source, a table that does not fit)
+//! puts everything back as it was: the data plane keeps serving the last
+//! good snapshot and the source's status says why.
+//!
+//! It also follows the kernel's neighbour table (a MAC that appears or
+//! changes republishes; only services whose endpoints it concerns get new
+//! tables) and tells the neighbour task which next hops to keep resolved.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sluice_dataplane::addr::Addr;
+use sluice_dataplane::rcu::Publisher;
+use sluice_dataplane::snapshot::Snapshot;
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, warn};
+
+use crate::admin::state::{lock, now_epoch, RouteMeta, ServiceMeta, Shared};
+use crate::compile::{Compiled, Compiler, EndpointState, Topology};
+use crate::config::ApplianceConfig;
+use crate::model::{Defaults, Desired, Model, Resolved};
+use crate::sources::{FileState, SourceMsg, FILE_SOURCE, MANIFESTS_SOURCE};
+
+/// Resolved MACs: (port index, address) to MAC.
+pub type NeighMap = HashMap<(u8, Addr), [u8; 6]>;
+
+/// How often replaced snapshots are looked at for freeing.
+const RECLAIM_EVERY: Duration = Duration::from_millis(50);
+
+/// The settings of the running appliance that only a restart applies.
+fn restart_only(c: &ApplianceConfig) -> impl PartialEq + '_ {
+    (&c.dpdk, &c.ports, c.admin, c.flow_entries, c.flow_idle_secs, c.max_services, c.max_endpoints)
+}
+
+/// The reconciler's state.
+pub struct Reconciler {
+    model: Model,
+    resolved: Resolved,
+    defaults: Defaults,
+    /// The configuration the appliance was started with (restart-only settings).
+    started_with: ApplianceConfig,
+    topo: Topology,
+    compiler: Compiler,
+    publisher: Publisher<Snapshot>,
+    macs: NeighMap,
+    next_hops: Vec<(u8, Addr)>,
+    hops: watch::Sender<Vec<(u8, Addr)>>,
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Reconciler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reconciler").field("generation", &self.publisher.generation()).finish_non_exhaustive()
+    }
+}
+
+/// Why a state was not applied.
+type Refusal = Vec<String>;
+
+impl Reconciler {
+    /// A reconciler for the appliance started with `initial`, publishing
+    /// through `publisher`. Nothing is published until [`Reconciler::start`].
+    pub fn new(
+        initial: FileState,
+        topo: Topology,
+        publisher: Publisher<Snapshot>,
+        shared: Arc<Shared>,
+        hops: watch::Sender<Vec<(u8, Addr)>>,
+    ) -> Reconciler {
+        let mut model = Model::default();
+        initial.set_into(&mut model);
+        let cfg = initial.config;
+        Reconciler {
+            model,
+            resolved: Resolved::default(),
+            defaults: cfg.defaults,
+            compiler: Compiler::new(cfg.max_services, cfg.max_endpoints),
+            topo,
+            publisher,
+            macs: NeighMap::new(),
+            next_hops: Vec::new(),
+            hops,
+            shared,
+            started_with: cfg,
+        }
+    }
+
+    /// Resolves and publishes the initial state; an error here stops the start.
+    pub fn start(&mut self) -> Result<(), Refusal> {
+        let resolved = self.model.resolve(&self.defaults).map_err(|ps| ps.iter().map(ToString::to_string).collect::<Vec<_>>())?;
+        self.resolved = resolved;
+        let rebuilt = self.publish("start").map_err(|e| vec![e])?;
+        self.record(FILE_SOURCE, "start", Ok(rebuilt));
+        Ok(())
+    }
+
+    /// The publisher (for readers and tests).
+    pub fn publisher(&self) -> &Publisher<Snapshot> {
+        &self.publisher
+    }
+
+    /// Applies one message from a source.
+    pub fn apply(&mut self, msg: SourceMsg) {
+        match msg {
+            SourceMsg::File { state, trigger } => {
+                let outcome = self.apply_file(*state, &trigger);
+                self.record(FILE_SOURCE, &trigger, outcome);
+            }
+            SourceMsg::Desired { source, desired, trigger } => {
+                let outcome = self.apply_desired(&source, desired, &trigger);
+                self.record(&source, &trigger, outcome);
+            }
+            SourceMsg::Rejected { source, problems, trigger } => {
+                self.record(&source, &trigger, Err(problems.iter().map(ToString::to_string).collect()));
+            }
+        }
+    }
+
+    fn apply_file(&mut self, state: FileState, trigger: &str) -> Result<Vec<String>, Refusal> {
+        if restart_only(&state.config) != restart_only(&self.started_with) {
+            warn!("dpdk, ports, admin, flowTable and capacity settings changed: they take effect at the next start; services, routes, gateways and defaults are applied now");
+        }
+        let saved = (
+            self.model.get(FILE_SOURCE).cloned(),
+            self.model.get(MANIFESTS_SOURCE).cloned(),
+            self.defaults,
+            self.topo.gateways.clone(),
+        );
+        state.set_into(&mut self.model);
+        self.defaults = state.config.defaults;
+        self.topo.gateways = state.config.gateways.clone();
+        let outcome = self.resolve_and_publish(trigger);
+        if outcome.is_err() {
+            let (file, manifests, defaults, gateways) = saved;
+            self.model.put(FILE_SOURCE, file);
+            self.model.put(MANIFESTS_SOURCE, manifests);
+            self.defaults = defaults;
+            self.topo.gateways = gateways;
+        }
+        outcome
+    }
+
+    fn apply_desired(&mut self, source: &str, desired: Desired, trigger: &str) -> Result<Vec<String>, Refusal> {
+        let saved = self.model.get(source).cloned();
+        self.model.set(source, desired);
+        let outcome = self.resolve_and_publish(trigger);
+        if outcome.is_err() {
+            self.model.put(source, saved);
+        }
+        outcome
+    }
+
+    /// Resolves the model and publishes it; on failure nothing changed in
+    /// the compiler or the data plane.
+    fn resolve_and_publish(&mut self, why: &str) -> Result<Vec<String>, Refusal> {
+        let resolved = self.model.resolve(&self.defaults).map_err(|ps| ps.iter().map(ToString::to_string).collect::<Vec<_>>())?;
+        let previous = std::mem::replace(&mut self.resolved, resolved);
+        match self.publish(why) {
+            Ok(rebuilt) => Ok(rebuilt),
+            Err(e) => {
+                self.resolved = previous;
+                Err(vec![e])
+            }
+        }
+    }
+
+    /// Records what became of a source's state.
+    fn record(&mut self, source: &str, trigger: &str, outcome: Result<Vec<String>, Refusal>) {
+        let mut st = lock(&self.shared.state);
+        let s = st.sources.entry(source.to_owned()).or_default();
+        s.at = now_epoch();
+        s.trigger = trigger.to_owned();
+        match outcome {
+            Ok(rebuilt) => {
+                s.accepted = true;
+                s.accepted_total += 1;
+                s.problems.clear();
+                s.rebuilt = rebuilt;
+                info!(source, trigger, "configuration applied");
+            }
+            Err(problems) => {
+                s.accepted = false;
+                s.rejected_total += 1;
+                for p in &problems {
+                    error!(problem = %p, source, trigger, "rejected; still serving the last good configuration");
+                }
+                s.problems = problems;
+                s.rebuilt.clear();
+            }
+        }
+    }
+
+    /// Compiles the current resolved model and publishes it; returns the
+    /// services rebuilt.
+    fn publish(&mut self, why: &str) -> Result<Vec<String>, String> {
+        let t0 = Instant::now();
+        let c: Compiled = self.compiler.compile(&self.resolved, &self.topo, &self.macs)?;
+        let ready: HashMap<u32, bool> = c.snapshot.services.iter().map(|s| (s.key, s.has_ready_endpoint())).collect();
+        for e in &c.endpoints {
+            if let EndpointState::Unreachable(why) = &e.state {
+                warn!(service = %e.service, id = e.id, address = %e.address, reason = %why, "endpoint unreachable");
+            }
+        }
+        let mut snapshot = c.snapshot;
+        // Workers report the generation they use: the publisher's numbering.
+        snapshot.generation = self.publisher.generation() + 1;
+        let mut st = lock(&self.shared.state);
+        self.shared.baseline(&mut st, &c.new_slots.services, &c.new_slots.endpoints);
+        st.services = c
+            .service_slots
+            .iter()
+            .filter_map(|(slot, name)| {
+                let s = self.resolved.services.get(name)?;
+                Some(ServiceMeta {
+                    name: name.clone(),
+                    slot: *slot,
+                    algorithm: s.algorithm.to_string(),
+                    flow_table: s.flow_table,
+                    limit: s.limit,
+                    table_size: s.table_size,
+                    ready: ready.get(slot).copied().unwrap_or(false),
+                })
+            })
+            .collect();
+        st.routes = self
+            .resolved
+            .routes
+            .iter()
+            .map(|r| RouteMeta {
+                name: r.name.clone(),
+                service: r.service.clone(),
+                priority: r.priority,
+                vips: r.matches.vips.iter().map(ToString::to_string).collect(),
+            })
+            .collect();
+        st.endpoints = c.endpoints;
+        st.unresolved = c.unresolved.len();
+        let generation = self.publisher.publish(snapshot);
+        st.generation = generation;
+        st.published_at = Some(Instant::now());
+        st.publishes += 1;
+        st.publish_seconds = t0.elapsed().as_secs_f64();
+        st.snapshots_pending = self.publisher.pending();
+        drop(st);
+        if c.next_hops != self.next_hops {
+            self.next_hops = c.next_hops;
+            self.hops.send_replace(self.next_hops.clone());
+        }
+        info!(
+            generation,
+            why,
+            rebuilt = ?c.rebuilt,
+            unresolved = c.unresolved.len(),
+            publish_us = u64::try_from(t0.elapsed().as_micros()).unwrap_or(u64::MAX),
+            "snapshot published"
+        );
+        Ok(c.rebuilt)
+    }
+
+    /// The kernel resolved new MACs: republish if they differ.
+    pub fn neighbours(&mut self, macs: NeighMap) {
+        if macs == self.macs {
+            return;
+        }
+        self.macs = macs;
+        if let Err(e) = self.publish("neighbours changed") {
+            // The model did not change, so this is a capacity problem that
+            // the last accepted state did not have: say so loudly.
+            error!(error = %e, "publishing after a neighbour change failed");
+        }
+    }
+
+    /// Frees replaced snapshots no worker can hold any more.
+    pub fn reclaim(&mut self) {
+        self.publisher.reclaim();
+        lock(&self.shared.state).snapshots_pending = self.publisher.pending();
+    }
+
+    /// Runs until `cancel` fires or every source is gone.
+    pub async fn run(mut self, mut rx: mpsc::Receiver<SourceMsg>, mut neigh: watch::Receiver<NeighMap>, cancel: CancellationToken) {
+        let mut tick = tokio::time::interval(RECLAIM_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut neigh_open = true;
+        loop {
+            tokio::select! {
+                () = cancel.cancelled() => break,
+                msg = rx.recv() => match msg {
+                    Some(m) => tokio::task::block_in_place(|| self.apply(m)),
+                    None => break,
+                },
+                changed = neigh.changed(), if neigh_open => match changed {
+                    Ok(()) => {
+                        let m = neigh.borrow_and_update().clone();
+                        tokio::task::block_in_place(|| self.neighbours(m));
+                    }
+                    Err(_) => neigh_open = false,
+                },
+                _ = tick.tick() => self.reclaim(),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use sluice_dataplane::classify::RouteMatch;
+
+    use super::*;
+    use crate::admin::state::{PoolProbe, WorkerEntry};
+    use crate::compile::TopoPort;
+    use crate::config::IfAddr;
+    use crate::model::{EndpointDef, Origin, RouteDef, ServiceDef};
+
+    #[derive(Debug)]
+    struct Pool;
+    impl PoolProbe for Pool {
+        fn in_use(&self) -> u32 {
+            0
+        }
+        fn capacity(&self) -> u32 {
+            1
+        }
+    }
+
+    fn svc(name: &str, eps: &[(u32, &str)]) -> Desired {
+        Desired {
+            services: vec![ServiceDef { name: name.into(), ..Default::default() }],
+            endpoints: eps
+                .iter()
+                .map(|(id, a)| EndpointDef {
+                    service: name.into(),
+                    id: *id,
+                    address: a.parse().unwrap(),
+                    weight: 1,
+                    draining: false,
+                    mac: Some([2, 0, 0, 0, 0, 1]),
+                    origin: Origin::default(),
+                })
+                .collect(),
+            routes: vec![RouteDef {
+                name: format!("{name}-route"),
+                service: name.into(),
+                priority: 0,
+                matches: RouteMatch { vips: vec!["20.0.0.1".parse().unwrap()], ..RouteMatch::default() },
+                origin: Origin::default(),
+            }],
+        }
+    }
+
+    type Hops = watch::Receiver<Vec<(u8, Addr)>>;
+
+    fn reconciler() -> (Reconciler, Arc<Shared>, Hops) {
+        let text = "ports: [{name: p, device: net_null0, addresses: [10.0.0.1/24]}]\n";
+        let dir = std::env::temp_dir().join(format!("sluice-rec-{}-{:?}", std::process::id(), std::thread::current().id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path: PathBuf = dir.join("c.yaml");
+        std::fs::write(&path, text).unwrap();
+        let state = crate::sources::read(&path).unwrap();
+        let shared = Arc::new(Shared::new("c.yaml".into(), Vec::new(), Arc::new(Pool), Vec::<WorkerEntry>::new(), 1));
+        let topo = Topology {
+            ports: vec![TopoPort {
+                name: "p".into(),
+                mac: [2, 0, 0, 0, 0, 9],
+                mtu: 1500,
+                addresses: vec![IfAddr { addr: "10.0.0.1".parse().unwrap(), prefix: 24 }],
+            }],
+            gateways: vec![],
+        };
+        let (tx, rx) = watch::channel(Vec::new());
+        let mut r = Reconciler::new(state, topo, Publisher::new(Snapshot::default()), Arc::clone(&shared), tx);
+        r.start().unwrap();
+        (r, shared, rx)
+    }
+
+    fn desired(source: &str, d: Desired) -> SourceMsg {
+        SourceMsg::Desired { source: source.into(), desired: d, trigger: "test".into() }
+    }
+
+    #[test]
+    fn a_refused_state_leaves_the_last_good_one_serving() {
+        let (mut r, shared, _rx) = reconciler();
+        r.apply(desired("xds", svc("web", &[(0, "10.0.0.5"), (1, "10.0.0.6")])));
+        let g = r.publisher().generation();
+        assert!(lock(&shared.state).sources["xds"].accepted);
+        assert_eq!(r.publisher().current().services.len(), 1);
+
+        // The same source sends a state with a duplicate identifier: refused,
+        // nothing published, the previous state still resolves.
+        r.apply(desired("xds", svc("web", &[(0, "10.0.0.5"), (0, "10.0.0.7")])));
+        let st = lock(&shared.state).sources["xds"].clone();
+        assert!(!st.accepted);
+        assert!(st.problems.iter().any(|p| p.contains("duplicate endpoint identifier 0")), "{:?}", st.problems);
+        assert_eq!(r.publisher().generation(), g, "nothing published");
+        assert_eq!(r.model.get("xds").unwrap().endpoints.len(), 2, "the previous state is back");
+        assert_eq!(r.model.get("xds").unwrap().endpoints[1].address.to_string(), "10.0.0.6");
+
+        // Another source claiming the same service is refused; the first keeps it.
+        r.apply(desired("k8s", svc("web", &[(0, "10.0.0.8")])));
+        assert!(!lock(&shared.state).sources["k8s"].accepted);
+        assert!(r.model.get("k8s").is_none(), "a refused source owns nothing");
+        assert_eq!(r.publisher().generation(), g);
+
+        // A good state is accepted again, and the next hop wanted follows it.
+        r.apply(desired("xds", svc("web", &[(0, "10.0.0.5")])));
+        assert!(lock(&shared.state).sources["xds"].accepted);
+        assert_eq!(r.publisher().generation(), g + 1);
+    }
+
+    #[test]
+    fn a_compile_failure_is_refused_like_a_bad_object() {
+        let (mut r, shared, _rx) = reconciler();
+        // More endpoints than counter slots: the model resolves, the
+        // compilation fails.
+        r.compiler = Compiler::new(4, 2);
+        r.apply(desired("xds", svc("web", &[(0, "10.0.0.5"), (1, "10.0.0.6"), (2, "10.0.0.7")])));
+        let st = lock(&shared.state).sources["xds"].clone();
+        assert!(!st.accepted);
+        assert!(st.problems[0].contains("capacity.endpoints"), "{:?}", st.problems);
+        assert!(r.model.get("xds").is_none());
+        r.apply(desired("xds", svc("web", &[(0, "10.0.0.5")])));
+        assert!(lock(&shared.state).sources["xds"].accepted);
+    }
+}

@@ -1,0 +1,103 @@
+//! Sources of desired state. Each source is a task on the control runtime
+//! that owns its objects and sends whole states for its name to the one
+//! reconciler ([`crate::reconcile`]); it never touches the model, the
+//! compiler or the data plane itself.
+//!
+//! - [`file`]: the configuration file and its manifests directory, read
+//!   again on every change (inotify) and on SIGHUP. The file also carries
+//!   the appliance settings (defaults, gateways), so its state is sent as
+//!   one transaction: settings, inline definitions and manifests together.
+
+pub mod file;
+
+use std::path::Path;
+
+use crate::config::node::Problem;
+use crate::config::{self, manifests, ApplianceConfig};
+use crate::model::{Desired, Model, Resolved};
+
+/// Source name of the configuration file's inline definitions.
+pub const FILE_SOURCE: &str = "file";
+/// Source name of the manifests directory.
+pub const MANIFESTS_SOURCE: &str = "manifests";
+
+/// What a source tells the reconciler.
+#[derive(Debug)]
+pub enum SourceMsg {
+    /// The configuration file and its manifests, checked on their own.
+    File {
+        /// The file's settings and inline definitions.
+        state: Box<FileState>,
+        /// What made the source read it.
+        trigger: String,
+    },
+    /// A source's whole desired state, replacing what it had.
+    Desired {
+        /// The source's name.
+        source: String,
+        /// Everything it wants.
+        desired: Desired,
+        /// What made it send.
+        trigger: String,
+    },
+    /// A source could not produce a state: why (its last good state stays).
+    Rejected {
+        /// The source's name.
+        source: String,
+        /// Every problem.
+        problems: Vec<Problem>,
+        /// What made it try.
+        trigger: String,
+    },
+}
+
+/// The configuration file's content and the manifests it points to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FileState {
+    /// The file.
+    pub config: ApplianceConfig,
+    /// The manifests, when the file names a directory.
+    pub manifests: Option<Desired>,
+}
+
+/// Reads the file at `path` and its manifests, each checked on its own.
+pub fn read(path: &Path) -> Result<FileState, Vec<Problem>> {
+    let config = config::load(path)?;
+    let manifests = match &config.manifests {
+        Some(m) => Some(manifests::load(&m.directory, &m.gateway)?),
+        None => None,
+    };
+    Ok(FileState { config, manifests })
+}
+
+/// A configuration with its model, checked as a whole (for `sluice check`
+/// and the first start).
+#[derive(Debug)]
+pub struct Loaded {
+    /// The file.
+    pub config: ApplianceConfig,
+    /// Its sources.
+    pub model: Model,
+    /// The merged result.
+    pub resolved: Resolved,
+}
+
+impl FileState {
+    /// Puts the file's definitions into `model` under their source names.
+    pub fn set_into(&self, model: &mut Model) {
+        model.set(FILE_SOURCE, self.config.inline.clone());
+        match &self.manifests {
+            Some(d) => model.set(MANIFESTS_SOURCE, d.clone()),
+            None => model.remove(MANIFESTS_SOURCE),
+        }
+    }
+}
+
+/// Loads the file at `path`, its manifests, and checks the whole.
+pub fn load(path: &Path) -> Result<Loaded, Vec<Problem>> {
+    let state = read(path)?;
+    let mut model = Model::default();
+    state.set_into(&mut model);
+    let resolved = model.resolve(&state.config.defaults)?;
+    Ok(Loaded { config: state.config, model, resolved })
+}

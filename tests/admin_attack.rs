@@ -1,0 +1,143 @@
+//! The admin endpoint under attack, against a running `sluice run` (two
+//! `net_null` ports, no namespaces needed): a request that declares a huge
+//! body, oversized headers, a slow client holding connections open, many
+//! concurrent connections and garbage request lines. The appliance must keep
+//! running and keep answering.
+//!
+//! Before the control runtime, the first request alone aborted the whole
+//! process (workers included): the HTTP server allocated the declared body.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::time::{Duration, Instant};
+
+use sluice_tests::{privileged, sluice_bin, wait_until, Proc};
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// Sends `req` raw and returns what came back (possibly nothing) within `t`.
+fn raw(addr: SocketAddr, req: &[u8], t: Duration) -> String {
+    let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_secs(2)) else { return String::new() };
+    s.set_read_timeout(Some(t)).unwrap();
+    s.set_write_timeout(Some(t)).unwrap();
+    let _ = s.write_all(req);
+    let mut buf = Vec::new();
+    let _ = s.read_to_end(&mut buf);
+    String::from_utf8_lossy(&buf).into_owned()
+}
+
+fn status_line(resp: &str) -> &str {
+    resp.lines().next().unwrap_or("")
+}
+
+fn healthy(addr: SocketAddr) -> bool {
+    raw(addr, b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", Duration::from_secs(3)).starts_with("HTTP/1.1 200")
+}
+
+#[test]
+fn hostile_requests_do_not_stop_the_appliance() {
+    if !privileged() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("sluice-admin-attack-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let port = free_port();
+    let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+    let cfg = dir.join("null.yaml");
+    std::fs::write(
+        &cfg,
+        format!(
+            r#"
+dpdk: {{lcores: "0,1", memoryMB: 256, hugepages: false, filePrefix: atk{pid}, mbufs: 2047, descriptors: 256}}
+ports:
+  - {{name: a, device: net_null0, addresses: [10.1.0.1/24], kernelInterface: ""}}
+  - {{name: b, device: net_null1, addresses: [10.2.0.1/24], kernelInterface: ""}}
+admin: {{listen: "127.0.0.1:{port}"}}
+services: [{{name: web, endpoints: [{{id: 0, address: 10.2.0.5, mac: "02:00:00:00:00:05"}}]}}]
+routes: [{{name: r, service: web, vips: [20.0.0.1]}}]
+"#,
+            pid = std::process::id()
+        ),
+    )
+    .unwrap();
+    let mut lb = Proc::spawn(&[sluice_bin().to_str().unwrap(), "run", "--config", cfg.to_str().unwrap()]);
+    assert!(wait_until(Duration::from_secs(30), || healthy(addr)), "the appliance never became healthy");
+
+    // 1. A body declared at ~1 PB.
+    let r = raw(
+        addr,
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 999999999999999\r\n\r\n",
+        Duration::from_secs(3),
+    );
+    assert!(lb.running(), "a declared huge body stopped the appliance (answer: {r:?})");
+    assert!(healthy(addr));
+
+    // 2. A megabyte of headers is refused, not buffered.
+    let mut big = b"GET /status HTTP/1.1\r\nHost: x\r\n".to_vec();
+    for i in 0..16_000 {
+        big.extend_from_slice(format!("X-Pad-{i}: {}\r\n", "a".repeat(60)).as_bytes());
+    }
+    big.extend_from_slice(b"\r\n");
+    let r = raw(addr, &big, Duration::from_secs(5));
+    assert!(lb.running());
+    assert!(!r.starts_with("HTTP/1.1 200"), "oversized headers were accepted: {}", status_line(&r));
+
+    // 3. Garbage.
+    for junk in [&b"\x00\x01\x02\x03\r\n\r\n"[..], b"GET\r\n\r\n", b"BREW /pot HTCPCP/1.0\r\n\r\n", b"GET / HTTP/9.9\r\n\r\n"] {
+        let _ = raw(addr, junk, Duration::from_secs(2));
+    }
+    assert!(lb.running());
+
+    // 4. Slow clients: half a request line, then silence, on many sockets.
+    let slow: Vec<TcpStream> = (0..200)
+        .filter_map(|_| {
+            let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok()?;
+            let _ = s.write_all(b"GET /metr");
+            Some(s)
+        })
+        .collect();
+    // While they hang, the endpoint must still answer someone.
+    let t0 = Instant::now();
+    let answered = wait_until(Duration::from_secs(20), || healthy(addr));
+    assert!(answered, "slow clients starved the endpoint");
+    eprintln!("answered next to 200 slow clients after {:?}", t0.elapsed());
+    // The server closes them (header timeout), it does not keep them forever.
+    let closed = slow
+        .into_iter()
+        .filter(|s| {
+            let mut s = s.try_clone().unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+            let mut b = [0u8; 64];
+            match s.read(&mut b) {
+                Ok(n) => n == 0 || b.starts_with(b"HTTP/1.1 408"), // closed, or told it timed out
+                Err(e) => !matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut),
+            }
+        })
+        .count();
+    assert_eq!(closed, 200);
+
+    // 5. Many concurrent well-formed scrapes.
+    let threads: Vec<_> = (0..64)
+        .map(|_| {
+            std::thread::spawn(move || {
+                (0..10)
+                    .filter(|_| {
+                        raw(addr, b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", Duration::from_secs(10))
+                            .starts_with("HTTP/1.1 200")
+                    })
+                    .count()
+            })
+        })
+        .collect();
+    let ok: usize = threads.into_iter().map(|t| t.join().unwrap()).sum();
+    assert!(ok > 0, "no scrape succeeded under load");
+    assert!(lb.running());
+    assert!(healthy(addr));
+
+    let (code, out, err) = lb.stop("INT", Duration::from_secs(20));
+    assert_eq!(code, Some(0), "exit status\n{out}\n{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
