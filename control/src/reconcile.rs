@@ -45,6 +45,8 @@ pub struct Reconciler {
     defaults: Defaults,
     /// The configuration the appliance was started with (restart-only settings).
     started_with: ApplianceConfig,
+    /// The file's state being served (to skip re-applying it unchanged).
+    file: FileState,
     topo: Topology,
     compiler: Compiler,
     publisher: Publisher<Snapshot>,
@@ -75,6 +77,7 @@ impl Reconciler {
     ) -> Reconciler {
         let mut model = Model::default();
         initial.set_into(&mut model);
+        let file = initial.clone();
         let cfg = initial.config;
         Reconciler {
             model,
@@ -88,6 +91,7 @@ impl Reconciler {
             hops,
             shared,
             started_with: cfg,
+            file,
         }
     }
 
@@ -109,6 +113,11 @@ impl Reconciler {
     pub fn apply(&mut self, msg: SourceMsg) {
         match msg {
             SourceMsg::File { state, trigger } => {
+                let accepted = lock(&self.shared.state).sources.get(FILE_SOURCE).is_some_and(|s| s.accepted);
+                if accepted && *state == self.file {
+                    tracing::debug!(trigger, "configuration unchanged");
+                    return;
+                }
                 let outcome = self.apply_file(*state, &trigger);
                 self.record(FILE_SOURCE, &trigger, outcome);
             }
@@ -136,7 +145,9 @@ impl Reconciler {
         self.defaults = state.config.defaults;
         self.topo.gateways = state.config.gateways.clone();
         let outcome = self.resolve_and_publish(trigger);
-        if outcome.is_err() {
+        if outcome.is_ok() {
+            self.file = state;
+        } else {
             let (file, manifests, defaults, gateways) = saved;
             self.model.put(FILE_SOURCE, file);
             self.model.put(MANIFESTS_SOURCE, manifests);
@@ -291,7 +302,11 @@ impl Reconciler {
             tokio::select! {
                 () = cancel.cancelled() => break,
                 msg = rx.recv() => match msg {
-                    Some(m) => tokio::task::block_in_place(|| self.apply(m)),
+                    Some(m) => {
+                        tracing::debug!("applying");
+                        tokio::task::block_in_place(|| self.apply(m));
+                        tracing::debug!("applied");
+                    }
                     None => break,
                 },
                 changed = neigh.changed(), if neigh_open => match changed {
@@ -412,6 +427,24 @@ mod tests {
         r.apply(desired("xds", svc("web", &[(0, "10.0.0.5")])));
         assert!(lock(&shared.state).sources["xds"].accepted);
         assert_eq!(r.publisher().generation(), g + 1);
+    }
+
+    #[test]
+    fn a_file_state_is_skipped_when_unchanged_and_refused_again_when_still_bad() {
+        let (mut r, shared, _rx) = reconciler();
+        let g = r.publisher().generation();
+        let same = r.file.clone();
+        r.apply(SourceMsg::File { state: Box::new(same.clone()), trigger: "touch".into() });
+        assert_eq!(r.publisher().generation(), g, "an unchanged accepted file is not published again");
+        let mut bad = same;
+        bad.config.inline = svc("web", &[(0, "10.0.0.5"), (0, "10.0.0.6")]);
+        for _ in 0..2 {
+            r.apply(SourceMsg::File { state: Box::new(bad.clone()), trigger: "file change".into() });
+        }
+        let st = lock(&shared.state).sources[FILE_SOURCE].clone();
+        assert!(!st.accepted);
+        assert_eq!(st.rejected_total, 2, "each save of a broken file is refused, with its reason");
+        assert_eq!(r.publisher().generation(), g);
     }
 
     #[test]

@@ -20,7 +20,7 @@ pub const SAMPLE_EVERY: Duration = Duration::from_millis(200);
 
 /// Records what each worker did since the last sample.
 pub fn sample(sh: &Shared, now: Instant) {
-    let published = lock(&sh.state).generation;
+    let published = lock(&sh.state).generation; // released at once: one lock at a time
     let mut live = lock(&sh.liveness);
     for (l, w) in live.iter_mut().zip(&sh.workers) {
         let c = &w.counters;
@@ -40,8 +40,9 @@ pub fn sample(sh: &Shared, now: Instant) {
 
 /// Why the appliance is not healthy (empty when it is).
 pub fn unhealthy(sh: &Shared, now: Instant) -> Vec<String> {
-    let live = lock(&sh.liveness);
+    // One lock at a time: the reconciler and the sampler take them too.
     let published = lock(&sh.state).generation;
+    let live = lock(&sh.liveness).clone();
     let mut why = Vec::new();
     for (l, w) in live.iter().zip(&sh.workers) {
         let idle = now.saturating_duration_since(l.progressed);
@@ -114,6 +115,35 @@ mod tests {
             .map(|i| WorkerEntry { lcore: u32::try_from(i).unwrap() + 1, counters: Arc::new(WorkerCounters::new(1, 1)) })
             .collect();
         Shared::new("t.yaml".into(), Vec::new(), Arc::new(Pool), w, 1)
+    }
+
+    #[test]
+    fn concurrent_probes_and_samples_never_deadlock() {
+        // Found in the soak test: /readyz held the state lock while taking
+        // the liveness lock, /healthz the other way round; concurrent
+        // scrapes then blocked the reconciler for good.
+        let sh = Arc::new(shared(2));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let go = Arc::new(std::sync::Barrier::new(4));
+        for k in 0..4 {
+            let (sh, tx, go) = (Arc::clone(&sh), tx.clone(), Arc::clone(&go));
+            std::thread::spawn(move || {
+                go.wait();
+                for i in 0..200_000u64 {
+                    let now = Instant::now();
+                    match (k + i) % 3 {
+                        0 => drop(unhealthy(&sh, now)),
+                        1 => drop(unready(&sh, now)),
+                        _ => sample(&sh, now),
+                    }
+                    lock(&sh.state).generation += 1;
+                }
+                let _ = tx.send(());
+            });
+        }
+        for _ in 0..4 {
+            rx.recv_timeout(Duration::from_secs(30)).expect("a probe thread deadlocked");
+        }
     }
 
     #[test]

@@ -6,7 +6,7 @@
 //! serving.
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use notify::{RecursiveMode, Watcher};
 use tokio::sync::mpsc;
@@ -22,29 +22,41 @@ const DEBOUNCE: Duration = Duration::from_millis(30);
 /// The safety-net poll.
 const POLL: Duration = Duration::from_secs(2);
 
-/// What the files looked like: (path, modified, length) of each.
-#[derive(Clone, Debug, PartialEq, Eq, Default)]
-pub struct Fingerprint(Vec<(PathBuf, Option<SystemTime>, u64)>);
+/// What the files hold: a digest of the configuration file and of every
+/// manifest (names and contents), so that an edit is seen even when it
+/// keeps the length and lands within the filesystem's timestamp tick, and
+/// the trailing events of one save do not read it twice.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Fingerprint(u64);
 
 /// The fingerprint of the configuration file and its manifests.
 pub fn fingerprint(path: &Path, manifests_dir: Option<&Path>) -> Fingerprint {
+    use std::hash::{Hash, Hasher};
     let mut files = vec![path.to_owned()];
     if let Some(d) = manifests_dir {
-        files.push(d.to_owned());
         files.extend(manifests::files(d).unwrap_or_default());
     }
-    Fingerprint(
-        files
-            .into_iter()
-            .map(|f| {
-                let md = std::fs::metadata(&f).ok();
-                let mtime = md.as_ref().and_then(|m| m.modified().ok());
-                let len = md.map_or(0, |m| m.len());
-                (f, mtime, len)
-            })
-            .collect(),
-    )
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for f in files {
+        f.hash(&mut h);
+        // Bounded like the loaders: a huge file is hashed by its first bytes
+        // and its length (the loader refuses it anyway).
+        match std::fs::File::open(&f) {
+            Ok(file) => {
+                use std::io::Read;
+                let mut buf = Vec::new();
+                let _ = file.take(MAX_HASHED).read_to_end(&mut buf);
+                buf.hash(&mut h);
+                std::fs::metadata(&f).map(|m| m.len()).unwrap_or(0).hash(&mut h);
+            }
+            Err(e) => e.kind().hash(&mut h),
+        }
+    }
+    Fingerprint(h.finish())
 }
+
+/// Bytes of each file that go into its fingerprint.
+const MAX_HASHED: u64 = 32 << 20;
 
 /// The directories to watch for `path` and its manifests.
 fn watched_dirs(path: &Path, manifests_dir: Option<&Path>) -> Vec<PathBuf> {
@@ -76,8 +88,15 @@ pub async fn run(
     cancel: CancellationToken,
 ) {
     let (ev_tx, mut ev_rx) = mpsc::unbounded_channel::<()>();
-    let mut watcher = match notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
-        if res.is_ok_and(|e| !e.kind.is_access()) {
+    let mut watcher = match notify::recommended_watcher(move |res: notify::Result<notify::Event>| match res {
+        Ok(e) if !e.kind.is_access() => {
+            tracing::trace!(event = ?e, "configuration directory changed");
+            let _ = ev_tx.send(());
+        }
+        Ok(_) => {}
+        Err(e) => {
+            // Lost events (queue overflow) and the like: look again.
+            warn!(error = %e, "watching the configuration failed; reading it again");
             let _ = ev_tx.send(());
         }
     }) {
@@ -123,7 +142,13 @@ pub async fn run(
                 "file change (poll)"
             }
         };
-        fp = fingerprint(&path, manifests_dir.as_deref());
+        debug!(trigger, "woken");
+        let now_fp = fingerprint(&path, manifests_dir.as_deref());
+        if now_fp == fp && trigger != "SIGHUP" {
+            debug!(trigger, "configuration files unchanged since they were last read");
+            continue;
+        }
+        fp = now_fp;
         let p = path.clone();
         let outcome = match tokio::task::spawn_blocking(move || read(&p)).await {
             Ok(o) => o,
@@ -148,13 +173,60 @@ pub async fn run(
                 (SourceMsg::Rejected { source: FILE_SOURCE.to_owned(), problems, trigger: trigger.to_owned() }, now)
             }
         };
-        if now == last && trigger != "SIGHUP" {
-            debug!(trigger, "configuration unchanged");
-            continue;
+        // Every change is sent, even when it reads the same as before: only
+        // the reconciler knows whether that state was accepted (it skips an
+        // unchanged accepted state and refuses a refused one again, so each
+        // save of a broken file says why).
+        if now == last {
+            debug!(trigger, "configuration reads as before");
         }
         last = now;
+        debug!(trigger, "sending");
         if tx.send(msg).await.is_err() {
             return; // the reconciler is gone: shutting down
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = "ports: [{name: p, device: net_null0, addresses: [10.0.0.1/24]}]\nservices: [{name: s%N}]\n";
+
+    fn write(path: &Path, text: &str) {
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, path).unwrap();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn every_edit_is_seen_even_when_they_come_fast() {
+        let dir = std::env::temp_dir().join(format!("sluice-filesrc-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("c.yaml");
+        write(&path, &GOOD.replace("%N", "0"));
+        let initial = read(&path).unwrap();
+        let (tx, mut rx) = mpsc::channel(16);
+        let (_hup_tx, hup_rx) = mpsc::channel(1);
+        let cancel = CancellationToken::new();
+        let task = tokio::spawn(run(path.clone(), initial, tx, hup_rx, cancel.clone()));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        for n in 1..=60u32 {
+            // Alternate good and broken files of the same length.
+            let text = if n % 2 == 0 { GOOD.replace("%N", &format!("{:02}", n)) } else { format!("{}routes: [{{x{:02}", GOOD.replace("%N", "00"), n) };
+            write(&path, &text);
+            let msg = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.expect("edit seen").unwrap();
+            match (n % 2, msg) {
+                (0, SourceMsg::File { state, .. }) => assert_eq!(state.config.inline.services[0].name, format!("s{n:02}")),
+                (1, SourceMsg::Rejected { problems, .. }) => assert!(!problems.is_empty()),
+                (_, m) => panic!("edit {n}: unexpected {m:?}"),
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        cancel.cancel();
+        task.await.unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
