@@ -11,7 +11,7 @@ use std::time::{Instant, SystemTime};
 use serde::Serialize;
 use sluice_dataplane::counters::WorkerCounters;
 use sluice_dataplane::verdict::DropReason;
-use sluice_ffi::{Eal, LcoreId, Mempool, PortId};
+use sluice_ffi::{LcoreId, Mempool, PortId, PortStatsReader};
 
 use crate::compile::EndpointStatus;
 use crate::kernel::mac_str;
@@ -115,8 +115,9 @@ pub struct ControlState {
 pub struct Shared {
     /// Start time.
     pub started: Instant,
-    /// The EAL (to read port statistics).
-    pub eal: Eal,
+    /// Statistics readers of every port and exception tap (they keep the
+    /// devices open while this exists).
+    pub port_readers: Vec<PortStatsReader>,
     /// Ports.
     pub ports: Vec<PortMeta>,
     /// The packet pool.
@@ -130,6 +131,11 @@ pub struct Shared {
 }
 
 impl Shared {
+    /// The statistics reader of port `id`.
+    fn port_reader(&self, id: PortId) -> Option<&PortStatsReader> {
+        self.port_readers.iter().find(|r| r.id() == id)
+    }
+
     /// Sum over workers of (packets, bytes) of a service slot.
     fn service_totals(&self, slot: u32) -> (u64, u64) {
         self.workers.iter().fold((0, 0), |(p, b), (_, w)| match w.services.get(slot as usize) {
@@ -284,7 +290,7 @@ pub fn metrics(sh: &Shared) -> String {
             }
             v
         })
-        .filter_map(|(n, side, id)| Some((n, side, sluice_ffi::port_stats(&sh.eal, id).ok()?)))
+        .filter_map(|(n, side, id)| Some((n, side, sh.port_reader(id)?.stats().ok()?)))
         .collect();
     for (name, help, f) in port_stats {
         let full = format!("sluice_port_{name}_total");
@@ -384,10 +390,10 @@ pub fn status(sh: &Shared) -> String {
             .ports
             .iter()
             .map(|p| {
-                let s = sluice_ffi::port_stats(&sh.eal, p.id).unwrap_or_default();
+                let s = sh.port_reader(p.id).and_then(|r| r.stats().ok()).unwrap_or_default();
                 PortView {
                     meta: p.clone(),
-                    link_up: sluice_ffi::port_link(&sh.eal, p.id).ok().map(|l| l.up),
+                    link_up: sh.port_reader(p.id).and_then(|r| r.link().ok()).map(|l| l.up),
                     rx_packets: s.ipackets,
                     tx_packets: s.opackets,
                     rx_missed: s.imissed,

@@ -365,7 +365,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
 
     let shared = Arc::new(Shared {
         started: Instant::now(),
-        eal: eal.clone(),
+        port_readers: ports.iter().chain(taps.iter().flatten()).map(Port::stats_reader).collect(),
         ports: metas,
         pool: Arc::clone(&pool),
         workers: counters,
@@ -398,10 +398,9 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
 
     let mut tasks = Vec::new();
     for (lcore, mut worker) in workers {
-        let stop = Arc::clone(&stop);
-        tasks.push(eal.launch(lcore, move || {
+        tasks.push(eal.launch(lcore, Arc::clone(&stop), move |stop| {
             let start = Instant::now();
-            worker.run(&stop, || u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX));
+            worker.run(stop, || u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX));
             0
         })?);
     }
@@ -446,13 +445,14 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
     drop(taps);
     server.unblock();
     let _ = admin_thread.join();
+    // The statistics readers in `shared` keep the ports open.
+    drop(shared);
     let in_use = pool.in_use();
     info!(forwarded, dropped, mbufs_in_use = in_use, "stopped");
     if in_use != 0 {
         error!(mbufs_in_use = in_use, "mbufs not returned to the pool");
         failed = true;
     }
-    drop(shared);
     Ok(if failed { ExitCode::from(1) } else { ExitCode::SUCCESS })
 }
 
