@@ -1,17 +1,36 @@
-//! The DPDK Environment Abstraction Layer: initialisation, lcores and the
-//! launch of tasks on them, and cleanup once the last handle is gone.
+//! The DPDK Environment Abstraction Layer: initialisation, lcores, the
+//! launch of tasks on them, and cleanup.
 //!
-//! DPDK allows one EAL per process. [`Eal`] is a cheap, cloneable handle;
-//! ports and mempools keep one, so `rte_eal_cleanup` runs after them.
+//! Ownership rules:
+//! - DPDK allows one EAL per process. [`Eal`] is its one handle, and it is
+//!   `!Send + !Sync`: it stays on the thread that initialised the EAL (the
+//!   main lcore), so launching and waiting for lcore tasks, which DPDK
+//!   allows only there, cannot happen anywhere else.
+//! - Everything that needs the EAL holds an internal, `Send + Sync`
+//!   keep-alive instead of an `Eal`: mempools, ports (through the `Port`, its
+//!   queues and its statistics readers), rings and launched tasks.
+//!   `rte_eal_cleanup` runs when the `Eal` and every keep-alive are gone:
+//!   either at once with [`Eal::shutdown`], which refuses while anything
+//!   else holds the EAL and says what, or when the last holder is dropped.
+//! - An [`Mbuf`](crate::Mbuf) holds nothing (it is one pointer). It stays
+//!   valid because its pool is freed only when every mbuf is back, and a
+//!   pool dropped earlier is leaked together with its keep-alive: the EAL is
+//!   then never cleaned up, since live mbufs point into its memory.
+//! - A task launched with [`Eal::launch`] gets a stop flag it is expected to
+//!   poll. [`LcoreTask::wait`] waits for it; dropping the `LcoreTask`
+//!   without waiting sets the flag first, so an error on the main lcore
+//!   cannot leave it waiting for a task nobody told to stop.
 
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::fmt;
+use std::marker::PhantomData;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use crate::error::{rte_errno, strerror, Error, Result};
-use crate::ring::Ring;
+use crate::error::{call_error, rte_errno, strerror, Error, Result};
+use crate::port::PortId;
+use crate::ring::RingInner;
 use crate::sys;
 
 static INITIALISED: AtomicBool = AtomicBool::new(false);
@@ -26,31 +45,222 @@ impl fmt::Display for LcoreId {
     }
 }
 
-/// Handle to the initialised EAL.
-#[derive(Clone)]
+/// The handle to the initialised EAL, on the main lcore.
+///
+/// It cannot leave the thread that initialised the EAL:
+///
+/// ```compile_fail,E0277
+/// fn send<T: Send>() {}
+/// send::<sluice_ffi::Eal>();
+/// ```
+///
+/// nor be shared with another thread:
+///
+/// ```compile_fail,E0277
+/// fn sync<T: Sync>() {}
+/// sync::<sluice_ffi::Eal>();
+/// ```
+///
+/// while what it creates can (this compiles):
+///
+/// ```
+/// fn send_sync<T: Send + Sync>() {}
+/// send_sync::<sluice_ffi::Mempool>();
+/// send_sync::<sluice_ffi::Ring>();
+/// send_sync::<sluice_ffi::PortStatsReader>();
+/// ```
 pub struct Eal {
-    inner: Arc<EalInner>,
+    shared: Arc<EalShared>,
+    log: String,
+    /// `!Send + !Sync`: main-lcore calls go through this handle only.
+    _main_lcore_only: PhantomData<*const ()>,
 }
 
-struct EalInner {
-    log: String,
-    rings: Mutex<Vec<Arc<Ring>>>,
+/// What keeps the EAL from being cleaned up, by kind.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Holders {
+    /// Mempools alive.
+    pub pools: usize,
+    /// Mempools dropped while some of their mbufs were still out: they are
+    /// leaked, and keep the EAL up for the rest of the process.
+    pub leaked_pools: usize,
+    /// Open ports (held by a `Port`, one of its queues or a statistics reader).
+    pub ports: usize,
+    /// Rings.
+    pub rings: usize,
+    /// Launched tasks not yet waited for.
+    pub tasks: usize,
+}
+
+impl Holders {
+    /// True when nothing but the [`Eal`] handle holds the EAL.
+    pub fn is_empty(&self) -> bool {
+        *self == Holders::default()
+    }
+}
+
+impl fmt::Display for Holders {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let parts = [
+            (self.pools, "mempool", "mempools"),
+            (self.leaked_pools, "leaked mempool (dropped with mbufs still out)", "leaked mempools (dropped with mbufs still out)"),
+            (self.ports, "open port", "open ports"),
+            (self.rings, "ring", "rings"),
+            (self.tasks, "launched task", "launched tasks"),
+        ];
+        let mut first = true;
+        for (n, one, many) in parts {
+            if n == 0 {
+                continue;
+            }
+            if !first {
+                f.write_str(", ")?;
+            }
+            first = false;
+            write!(f, "{n} {}", if n == 1 { one } else { many })?;
+        }
+        if first {
+            f.write_str("nothing")?;
+        }
+        Ok(())
+    }
+}
+
+/// A kind of EAL holder (an index into [`EalShared::counts`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Holder {
+    Pool = 0,
+    LeakedPool = 1,
+    Port = 2,
+    Ring = 3,
+    Task = 4,
+}
+
+/// State shared by the [`Eal`] and every keep-alive. Dropping the last
+/// reference cleans the EAL up.
+pub(crate) struct EalShared {
+    counts: [AtomicUsize; 5],
+    /// Rings that ring ports send into and receive from, by port: kept until
+    /// the port is closed (or the EAL cleaned up). They hold no keep-alive,
+    /// so that this table does not keep the EAL up by itself.
+    ring_ports: Mutex<Vec<(PortId, Vec<Arc<RingInner>>)>>,
+    /// Ports a [`Port`](crate::Port) currently owns.
+    open_ports: Mutex<Vec<PortId>>,
+    cleaned: AtomicBool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl EalShared {
+    fn holders(&self) -> Holders {
+        let c = |h: Holder| self.counts[h as usize].load(Ordering::SeqCst);
+        Holders {
+            pools: c(Holder::Pool),
+            leaked_pools: c(Holder::LeakedPool),
+            ports: c(Holder::Port),
+            rings: c(Holder::Ring),
+            tasks: c(Holder::Task),
+        }
+    }
+
+    /// Keeps the rings of ring port `port` until the port is closed.
+    pub(crate) fn keep_ring_port(&self, port: PortId, rings: Vec<Arc<RingInner>>) {
+        let mut t = lock(&self.ring_ports);
+        match t.iter_mut().find(|(p, _)| *p == port) {
+            Some((_, v)) => v.extend(rings),
+            None => t.push((port, rings)),
+        }
+    }
+
+    /// Lets go of the rings of ring port `port`, which has been closed.
+    pub(crate) fn release_ring_port(&self, port: PortId) {
+        let released: Vec<_> = {
+            let mut t = lock(&self.ring_ports);
+            let (gone, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut *t).into_iter().partition(|(p, _)| *p == port);
+            *t = kept;
+            gone
+        };
+        // Freed outside the lock: a ring frees the mbufs still in it.
+        drop(released);
+    }
+
+    /// Marks `port` as owned by a `Port`; false when it already is.
+    pub(crate) fn claim_port(&self, port: PortId) -> bool {
+        let mut open = lock(&self.open_ports);
+        if open.contains(&port) {
+            return false;
+        }
+        open.push(port);
+        true
+    }
+
+    pub(crate) fn unclaim_port(&self, port: PortId) {
+        lock(&self.open_ports).retain(|p| *p != port);
+    }
+
+    /// Runs `rte_eal_cleanup` once. Nothing may use DPDK afterwards.
+    fn cleanup(&self) -> c_int {
+        if self.cleaned.swap(true, Ordering::SeqCst) {
+            return 0;
+        }
+        // Ring ports still open hold these rings' pointers, but their
+        // driver never touches attached rings when closed, and the rings
+        // must be freed while the EAL's memory is still there.
+        let rings = std::mem::take(&mut *lock(&self.ring_ports));
+        drop(rings);
+        // SAFETY: called through `Eal::shutdown` when no keep-alive exists,
+        // or from the drop of the last reference to this state: either way
+        // no mempool, port, ring or task of this crate is alive, no mbuf is
+        // out (a pool dropped with mbufs out leaks its keep-alive, so this
+        // never runs), and this runs once.
+        unsafe { sys::rte_eal_cleanup() }
+    }
+}
+
+impl Drop for EalShared {
+    fn drop(&mut self) {
+        let _ = self.cleanup();
+    }
+}
+
+/// A `Send + Sync` reference to the EAL held by everything that needs it;
+/// counted by kind for [`Eal::holders`].
+pub(crate) struct KeepAlive {
+    shared: Arc<EalShared>,
+    kind: Holder,
+}
+
+impl KeepAlive {
+    pub(crate) fn shared(&self) -> &EalShared {
+        &self.shared
+    }
+
+    /// Never lets go of the EAL: it will not be cleaned up in this process.
+    /// For a mempool dropped while some of its mbufs are still out.
+    pub(crate) fn leak(self) {
+        self.shared.counts[self.kind as usize].fetch_sub(1, Ordering::SeqCst);
+        self.shared.counts[Holder::LeakedPool as usize].fetch_add(1, Ordering::SeqCst);
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for KeepAlive {
+    fn drop(&mut self) {
+        self.shared.counts[self.kind as usize].fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl fmt::Debug for KeepAlive {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "KeepAlive({:?})", self.kind)
+    }
 }
 
 impl fmt::Debug for Eal {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Eal").field("lcores", &self.lcores()).finish()
-    }
-}
-
-impl Drop for EalInner {
-    fn drop(&mut self) {
-        if let Ok(mut rings) = self.rings.lock() {
-            rings.clear();
-        }
-        // SAFETY: the last handle is gone, so no port, mempool or ring
-        // created through this crate is alive any more.
-        unsafe { sys::rte_eal_cleanup() };
+        f.debug_struct("Eal").field("lcores", &self.lcores()).field("holders", &self.holders()).finish()
     }
 }
 
@@ -241,7 +451,13 @@ impl Eal {
                 log,
             });
         }
-        let eal = Eal { inner: Arc::new(EalInner { log, rings: Mutex::new(Vec::new()) }) };
+        let shared = EalShared {
+            counts: Default::default(),
+            ring_ports: Mutex::new(Vec::new()),
+            open_ports: Mutex::new(Vec::new()),
+            cleaned: AtomicBool::new(false),
+        };
+        let eal = Eal { shared: Arc::new(shared), log, _main_lcore_only: PhantomData };
         // A virtual device whose driver failed to probe does not fail
         // rte_eal_init; a port that silently is not there is worse.
         for (arg, name) in requested_net_vdevs(&joined) {
@@ -267,7 +483,44 @@ impl Eal {
 
     /// What DPDK logged while the EAL started.
     pub fn startup_log(&self) -> &str {
-        &self.inner.log
+        &self.log
+    }
+
+    /// A keep-alive of kind `kind` for a value that needs the EAL.
+    pub(crate) fn keep(&self, kind: Holder) -> KeepAlive {
+        self.shared.counts[kind as usize].fetch_add(1, Ordering::SeqCst);
+        KeepAlive { shared: Arc::clone(&self.shared), kind }
+    }
+
+    pub(crate) fn shared(&self) -> &EalShared {
+        &self.shared
+    }
+
+    /// What holds the EAL besides this handle.
+    pub fn holders(&self) -> Holders {
+        self.shared.holders()
+    }
+
+    /// Cleans the EAL up now (`rte_eal_cleanup`).
+    ///
+    /// Refuses with [`Error::EalInUse`], naming what is still alive, while
+    /// any mempool, port (or one of its queues or statistics readers), ring
+    /// or launched task exists; the handle is gone either way, and on
+    /// refusal the EAL is cleaned up when the last of them is dropped
+    /// (never, if a mempool was leaked with mbufs out). DPDK cannot be
+    /// initialised again in the same process.
+    pub fn shutdown(self) -> Result<()> {
+        let Eal { shared, .. } = self;
+        match Arc::try_unwrap(shared) {
+            Ok(shared) => {
+                let ret = shared.cleanup();
+                if ret < 0 {
+                    return Err(call_error("rte_eal_cleanup", "", ret));
+                }
+                Ok(())
+            }
+            Err(shared) => Err(Error::EalInUse { holders: shared.holders() }),
+        }
     }
 
     /// The lcore the EAL runs `main` on.
@@ -306,41 +559,56 @@ impl Eal {
         i32::try_from(s).unwrap_or(0)
     }
 
-    /// Timestamp-counter ticks per second.
+    /// Timestamp-counter ticks per second (the rate of [`tsc`]).
     pub fn tsc_hz(&self) -> u64 {
         // SAFETY: the EAL is initialised and has calibrated the TSC.
         unsafe { sys::rte_get_tsc_hz() }
     }
 
-    /// Runs `task` on worker lcore `lcore`. The returned handle waits for the
-    /// task when dropped; [`LcoreTask::wait`] gives its result.
-    pub fn launch<F>(&self, lcore: LcoreId, task: F) -> Result<LcoreTask>
+    /// Runs `task` on worker lcore `lcore`, from the main lcore (an error
+    /// anywhere else). The task gets `stop`, which it is expected to poll
+    /// and to return soon after it is set.
+    ///
+    /// [`LcoreTask::wait`] waits for the task and gives its result; dropping
+    /// the [`LcoreTask`] without waiting sets `stop`, then waits.
+    pub fn launch<F>(&self, lcore: LcoreId, stop: Arc<AtomicBool>, task: F) -> Result<LcoreTask>
     where
-        F: FnOnce() -> i32 + Send + 'static,
+        F: FnOnce(&AtomicBool) -> i32 + Send + 'static,
     {
+        on_main_lcore(self.main_lcore(), lcore)?;
         if !self.worker_lcores().contains(&lcore) {
             return Err(Error::Lcore {
                 lcore: lcore.0,
                 reason: format!("not an enabled worker lcore (workers: {:?}); check -l", self.worker_lcores()),
             });
         }
-        let boxed: Box<Task> = Box::new(Task { f: Some(Box::new(task)) });
+        let boxed: Box<Task> = Box::new(Task { f: Some(Box::new(task)), stop: Arc::clone(&stop) });
         let arg = Box::into_raw(boxed);
         // SAFETY: `trampoline` matches lcore_function_t; `arg` is a valid
-        // Box<Task> pointer whose ownership passes to the trampoline.
+        // Box<Task> pointer whose ownership passes to the trampoline; this
+        // thread is the main lcore (checked above).
         let ret = unsafe { sys::rte_eal_remote_launch(Some(trampoline), arg.cast(), lcore.0) };
         if ret != 0 {
             // SAFETY: the launch failed, so the trampoline never took `arg`.
             drop(unsafe { Box::from_raw(arg) });
             return Err(Error::Lcore { lcore: lcore.0, reason: format!("launch failed: {}", strerror(-ret)) });
         }
-        Ok(LcoreTask { lcore, waited: false, _eal: self.clone() })
+        Ok(LcoreTask { lcore, stop, waited: false, _keep: self.keep(Holder::Task), _main_lcore_only: PhantomData })
     }
+}
 
-    pub(crate) fn keep_ring(&self, ring: Arc<Ring>) {
-        if let Ok(mut rings) = self.inner.rings.lock() {
-            rings.push(ring);
-        }
+/// Ok when the calling thread is the main lcore `main`; launching on
+/// `target` from anywhere else is an error.
+fn on_main_lcore(main: LcoreId, target: LcoreId) -> Result<()> {
+    match current_lcore() {
+        Some(l) if l == main => Ok(()),
+        here => Err(Error::Lcore {
+            lcore: target.0,
+            reason: format!(
+                "tasks are launched from the main lcore ({main}) only, and this thread is {}",
+                here.map_or_else(|| "not an EAL thread".to_owned(), |l| format!("lcore {l}"))
+            ),
+        }),
     }
 }
 
@@ -351,10 +619,28 @@ pub fn current_lcore() -> Option<LcoreId> {
     (id < sys::RTE_MAX_LCORE).then_some(LcoreId(id))
 }
 
-type TaskFn = Box<dyn FnOnce() -> i32 + Send>;
+/// The CPU's timestamp counter, as `rte_rdtsc` reads it: cheap (no
+/// function call, no fence), for busy-time accounting. Ticks per second:
+/// [`Eal::tsc_hz`].
+#[inline]
+pub fn tsc() -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: rdtsc reads a counter; every x86_64 CPU has it.
+        unsafe { core::arch::x86_64::_rdtsc() }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        // SAFETY: reads the CPU's cycle counter; no preconditions.
+        unsafe { sys::sluice_rdtsc() }
+    }
+}
+
+type TaskFn = Box<dyn FnOnce(&AtomicBool) -> i32 + Send>;
 
 struct Task {
     f: Option<TaskFn>,
+    stop: Arc<AtomicBool>,
 }
 
 /// Return code of a task that panicked.
@@ -364,15 +650,26 @@ extern "C" fn trampoline(arg: *mut c_void) -> c_int {
     // SAFETY: `arg` is the Box<Task> leaked by Eal::launch, handed over once.
     let mut task = unsafe { Box::from_raw(arg.cast::<Task>()) };
     let Some(f) = task.f.take() else { return PANICKED };
-    catch_unwind(AssertUnwindSafe(f)).unwrap_or(PANICKED)
+    let stop = Arc::clone(&task.stop);
+    catch_unwind(AssertUnwindSafe(move || f(&stop))).unwrap_or(PANICKED)
 }
 
-/// A task running on an lcore.
+/// A task running on a worker lcore, handled from the main lcore.
+///
+/// It stays on the main lcore, where waiting for a task is allowed:
+///
+/// ```compile_fail,E0277
+/// fn send<T: Send>() {}
+/// send::<sluice_ffi::LcoreTask>();
+/// ```
 #[derive(Debug)]
 pub struct LcoreTask {
     lcore: LcoreId,
+    stop: Arc<AtomicBool>,
     waited: bool,
-    _eal: Eal,
+    _keep: KeepAlive,
+    /// `!Send + !Sync`: `rte_eal_wait_lcore` runs on the main lcore only.
+    _main_lcore_only: PhantomData<*const ()>,
 }
 
 impl LcoreTask {
@@ -381,10 +678,12 @@ impl LcoreTask {
         self.lcore
     }
 
-    /// Waits for the task and returns its return value.
+    /// Waits for the task and returns its return value; a task that
+    /// panicked is an error. Does not set the stop flag.
     pub fn wait(mut self) -> Result<i32> {
         self.waited = true;
-        // SAFETY: the lcore was launched by us and is waited once.
+        // SAFETY: the lcore was launched by us from the main lcore, this
+        // handle never left it (!Send), and it is waited once.
         let ret = unsafe { sys::rte_eal_wait_lcore(self.lcore.0) };
         if ret == PANICKED {
             return Err(Error::Lcore { lcore: self.lcore.0, reason: "task panicked".into() });
@@ -396,6 +695,7 @@ impl LcoreTask {
 impl Drop for LcoreTask {
     fn drop(&mut self) {
         if !self.waited {
+            self.stop.store(true, Ordering::SeqCst);
             // SAFETY: see `wait`.
             unsafe { sys::rte_eal_wait_lcore(self.lcore.0) };
         }
@@ -411,4 +711,39 @@ pub fn dpdk_version() -> String {
     }
     // SAFETY: see above.
     unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn launching_off_the_main_lcore_is_refused() {
+        // A test thread is not an EAL thread.
+        let e = on_main_lcore(LcoreId(0), LcoreId(1)).unwrap_err().to_string();
+        assert!(e.contains("main lcore (l0)") && e.contains("not an EAL thread"), "{e}");
+    }
+
+    #[test]
+    fn holders_name_what_is_alive() {
+        assert_eq!(Holders::default().to_string(), "nothing");
+        let h = Holders { pools: 2, leaked_pools: 1, ports: 1, rings: 0, tasks: 3 };
+        assert_eq!(
+            h.to_string(),
+            "2 mempools, 1 leaked mempool (dropped with mbufs still out), 1 open port, 3 launched tasks"
+        );
+        assert!(!h.is_empty());
+    }
+
+    #[test]
+    fn tsc_is_the_counter_rte_rdtsc_reads() {
+        // SAFETY: reads the CPU's cycle counter through DPDK's rte_rdtsc.
+        let a = unsafe { sys::sluice_rdtsc() };
+        let b = tsc();
+        // SAFETY: as above.
+        let c = unsafe { sys::sluice_rdtsc() };
+        assert!(a <= b && b <= c, "{a} {b} {c}");
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        assert!(tsc() > c);
+    }
 }

@@ -1,6 +1,6 @@
 //! Errors of the DPDK layer. Each message names the call or argument at fault.
 
-use crate::PortId;
+use crate::{Holders, PortId};
 
 /// Result of a DPDK operation.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -21,8 +21,20 @@ pub enum Error {
         log: String,
     },
     /// The EAL can be initialised once per process.
-    #[error("the DPDK EAL is already initialised in this process (DPDK allows one initialisation per process)")]
+    #[error(
+        "the DPDK EAL is already initialised in this process (DPDK allows one initialisation per process, \
+         even after a shutdown)"
+    )]
     EalAlreadyInitialised,
+    /// `Eal::shutdown` while something still holds the EAL.
+    #[error(
+        "cannot shut the DPDK EAL down: still held by {holders}; drop them first \
+         (the EAL is cleaned up when the last of them is dropped, unless a mempool was leaked)"
+    )]
+    EalInUse {
+        /// What holds the EAL.
+        holders: Holders,
+    },
     /// An argument contained a NUL byte and cannot be passed to C.
     #[error("argument {0:?} contains a NUL byte")]
     NulInArgument(String),
@@ -52,6 +64,20 @@ pub enum Error {
         /// The port.
         port: PortId,
         /// Why not.
+        reason: String,
+    },
+    /// A port cannot get the MTU asked for.
+    #[error("port {port} ({device}): MTU {requested} asked, the device has {actual}: {reason}")]
+    Mtu {
+        /// The port.
+        port: PortId,
+        /// The device name.
+        device: String,
+        /// The MTU asked for.
+        requested: u16,
+        /// The device's MTU.
+        actual: u16,
+        /// Why it was not set.
         reason: String,
     },
     /// An lcore cannot run a task.

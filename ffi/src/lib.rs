@@ -3,8 +3,23 @@
 //! `sys` holds the raw bindings (generated at build time from the system's
 //! DPDK, found with pkg-config) and the C shim's wrappers for DPDK's
 //! `static inline` functions. Above them, safe owning types: [`Eal`],
-//! [`Mempool`], [`Port`] with its [`RxQueue`]/[`TxQueue`], [`Mbuf`],
-//! [`Ring`]. Every `unsafe` block of the project lives in this crate.
+//! [`Mempool`], [`Port`] with its [`RxQueue`]/[`TxQueue`] and
+//! [`PortStatsReader`], [`Mbuf`], [`Ring`]. Every `unsafe` block of the
+//! project lives in this crate.
+//!
+//! Who may do what, enforced by the types:
+//! - [`Eal`] is the one handle to the EAL and stays on the main lcore
+//!   (`!Send + !Sync`): mempools, rings and ports are created, and tasks
+//!   launched on worker lcores ([`Eal::launch`], with a stop flag) and
+//!   waited for ([`LcoreTask`], also `!Send`), there only.
+//! - Mempools, rings and open ports hold an internal keep-alive of the EAL,
+//!   so `rte_eal_cleanup` ([`Eal::shutdown`], or the drop of the last
+//!   holder) never runs under them; a mempool dropped with mbufs still out
+//!   is leaked with its keep-alive, so it never runs under an [`Mbuf`]
+//!   either. An `Mbuf` is a bare pointer: no per-packet reference counting.
+//! - A port's counters are read through the [`Port`] or a
+//!   [`PortStatsReader`] (any thread), which keep the device open; there is
+//!   no read by bare [`PortId`].
 
 pub mod eal;
 pub mod error;
@@ -15,13 +30,13 @@ pub mod port;
 pub mod ring;
 pub mod sys;
 
-pub use eal::{current_lcore, dpdk_version, Eal, LcoreId, LcoreTask};
+pub use eal::{current_lcore, dpdk_version, tsc, Eal, Holders, LcoreId, LcoreTask};
 pub use error::{Error, Result};
 pub use io::QueueIo;
 pub use mbuf::{free_burst, Mbuf};
 pub use mempool::{Mempool, DEFAULT_DATA_ROOM};
 pub use port::{
-    port_by_name, port_info, port_link, port_stats, ports, Link, MacAddr, Port, PortConfig, PortId, PortInfo, PortStats,
+    port_by_name, port_info, ports, Link, MacAddr, Port, PortConfig, PortId, PortInfo, PortStats, PortStatsReader,
     QueueId, RxQueue, TxQueue,
 };
 pub use ring::{ring_port, Ring};

@@ -4,6 +4,11 @@
 //! to another lcore), not `Sync`, and it frees itself on drop. Sluice never
 //! clones mbufs (no reference-count bumps), so the owner of an `Mbuf` is the
 //! only one who can read or write its data.
+//!
+//! An `Mbuf` is one pointer and holds no reference to its pool or the EAL.
+//! It stays valid because a [`Mempool`](crate::Mempool) is freed only once
+//! every mbuf is back, and one dropped earlier is leaked together with its
+//! EAL keep-alive, so `rte_eal_cleanup` never runs while an mbuf is out.
 
 use std::fmt;
 use std::ptr::NonNull;
@@ -31,7 +36,8 @@ impl Mbuf {
     ///
     /// # Safety
     /// `m` must point to a valid, direct mbuf with a reference count of one,
-    /// that nothing else will use or free.
+    /// that nothing else will use or free, from a [`Mempool`](crate::Mempool)
+    /// of this crate (whose drop rules keep the mbuf's memory alive).
     pub unsafe fn from_raw(m: NonNull<sys::rte_mbuf>) -> Mbuf {
         Mbuf(m)
     }

@@ -1,8 +1,10 @@
 //! Packet-buffer pools (`rte_pktmbuf_pool_create`).
 //!
-//! A pool is shared (`Arc`) by the ports that receive into it. It is freed
-//! only when every mbuf has come back; a pool dropped while mbufs are still
-//! out is leaked rather than freed under them.
+//! A pool is shared (`Arc`) by the ports that receive into it, and keeps the
+//! EAL up. It is freed only when every mbuf has come back; a pool dropped
+//! while mbufs are still out is leaked rather than freed under them, and so
+//! is its EAL keep-alive, so that `rte_eal_cleanup` never runs under a live
+//! [`Mbuf`] (which holds no reference of its own).
 
 use std::ffi::CString;
 use std::fmt;
@@ -11,13 +13,15 @@ use std::sync::Arc;
 
 use crate::error::{call_error, Error, Result};
 use crate::mbuf::Mbuf;
+use crate::eal::{Holder, KeepAlive};
 use crate::{sys, Eal};
 
 /// A pool of packet buffers.
 pub struct Mempool {
     ptr: NonNull<sys::rte_mempool>,
     name: String,
-    _eal: Eal,
+    /// Taken only by `drop`, to leak it.
+    keep: Option<KeepAlive>,
 }
 
 // SAFETY: rte_mempool get/put and the count functions are multi-thread safe
@@ -58,7 +62,7 @@ impl Mempool {
         let ptr = NonNull::new(p).ok_or_else(|| {
             call_error("rte_pktmbuf_pool_create", format!("{name}, {count} mbufs of {data_room} B"), 0)
         })?;
-        Ok(Arc::new(Mempool { ptr, name: name.to_owned(), _eal: eal.clone() }))
+        Ok(Arc::new(Mempool { ptr, name: name.to_owned(), keep: Some(eal.keep(Holder::Pool)) }))
     }
 
     /// The pool's name.
@@ -101,12 +105,21 @@ impl Drop for Mempool {
     fn drop(&mut self) {
         let out = self.in_use();
         if out != 0 {
-            // Freeing now would leave those mbufs pointing at freed memory.
-            eprintln!("sluice-ffi: mempool {} dropped with {out} mbufs still in use; leaking it", self.name);
+            // Freeing now would leave those mbufs pointing at freed memory,
+            // and so would cleaning the EAL up: keep both for good.
+            eprintln!(
+                "sluice-ffi: mempool {} dropped with {out} mbufs still in use; leaking it (the DPDK EAL \
+                 will not be cleaned up)",
+                self.name
+            );
+            if let Some(k) = self.keep.take() {
+                k.leak();
+            }
             return;
         }
         // SAFETY: every mbuf is back and no port holds the pool any more
-        // (ports keep an Arc to the pools they receive into).
+        // (ports keep an Arc to the pools they receive into); the EAL is up
+        // (`keep` is dropped after this).
         unsafe { sys::rte_mempool_free(self.ptr.as_ptr()) };
     }
 }

@@ -1,20 +1,33 @@
-//! Ethernet ports: lookup, configuration, start/stop, queues, MAC, link,
-//! statistics and extended statistics.
+//! Ethernet ports: lookup, configuration, start/stop, queues, MAC, MTU,
+//! link, statistics and extended statistics.
 //!
 //! [`Port::start`] configures N receive and M transmit queues (RSS across
-//! the receive queues when the device has it) and starts the device. Each
-//! queue is handed out once ([`Port::take_rx_queue`]) so that exactly one
-//! thread polls it. The device is stopped and closed when the [`Port`] and
-//! every queue taken from it are gone.
+//! the receive queues when the device has it), sets the MTU, starts the
+//! device and turns promiscuous mode on if asked. One `Port` at a time owns
+//! a device. Each queue is handed out once ([`Port::take_rx_queue`]) so that
+//! exactly one thread polls it.
+//!
+//! Link state and statistics are read through the `Port` or through a
+//! [`PortStatsReader`] taken from it (`Send + Sync`, for other threads);
+//! never by bare [`PortId`], which could name a device being closed, or
+//! another device that reused the number. Reads of one port are serialised.
+//!
+//! The device stays open while the `Port`, any queue taken from it or any
+//! statistics reader exists; when the last goes, promiscuous mode is set
+//! back to what it was before [`Port::start`] (which turns it on if asked;
+//! DPDK's start itself turns a kernel interface's promiscuous mode off),
+//! then the device is stopped and closed (returning the mbufs it held to
+//! their pool). Each of them keeps the EAL up.
 
 use std::ffi::{CStr, CString};
 use std::fmt;
 use std::marker::PhantomData;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use sluice_dataplane::io::{Burst, BURST};
 
-use crate::error::{call_error, Error, Result};
+use crate::eal::{Holder, KeepAlive};
+use crate::error::{call_error, strerror, Error, Result};
 use crate::mbuf::{burst_u16, burst_u32, Mbuf};
 use crate::mempool::Mempool;
 use crate::{sys, Eal};
@@ -71,7 +84,8 @@ pub struct PortConfig {
     pub rss: bool,
     /// Receive frames for every destination MAC.
     pub promiscuous: bool,
-    /// MTU to set, if any.
+    /// MTU to set before the device starts, if any. A driver that cannot
+    /// change its MTU is accepted when its MTU is at least this.
     pub mtu: Option<u16>,
 }
 
@@ -98,6 +112,13 @@ pub struct PortInfo {
     pub rss_offloads: u64,
     /// NUMA socket of the device (-1 when unknown).
     pub socket: i32,
+    /// Smallest MTU the device accepts.
+    pub min_mtu: u16,
+    /// Largest MTU the device accepts.
+    pub max_mtu: u16,
+    /// The kernel interface the device is bound to (af_packet, tap...), 0
+    /// when none.
+    pub if_index: u32,
 }
 
 /// Link state.
@@ -193,25 +214,220 @@ pub fn port_info(_eal: &Eal, id: PortId) -> Result<PortInfo> {
         max_tx_queues: info.max_tx_queues,
         rss_offloads: info.flow_type_rss_offloads,
         socket,
+        min_mtu: info.min_mtu,
+        max_mtu: info.max_mtu,
+        if_index: info.if_index,
     })
 }
 
+/// Whether kernel interface `if_index` is in promiscuous mode as set by a
+/// user (`ip link set promisc on`); false when there is none or it cannot
+/// be read. DPDK's own flag starts off for kernel-backed drivers whatever
+/// the kernel says.
+fn kernel_promiscuous(if_index: u32) -> bool {
+    if if_index == 0 {
+        return false;
+    }
+    // SAFETY: ifreq is plain C data, valid when all zero.
+    let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
+    // SAFETY: `ifr_name` has IFNAMSIZ bytes, as if_indextoname requires.
+    if unsafe { libc::if_indextoname(if_index, ifr.ifr_name.as_mut_ptr()) }.is_null() {
+        return false;
+    }
+    // SAFETY: plain socket creation; the descriptor is closed below.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return false;
+    }
+    // SAFETY: SIOCGIFFLAGS reads the flags of the interface named in `ifr`
+    // into `ifr.ifr_ifru`; `fd` is an open socket.
+    let ret = unsafe { libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut ifr) };
+    // SAFETY: `fd` is ours and closed once.
+    unsafe { libc::close(fd) };
+    // SAFETY: on success the kernel set the `ifru_flags` member.
+    ret == 0 && i32::from(unsafe { ifr.ifr_ifru.ifru_flags }) & libc::IFF_PROMISC != 0
+}
+
+/// A port owned by one [`Port`]; keeps the EAL up and releases the claim
+/// when dropped (after the device is closed).
+struct PortClaim {
+    id: PortId,
+    keep: KeepAlive,
+}
+
+impl PortClaim {
+    fn new(eal: &Eal, id: PortId, name: &str) -> Result<PortClaim> {
+        if !eal.shared().claim_port(id) {
+            return Err(Error::PortConfig { port: id, reason: format!("device {name} is already started by another Port") });
+        }
+        Ok(PortClaim { id, keep: eal.keep(Holder::Port) })
+    }
+}
+
+impl Drop for PortClaim {
+    fn drop(&mut self) {
+        self.keep.shared().unclaim_port(self.id);
+    }
+}
+
+/// The open device, shared by the `Port`, its queues and its readers.
 struct PortInner {
     id: PortId,
+    /// `rte_eth_dev_start` succeeded.
+    started: bool,
+    /// The promiscuous mode to set again before closing, when Sluice (or
+    /// DPDK's start) changed it.
+    restore_promisc: Option<bool>,
+    /// Serialises control-path reads (statistics, link) of this port.
+    ctl: Mutex<()>,
     _pool: Arc<Mempool>,
-    _eal: Eal,
+    /// Dropped last: the EAL outlives the close above.
+    claim: PortClaim,
 }
 
 impl Drop for PortInner {
     fn drop(&mut self) {
-        // SAFETY: the Port handle and every queue are gone, so nothing polls
-        // the device; stopping and closing it releases the mbufs it holds
-        // back to the pool (kept alive by `_pool` until after this).
+        match self.restore_promisc {
+            // SAFETY: valid, started port; nothing polls it any more.
+            Some(false) => unsafe { sys::rte_eth_promiscuous_disable(self.id.0) },
+            // SAFETY: as above.
+            Some(true) => unsafe { sys::rte_eth_promiscuous_enable(self.id.0) },
+            None => 0,
+        };
+        // SAFETY: the Port handle, every queue and every reader are gone, so
+        // nothing polls or reads the device; stopping and closing it releases
+        // the mbufs it holds back to the pool (kept alive by `_pool` until
+        // after this); the EAL is up (`claim` holds a keep-alive).
         unsafe {
-            sys::rte_eth_dev_stop(self.id.0);
+            if self.started {
+                sys::rte_eth_dev_stop(self.id.0);
+            }
             sys::rte_eth_dev_close(self.id.0);
         }
+        // A ring port no longer uses its rings.
+        self.claim.keep.shared().release_ring_port(self.id);
     }
+}
+
+impl PortInner {
+    fn lock(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.ctl.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn link(&self) -> Result<Link> {
+        let _g = self.lock();
+        let mut l = sys::rte_eth_link::default();
+        // SAFETY: open port (we hold it) and a valid out structure.
+        let ret = unsafe { sys::rte_eth_link_get_nowait(self.id.0, &mut l) };
+        if ret != 0 {
+            return Err(call_error("rte_eth_link_get_nowait", self.id.to_string(), ret));
+        }
+        Ok(Link { up: l.link_status() != 0, speed_mbps: l.link_speed, full_duplex: l.link_duplex() != 0 })
+    }
+
+    fn stats(&self) -> Result<PortStats> {
+        let _g = self.lock();
+        let mut s = sys::rte_eth_stats::default();
+        // SAFETY: open port (we hold it) and a valid out structure.
+        let ret = unsafe { sys::rte_eth_stats_get(self.id.0, &mut s) };
+        if ret != 0 {
+            return Err(call_error("rte_eth_stats_get", self.id.to_string(), ret));
+        }
+        Ok(PortStats {
+            ipackets: s.ipackets,
+            opackets: s.opackets,
+            ibytes: s.ibytes,
+            obytes: s.obytes,
+            imissed: s.imissed,
+            ierrors: s.ierrors,
+            oerrors: s.oerrors,
+            rx_nombuf: s.rx_nombuf,
+        })
+    }
+
+    fn reset_stats(&self) -> Result<()> {
+        let _g = self.lock();
+        // SAFETY: open port (we hold it).
+        let ret = unsafe { sys::rte_eth_stats_reset(self.id.0) };
+        if ret != 0 {
+            return Err(call_error("rte_eth_stats_reset", self.id.to_string(), ret));
+        }
+        Ok(())
+    }
+
+    fn xstats(&self) -> Result<Vec<(String, u64)>> {
+        let _g = self.lock();
+        let id = self.id.0;
+        // SAFETY: open port; a null array with size 0 asks for the count.
+        let n = unsafe { sys::rte_eth_xstats_get_names(id, std::ptr::null_mut(), 0) };
+        let Ok(count) = usize::try_from(n) else {
+            return Err(call_error("rte_eth_xstats_get_names", self.id.to_string(), n));
+        };
+        let mut names = vec![sys::rte_eth_xstat_name { name: [0; 64] }; count];
+        let mut values = vec![sys::rte_eth_xstat::default(); count];
+        let size = u32::try_from(count).unwrap_or(u32::MAX);
+        // SAFETY: open port; `names` has `count` elements.
+        let got = unsafe { sys::rte_eth_xstats_get_names(id, names.as_mut_ptr(), size) };
+        if got < 0 {
+            return Err(call_error("rte_eth_xstats_get_names", self.id.to_string(), got));
+        }
+        // SAFETY: open port; `values` has `count` elements.
+        let got = unsafe { sys::rte_eth_xstats_get(id, values.as_mut_ptr(), size) };
+        if got < 0 {
+            return Err(call_error("rte_eth_xstats_get", self.id.to_string(), got));
+        }
+        let got = usize::try_from(got).unwrap_or(0).min(count);
+        Ok(values[..got]
+            .iter()
+            .filter_map(|v| {
+                let name = names.get(usize::try_from(v.id).ok()?)?;
+                // SAFETY: DPDK NUL-terminates names within their 64 bytes.
+                let s = unsafe { CStr::from_ptr(name.name.as_ptr()) }.to_string_lossy().into_owned();
+                Some((s, v.value))
+            })
+            .collect())
+    }
+
+    fn mtu(&self) -> Result<u16> {
+        let _g = self.lock();
+        current_mtu(self.id)
+    }
+}
+
+/// The MTU DPDK records for a device (what the driver was last set to, or
+/// its default).
+fn current_mtu(id: PortId) -> Result<u16> {
+    let mut mtu: u16 = 0;
+    // SAFETY: valid port and out pointer.
+    let ret = unsafe { sys::rte_eth_dev_get_mtu(id.0, &mut mtu) };
+    if ret != 0 {
+        return Err(call_error("rte_eth_dev_get_mtu", id.to_string(), ret));
+    }
+    Ok(mtu)
+}
+
+/// Sets the MTU of configured port `id` to `want`. A driver that cannot
+/// change it (ENOTSUP) is accepted when its current MTU is at least `want`.
+fn set_mtu(id: PortId, info: &PortInfo, want: u16) -> Result<()> {
+    // SAFETY: configured, not yet started port.
+    let ret = unsafe { sys::rte_eth_dev_set_mtu(id.0, want) };
+    if ret == 0 {
+        return Ok(());
+    }
+    let actual = current_mtu(id)?;
+    let err = |reason: String| Error::Mtu { port: id, device: info.name.clone(), requested: want, actual, reason };
+    if ret == -libc::ENOTSUP {
+        if actual >= want {
+            return Ok(());
+        }
+        return Err(err(format!("driver {} cannot change the MTU", info.driver)));
+    }
+    Err(err(format!(
+        "rte_eth_dev_set_mtu failed: {} (the device accepts {} to {})",
+        strerror(-ret),
+        info.min_mtu,
+        info.max_mtu
+    )))
 }
 
 /// A configured, started Ethernet port.
@@ -237,7 +453,10 @@ impl fmt::Debug for Port {
 }
 
 impl Port {
-    /// Configures `id` as `cfg` asks, receiving into `pool`, and starts it.
+    /// Configures `id` as `cfg` asks, receiving into `pool`, sets its MTU,
+    /// starts it and turns promiscuous mode on if asked. A device is owned
+    /// by one `Port` at a time; on error it is closed again if it was
+    /// configured.
     pub fn start(eal: &Eal, id: PortId, cfg: &PortConfig, pool: &Arc<Mempool>) -> Result<Port> {
         let info = port_info(eal, id)?;
         let bad = |reason: String| Error::PortConfig { port: id, reason };
@@ -256,6 +475,7 @@ impl Port {
                 cfg.tx_queues, info.name, info.driver, info.max_tx_queues
             )));
         }
+        let claim = PortClaim::new(eal, id, &info.name)?;
         let mut conf = sys::rte_eth_conf::default();
         let rss_hf = RSS_HASH_TYPES & info.rss_offloads;
         let rss = cfg.rss && cfg.rx_queues > 1 && rss_hf != 0;
@@ -268,7 +488,10 @@ impl Port {
         if ret != 0 {
             return Err(call_error("rte_eth_dev_configure", format!("{id} {}", info.name), ret));
         }
-        let inner = Arc::new(PortInner { id, _pool: Arc::clone(pool), _eal: eal.clone() });
+        // From here on, dropping `inner` closes the device (stopping it
+        // first once it is started).
+        let mut inner =
+            PortInner { id, started: false, restore_promisc: None, ctl: Mutex::new(()), _pool: Arc::clone(pool), claim };
         let (mut nrx, mut ntx) = (cfg.rx_desc, cfg.tx_desc);
         // SAFETY: valid port and out pointers.
         let ret = unsafe { sys::rte_eth_dev_adjust_nb_rx_tx_desc(id.0, &mut nrx, &mut ntx) };
@@ -293,22 +516,28 @@ impl Port {
             }
         }
         if let Some(mtu) = cfg.mtu {
-            // SAFETY: configured port.
-            let ret = unsafe { sys::rte_eth_dev_set_mtu(id.0, mtu) };
-            if ret != 0 {
-                return Err(call_error("rte_eth_dev_set_mtu", format!("{id} mtu {mtu}"), ret));
-            }
+            set_mtu(id, &info, mtu)?;
         }
+        // Read before the start, which replays DPDK's own flag onto the
+        // device: for kernel-backed drivers it starts off, whatever the
+        // kernel interface had.
+        // SAFETY: configured port; a plain query.
+        let promisc_before = unsafe { sys::rte_eth_promiscuous_get(id.0) } == 1 || kernel_promiscuous(info.if_index);
         // SAFETY: every queue is set up.
         let ret = unsafe { sys::rte_eth_dev_start(id.0) };
         if ret != 0 {
             return Err(call_error("rte_eth_dev_start", format!("{id} {}", info.name), ret));
         }
+        inner.started = true;
         if cfg.promiscuous {
             // SAFETY: started port. Devices without the feature return an
             // error, which is harmless: they already receive everything.
             unsafe { sys::rte_eth_promiscuous_enable(id.0) };
         }
+        // SAFETY: started port; a plain query.
+        let promisc_now = unsafe { sys::rte_eth_promiscuous_get(id.0) } == 1;
+        inner.restore_promisc = (promisc_now != promisc_before).then_some(promisc_before);
+        let inner = Arc::new(inner);
         let rx = (0..cfg.rx_queues)
             .map(|q| Some(RxQueue { port: Arc::clone(&inner), queue: QueueId(q), _not_sync: PhantomData }))
             .collect();
@@ -354,92 +583,71 @@ impl Port {
         Ok(MacAddr(a.addr_bytes))
     }
 
+    /// The device's MTU (as DPDK records it).
+    pub fn mtu(&self) -> Result<u16> {
+        self.inner.mtu()
+    }
+
     /// The link state, without waiting.
     pub fn link(&self) -> Result<Link> {
-        link(self.inner.id)
+        self.inner.link()
     }
 
     /// Basic counters.
     pub fn stats(&self) -> Result<PortStats> {
-        stats(self.inner.id)
+        self.inner.stats()
     }
 
     /// Clears the basic counters.
     pub fn reset_stats(&self) -> Result<()> {
-        // SAFETY: valid port.
-        let ret = unsafe { sys::rte_eth_stats_reset(self.inner.id.0) };
-        if ret != 0 {
-            return Err(call_error("rte_eth_stats_reset", self.inner.id.to_string(), ret));
-        }
-        Ok(())
+        self.inner.reset_stats()
     }
 
     /// The driver's extended counters, by name.
     pub fn xstats(&self) -> Result<Vec<(String, u64)>> {
-        let id = self.inner.id.0;
-        // SAFETY: a null array with size 0 asks for the count.
-        let n = unsafe { sys::rte_eth_xstats_get_names(id, std::ptr::null_mut(), 0) };
-        let Ok(count) = usize::try_from(n) else {
-            return Err(call_error("rte_eth_xstats_get_names", self.inner.id.to_string(), n));
-        };
-        let mut names = vec![sys::rte_eth_xstat_name { name: [0; 64] }; count];
-        let mut values = vec![sys::rte_eth_xstat::default(); count];
-        let size = u32::try_from(count).unwrap_or(u32::MAX);
-        // SAFETY: `names` has `count` elements.
-        let got = unsafe { sys::rte_eth_xstats_get_names(id, names.as_mut_ptr(), size) };
-        if got < 0 {
-            return Err(call_error("rte_eth_xstats_get_names", self.inner.id.to_string(), got));
-        }
-        // SAFETY: `values` has `count` elements.
-        let got = unsafe { sys::rte_eth_xstats_get(id, values.as_mut_ptr(), size) };
-        if got < 0 {
-            return Err(call_error("rte_eth_xstats_get", self.inner.id.to_string(), got));
-        }
-        let got = usize::try_from(got).unwrap_or(0).min(count);
-        Ok(values[..got]
-            .iter()
-            .filter_map(|v| {
-                let name = names.get(usize::try_from(v.id).ok()?)?;
-                // SAFETY: DPDK NUL-terminates names within their 64 bytes.
-                let s = unsafe { CStr::from_ptr(name.name.as_ptr()) }.to_string_lossy().into_owned();
-                Some((s, v.value))
-            })
-            .collect())
+        self.inner.xstats()
+    }
+
+    /// A reader of this port's link state and counters for another thread.
+    /// The device stays open (started) while a reader exists.
+    pub fn stats_reader(&self) -> PortStatsReader {
+        PortStatsReader { port: Arc::clone(&self.inner) }
     }
 }
 
-fn link(id: PortId) -> Result<Link> {
-    let mut l = sys::rte_eth_link::default();
-    // SAFETY: valid port and out structure.
-    let ret = unsafe { sys::rte_eth_link_get_nowait(id.0, &mut l) };
-    if ret != 0 {
-        return Err(call_error("rte_eth_link_get_nowait", id.to_string(), ret));
-    }
-    Ok(Link { up: l.link_status() != 0, speed_mbps: l.link_speed, full_duplex: l.link_duplex() != 0 })
+/// Reads one port's link state and counters from any thread; cheap to
+/// clone. Keeps the device open (not stopped or closed) while it exists.
+#[derive(Clone)]
+pub struct PortStatsReader {
+    port: Arc<PortInner>,
 }
 
-/// The link state of any port, without waiting.
-pub fn port_link(_eal: &Eal, id: PortId) -> Result<Link> {
-    link(id)
+impl fmt::Debug for PortStatsReader {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "PortStatsReader({})", self.port.id)
+    }
 }
 
-fn stats(id: PortId) -> Result<PortStats> {
-    let mut s = sys::rte_eth_stats::default();
-    // SAFETY: valid port and out structure.
-    let ret = unsafe { sys::rte_eth_stats_get(id.0, &mut s) };
-    if ret != 0 {
-        return Err(call_error("rte_eth_stats_get", id.to_string(), ret));
+impl PortStatsReader {
+    /// The port.
+    pub fn id(&self) -> PortId {
+        self.port.id
     }
-    Ok(PortStats {
-        ipackets: s.ipackets,
-        opackets: s.opackets,
-        ibytes: s.ibytes,
-        obytes: s.obytes,
-        imissed: s.imissed,
-        ierrors: s.ierrors,
-        oerrors: s.oerrors,
-        rx_nombuf: s.rx_nombuf,
-    })
+
+    /// The link state, without waiting.
+    pub fn link(&self) -> Result<Link> {
+        self.port.link()
+    }
+
+    /// Basic counters.
+    pub fn stats(&self) -> Result<PortStats> {
+        self.port.stats()
+    }
+
+    /// The driver's extended counters, by name.
+    pub fn xstats(&self) -> Result<Vec<(String, u64)>> {
+        self.port.xstats()
+    }
 }
 
 /// A receive queue, polled by one thread.
@@ -533,9 +741,4 @@ impl TxQueue {
             sent
         }
     }
-}
-
-/// Reads the counters of any port, started through this crate or not.
-pub fn port_stats(_eal: &Eal, id: PortId) -> Result<PortStats> {
-    stats(id)
 }

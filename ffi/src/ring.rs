@@ -2,6 +2,12 @@
 //!
 //! Ring ports let tests and benchmarks inject exact packets into a port and
 //! collect what comes out, through the same queue API as a real device.
+//!
+//! A [`Ring`] keeps the EAL up. A ring port uses the rings it was made of
+//! until the port is closed, however early the caller drops its `Ring`s:
+//! the EAL's table of ring ports keeps the underlying ring until then
+//! (without keeping the EAL up by itself). A ring is freed with the mbufs
+//! still in it.
 
 use std::ffi::CString;
 use std::fmt;
@@ -10,6 +16,7 @@ use std::sync::Arc;
 
 use sluice_dataplane::io::{Burst, BURST};
 
+use crate::eal::{Holder, KeepAlive};
 use crate::error::{call_error, Error, Result};
 use crate::mbuf::{burst_u32, Mbuf};
 use crate::port::PortId;
@@ -17,19 +24,25 @@ use crate::{sys, Eal};
 
 /// A multi-producer, multi-consumer ring of mbufs.
 pub struct Ring {
+    inner: Arc<RingInner>,
+    _keep: KeepAlive,
+}
+
+/// The DPDK ring itself, shared by the [`Ring`] and the ring ports using it.
+pub(crate) struct RingInner {
     ptr: NonNull<sys::rte_ring>,
     name: String,
 }
 
 // SAFETY: rte_ring enqueue/dequeue are multi-thread safe in the default
 // (MP/MC) mode used here.
-unsafe impl Send for Ring {}
+unsafe impl Send for RingInner {}
 // SAFETY: see above.
-unsafe impl Sync for Ring {}
+unsafe impl Sync for RingInner {}
 
 impl fmt::Debug for Ring {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Ring").field("name", &self.name).field("count", &self.count()).finish()
+        f.debug_struct("Ring").field("name", &self.inner.name).field("count", &self.count()).finish()
     }
 }
 
@@ -40,13 +53,19 @@ impl Ring {
         // SAFETY: valid C string; the EAL is initialised.
         let p = unsafe { sys::rte_ring_create(cname.as_ptr(), size, eal.socket_id(), 0) };
         let ptr = NonNull::new(p).ok_or_else(|| call_error("rte_ring_create", format!("{name} size {size}"), 0))?;
-        Ok(Arc::new(Ring { ptr, name: name.to_owned() }))
+        let inner = Arc::new(RingInner { ptr, name: name.to_owned() });
+        Ok(Arc::new(Ring { inner, _keep: eal.keep(Holder::Ring) }))
+    }
+
+    /// The ring's name.
+    pub fn name(&self) -> &str {
+        &self.inner.name
     }
 
     /// Mbufs waiting in the ring.
     pub fn count(&self) -> u32 {
         // SAFETY: live ring.
-        unsafe { sys::sluice_ring_count(self.ptr.as_ptr()) }
+        unsafe { sys::sluice_ring_count(self.inner.ptr.as_ptr()) }
     }
 
     /// Moves as many mbufs of `burst` as fit into the ring, from the front;
@@ -61,7 +80,7 @@ impl Ring {
         // the length shortened, so each mbuf has exactly one owner.
         unsafe {
             let ptrs = burst.as_mut_ptr().cast::<*mut std::ffi::c_void>();
-            let n = sys::sluice_ring_enqueue_burst(self.ptr.as_ptr(), ptrs, burst_u32(len)) as usize;
+            let n = sys::sluice_ring_enqueue_burst(self.inner.ptr.as_ptr(), ptrs, burst_u32(len)) as usize;
             std::ptr::copy(ptrs.add(n), ptrs, len - n);
             burst.set_len(len - n);
             n
@@ -70,6 +89,17 @@ impl Ring {
 
     /// Moves up to the burst's free capacity of mbufs out of the ring.
     pub fn dequeue(&self, burst: &mut Burst<Mbuf>) -> usize {
+        self.inner.dequeue(burst)
+    }
+
+    /// Frees every mbuf still in the ring.
+    pub fn drain(&self) {
+        self.inner.drain();
+    }
+}
+
+impl RingInner {
+    fn dequeue(&self, burst: &mut Burst<Mbuf>) -> usize {
         let len = burst.len();
         let room = BURST - len;
         // SAFETY: the slots after `len` are free capacity; every object in
@@ -82,8 +112,7 @@ impl Ring {
         }
     }
 
-    /// Frees every mbuf still in the ring.
-    pub fn drain(&self) {
+    fn drain(&self) {
         let mut b = Burst::new();
         while self.dequeue(&mut b) > 0 {
             crate::mbuf::free_burst(&mut b);
@@ -91,34 +120,36 @@ impl Ring {
     }
 }
 
-impl Drop for Ring {
+impl Drop for RingInner {
     fn drop(&mut self) {
         self.drain();
-        // SAFETY: no port uses the ring any more (the EAL keeps rings of ring
-        // ports until it is cleaned up) and it is freed once.
+        // SAFETY: the last reference is gone: no `Ring` and no open ring
+        // port uses it (the EAL's table holds the rings of ring ports until
+        // they are closed). The EAL is still up: this runs before the
+        // `Ring`'s keep-alive is dropped, while the closing port holds one,
+        // or in the EAL's cleanup before `rte_eal_cleanup`. Freed once.
         unsafe { sys::rte_ring_free(self.ptr.as_ptr()) };
     }
 }
 
 /// Creates an Ethernet port named `name` that receives from `rx` rings and
-/// transmits into `tx` rings (one ring per queue). The rings live as long
-/// as the EAL.
+/// transmits into `tx` rings (one ring per queue). The rings are kept until
+/// the port is closed.
 pub fn ring_port(eal: &Eal, name: &str, rx: &[Arc<Ring>], tx: &[Arc<Ring>]) -> Result<PortId> {
     let cname = CString::new(name).map_err(|_| Error::NulInArgument(name.to_owned()))?;
-    let mut rxp: Vec<*mut sys::rte_ring> = rx.iter().map(|r| r.ptr.as_ptr()).collect();
-    let mut txp: Vec<*mut sys::rte_ring> = tx.iter().map(|r| r.ptr.as_ptr()).collect();
+    let mut rxp: Vec<*mut sys::rte_ring> = rx.iter().map(|r| r.inner.ptr.as_ptr()).collect();
+    let mut txp: Vec<*mut sys::rte_ring> = tx.iter().map(|r| r.inner.ptr.as_ptr()).collect();
     let nrx = u32::try_from(rxp.len()).unwrap_or(u32::MAX);
     let ntx = u32::try_from(txp.len()).unwrap_or(u32::MAX);
-    // SAFETY: valid name and arrays of live rings, which are kept alive by
-    // the EAL handle for as long as the port can exist.
+    // SAFETY: valid name and arrays of live rings, which are kept in the
+    // EAL's ring-port table (below) for as long as the port can use them.
     let ret = unsafe {
         sys::rte_eth_from_rings(cname.as_ptr(), rxp.as_mut_ptr(), nrx, txp.as_mut_ptr(), ntx, eal.socket_id() as u32)
     };
     if ret < 0 {
         return Err(call_error("rte_eth_from_rings", name, 0));
     }
-    for r in rx.iter().chain(tx) {
-        eal.keep_ring(Arc::clone(r));
-    }
-    Ok(PortId(u16::try_from(ret).unwrap_or(u16::MAX)))
+    let id = PortId(u16::try_from(ret).unwrap_or(u16::MAX));
+    eal.shared().keep_ring_port(id, rx.iter().chain(tx).map(|r| Arc::clone(&r.inner)).collect());
+    Ok(id)
 }

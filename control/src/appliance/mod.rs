@@ -30,7 +30,7 @@ use sluice_dataplane::pipeline::PipelineConfig;
 use sluice_dataplane::rcu::Publisher;
 use sluice_dataplane::snapshot::Snapshot;
 use sluice_dataplane::worker::{Worker, WorkerConfig};
-use sluice_ffi::{Eal, Mempool, PortId, PortStats, QueueIo};
+use sluice_ffi::{Eal, Mempool, PortStats, PortStatsReader, QueueIo};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info};
@@ -43,6 +43,7 @@ use crate::model::Model;
 use crate::reconcile::Reconciler;
 use crate::sources;
 pub use eal::{count_lcores, eal_args};
+use bringup::Machine;
 use plan::{Plan, Queue};
 
 /// Run the load balancer.
@@ -68,22 +69,20 @@ fn problems_error(ps: &[Problem], path: &std::path::Path) -> anyhow::Error {
     anyhow!("{} problem(s) in the configuration (run `sluice check --config {}`)", ps.len(), path.display())
 }
 
-/// DPDK's counters of one port, read at scrape time.
+/// DPDK's counters of one port, read at scrape time. The reader keeps the
+/// device open, so the port is closed only once the admin side is gone.
 #[derive(Debug)]
-struct DpdkPort {
-    eal: Eal,
-    id: PortId,
-}
+struct DpdkPort(PortStatsReader);
 
 impl PortProbe for DpdkPort {
     fn stats(&self) -> Option<PortStats> {
-        sluice_ffi::port_stats(&self.eal, self.id).ok()
+        self.0.stats().ok()
     }
     fn link_up(&self) -> Option<bool> {
-        sluice_ffi::port_link(&self.eal, self.id).ok().map(|l| l.up)
+        self.0.link().ok().map(|l| l.up)
     }
     fn xstats(&self) -> Vec<(String, u64)> {
-        Vec::new()
+        self.0.xstats().unwrap_or_default()
     }
 }
 
@@ -187,8 +186,8 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
                 mac: sluice_ffi::MacAddr(p.mac).to_string(),
                 mtu: p.cfg.mtu,
             },
-            port: Arc::new(DpdkPort { eal: eal.clone(), id: p.port.id() }),
-            tap: p.tap.as_ref().map(|t| Arc::new(DpdkPort { eal: eal.clone(), id: t.id() }) as Arc<dyn PortProbe>),
+            port: Arc::new(DpdkPort(p.port.stats_reader())),
+            tap: p.tap.as_ref().map(|t| Arc::new(DpdkPort(t.stats_reader())) as Arc<dyn PortProbe>),
             loss: Mutex::new(PortLoss::default()),
         })
         .collect();
@@ -211,13 +210,11 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
     let mut reconciler = Reconciler::new(initial.clone(), topo, publisher, Arc::clone(&shared), hops_tx);
     reconciler.start().map_err(|ps| anyhow!("the first snapshot could not be built: {}", ps.join("; ")))?;
 
-    let stop = Arc::new(AtomicBool::new(false));
-    let mut workers = workers::Workers::new(Arc::clone(&stop));
+    let mut workers = workers::Workers::new(Arc::new(AtomicBool::new(false)));
     for (lcore, mut worker) in built {
-        let stop = Arc::clone(&stop);
-        workers.launch(&eal, lcore, move || {
+        workers.launch(&eal, lcore, move |stop| {
             let start = Instant::now();
-            worker.run(&stop, || u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX));
+            worker.run(stop, || u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX));
             0
         })?;
     }
@@ -240,18 +237,27 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
     let mut failed = !workers.stop();
     let forwarded: u64 = shared.workers.iter().map(|w| w.counters.balanced.get() + w.counters.returned.get()).sum();
     let dropped: u64 = shared.workers.iter().map(|w| w.counters.total_drops()).sum();
-    drop(shared);
-    for p in machine.ports.drain(..) {
-        drop(p);
+    // The admin side is gone with the runtime; its port readers go with
+    // `shared`, so dropping the ports now stops and closes them.
+    if Arc::strong_count(&shared) != 1 {
+        error!("the admin state is still referenced after the control runtime stopped");
     }
-    let in_use = machine.pool.in_use();
+    drop(shared);
+    let Machine { pool, ports } = machine;
+    drop(ports);
+    let in_use = pool.in_use();
     info!(forwarded, dropped, mbufs_in_use = in_use, "stopped");
     if in_use != 0 {
         error!(mbufs_in_use = in_use, "mbufs not returned to the pool");
         failed = true;
     }
+    drop(pool);
     if let Err(e) = control_result {
         error!(error = format!("{e:#}"), "control runtime failed");
+        failed = true;
+    }
+    if let Err(e) = eal.shutdown() {
+        error!(error = %e, "DPDK could not be cleaned up");
         failed = true;
     }
     Ok(if failed { ExitCode::from(1) } else { ExitCode::SUCCESS })

@@ -25,9 +25,9 @@ impl Workers {
         Workers { stop, tasks: Vec::new() }
     }
 
-    /// Runs `task` on `lcore`.
-    pub fn launch(&mut self, eal: &Eal, lcore: LcoreId, task: impl FnOnce() -> i32 + Send + 'static) -> Result<()> {
-        self.tasks.push(eal.launch(lcore, task)?);
+    /// Runs `task` on `lcore`; the task polls the stop flag it is given.
+    pub fn launch(&mut self, eal: &Eal, lcore: LcoreId, task: impl FnOnce(&AtomicBool) -> i32 + Send + 'static) -> Result<()> {
+        self.tasks.push(eal.launch(lcore, Arc::clone(&self.stop), task)?);
         Ok(())
     }
 

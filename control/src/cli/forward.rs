@@ -161,9 +161,9 @@ pub fn run(args: &ForwardArgs) -> Result<ExitCode> {
     let task = match worker {
         Some(l) => {
             lcore = l;
-            let (stop, dropped) = (Arc::clone(&stop), Arc::clone(&dropped));
-            Some(eal.launch(l, move || {
-                forward_loop(lanes, &stop, &dropped);
+            let dropped = Arc::clone(&dropped);
+            Some(eal.launch(l, Arc::clone(&stop), move |stop| {
+                forward_loop(lanes, stop, &dropped);
                 0
             })?)
         }
