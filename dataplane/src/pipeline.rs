@@ -123,7 +123,7 @@ impl Pipeline {
             }
         }
         match parse_into(frame, &mut self.parsed) {
-            Ok(Kind::Ip) => self.state.decide(snap, &self.parsed, pkt, now_ms, ctr),
+            Ok(Kind::Ip) => self.state.decide(snap, in_port, &self.parsed, pkt, now_ms, ctr),
             Ok(Kind::Other { .. }) => Verdict::Exception,
             Err(r) => Verdict::Drop(r),
         }
@@ -147,6 +147,7 @@ impl State {
     fn decide<P: PacketBuf>(
         &mut self,
         snap: &Snapshot,
+        in_port: u8,
         p: &Parsed,
         pkt: &mut P,
         now_ms: u64,
@@ -160,9 +161,13 @@ impl State {
             }
             return v;
         }
-        if c.is_vip(p.flow.src) {
+        if let Some(vip) = c.vip_index(p.flow.src) {
             let gw = if p.v6 { snap.gateway_v6 } else { snap.gateway_v4 };
             let Some(gw) = gw else { return Verdict::Drop(DropReason::NoGateway) };
+            let from = pkt.data().get(6..12).and_then(|m| <[u8; 6]>::try_from(m).ok()).unwrap_or_default();
+            if !snap.return_allowed(vip, in_port, from) {
+                return Verdict::Drop(DropReason::ReturnNotFromEndpoint);
+            }
             let src = snap.ports.get(usize::from(gw.port)).map_or([0; 6], |p| p.mac);
             return match forward_l2(pkt, p, src, gw.mac) {
                 Ok(()) => {

@@ -64,11 +64,24 @@ pub enum DropReason {
     NoExceptionPath,
     /// Sent to an output the worker does not have (a configuration error).
     NoSuchOutput,
+    /// Source is a VIP, but the frame did not come from an endpoint of a
+    /// service that VIP routes to (wrong input port or source MAC).
+    ReturnNotFromEndpoint,
+    /// IPv6 with an IPv4-mapped address (`::ffff:0:0/96`) as source or
+    /// destination, or in the packet an ICMPv6 error embeds.
+    Ipv6MappedAddress,
+    /// Too big to encapsulate, and the ICMP error that would say so is over
+    /// the worker's rate limit.
+    IcmpRateLimited,
+    /// The queue to the worker that owns the flow was full.
+    SteerQueueFull,
+    /// Still in a steering queue when the workers stopped.
+    SteeredAtShutdown,
 }
 
 impl DropReason {
     /// Every reason, in counter order.
-    pub const ALL: [DropReason; 29] = [
+    pub const ALL: [DropReason; 34] = [
         DropReason::EthTruncated,
         DropReason::FrameTooLong,
         DropReason::NotOurMac,
@@ -98,6 +111,11 @@ impl DropReason {
         DropReason::TxQueueFull,
         DropReason::NoExceptionPath,
         DropReason::NoSuchOutput,
+        DropReason::ReturnNotFromEndpoint,
+        DropReason::Ipv6MappedAddress,
+        DropReason::IcmpRateLimited,
+        DropReason::SteerQueueFull,
+        DropReason::SteeredAtShutdown,
     ];
 
     /// Number of reasons.
@@ -141,6 +159,11 @@ impl DropReason {
             DropReason::TxQueueFull => "tx_queue_full",
             DropReason::NoExceptionPath => "no_exception_path",
             DropReason::NoSuchOutput => "no_such_output",
+            DropReason::ReturnNotFromEndpoint => "return_not_from_endpoint",
+            DropReason::Ipv6MappedAddress => "ipv6_mapped_address",
+            DropReason::IcmpRateLimited => "icmp_rate_limited",
+            DropReason::SteerQueueFull => "steer_queue_full",
+            DropReason::SteeredAtShutdown => "steered_at_shutdown",
         }
     }
 }

@@ -168,7 +168,58 @@ fn cases(snap: &Snapshot) -> Vec<Case> {
             verdict: Verdict::Forward(1),
             out: Some(eth(ep6.mac, BACK_MAC, &[], true, &outer6)),
         },
+        Case {
+            what: "return traffic from a MAC that is no endpoint's",
+            frame: eth(BACK_MAC, [0x02, 0x66, 0, 0, 0, 6], &[], false, &reply),
+            port: 1,
+            verdict: Verdict::Drop(DropReason::ReturnNotFromEndpoint),
+            out: None,
+        },
+        Case {
+            what: "return traffic from an endpoint's MAC on another port than the endpoint's",
+            frame: eth(FRONT_MAC, web_ep, &[], false, &reply),
+            port: 0,
+            verdict: Verdict::Drop(DropReason::ReturnNotFromEndpoint),
+            out: None,
+        },
+        Case {
+            what: "return traffic from an endpoint of a service its source VIP does not route to",
+            frame: eth(BACK_MAC, ep_mac(2, 0, 1), &[], false, &reply),
+            port: 1,
+            verdict: Verdict::Drop(DropReason::ReturnNotFromEndpoint),
+            out: None,
+        },
+        Case {
+            what: "return traffic from an endpoint of another service of the same VIP",
+            frame: eth(BACK_MAC, ep_mac(1, 3, 1), &[], false, &reply),
+            port: 1,
+            verdict: Verdict::Forward(0),
+            out: Some(eth(GW_MAC, FRONT_MAC, &[], false, &reply_out)),
+        },
+        Case {
+            what: "IPv6 to the IPv4-mapped form of a VIP is dropped, not balanced as IPv4",
+            frame: eth(FRONT_MAC, client_mac, &[], true, &craft::with_l4_checksum(craft::ipv6(CLIENT6, mapped(VIP), proto::TCP, &craft::tcp(5000, 80, 2, b"")), 40)),
+            port: 0,
+            verdict: Verdict::Drop(DropReason::Ipv6MappedAddress),
+            out: None,
+        },
+        Case {
+            what: "IPv6 from an IPv4-mapped source is dropped",
+            frame: eth(FRONT_MAC, client_mac, &[], true, &craft::with_l4_checksum(craft::ipv6(mapped(CLIENT), VIP6, proto::TCP, &craft::tcp(5000, 443, 2, b"")), 40)),
+            port: 0,
+            verdict: Verdict::Drop(DropReason::Ipv6MappedAddress),
+            out: None,
+        },
     ]
+}
+
+/// `::ffff:a.b.c.d`.
+fn mapped(a: [u8; 4]) -> [u8; 16] {
+    let mut m = [0u8; 16];
+    m[10] = 0xff;
+    m[11] = 0xff;
+    m[12..].copy_from_slice(&a);
+    m
 }
 
 #[test]
