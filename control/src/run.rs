@@ -401,7 +401,11 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
         let stop = Arc::clone(&stop);
         tasks.push(eal.launch(lcore, move || {
             let start = Instant::now();
-            worker.run(&stop, || u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX));
+            worker.run(
+                &stop,
+                || u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX),
+                || u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX),
+            );
             0
         })?);
     }

@@ -69,10 +69,23 @@ pub struct WorkerCounters {
     pub from_kernel: Counter,
     /// Later IP fragments held back.
     pub stashed: Counter,
+    /// ICMP errors sent back to clients ("fragmentation needed", "packet
+    /// too big") in place of packets too big for their tunnel.
+    pub icmp_too_big: Counter,
+    /// Packets handed to the worker that owns their flow.
+    pub steered_out: Counter,
+    /// Packets taken from this worker's steering queue (or, at shutdown,
+    /// from any).
+    pub steered_in: Counter,
     /// Poll rounds that received something.
     pub busy_polls: Counter,
     /// Poll rounds that received nothing.
     pub idle_polls: Counter,
+    /// Time (in the units of the cycle clock given to `Worker::run`) spent
+    /// in poll rounds that received something.
+    pub busy_cycles: Counter,
+    /// Time spent in poll rounds that received nothing.
+    pub idle_cycles: Counter,
     /// Snapshot generation in use.
     pub generation: Counter,
     /// Live flow-table entries evicted to make room.
@@ -98,8 +111,13 @@ impl WorkerCounters {
             exception: Counter::default(),
             from_kernel: Counter::default(),
             stashed: Counter::default(),
+            icmp_too_big: Counter::default(),
+            steered_out: Counter::default(),
+            steered_in: Counter::default(),
             busy_polls: Counter::default(),
             idle_polls: Counter::default(),
+            busy_cycles: Counter::default(),
+            idle_cycles: Counter::default(),
             generation: Counter::default(),
             flow_evictions: Counter::default(),
             drops: std::array::from_fn(|_| Counter::default()),

@@ -73,7 +73,8 @@ pub enum DropReason {
     /// Too big to encapsulate, and the ICMP error that would say so is over
     /// the worker's rate limit.
     IcmpRateLimited,
-    /// The queue to the worker that owns the flow was full.
+    /// The queue to the worker that owns the flow was full (or there is no
+    /// such worker).
     SteerQueueFull,
     /// Still in a steering queue when the workers stopped.
     SteeredAtShutdown,
@@ -178,6 +179,9 @@ pub enum Verdict {
     Exception,
     /// A later IP fragment whose first fragment has not been seen: hold it.
     Stash,
+    /// Another worker owns the packet's flow (or datagram): hand it over
+    /// to the worker of this index.
+    Steer(u16),
     /// Drop it, counting the reason.
     Drop(DropReason),
 }
