@@ -137,3 +137,126 @@ impl WorkerCounters {
         self.drops.iter().map(Counter::get).sum()
     }
 }
+
+/// The conservation identity of a worker's counters (or of several
+/// workers' summed): every packet a worker takes in — received from an
+/// input, or steered in from another worker — is counted exactly once as
+///
+/// ```text
+/// received + steered_in
+///     = balanced + returned + exception + icmp_generated + passthrough   (handed to an output)
+///     + dropped                                  (every drop reason but the two below)
+///     + held                                     (later fragments in the hold-back area now)
+///     + steered_out                              (handed to the worker that owns the flow)
+/// ```
+///
+/// and what was handed to an output was either accepted or dropped there:
+///
+/// ```text
+/// balanced + returned + exception + icmp_generated + passthrough
+///     = sent + tx_queue_full + no_such_output
+/// ```
+///
+/// Summed over the workers of a steering set, `steered_out - steered_in`
+/// is what waits in the steering queues (0 once every worker has shut down).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Ledger {
+    /// Packets received from inputs (ports and the kernel).
+    pub received: u64,
+    /// Packets taken from steering queues.
+    pub steered_in: u64,
+    /// Load-balanced packets handed to an output.
+    pub balanced: u64,
+    /// Return traffic handed to an output.
+    pub returned: u64,
+    /// Packets handed to an exception path.
+    pub exception: u64,
+    /// ICMP errors generated in place of packets and handed to an output.
+    pub icmp_generated: u64,
+    /// Packets from the kernel handed to a port.
+    pub passthrough: u64,
+    /// Drops before any output.
+    pub dropped: u64,
+    /// Later fragments held now.
+    pub held: u64,
+    /// Packets handed to another worker.
+    pub steered_out: u64,
+    /// Packets outputs accepted.
+    pub sent: u64,
+    /// Drops at an output (`tx_queue_full`, `no_such_output`).
+    pub output_drops: u64,
+}
+
+impl Ledger {
+    /// The ledger of `c`, for a worker holding `held` fragments. Read it
+    /// when the worker is between polls (or stopped).
+    pub fn of(c: &WorkerCounters, held: u64) -> Ledger {
+        let output_drops =
+            c.drops[DropReason::TxQueueFull.index()].get() + c.drops[DropReason::NoSuchOutput.index()].get();
+        Ledger {
+            received: c.rx_packets.get(),
+            steered_in: c.steered_in.get(),
+            balanced: c.balanced.get(),
+            returned: c.returned.get(),
+            exception: c.exception.get(),
+            icmp_generated: c.icmp_too_big.get(),
+            passthrough: c.from_kernel.get(),
+            dropped: c.total_drops() - output_drops,
+            held,
+            steered_out: c.steered_out.get(),
+            sent: c.tx_packets.get(),
+            output_drops,
+        }
+    }
+
+    /// Packets handed to an output, by every category.
+    pub fn to_outputs(&self) -> u64 {
+        self.balanced + self.returned + self.exception + self.icmp_generated + self.passthrough
+    }
+
+    /// Packets taken in.
+    pub fn taken_in(&self) -> u64 {
+        self.received + self.steered_in
+    }
+
+    /// Packets accounted for.
+    pub fn accounted(&self) -> u64 {
+        self.to_outputs() + self.dropped + self.held + self.steered_out
+    }
+
+    /// Checks both identities; the error says which failed and by how much.
+    pub fn check(&self) -> Result<(), String> {
+        if self.taken_in() != self.accounted() {
+            return Err(format!("taken in {} != accounted for {}: {self:?}", self.taken_in(), self.accounted()));
+        }
+        if self.to_outputs() != self.sent + self.output_drops {
+            return Err(format!(
+                "handed to outputs {} != sent {} + dropped at outputs {}: {self:?}",
+                self.to_outputs(),
+                self.sent,
+                self.output_drops
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl std::ops::Add for Ledger {
+    type Output = Ledger;
+    fn add(self, o: Ledger) -> Ledger {
+        Ledger {
+            received: self.received + o.received,
+            steered_in: self.steered_in + o.steered_in,
+            balanced: self.balanced + o.balanced,
+            returned: self.returned + o.returned,
+            exception: self.exception + o.exception,
+            icmp_generated: self.icmp_generated + o.icmp_generated,
+            passthrough: self.passthrough + o.passthrough,
+            dropped: self.dropped + o.dropped,
+            held: self.held + o.held,
+            steered_out: self.steered_out + o.steered_out,
+            sent: self.sent + o.sent,
+            output_drops: self.output_drops + o.output_drops,
+        }
+    }
+}

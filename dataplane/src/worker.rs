@@ -14,7 +14,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use crate::counters::WorkerCounters;
+use crate::counters::{Ledger, WorkerCounters};
 use crate::flow::FragKey;
 use crate::io::{Burst, PacketBuf, PacketIo, BURST};
 use crate::pipeline::{FragEvent, Pipeline, PipelineConfig};
@@ -270,6 +270,11 @@ impl<IO: PacketIo> Worker<IO> {
     /// Fragments held right now.
     pub fn held(&self) -> usize {
         self.stash.len()
+    }
+
+    /// Its counters' conservation ledger (between polls).
+    pub fn ledger(&self) -> Ledger {
+        Ledger::of(&self.counters, self.stash.len() as u64)
     }
 
     /// One round: a burst from every input and from the steering queue,
