@@ -1,12 +1,16 @@
 //! Runs one stage of the pipeline N times over prepared frames, for
 //! `bench/instructions.sh`, which counts instructions with callgrind.
 //!
-//!   STAGE=parse|classify|hash|rewrite|refresh|process|none N=100000 ROUTES=1|100|10000
+//!   STAGE=parse|classify|hash|rewrite|refresh|process|cidr|none N=100000 ROUTES=1|100|10000
+//!
+//! `cidr` is one source-prefix check (`Cidr::contains`, family-aware) of
+//! an address of either family against a prefix of either family.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::hint::black_box;
 
 use sluice_bench::{appliance, frames};
+use sluice_dataplane::addr::{Addr, Cidr};
 use sluice_dataplane::counters::WorkerCounters;
 use sluice_dataplane::hash::flow_hash;
 use sluice_dataplane::memio::MemBuf;
@@ -23,6 +27,7 @@ enum Stage {
     Refresh,
     Rewrite,
     Process,
+    Cidr,
 }
 
 fn main() {
@@ -33,6 +38,7 @@ fn main() {
         "refresh" => Stage::Refresh,
         "rewrite" => Stage::Rewrite,
         "process" => Stage::Process,
+        "cidr" => Stage::Cidr,
         _ => Stage::None,
     };
     let n: usize = std::env::var("N").ok().and_then(|v| v.parse().ok()).unwrap_or(100_000);
@@ -57,6 +63,8 @@ fn main() {
     let mut pl = Pipeline::new(&PipelineConfig::default(), 1);
     let c = &a.snapshot.classifier;
     let mut p = Parsed::default();
+    let prefixes: Vec<Cidr> = ["10.0.0.0/8", "::/0", "2001:db8::/32", "0.0.0.0/0"].iter().map(|c| c.parse().unwrap()).collect();
+    let addrs: Vec<Addr> = ["10.1.2.3", "2001:db8::1", "192.0.2.1", "fd00::7"].iter().map(|a| a.parse().unwrap()).collect();
     for i in 0..n {
         let k = i & 1023;
         match stage {
@@ -84,6 +92,9 @@ fn main() {
             Stage::Process => {
                 bufs[k].reset(&t[k]);
                 black_box(pl.process(&a.snapshot, 0, &mut bufs[k], 1, &ctr));
+            }
+            Stage::Cidr => {
+                black_box(black_box(&prefixes[i & 3]).contains(black_box(addrs[(i >> 2) & 3])));
             }
         }
     }

@@ -97,12 +97,16 @@ impl FromStr for Addr {
 }
 
 /// An address prefix (CIDR). IPv4 prefixes are stored mapped, with the
-/// length counted over 128 bits (`/24` is 96 + 24).
+/// length counted over 128 bits (`/24` is 96 + 24). A prefix has a family:
+/// an IPv6 prefix never contains an IPv4 address, even `::/0` (whose 128
+/// bits would otherwise cover the mapped range), nor an IPv4 prefix an
+/// IPv6 address.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Cidr {
     net: u128,
     mask: u128,
     len128: u8,
+    v4: bool,
 }
 
 /// Why a prefix is not valid.
@@ -158,27 +162,27 @@ impl Cidr {
         if addr.0 & !mask != 0 {
             return Err(CidrError::HostBitsSet);
         }
-        Ok(Cidr { net: addr.0, mask, len128 })
+        Ok(Cidr { net: addr.0, mask, len128, v4: addr.is_v4() })
     }
 
     /// A single-address prefix (/32 or /128).
     pub fn host(addr: Addr) -> Cidr {
-        Cidr { net: addr.0, mask: !0, len128: 128 }
+        Cidr { net: addr.0, mask: !0, len128: 128, v4: addr.is_v4() }
     }
 
     /// Every address of one family: `0.0.0.0/0` or `::/0`.
     pub fn any(v4: bool) -> Cidr {
         if v4 {
-            Cidr { net: V4_MAPPED, mask: V4_MAPPED_MASK, len128: 96 }
+            Cidr { net: V4_MAPPED, mask: V4_MAPPED_MASK, len128: 96, v4 }
         } else {
-            Cidr { net: 0, mask: 0, len128: 0 }
+            Cidr { net: 0, mask: 0, len128: 0, v4 }
         }
     }
 
-    /// True when `a` lies inside.
+    /// True when `a` lies inside (and is of the prefix's family).
     #[inline(always)]
     pub fn contains(&self, a: Addr) -> bool {
-        a.0 & self.mask == self.net
+        a.0 & self.mask == self.net && a.is_v4() == self.v4
     }
 
     /// The network address.
@@ -197,7 +201,7 @@ impl Cidr {
 
     /// True for an IPv4 prefix.
     pub fn is_v4(&self) -> bool {
-        self.len128 >= 96 && Addr(self.net).is_v4()
+        self.v4
     }
 
     /// True for a single address (/32, /128).
@@ -208,7 +212,7 @@ impl Cidr {
     /// True when the two prefixes share an address.
     pub fn overlaps(&self, other: &Cidr) -> bool {
         let m = self.mask & other.mask;
-        self.net & m == other.net & m
+        self.v4 == other.v4 && self.net & m == other.net & m
     }
 }
 
@@ -266,6 +270,9 @@ mod tests {
         assert!(!any4.contains("2001::1".parse().unwrap()));
         let any6: Cidr = "::/0".parse().unwrap();
         assert!(any6.contains("2001::1".parse().unwrap()));
+        assert!(!any6.contains("1.2.3.4".parse().unwrap()), "an IPv6 prefix never matches IPv4");
+        assert!(!"::/80".parse::<Cidr>().unwrap().contains("10.0.0.1".parse().unwrap()));
+        assert!(!any6.overlaps(&any4) && !any4.overlaps(&any6));
         assert!("20.0.0.1/32".parse::<Cidr>().unwrap().is_host());
         assert!("2001:db8::/32".parse::<Cidr>().unwrap().overlaps(&"2001:db8:1::/48".parse().unwrap()));
         assert!(!"10.0.0.0/8".parse::<Cidr>().unwrap().overlaps(&"11.0.0.0/8".parse().unwrap()));

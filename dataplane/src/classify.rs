@@ -633,6 +633,23 @@ mod tests {
         assert!(c.heap_bytes() > 0);
     }
 
+    /// Prefix membership from first principles, on the standard library's
+    /// addresses: same family, and the first `len` bits agree.
+    fn in_prefix(c: &Cidr, a: Addr) -> bool {
+        use std::net::IpAddr;
+        match (c.addr().to_ip(), a.to_ip()) {
+            (IpAddr::V4(n), IpAddr::V4(x)) => {
+                let m = u32::MAX.checked_shl(32 - u32::from(c.prefix_len())).unwrap_or(0);
+                u32::from(n) & m == u32::from(x) & m
+            }
+            (IpAddr::V6(n), IpAddr::V6(x)) => {
+                let m = u128::MAX.checked_shl(128 - u32::from(c.prefix_len())).unwrap_or(0);
+                u128::from(n) & m == u128::from(x) & m
+            }
+            _ => false,
+        }
+    }
+
     /// Linear scan in precedence order: the definition the index must agree with.
     fn reference<'a>(routes: &'a [RouteSpec], f: &Flow, has_ports: bool, l4: Option<&[u8]>) -> Option<&'a str> {
         let mut order: Vec<&RouteSpec> = routes.iter().collect();
@@ -644,7 +661,7 @@ mod tests {
                 r.matches.vips.contains(&f.dst)
                     && (r.matches.protocols.is_empty() || r.matches.protocols.contains(&f.proto))
                     && (any(&r.matches.dst_ports) || (has_ports && r.matches.dst_ports.iter().any(|p| p.contains(f.dport))))
-                    && (r.matches.src_cidrs.is_empty() || r.matches.src_cidrs.iter().any(|c| c.contains(f.src)))
+                    && (r.matches.src_cidrs.is_empty() || r.matches.src_cidrs.iter().any(|c| in_prefix(c, f.src)))
                     && (any(&r.matches.src_ports) || (has_ports && r.matches.src_ports.iter().any(|p| p.contains(f.sport))))
                     && r.matches.byte_matches.iter().filter(|b| b.proto == f.proto).all(|b| l4.is_none_or(|l| b.matches(l)))
             })
@@ -652,7 +669,7 @@ mod tests {
     }
 
     const VIPS: [&str; 5] = ["20.0.0.1", "20.0.0.2", "20.0.0.3", "2001:db8::1", "2001:db8::2"];
-    const SRCS: [&str; 6] = ["10.0.0.0/8", "10.1.0.0/16", "192.168.0.0/24", "0.0.0.0/0", "2001:db8:1::/48", "::/0"];
+    const SRCS: [&str; 8] = ["10.0.0.0/8", "10.1.0.0/16", "192.168.0.0/24", "0.0.0.0/0", "2001:db8:1::/48", "::/0", "::/80", "0.0.0.0/1"];
     const PORTS: [u16; 8] = [0, 1, 53, 80, 443, 8080, 40000, 65535];
 
     fn port_range() -> impl Strategy<Value = PortRange> {
@@ -698,6 +715,7 @@ mod tests {
             (any::<[u8; 4]>()).prop_map(Addr::v4),
             Just(a("10.1.2.3")),
             Just(a("192.168.0.7")),
+            Just(a("::1")),
             Just(a("2001:db8:1::9")),
             (any::<[u8; 16]>()).prop_map(Addr::v6),
         ];

@@ -69,10 +69,23 @@ pub struct WorkerCounters {
     pub from_kernel: Counter,
     /// Later IP fragments held back.
     pub stashed: Counter,
+    /// ICMP errors sent back to clients ("fragmentation needed", "packet
+    /// too big") in place of packets too big for their tunnel.
+    pub icmp_too_big: Counter,
+    /// Packets handed to the worker that owns their flow.
+    pub steered_out: Counter,
+    /// Packets taken from this worker's steering queue (or, at shutdown,
+    /// from any).
+    pub steered_in: Counter,
     /// Poll rounds that received something.
     pub busy_polls: Counter,
     /// Poll rounds that received nothing.
     pub idle_polls: Counter,
+    /// Time (in the units of the cycle clock given to `Worker::run`) spent
+    /// in poll rounds that received something.
+    pub busy_cycles: Counter,
+    /// Time spent in poll rounds that received nothing.
+    pub idle_cycles: Counter,
     /// Snapshot generation in use.
     pub generation: Counter,
     /// Live flow-table entries evicted to make room.
@@ -98,8 +111,13 @@ impl WorkerCounters {
             exception: Counter::default(),
             from_kernel: Counter::default(),
             stashed: Counter::default(),
+            icmp_too_big: Counter::default(),
+            steered_out: Counter::default(),
+            steered_in: Counter::default(),
             busy_polls: Counter::default(),
             idle_polls: Counter::default(),
+            busy_cycles: Counter::default(),
+            idle_cycles: Counter::default(),
             generation: Counter::default(),
             flow_evictions: Counter::default(),
             drops: std::array::from_fn(|_| Counter::default()),
@@ -117,5 +135,128 @@ impl WorkerCounters {
     /// Sum of all drops.
     pub fn total_drops(&self) -> u64 {
         self.drops.iter().map(Counter::get).sum()
+    }
+}
+
+/// The conservation identity of a worker's counters (or of several
+/// workers' summed): every packet a worker takes in — received from an
+/// input, or steered in from another worker — is counted exactly once as
+///
+/// ```text
+/// received + steered_in
+///     = balanced + returned + exception + icmp_generated + passthrough   (handed to an output)
+///     + dropped                                  (every drop reason but the two below)
+///     + held                                     (later fragments in the hold-back area now)
+///     + steered_out                              (handed to the worker that owns the flow)
+/// ```
+///
+/// and what was handed to an output was either accepted or dropped there:
+///
+/// ```text
+/// balanced + returned + exception + icmp_generated + passthrough
+///     = sent + tx_queue_full + no_such_output
+/// ```
+///
+/// Summed over the workers of a steering set, `steered_out - steered_in`
+/// is what waits in the steering queues (0 once every worker has shut down).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Ledger {
+    /// Packets received from inputs (ports and the kernel).
+    pub received: u64,
+    /// Packets taken from steering queues.
+    pub steered_in: u64,
+    /// Load-balanced packets handed to an output.
+    pub balanced: u64,
+    /// Return traffic handed to an output.
+    pub returned: u64,
+    /// Packets handed to an exception path.
+    pub exception: u64,
+    /// ICMP errors generated in place of packets and handed to an output.
+    pub icmp_generated: u64,
+    /// Packets from the kernel handed to a port.
+    pub passthrough: u64,
+    /// Drops before any output.
+    pub dropped: u64,
+    /// Later fragments held now.
+    pub held: u64,
+    /// Packets handed to another worker.
+    pub steered_out: u64,
+    /// Packets outputs accepted.
+    pub sent: u64,
+    /// Drops at an output (`tx_queue_full`, `no_such_output`).
+    pub output_drops: u64,
+}
+
+impl Ledger {
+    /// The ledger of `c`, for a worker holding `held` fragments. Read it
+    /// when the worker is between polls (or stopped).
+    pub fn of(c: &WorkerCounters, held: u64) -> Ledger {
+        let output_drops =
+            c.drops[DropReason::TxQueueFull.index()].get() + c.drops[DropReason::NoSuchOutput.index()].get();
+        Ledger {
+            received: c.rx_packets.get(),
+            steered_in: c.steered_in.get(),
+            balanced: c.balanced.get(),
+            returned: c.returned.get(),
+            exception: c.exception.get(),
+            icmp_generated: c.icmp_too_big.get(),
+            passthrough: c.from_kernel.get(),
+            dropped: c.total_drops() - output_drops,
+            held,
+            steered_out: c.steered_out.get(),
+            sent: c.tx_packets.get(),
+            output_drops,
+        }
+    }
+
+    /// Packets handed to an output, by every category.
+    pub fn to_outputs(&self) -> u64 {
+        self.balanced + self.returned + self.exception + self.icmp_generated + self.passthrough
+    }
+
+    /// Packets taken in.
+    pub fn taken_in(&self) -> u64 {
+        self.received + self.steered_in
+    }
+
+    /// Packets accounted for.
+    pub fn accounted(&self) -> u64 {
+        self.to_outputs() + self.dropped + self.held + self.steered_out
+    }
+
+    /// Checks both identities; the error says which failed and by how much.
+    pub fn check(&self) -> Result<(), String> {
+        if self.taken_in() != self.accounted() {
+            return Err(format!("taken in {} != accounted for {}: {self:?}", self.taken_in(), self.accounted()));
+        }
+        if self.to_outputs() != self.sent + self.output_drops {
+            return Err(format!(
+                "handed to outputs {} != sent {} + dropped at outputs {}: {self:?}",
+                self.to_outputs(),
+                self.sent,
+                self.output_drops
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl std::ops::Add for Ledger {
+    type Output = Ledger;
+    fn add(self, o: Ledger) -> Ledger {
+        Ledger {
+            received: self.received + o.received,
+            steered_in: self.steered_in + o.steered_in,
+            balanced: self.balanced + o.balanced,
+            returned: self.returned + o.returned,
+            exception: self.exception + o.exception,
+            icmp_generated: self.icmp_generated + o.icmp_generated,
+            passthrough: self.passthrough + o.passthrough,
+            dropped: self.dropped + o.dropped,
+            held: self.held + o.held,
+            steered_out: self.steered_out + o.steered_out,
+            sent: self.sent + o.sent,
+            output_drops: self.output_drops + o.output_drops,
+        }
     }
 }

@@ -26,6 +26,9 @@ pub trait PacketBuf {
     /// Removes `n` bytes from the front of the frame.
     /// Returns false, leaving the frame unchanged, when it is shorter than `n`.
     fn adj(&mut self, n: usize) -> bool;
+    /// Shortens the frame to its first `len` bytes. Returns false, leaving
+    /// the frame unchanged, when it is shorter than `len` or cannot be cut.
+    fn truncate(&mut self, len: usize) -> bool;
     /// The receive-side flow hash computed by the NIC, when it gave one.
     fn rss_hash(&self) -> Option<u32> {
         None

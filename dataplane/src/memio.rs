@@ -66,6 +66,14 @@ impl PacketBuf for MemBuf {
         self.start += n;
         true
     }
+
+    fn truncate(&mut self, len: usize) -> bool {
+        if len > self.mem.len() - self.start {
+            return false;
+        }
+        self.mem.truncate(self.start + len);
+        true
+    }
 }
 
 /// Inputs and outputs in memory.
@@ -138,5 +146,9 @@ mod tests {
         assert_eq!(b.data(), b"xy");
         assert!(b.prepend(8), "all the headroom is back");
         assert!(b.adj(10) && b.data().is_empty());
+        b.reset(b"abcdef");
+        assert!(!b.truncate(7) && b.truncate(6) && b.truncate(2));
+        assert_eq!(b.data(), b"ab");
+        assert!(b.truncate(0) && b.data().is_empty());
     }
 }

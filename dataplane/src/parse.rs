@@ -500,6 +500,11 @@ fn parse_ipv6(frame: &[u8], l3: usize, p: &mut Parsed) -> Result<(), DropReason>
     p.frag_id = frag_id;
     p.flow.src = addr6(frame, l3 + v6::SRC);
     p.flow.dst = addr6(frame, l3 + v6::DST);
+    // Addresses are family-less 128-bit integers with IPv4 stored mapped:
+    // an IPv6 packet carrying ::ffff:a.b.c.d would pass for IPv4.
+    if p.flow.src.is_v4() || p.flow.dst.is_v4() {
+        return Err(DropReason::Ipv6MappedAddress);
+    }
     p.flow.proto = l4proto;
     parse_l4(dgram, p)
 }
@@ -595,6 +600,9 @@ fn parse_embedded(buf: &[u8], off: usize, v6: bool) -> Result<(Flow, bool), Drop
         let (next, l4, frag, _) = walk_ipv6_ext(buf, off + v6::LEN, buf[off + v6::NEXT])
             .map_err(|_| DropReason::IcmpErrorTruncated)?;
         let f = Flow { src: addr6(buf, off + v6::SRC), dst: addr6(buf, off + v6::DST), proto: next, ..Flow::default() };
+        if f.src.is_v4() || f.dst.is_v4() {
+            return Err(DropReason::Ipv6MappedAddress);
+        }
         (f, l4, frag == Fragment::Later)
     } else {
         if avail < v4::MIN_LEN || buf[off] >> 4 != 4 {
@@ -807,6 +815,29 @@ mod tests {
         let p = ip(&craft::frame_v6(&[], [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 9], B6, proto::ICMPV6, &err6));
         assert!(p.icmp_error);
         assert_eq!((p.inner.src, p.inner.sport, p.inner.dport), (Addr::v6(B6), 53, 4000));
+    }
+
+    #[test]
+    fn ipv4_mapped_ipv6_addresses_are_dropped() {
+        let mapped = |a: [u8; 4]| {
+            let mut m = [0u8; 16];
+            m[10..12].copy_from_slice(&[0xff, 0xff]);
+            m[12..].copy_from_slice(&a);
+            m
+        };
+        let udp = craft::udp(1, 2, b"x");
+        assert_eq!(parse(&craft::frame_v6(&[], A6, mapped(B4), proto::UDP, &udp)), Err(DropReason::Ipv6MappedAddress));
+        assert_eq!(parse(&craft::frame_v6(&[], mapped(A4), B6, proto::UDP, &udp)), Err(DropReason::Ipv6MappedAddress));
+        // In the packet an ICMPv6 error quotes.
+        let quoted = craft::ipv6(B6, mapped(A4), proto::UDP, &craft::udp(53, 4000, &[0; 10]));
+        let err = craft::icmp6_error(1, 0, &quoted);
+        assert_eq!(parse(&craft::frame_v6(&[], A6, B6, proto::ICMPV6, &err)), Err(DropReason::Ipv6MappedAddress));
+        // Other IPv6 addresses with the low 32 bits of an IPv4 one are fine
+        // (IPv4-compatible ::a.b.c.d, NAT64 64:ff9b::/96).
+        let mut nat64 = mapped(B4);
+        nat64[..4].copy_from_slice(&[0, 0x64, 0xff, 0x9b]);
+        nat64[10..12].copy_from_slice(&[0, 0]);
+        assert!(parse(&craft::frame_v6(&[], A6, nat64, proto::UDP, &udp)).is_ok());
     }
 
     #[test]

@@ -4,19 +4,30 @@
 //! - Destination is a VIP: load-balanced to an endpoint of the route's
 //!   service (ICMP errors about a VIP flow follow that flow; later IP
 //!   fragments follow their first fragment, or are held until it comes).
-//! - Source is a VIP: return traffic from an endpoint, sent to the gateway.
+//! - Too big for its tunnel: the ICMP error path-MTU discovery needs goes
+//!   back to the client instead ([`crate::icmp`]), at a bounded rate.
+//! - Source is a VIP: return traffic, sent to the gateway when it comes
+//!   from an endpoint of a service that VIP routes to (input port and source
+//!   MAC), dropped otherwise.
+//! - With several workers, a packet whose fate depends on a worker's state
+//!   (every fragment to a VIP, every packet of a service with a flow table,
+//!   ICMP errors included) is handed to the worker that owns its flow
+//!   ([`crate::steer`]), unless it came from another worker already.
 //! - Anything else addressed to the appliance, and every broadcast or
 //!   multicast frame: the kernel's business (exception path).
 
 use crate::counters::WorkerCounters;
 use crate::flow::{FlowTable, FragKey, FragTable, Pin};
 use crate::hash::flow_hash;
+use crate::icmp::{self, RateLimit};
 use crate::io::PacketBuf;
-use crate::parse::{parse_into, Flow, Fragment, Kind, Parsed, ETH_LEN};
+use crate::parse::{parse_into, v4, v6, Flow, Fragment, Kind, Parsed, ETH_LEN};
 use crate::rewrite::{encapsulate, forward_l2, Tunnel};
 use crate::service::{Algorithm, Delivery, Endpoint, Service};
 use crate::snapshot::Snapshot;
 use crate::classify::Lookup;
+use crate::addr::Addr;
+use crate::steer::owner;
 use crate::verdict::{DropReason, Verdict};
 
 /// Sizes of a worker's tables.
@@ -30,11 +41,23 @@ pub struct PipelineConfig {
     pub frag_entries: usize,
     /// Milliseconds a first fragment's decision is kept.
     pub frag_ttl_ms: u64,
+    /// ICMP errors (fragmentation needed, packet too big) a worker may send
+    /// per second, on average.
+    pub icmp_rate: u32,
+    /// ICMP errors a worker may send in a burst.
+    pub icmp_burst: u32,
 }
 
 impl Default for PipelineConfig {
     fn default() -> Self {
-        PipelineConfig { flow_entries: 65536, flow_idle_secs: 300, frag_entries: 4096, frag_ttl_ms: 5000 }
+        PipelineConfig {
+            flow_entries: 65536,
+            flow_idle_secs: 300,
+            frag_entries: 4096,
+            frag_ttl_ms: 5000,
+            icmp_rate: 1000,
+            icmp_burst: 100,
+        }
     }
 }
 
@@ -59,6 +82,13 @@ pub struct Pipeline {
     parsed: Parsed,
 }
 
+/// Which worker this is among how many, when packets are steered.
+#[derive(Clone, Copy, Debug)]
+struct Steer {
+    workers: u16,
+    me: u16,
+}
+
 /// The tables and the per-packet outcome a pipeline keeps.
 #[derive(Debug)]
 struct State {
@@ -66,6 +96,8 @@ struct State {
     frags: FragTable,
     rng: u64,
     frag_event: FragEvent,
+    icmp: RateLimit,
+    steer: Option<Steer>,
 }
 
 fn frag_key(p: &Parsed) -> FragKey {
@@ -82,9 +114,18 @@ impl Pipeline {
                 frags: FragTable::new(cfg.frag_entries, cfg.frag_ttl_ms),
                 rng: seed | 1,
                 frag_event: FragEvent::None,
+                icmp: RateLimit::new(cfg.icmp_rate, cfg.icmp_burst),
+                steer: None,
             },
             parsed: Parsed::default(),
         }
+    }
+
+    /// Makes this the pipeline of worker `index` of `workers`: packets whose
+    /// flow another worker owns get [`Verdict::Steer`]. One worker (or none)
+    /// turns steering off.
+    pub fn set_steering(&mut self, workers: u16, index: u16) {
+        self.state.steer = (workers > 1).then_some(Steer { workers, me: index });
     }
 
     /// The flow table (for status).
@@ -97,7 +138,6 @@ impl Pipeline {
         self.state.frag_event
     }
 
-
     /// Decides the fate of `pkt`, received on port `in_port`, rewriting it
     /// in place when it is forwarded. `now_ms` is a monotonic clock.
     #[inline]
@@ -108,6 +148,33 @@ impl Pipeline {
         pkt: &mut P,
         now_ms: u64,
         ctr: &WorkerCounters,
+    ) -> Verdict {
+        self.process_from(snap, in_port, pkt, now_ms, ctr, true)
+    }
+
+    /// [`Pipeline::process`] for a packet another worker handed over (or
+    /// one this worker held back): never [`Verdict::Steer`].
+    #[inline]
+    pub fn process_steered<P: PacketBuf>(
+        &mut self,
+        snap: &Snapshot,
+        in_port: u8,
+        pkt: &mut P,
+        now_ms: u64,
+        ctr: &WorkerCounters,
+    ) -> Verdict {
+        self.process_from(snap, in_port, pkt, now_ms, ctr, false)
+    }
+
+    #[inline(always)]
+    fn process_from<P: PacketBuf>(
+        &mut self,
+        snap: &Snapshot,
+        in_port: u8,
+        pkt: &mut P,
+        now_ms: u64,
+        ctr: &WorkerCounters,
+        may_steer: bool,
     ) -> Verdict {
         self.state.frag_event = FragEvent::None;
         let frame = pkt.data();
@@ -123,11 +190,23 @@ impl Pipeline {
             }
         }
         match parse_into(frame, &mut self.parsed) {
-            Ok(Kind::Ip) => self.state.decide(snap, &self.parsed, pkt, now_ms, ctr),
+            Ok(Kind::Ip) => {
+                let cx = Cx { snap, in_port, now_ms, ctr, may_steer };
+                self.state.decide(&cx, &self.parsed, pkt)
+            }
             Ok(Kind::Other { .. }) => Verdict::Exception,
             Err(r) => Verdict::Drop(r),
         }
     }
+}
+
+/// What a decision needs besides the packet.
+struct Cx<'a> {
+    snap: &'a Snapshot,
+    in_port: u8,
+    now_ms: u64,
+    ctr: &'a WorkerCounters,
+    may_steer: bool,
 }
 
 impl State {
@@ -142,31 +221,34 @@ impl State {
         x.wrapping_mul(0x2545_f491_4f6c_dd1d)
     }
 
+    /// The worker that owns the flows between `client` and `vip`, when it
+    /// is not this one and the packet may be steered.
+    #[inline(always)]
+    fn steer_to(&self, cx: &Cx<'_>, client: Addr, vip: Addr) -> Option<u16> {
+        let s = self.steer.filter(|_| cx.may_steer)?;
+        let o = owner(client, vip, s.workers);
+        (o != s.me).then_some(o)
+    }
+
     /// The verdict for a parsed IP packet.
     #[inline(always)]
-    fn decide<P: PacketBuf>(
-        &mut self,
-        snap: &Snapshot,
-        p: &Parsed,
-        pkt: &mut P,
-        now_ms: u64,
-        ctr: &WorkerCounters,
-    ) -> Verdict {
+    fn decide<P: PacketBuf>(&mut self, cx: &Cx<'_>, p: &Parsed, pkt: &mut P) -> Verdict {
+        let snap = cx.snap;
         let c = &snap.classifier;
         if let Some(vip) = c.vip_index(p.flow.dst) {
-            let v = self.balance(snap, vip, p, pkt, now_ms, ctr);
-            if matches!(v, Verdict::Forward(_)) {
-                ctr.balanced.add(1);
-            }
-            return v;
+            return self.balance(cx, vip, p, pkt);
         }
-        if c.is_vip(p.flow.src) {
+        if let Some(vip) = c.vip_index(p.flow.src) {
             let gw = if p.v6 { snap.gateway_v6 } else { snap.gateway_v4 };
             let Some(gw) = gw else { return Verdict::Drop(DropReason::NoGateway) };
+            let from = pkt.data().get(6..12).and_then(|m| <[u8; 6]>::try_from(m).ok()).unwrap_or_default();
+            if !snap.return_allowed(vip, cx.in_port, from) {
+                return Verdict::Drop(DropReason::ReturnNotFromEndpoint);
+            }
             let src = snap.ports.get(usize::from(gw.port)).map_or([0; 6], |p| p.mac);
             return match forward_l2(pkt, p, src, gw.mac) {
                 Ok(()) => {
-                    ctr.returned.add(1);
+                    cx.ctr.returned.add(1);
                     Verdict::Forward(gw.port)
                 }
                 Err(r) => Verdict::Drop(r),
@@ -176,17 +258,17 @@ impl State {
     }
 
     #[inline]
-    fn balance<P: PacketBuf>(
-        &mut self,
-        snap: &Snapshot,
-        vip: usize,
-        p: &Parsed,
-        pkt: &mut P,
-        now_ms: u64,
-        ctr: &WorkerCounters,
-    ) -> Verdict {
+    fn balance<P: PacketBuf>(&mut self, cx: &Cx<'_>, vip: usize, p: &Parsed, pkt: &mut P) -> Verdict {
+        let (snap, ctr, now_ms) = (cx.snap, cx.ctr, cx.now_ms);
         let c = &snap.classifier;
         let len = pkt.data().len();
+        if p.frag != Fragment::No {
+            // Fragments follow their first through the fragment table (and
+            // the held ones wait in the stash) of the worker that owns the flow.
+            if let Some(w) = self.steer_to(cx, p.flow.src, p.flow.dst) {
+                return Verdict::Steer(w);
+            }
+        }
         if p.frag == Fragment::Later {
             let key = frag_key(p);
             let Some(pin) = self.frags.lookup(&key, now_ms.max(1)) else {
@@ -197,11 +279,7 @@ impl State {
             let Some(ep) = svc.endpoint(pin.endpoint).filter(|e| e.incarnation == pin.incarnation) else {
                 return Verdict::Drop(DropReason::NoEndpoint);
             };
-            let v = deliver(snap, ep, p, pkt, flow_hash(&p.flow));
-            if matches!(v, Verdict::Forward(_)) {
-                count(ctr, svc, ep, len);
-            }
-            return v;
+            return self.deliver(cx, svc, ep, p, pkt, flow_hash(&p.flow), len);
         }
         let about;
         let (key, has_ports, l4) = if p.icmp_error {
@@ -221,6 +299,12 @@ impl State {
         let Some(svc) = snap.services.get(service as usize) else {
             return Verdict::Drop(DropReason::NoRoute);
         };
+        if svc.flow_table && p.frag == Fragment::No {
+            // The flow's endpoint is in the flow table of its owner.
+            if let Some(w) = self.steer_to(cx, key.src, key.dst) {
+                return Verdict::Steer(w);
+            }
+        }
         let hash = flow_hash(key);
         let now_s = u32::try_from(now_ms / 1000).unwrap_or(u32::MAX).saturating_add(1);
         let Some(ep) = self.select(svc, key, hash, p.icmp_error, now_s) else {
@@ -232,10 +316,7 @@ impl State {
             self.frags.insert(&fk, pin, now_ms.max(1));
             self.frag_event = FragEvent::Pinned(fk);
         }
-        let v = deliver(snap, ep, p, pkt, hash);
-        if matches!(v, Verdict::Forward(_)) {
-            count(ctr, svc, ep, len);
-        }
+        let v = self.deliver(cx, svc, ep, p, pkt, hash, len);
         ctr.flow_evictions.set(self.flows.stats.evictions);
         v
     }
@@ -265,6 +346,67 @@ impl State {
         self.flows.insert(key, Pin { service: svc.key, endpoint: ep.id, incarnation: ep.incarnation }, now_s);
         Some(ep)
     }
+
+    /// Sends the packet to `ep`, or, when it is too big for the tunnel,
+    /// answers the client with the ICMP error that says so.
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    fn deliver<P: PacketBuf>(
+        &mut self,
+        cx: &Cx<'_>,
+        svc: &Service,
+        ep: &Endpoint,
+        p: &Parsed,
+        pkt: &mut P,
+        hash: u64,
+        len: usize,
+    ) -> Verdict {
+        let Some(port) = cx.snap.ports.get(usize::from(ep.port)) else { return Verdict::Drop(DropReason::NoEndpoint) };
+        let r = match ep.delivery {
+            Delivery::L2 => forward_l2(pkt, p, port.mac, ep.mac),
+            Delivery::IpIp { src } => {
+                let t = Tunnel { src, dst: ep.addr, src_mac: port.mac, dst_mac: ep.mac, mtu: port.mtu };
+                match encapsulate(pkt, p, &t, hash) {
+                    Err(DropReason::EncapTooBig) => {
+                        let outer = if src.is_v4() { v4::MIN_LEN } else { v6::LEN };
+                        let mtu = port.mtu.saturating_sub(u16::try_from(outer).unwrap_or(u16::MAX));
+                        return self.answer_too_big(cx, p, pkt, mtu);
+                    }
+                    r => r,
+                }
+            }
+        };
+        match r {
+            Ok(()) => {
+                cx.ctr.balanced.add(1);
+                count(cx.ctr, svc, ep, len);
+                Verdict::Forward(ep.port)
+            }
+            Err(r) => Verdict::Drop(r),
+        }
+    }
+
+    /// The ICMP error for a packet that does not fit `mtu`, out of the port
+    /// it came in on; a drop when none may or can be sent.
+    #[cold]
+    fn answer_too_big<P: PacketBuf>(&mut self, cx: &Cx<'_>, p: &Parsed, pkt: &mut P, mtu: u16) -> Verdict {
+        let Some(port) = cx.snap.ports.get(usize::from(cx.in_port)) else {
+            return Verdict::Drop(DropReason::EncapTooBig);
+        };
+        if !icmp::may_answer(pkt.data(), p) {
+            return Verdict::Drop(DropReason::EncapTooBig);
+        }
+        if !self.icmp.take(cx.now_ms) {
+            return Verdict::Drop(DropReason::IcmpRateLimited);
+        }
+        match icmp::too_big(pkt, p, mtu, port.mac) {
+            Ok(()) => {
+                cx.ctr.icmp_too_big.add(1);
+                Verdict::Forward(cx.in_port)
+            }
+            Err(r) => Verdict::Drop(r),
+        }
+    }
 }
 
 #[inline(always)]
@@ -274,21 +416,5 @@ fn count(ctr: &WorkerCounters, svc: &Service, ep: &Endpoint, len: usize) {
     }
     if let Some(c) = ctr.endpoints.get(ep.counter as usize) {
         c.count(len);
-    }
-}
-
-#[inline]
-fn deliver<P: PacketBuf>(snap: &Snapshot, ep: &Endpoint, p: &Parsed, pkt: &mut P, hash: u64) -> Verdict {
-    let Some(port) = snap.ports.get(usize::from(ep.port)) else { return Verdict::Drop(DropReason::NoEndpoint) };
-    let r = match ep.delivery {
-        Delivery::L2 => forward_l2(pkt, p, port.mac, ep.mac),
-        Delivery::IpIp { src } => {
-            let t = Tunnel { src, dst: ep.addr, src_mac: port.mac, dst_mac: ep.mac, mtu: port.mtu };
-            encapsulate(pkt, p, &t, hash)
-        }
-    };
-    match r {
-        Ok(()) => Verdict::Forward(ep.port),
-        Err(r) => Verdict::Drop(r),
     }
 }

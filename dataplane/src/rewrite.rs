@@ -49,7 +49,7 @@ fn write_eth(frame: &mut [u8], dst: [u8; 6], src: [u8; 6], et: u16) {
 
 /// Makes exactly `before` bytes precede the IP header that is now at `l3`.
 #[inline]
-fn make_room<P: PacketBuf>(pkt: &mut P, l3: usize, before: usize) -> Result<(), DropReason> {
+pub(crate) fn make_room<P: PacketBuf>(pkt: &mut P, l3: usize, before: usize) -> Result<(), DropReason> {
     if before > l3 {
         if !pkt.prepend(before - l3) {
             return Err(DropReason::EncapNoHeadroom);

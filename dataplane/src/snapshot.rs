@@ -43,6 +43,18 @@ pub struct Snapshot {
     pub gateway_v6: Option<NextHop>,
     /// Services by stable key, sorted: (key, index).
     by_key: Vec<(u32, u32)>,
+    /// Per VIP index: the range of `return_keys` holding who may send
+    /// return traffic from that VIP.
+    return_spans: Vec<(u32, u32)>,
+    /// Sorted per VIP: [`return_key`] of every endpoint (input port and
+    /// MAC) of every service the VIP routes to.
+    return_keys: Vec<u64>,
+}
+
+/// One 64-bit key for (input port, source MAC).
+#[inline(always)]
+fn return_key(port: u8, mac: [u8; 6]) -> u64 {
+    u64::from_be_bytes([0, port, mac[0], mac[1], mac[2], mac[3], mac[4], mac[5]])
 }
 
 impl Snapshot {
@@ -61,15 +73,48 @@ impl Snapshot {
             .map(|(i, s)| (s.key, u32::try_from(i).unwrap_or(u32::MAX)))
             .collect();
         by_key.sort_unstable();
+        let classifier = Classifier::build(routes);
+        // Who may send return traffic from each VIP: the endpoints (as the
+        // port and MAC their frames come from) of the services it routes to.
+        let mut allowed: Vec<Vec<u64>> = vec![Vec::new(); classifier.vips().len()];
+        for r in routes {
+            let Some(svc) = services.get(r.service as usize) else { continue };
+            for v in &r.matches.vips {
+                let Some(a) = classifier.vip_index(*v).and_then(|i| allowed.get_mut(i)) else { continue };
+                a.extend(svc.endpoints().map(|e| return_key(e.port, e.mac)));
+            }
+        }
+        let mut return_spans = Vec::with_capacity(allowed.len());
+        let mut return_keys = Vec::new();
+        for mut a in allowed {
+            a.sort_unstable();
+            a.dedup();
+            let start = u32::try_from(return_keys.len()).unwrap_or(u32::MAX);
+            return_spans.push((start, u32::try_from(a.len()).unwrap_or(0)));
+            return_keys.extend_from_slice(&a);
+        }
         Snapshot {
             generation,
-            classifier: Classifier::build(routes),
+            classifier,
             services,
             ports,
             gateway_v4,
             gateway_v6,
             by_key,
+            return_spans,
+            return_keys,
         }
+    }
+
+    /// True when a frame from `mac` received on port `port` may carry
+    /// return traffic from the VIP of index `vip` (from
+    /// [`Classifier::vip_index`]): it comes from an endpoint of a service
+    /// that VIP routes to.
+    #[inline]
+    pub fn return_allowed(&self, vip: usize, port: u8, mac: [u8; 6]) -> bool {
+        let Some(&(start, len)) = self.return_spans.get(vip) else { return false };
+        let (start, len) = (start as usize, len as usize);
+        self.return_keys.get(start..start + len).is_some_and(|k| k.binary_search(&return_key(port, mac)).is_ok())
     }
 
     /// The service with stable key `key`.
@@ -84,5 +129,80 @@ impl Snapshot {
         self.classifier.heap_bytes()
             + self.services.iter().map(|s| s.heap_bytes() + std::mem::size_of::<Service>()).sum::<usize>()
             + self.by_key.capacity() * 8
+            + self.return_spans.capacity() * 8
+            + self.return_keys.capacity() * 8
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::addr::Addr;
+    use crate::classify::RouteMatch;
+    use crate::service::{Algorithm, Delivery, EndpointSpec, ServiceSpec};
+
+    fn svc(key: u32, macs: &[(u8, [u8; 6])], delivery: Delivery) -> Arc<Service> {
+        let endpoints = macs
+            .iter()
+            .enumerate()
+            .map(|(i, &(port, mac))| EndpointSpec {
+                id: u16::try_from(i).unwrap_or(0),
+                incarnation: 1,
+                weight: 1,
+                draining: i == 1,
+                addr: Addr::v4([10, 0, 0, 1]),
+                port,
+                mac,
+                delivery,
+                counter: 0,
+            })
+            .collect();
+        let spec = ServiceSpec {
+            name: format!("s{key}"),
+            key,
+            algorithm: Algorithm::Maglev,
+            flow_table: false,
+            limit: 8,
+            table_size: 0,
+            endpoints,
+        };
+        Arc::new(Service::build(&spec).unwrap_or_else(|e| panic!("{e}")))
+    }
+
+    fn route(service: u32, vips: &[&str]) -> RouteSpec {
+        RouteSpec {
+            name: format!("r{service}"),
+            priority: 0,
+            service,
+            matches: RouteMatch {
+                vips: vips.iter().map(|v| v.parse().unwrap_or_default()).collect(),
+                ..RouteMatch::default()
+            },
+        }
+    }
+
+    #[test]
+    fn return_traffic_is_allowed_from_the_endpoints_of_the_vips_services_only() {
+        let (a, b, hop, c) = ([2, 0, 0, 0, 0, 0xa], [2, 0, 0, 0, 0, 0xb], [2, 0, 0, 0, 0, 0x7], [2, 0, 0, 0, 0, 0xc]);
+        let ipip = Delivery::IpIp { src: Addr::v4([192, 0, 2, 1]) };
+        let snap = Snapshot::new(
+            1,
+            &[route(0, &["20.0.0.1"]), route(1, &["20.0.0.1", "2001:db8::1"]), route(2, &["20.0.0.2"])],
+            vec![svc(0, &[(1, a), (1, b)], Delivery::L2), svc(1, &[(2, hop)], ipip), svc(2, &[(1, c)], Delivery::L2)],
+            vec![PortInfo::default(); 3],
+            None,
+            None,
+        );
+        let vip = |s: &str| snap.classifier.vip_index(s.parse().unwrap_or_default()).unwrap_or(usize::MAX);
+        let v1 = vip("20.0.0.1");
+        assert!(snap.return_allowed(v1, 1, a));
+        assert!(snap.return_allowed(v1, 1, b), "draining endpoints still answer their flows");
+        assert!(snap.return_allowed(v1, 2, hop), "a routed reply comes from the tunnel's next hop");
+        assert!(!snap.return_allowed(v1, 2, a), "right MAC, wrong port");
+        assert!(!snap.return_allowed(v1, 1, c), "endpoint of another VIP's service");
+        assert!(snap.return_allowed(vip("2001:db8::1"), 2, hop));
+        assert!(!snap.return_allowed(vip("2001:db8::1"), 1, a));
+        assert!(snap.return_allowed(vip("20.0.0.2"), 1, c));
+        assert!(!snap.return_allowed(usize::MAX, 1, c));
     }
 }

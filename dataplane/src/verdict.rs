@@ -64,11 +64,25 @@ pub enum DropReason {
     NoExceptionPath,
     /// Sent to an output the worker does not have (a configuration error).
     NoSuchOutput,
+    /// Source is a VIP, but the frame did not come from an endpoint of a
+    /// service that VIP routes to (wrong input port or source MAC).
+    ReturnNotFromEndpoint,
+    /// IPv6 with an IPv4-mapped address (`::ffff:0:0/96`) as source or
+    /// destination, or in the packet an ICMPv6 error embeds.
+    Ipv6MappedAddress,
+    /// Too big to encapsulate, and the ICMP error that would say so is over
+    /// the worker's rate limit.
+    IcmpRateLimited,
+    /// The queue to the worker that owns the flow was full (or there is no
+    /// such worker).
+    SteerQueueFull,
+    /// Still in a steering queue when the workers stopped.
+    SteeredAtShutdown,
 }
 
 impl DropReason {
     /// Every reason, in counter order.
-    pub const ALL: [DropReason; 29] = [
+    pub const ALL: [DropReason; 34] = [
         DropReason::EthTruncated,
         DropReason::FrameTooLong,
         DropReason::NotOurMac,
@@ -98,6 +112,11 @@ impl DropReason {
         DropReason::TxQueueFull,
         DropReason::NoExceptionPath,
         DropReason::NoSuchOutput,
+        DropReason::ReturnNotFromEndpoint,
+        DropReason::Ipv6MappedAddress,
+        DropReason::IcmpRateLimited,
+        DropReason::SteerQueueFull,
+        DropReason::SteeredAtShutdown,
     ];
 
     /// Number of reasons.
@@ -141,6 +160,11 @@ impl DropReason {
             DropReason::TxQueueFull => "tx_queue_full",
             DropReason::NoExceptionPath => "no_exception_path",
             DropReason::NoSuchOutput => "no_such_output",
+            DropReason::ReturnNotFromEndpoint => "return_not_from_endpoint",
+            DropReason::Ipv6MappedAddress => "ipv6_mapped_address",
+            DropReason::IcmpRateLimited => "icmp_rate_limited",
+            DropReason::SteerQueueFull => "steer_queue_full",
+            DropReason::SteeredAtShutdown => "steered_at_shutdown",
         }
     }
 }
@@ -155,6 +179,9 @@ pub enum Verdict {
     Exception,
     /// A later IP fragment whose first fragment has not been seen: hold it.
     Stash,
+    /// Another worker owns the packet's flow (or datagram): hand it over
+    /// to the worker of this index.
+    Steer(u16),
     /// Drop it, counting the reason.
     Drop(DropReason),
 }

@@ -3,17 +3,24 @@
 //!
 //! Each poll round reads the snapshot once (the RCU quiescent point) and
 //! allocates nothing. Outputs 0..P are the ports of the snapshot, in order;
-//! more outputs (exception paths to the kernel) may follow.
+//! more outputs (exception paths to the kernel) may follow. With several
+//! workers, packets whose flow another worker owns go to it through
+//! [`Steering`] queues, drained by their owner every round.
+//!
+//! Every packet is counted once, in a way [`crate::counters::Ledger`]
+//! checks: taken in (received or steered in), then sent (by category),
+//! dropped under a reason, held, or steered out.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use crate::counters::WorkerCounters;
+use crate::counters::{Ledger, WorkerCounters};
 use crate::flow::FragKey;
-use crate::io::{Burst, PacketBuf, PacketIo};
+use crate::io::{Burst, PacketBuf, PacketIo, BURST};
 use crate::pipeline::{FragEvent, Pipeline, PipelineConfig};
 use crate::rcu::Reader;
 use crate::snapshot::Snapshot;
+use crate::steer::{Steered, Steering};
 use crate::verdict::{DropReason, Verdict};
 
 /// What a worker does with an input.
@@ -71,20 +78,29 @@ pub struct Worker<IO: PacketIo> {
     stash: Vec<Held<IO::Buf>>,
     stash_capacity: usize,
     stash_ttl_ms: u64,
+    /// The queues between workers and this worker's index, when steering.
+    steering: Option<(Arc<Steering<IO::Buf>>, usize)>,
 }
 
 impl<IO: PacketIo> std::fmt::Debug for Worker<IO> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Worker").field("inputs", &self.inputs).field("stash", &self.stash.len()).finish()
+        f.debug_struct("Worker")
+            .field("inputs", &self.inputs)
+            .field("stash", &self.stash.len())
+            .field("steering", &self.steering.as_ref().map(|(_, i)| *i))
+            .finish()
     }
 }
 
-/// Where packets go, and the counters and burst buffers they need; split
-/// from the worker so the snapshot can be borrowed alongside.
+/// Where packets go, and the counters, burst buffers and hold-back area
+/// they need; split from the worker so the snapshot can be borrowed alongside.
 struct Out<'a, P> {
     tx: &'a mut [Burst<P>],
     free: &'a mut Burst<P>,
     ctr: &'a WorkerCounters,
+    stash: &'a mut Vec<Held<P>>,
+    steering: Option<&'a Steering<P>>,
+    now_ms: u64,
 }
 
 impl<P: PacketBuf> Out<'_, P> {
@@ -106,6 +122,93 @@ impl<P: PacketBuf> Out<'_, P> {
         self.free.push(pkt);
         if self.free.is_full() {
             io.free(self.free);
+        }
+    }
+
+    /// Sends a processed packet where its verdict says; a later fragment is
+    /// held when fewer than `capacity` are.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    fn route<IO: PacketIo<Buf = P>>(
+        &mut self,
+        io: &mut IO,
+        pipeline: &Pipeline,
+        capacity: usize,
+        v: Verdict,
+        port: u8,
+        exception: Option<usize>,
+        pkt: P,
+    ) {
+        match v {
+            Verdict::Forward(o) => self.send(io, usize::from(o), pkt),
+            Verdict::Exception => match exception {
+                Some(o) => {
+                    self.ctr.exception.add(1);
+                    self.send(io, o, pkt);
+                }
+                None => self.discard(io, DropReason::NoExceptionPath, pkt),
+            },
+            Verdict::Stash => match pipeline.frag_event() {
+                FragEvent::Held(key) if self.stash.len() < capacity => {
+                    self.ctr.stashed.add(1);
+                    self.stash.push(Held { key, port, exception, since: self.now_ms, pkt });
+                }
+                _ => self.discard(io, DropReason::FragmentStashFull, pkt),
+            },
+            Verdict::Steer(w) => {
+                let Some(st) = self.steering else {
+                    self.discard(io, DropReason::SteerQueueFull, pkt);
+                    return;
+                };
+                match st.push(usize::from(w), Steered { pkt, port, exception }) {
+                    Ok(()) => self.ctr.steered_out.add(1),
+                    Err(back) => self.discard(io, DropReason::SteerQueueFull, back.pkt),
+                }
+            }
+            Verdict::Drop(r) => self.discard(io, r, pkt),
+        }
+    }
+
+    /// Processes again the held fragments of the datagram `key`, whose
+    /// first fragment just went through.
+    fn release<IO: PacketIo<Buf = P>>(&mut self, io: &mut IO, pipeline: &mut Pipeline, snap: &Snapshot, key: FragKey) {
+        let mut k = 0;
+        while k < self.stash.len() {
+            if self.stash[k].key != key {
+                k += 1;
+                continue;
+            }
+            let Held { port, exception, mut pkt, .. } = self.stash.swap_remove(k);
+            let v = pipeline.process_steered(snap, port, &mut pkt, self.now_ms, self.ctr);
+            // The datagram is pinned now: a held fragment cannot be held again.
+            let v = if v == Verdict::Stash { Verdict::Drop(DropReason::FragmentStashFull) } else { v };
+            self.route(io, pipeline, 0, v, port, exception, pkt);
+        }
+    }
+
+    /// Processes a packet from a port (`steered`: handed over by another
+    /// worker) and sends it on.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    fn process<IO: PacketIo<Buf = P>>(
+        &mut self,
+        io: &mut IO,
+        pipeline: &mut Pipeline,
+        snap: &Snapshot,
+        capacity: usize,
+        port: u8,
+        exception: Option<usize>,
+        mut pkt: P,
+        steered: bool,
+    ) {
+        let v = if steered {
+            pipeline.process_steered(snap, port, &mut pkt, self.now_ms, self.ctr)
+        } else {
+            pipeline.process(snap, port, &mut pkt, self.now_ms, self.ctr)
+        };
+        self.route(io, pipeline, capacity, v, port, exception, pkt);
+        if let FragEvent::Pinned(key) = pipeline.frag_event() {
+            self.release(io, pipeline, snap, key);
         }
     }
 }
@@ -138,7 +241,20 @@ impl<IO: PacketIo> Worker<IO> {
             stash: Vec::with_capacity(cfg.stash_capacity),
             stash_capacity: cfg.stash_capacity,
             stash_ttl_ms: cfg.stash_ttl_ms,
+            steering: None,
         }
+    }
+
+    /// Makes this worker number `index` of the workers sharing `steering`:
+    /// it hands packets whose flow another worker owns to that worker, and
+    /// drains its own queue every poll. Every worker of the set must have
+    /// the same inputs and outputs (a steered packet carries its input port
+    /// and exception output along).
+    pub fn with_steering(mut self, steering: Arc<Steering<IO::Buf>>, index: usize) -> Self {
+        let workers = u16::try_from(steering.workers()).unwrap_or(u16::MAX);
+        self.pipeline.set_steering(workers, u16::try_from(index).unwrap_or(u16::MAX));
+        self.steering = Some((steering, index));
+        self
     }
 
     /// Its counters.
@@ -156,14 +272,22 @@ impl<IO: PacketIo> Worker<IO> {
         self.stash.len()
     }
 
-    /// One round: a burst from every input, processed and sent. Returns the
-    /// number of packets received. `now_ms` is a monotonic clock.
+    /// Its counters' conservation ledger (between polls).
+    pub fn ledger(&self) -> Ledger {
+        Ledger::of(&self.counters, self.stash.len() as u64)
+    }
+
+    /// One round: a burst from every input and from the steering queue,
+    /// processed and sent. Returns the number of packets taken in.
+    /// `now_ms` is a monotonic clock.
     pub fn poll(&mut self, now_ms: u64) -> usize {
-        let Worker { io, reader, pipeline, counters, inputs, rx, tx, free, stash, stash_capacity, stash_ttl_ms } = self;
+        let Worker { io, reader, pipeline, counters, inputs, rx, tx, free, stash, stash_capacity, stash_ttl_ms, steering } =
+            self;
         let ctr: &WorkerCounters = counters;
         let snap = reader.read();
         ctr.generation.set(snap.generation);
-        let mut out = Out { tx, free, ctr };
+        let capacity = *stash_capacity;
+        let mut out = Out { tx, free, ctr, stash, steering: steering.as_ref().map(|(s, _)| &**s), now_ms };
         let mut total = 0usize;
         for (i, input) in inputs.iter().enumerate() {
             if io.rx(i, rx) == 0 {
@@ -180,22 +304,28 @@ impl<IO: PacketIo> Worker<IO> {
                     }
                 }
                 Input::Port { port, exception } => {
-                    for mut pkt in rx.drain(..) {
-                        let v = pipeline.process(snap, port, &mut pkt, now_ms, ctr);
-                        route(io, &mut out, pipeline, stash, *stash_capacity, v, port, exception, now_ms, pkt);
-                        if let FragEvent::Pinned(key) = pipeline.frag_event() {
-                            release(io, &mut out, pipeline, snap, stash, key, now_ms);
-                        }
+                    for pkt in rx.drain(..) {
+                        out.process(io, pipeline, snap, capacity, port, exception, pkt, false);
                     }
                 }
             }
         }
-        if !stash.is_empty() {
+        if let Some((st, me)) = steering.as_ref() {
+            let mut n = 0;
+            while n < BURST {
+                let Some(s) = st.pop(*me) else { break };
+                n += 1;
+                ctr.steered_in.add(1);
+                out.process(io, pipeline, snap, capacity, s.port, s.exception, s.pkt, true);
+            }
+            total += n;
+        }
+        if !out.stash.is_empty() {
             let ttl = *stash_ttl_ms;
             let mut k = 0;
-            while k < stash.len() {
-                if now_ms.saturating_sub(stash[k].since) > ttl {
-                    let h = stash.swap_remove(k);
+            while k < out.stash.len() {
+                if now_ms.saturating_sub(out.stash[k].since) > ttl {
+                    let h = out.stash.swap_remove(k);
                     out.discard(io, DropReason::FragmentTimeout, h.pkt);
                 } else {
                     k += 1;
@@ -214,16 +344,31 @@ impl<IO: PacketIo> Worker<IO> {
         total
     }
 
-    /// Polls until `stop` is set; `clock` gives milliseconds. Held fragments
-    /// are dropped (and counted) at the end.
-    pub fn run(&mut self, stop: &AtomicBool, clock: impl Fn() -> u64) {
+    /// Polls until `stop` is set; `clock_ms` gives milliseconds, `cycles` a
+    /// finer clock (TSC cycles, nanoseconds: any unit) by which the time of
+    /// each round is counted as busy (it took something in) or idle. Held
+    /// fragments and steered packets left over are dropped (and counted) at
+    /// the end.
+    pub fn run(&mut self, stop: &AtomicBool, clock_ms: impl Fn() -> u64, cycles: impl Fn() -> u64) {
+        let mut last = cycles();
         while !stop.load(Ordering::Relaxed) {
-            self.poll(clock());
+            let n = self.poll(clock_ms());
+            let now = cycles();
+            let spent = now.wrapping_sub(last);
+            last = now;
+            if n == 0 {
+                self.counters.idle_cycles.add(spent);
+            } else {
+                self.counters.busy_cycles.add(spent);
+            }
         }
         self.shutdown();
     }
 
-    /// Drops what is held and goes offline for snapshot reclamation.
+    /// Drops what is held, and what waits in any steering queue, and goes
+    /// offline for snapshot reclamation. Meant for when every worker of a
+    /// steering set stops: each drains all the queues after its own last
+    /// hand-over, so none is left once all have shut down.
     pub fn shutdown(&mut self) {
         for h in self.stash.drain(..) {
             self.counters.count_drop(DropReason::FragmentTimeout);
@@ -232,67 +377,19 @@ impl<IO: PacketIo> Worker<IO> {
                 self.io.free(&mut self.free);
             }
         }
+        if let Some((st, _)) = self.steering.as_ref() {
+            for q in 0..st.workers() {
+                while let Some(s) = st.pop(q) {
+                    self.counters.steered_in.add(1);
+                    self.counters.count_drop(DropReason::SteeredAtShutdown);
+                    self.free.push(s.pkt);
+                    if self.free.is_full() {
+                        self.io.free(&mut self.free);
+                    }
+                }
+            }
+        }
         self.io.free(&mut self.free);
         self.reader.offline();
-    }
-}
-
-/// Sends a processed packet where its verdict says.
-#[allow(clippy::too_many_arguments)]
-#[inline(always)]
-fn route<IO: PacketIo>(
-    io: &mut IO,
-    out: &mut Out<'_, IO::Buf>,
-    pipeline: &Pipeline,
-    stash: &mut Vec<Held<IO::Buf>>,
-    capacity: usize,
-    v: Verdict,
-    port: u8,
-    exception: Option<usize>,
-    now_ms: u64,
-    pkt: IO::Buf,
-) {
-    match v {
-        Verdict::Forward(o) => out.send(io, usize::from(o), pkt),
-        Verdict::Exception => match exception {
-            Some(o) => {
-                out.ctr.exception.add(1);
-                out.send(io, o, pkt);
-            }
-            None => out.discard(io, DropReason::NoExceptionPath, pkt),
-        },
-        Verdict::Stash => match pipeline.frag_event() {
-            FragEvent::Held(key) if stash.len() < capacity => {
-                out.ctr.stashed.add(1);
-                stash.push(Held { key, port, exception, since: now_ms, pkt });
-            }
-            _ => out.discard(io, DropReason::FragmentStashFull, pkt),
-        },
-        Verdict::Drop(r) => out.discard(io, r, pkt),
-    }
-}
-
-/// Processes again the held fragments of the datagram `key`, whose first
-/// fragment just went through.
-fn release<IO: PacketIo>(
-    io: &mut IO,
-    out: &mut Out<'_, IO::Buf>,
-    pipeline: &mut Pipeline,
-    snap: &Snapshot,
-    stash: &mut Vec<Held<IO::Buf>>,
-    key: FragKey,
-    now_ms: u64,
-) {
-    let mut k = 0;
-    while k < stash.len() {
-        if stash[k].key != key {
-            k += 1;
-            continue;
-        }
-        let Held { port, exception, mut pkt, .. } = stash.swap_remove(k);
-        let v = pipeline.process(snap, port, &mut pkt, now_ms, out.ctr);
-        // The datagram is pinned now: a held fragment cannot be held again.
-        let v = if v == Verdict::Stash { Verdict::Drop(DropReason::FragmentStashFull) } else { v };
-        route(io, out, pipeline, stash, 0, v, port, exception, now_ms, pkt);
     }
 }

@@ -76,6 +76,21 @@ fn cases(snap: &Snapshot) -> Vec<Case> {
 
     let arp = craft::ether_with([0xff; 6], client_mac, &[], ethertype::ARP, &[0u8; 28]);
 
+    // 1490 bytes of IPv4 do not fit a 1500-byte port with 20 more in front.
+    let router_mac = [0x02, 0xaa, 0, 0, 0, 1];
+    let seg = craft::tcp(40001, 8443, 0x18, &[0x5a; 1450]);
+    let big4 = craft::with_l4_checksum(craft::ipv4_full(CLIENT, VIP, proto::TCP, 64, 7, v4::DF, &[], &seg), 20);
+    let big4_no_df = craft::with_l4_checksum(craft::ipv4_full(CLIENT, VIP, proto::TCP, 64, 7, 0, &[], &seg), 20);
+    let mut icmp4 = vec![3, 4, 0, 0, 0, 0, 0x05, 0xc8]; // next-hop MTU 1480
+    icmp4.extend_from_slice(&big4[..576 - 28]);
+    let c = sluice_dataplane::checksum::checksum(&icmp4);
+    icmp4[2..4].copy_from_slice(&c.to_be_bytes());
+    let frag_needed = craft::ipv4_full(VIP, CLIENT, proto::ICMP, 64, 0, v4::DF, &[], &icmp4);
+    let big6 = craft::with_l4_checksum(craft::ipv6(CLIENT6, VIP6, proto::TCP, &craft::tcp(5000, 443, 0x18, &[0xa5; 1420])), 40);
+    let mut icmp6 = vec![2, 0, 0, 0, 0, 0, 0x05, 0xb4]; // MTU 1460
+    icmp6.extend_from_slice(&big6[..1280 - 48]);
+    let too_big6 = craft::with_l4_checksum(craft::ipv6(VIP6, CLIENT6, proto::ICMPV6, &icmp6), 40);
+
     vec![
         Case {
             what: "TCP SYN to VIP:80 goes NAT-less to the endpoint the table picks",
@@ -168,7 +183,79 @@ fn cases(snap: &Snapshot) -> Vec<Case> {
             verdict: Verdict::Forward(1),
             out: Some(eth(ep6.mac, BACK_MAC, &[], true, &outer6)),
         },
+        Case {
+            what: "return traffic from a MAC that is no endpoint's",
+            frame: eth(BACK_MAC, [0x02, 0x66, 0, 0, 0, 6], &[], false, &reply),
+            port: 1,
+            verdict: Verdict::Drop(DropReason::ReturnNotFromEndpoint),
+            out: None,
+        },
+        Case {
+            what: "return traffic from an endpoint's MAC on another port than the endpoint's",
+            frame: eth(FRONT_MAC, web_ep, &[], false, &reply),
+            port: 0,
+            verdict: Verdict::Drop(DropReason::ReturnNotFromEndpoint),
+            out: None,
+        },
+        Case {
+            what: "return traffic from an endpoint of a service its source VIP does not route to",
+            frame: eth(BACK_MAC, ep_mac(2, 0, 1), &[], false, &reply),
+            port: 1,
+            verdict: Verdict::Drop(DropReason::ReturnNotFromEndpoint),
+            out: None,
+        },
+        Case {
+            what: "return traffic from an endpoint of another service of the same VIP",
+            frame: eth(BACK_MAC, ep_mac(1, 3, 1), &[], false, &reply),
+            port: 1,
+            verdict: Verdict::Forward(0),
+            out: Some(eth(GW_MAC, FRONT_MAC, &[], false, &reply_out)),
+        },
+        Case {
+            what: "IPv6 to the IPv4-mapped form of a VIP is dropped, not balanced as IPv4",
+            frame: eth(FRONT_MAC, client_mac, &[], true, &craft::with_l4_checksum(craft::ipv6(CLIENT6, mapped(VIP), proto::TCP, &craft::tcp(5000, 80, 2, b"")), 40)),
+            port: 0,
+            verdict: Verdict::Drop(DropReason::Ipv6MappedAddress),
+            out: None,
+        },
+        Case {
+            what: "IPv6 from an IPv4-mapped source is dropped",
+            frame: eth(FRONT_MAC, client_mac, &[], true, &craft::with_l4_checksum(craft::ipv6(mapped(CLIENT), VIP6, proto::TCP, &craft::tcp(5000, 443, 2, b"")), 40)),
+            port: 0,
+            verdict: Verdict::Drop(DropReason::Ipv6MappedAddress),
+            out: None,
+        },
+        Case {
+            what: "IPv4 with DF too big for its IPv4-in-IPv4 tunnel: fragmentation needed back to the client",
+            frame: eth(FRONT_MAC, router_mac, &[], false, &big4),
+            port: 0,
+            verdict: Verdict::Forward(0),
+            out: Some(eth(router_mac, FRONT_MAC, &[], false, &frag_needed)),
+        },
+        Case {
+            what: "IPv4 without DF too big for its tunnel (we do not fragment)",
+            frame: eth(FRONT_MAC, router_mac, &[], false, &big4_no_df),
+            port: 0,
+            verdict: Verdict::Drop(DropReason::EncapTooBig),
+            out: None,
+        },
+        Case {
+            what: "IPv6 too big for its IPv6-in-IPv6 tunnel: packet too big back to the client",
+            frame: eth(FRONT_MAC, router_mac, &[], true, &big6),
+            port: 0,
+            verdict: Verdict::Forward(0),
+            out: Some(eth(router_mac, FRONT_MAC, &[], true, &too_big6)),
+        },
     ]
+}
+
+/// `::ffff:a.b.c.d`.
+fn mapped(a: [u8; 4]) -> [u8; 16] {
+    let mut m = [0u8; 16];
+    m[10] = 0xff;
+    m[11] = 0xff;
+    m[12..].copy_from_slice(&a);
+    m
 }
 
 #[test]

@@ -75,7 +75,12 @@ fn swapping_snapshots_under_load_loses_and_misdirects_nothing() {
                 let mut w = Worker::new(MemIo::new(1, 2), reader, Arc::clone(&ctr), &cfg);
                 let (mut sent, mut got, mut last_gen, mut gens) = (0u64, 0u64, 0u64, std::collections::BTreeSet::new());
                 let mut sport = 1024u16 + u16::try_from(id).unwrap() * 30000;
-                while !stop.load(Ordering::Relaxed) || sent != got {
+                // After the stop, a bounded number of rounds to drain.
+                let mut after_stop = 0;
+                while !stop.load(Ordering::Relaxed) || (sent != got && after_stop < 1000) {
+                    if stop.load(Ordering::Relaxed) {
+                        after_stop += 1;
+                    }
                     if !stop.load(Ordering::Relaxed) {
                         for _ in 0..32 {
                             sport = sport.wrapping_add(1).max(1024);
@@ -109,7 +114,6 @@ fn swapping_snapshots_under_load_loses_and_misdirects_nothing() {
         .collect();
 
     let mut weaks = vec![first_weak];
-    let mut max_pending = 0;
     let end = Instant::now() + Duration::from_millis(1500);
     let mut generation = 1;
     while Instant::now() < end {
@@ -117,9 +121,10 @@ fn swapping_snapshots_under_load_loses_and_misdirects_nothing() {
         let (s, weak) = snapshot(generation);
         weaks.push(weak);
         publisher.publish(s);
-        max_pending = max_pending.max(publisher.pending());
         std::thread::sleep(Duration::from_micros(300));
     }
+    // Reclaimed while the workers ran (not only at the end).
+    let freed_while_running = weaks.iter().filter(|w| w.upgrade().is_none()).count();
     stop.store(true, Ordering::Relaxed);
     for w in workers {
         let (sent, got, gens) = w.join().unwrap();
@@ -128,7 +133,11 @@ fn swapping_snapshots_under_load_loses_and_misdirects_nothing() {
         assert!(gens > 3, "workers saw many generations ({gens})");
     }
     assert!(generation > 100, "many snapshots were published ({generation})");
-    assert!(max_pending < 50, "old snapshots are freed as workers move on (at most {max_pending} waited)");
+    assert!(
+        freed_while_running * 2 > weaks.len(),
+        "old snapshots are freed as workers move on ({freed_while_running} of {} while they ran)",
+        weaks.len()
+    );
     assert!(publisher.synchronize(Duration::from_secs(1)));
     let alive = weaks.iter().filter(|w| w.upgrade().is_some()).count();
     assert_eq!(alive, 1, "only the current snapshot is still allocated");

@@ -82,14 +82,20 @@ fn dst_mac(b: &MemBuf) -> [u8; 6] {
     b.data()[0..6].try_into().unwrap()
 }
 
-/// Every received packet was sent, dropped under a reason, or is held.
+/// Every received packet was sent (by category), dropped under a reason,
+/// or is held; and the buffers agree with the counters.
 fn assert_conserved(w: &mut H) {
     let c = Arc::clone(w.counters());
-    let held = w.held() as u64;
+    let ledger = w.ledger();
     let drained = w.drained;
     let io = w.io_mut();
     let sent: u64 = drained + io.outputs.iter().map(|o| o.len() as u64).sum::<u64>();
-    assert_eq!(c.rx_packets.get(), c.tx_packets.get() + c.total_drops() + held, "counters add up");
+    ledger.check().unwrap();
+    assert_eq!(
+        c.rx_packets.get() + c.steered_in.get(),
+        c.tx_packets.get() + c.total_drops() + ledger.held + c.steered_out.get(),
+        "counters add up"
+    );
     assert_eq!(c.tx_packets.get(), sent);
     assert_eq!(c.total_drops(), io.freed as u64, "every drop freed its buffer");
 }
@@ -242,6 +248,224 @@ fn flow_table_keeps_established_flows_when_endpoints_change() {
     assert!(fresh.values().all(|m| *m != ep_mac(4, 0, 1)), "no new flow to a draining endpoint");
     let web2 = send_flows(&mut w, 2000..2600, 80, proto::TCP, 3000);
     assert!(web2.values().all(|m| *m != ep_mac(0, 0, 1)), "without a flow table, draining moves flows away");
-    assert!(p.synchronize(std::time::Duration::from_secs(1)) || w.poll(4000) == 0);
+
+    // The worker holds the snapshot it read last, and nothing older.
+    let current = Arc::downgrade(&p.current());
+    p.publish(with_endpoints(4, 4, 1));
+    assert_eq!(p.reclaim(), 1, "the worker has not passed a quiescent point since");
+    assert!(current.upgrade().is_some());
+    w.poll(4000);
+    assert!(p.synchronize(std::time::Duration::from_secs(1)), "freed once the worker polled again");
+    assert!(current.upgrade().is_none(), "the replaced snapshot is gone");
+    assert_conserved(&mut w);
+}
+
+/// A UDP packet of `client`'s flow to the "dns" service (random + flow table).
+fn dns(client: [u8; 4], sport: u16) -> Vec<u8> {
+    let ip = craft::with_l4_checksum(craft::ipv4(client, VIP, proto::UDP, &craft::udp(sport, 53, &[1; 40])), 20);
+    craft::ether_with(FRONT_MAC, CLIENT_MAC, &[], ethertype::IPV4, &ip)
+}
+
+/// A UDP datagram of `client`'s flow to "dns" in three fragments.
+fn dns_fragments(client: [u8; 4], sport: u16, id: u16) -> [Vec<u8>; 3] {
+    let dgram = craft::udp(sport, 53, &[2; 64]);
+    let frag = |off: u16, more: bool, part: &[u8]| {
+        let f = (off / 8) | if more { v4::MF } else { 0 };
+        craft::ether_with(FRONT_MAC, CLIENT_MAC, &[], ethertype::IPV4, &craft::ipv4_full(client, VIP, proto::UDP, 64, id, f, &[], part))
+    };
+    [frag(0, true, &dgram[..24]), frag(24, true, &dgram[24..48]), frag(48, false, &dgram[48..])]
+}
+
+/// A router's "fragmentation needed" about the reply VIP:53 -> client.
+fn dns_icmp(client: [u8; 4], sport: u16) -> Vec<u8> {
+    let reply = craft::ipv4(VIP, client, proto::UDP, &craft::udp(53, sport, &[0; 40]));
+    let err = craft::icmp4_error(3, 4, &reply[..28]);
+    craft::ether_with(FRONT_MAC, [0x02, 0xaa, 0, 0, 0, 1], &[], ethertype::IPV4, &craft::ipv4([203, 0, 113, 1], VIP, proto::ICMP, &err))
+}
+
+/// The client a forwarded frame is about: the source, or for an ICMP error
+/// the destination of the reply it quotes.
+fn client_of(frame: &[u8]) -> Addr {
+    match sluice_dataplane::parse::parse(frame) {
+        Ok(sluice_dataplane::parse::Frame::Ip(p)) if p.icmp_error => p.inner.dst,
+        Ok(sluice_dataplane::parse::Frame::Ip(p)) => p.flow.src,
+        other => panic!("a forwarded frame parses: {other:?}"),
+    }
+}
+
+#[test]
+fn steering_brings_every_packet_of_a_flow_to_one_endpoint() {
+    use sluice_dataplane::counters::Ledger;
+    use sluice_dataplane::steer::Steering;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::mpsc;
+    use std::time::{Duration, Instant};
+
+    const WORKERS: usize = 3;
+    let p = Publisher::new(appliance(1));
+    let steering = Steering::new(WORKERS, 1024);
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut feeds = Vec::new();
+    let mut counters = Vec::new();
+    let mut threads = Vec::new();
+    for k in 0..WORKERS {
+        let (tx, rx) = mpsc::channel::<Vec<Vec<u8>>>();
+        let ctr = Arc::new(WorkerCounters::new(8, 1000));
+        let cfg = WorkerConfig { id: k as u32, stash_capacity: 512, ..config() };
+        let mut w = Worker::new(MemIo::new(3, 3), p.reader(), Arc::clone(&ctr), &cfg).with_steering(Arc::clone(&steering), k);
+        let stop = Arc::clone(&stop);
+        feeds.push(tx);
+        counters.push(ctr);
+        threads.push(std::thread::spawn(move || {
+            let mut out = Vec::new();
+            loop {
+                let stopping = stop.load(Ordering::Acquire);
+                while let Ok(batch) = rx.try_recv() {
+                    w.io_mut().inputs[0].extend(batch.iter().map(|f| MemBuf::new(f)));
+                }
+                w.poll(1);
+                out.append(&mut w.io_mut().outputs[1]);
+                if stopping {
+                    break;
+                }
+            }
+            w.shutdown();
+            let ledger = w.ledger();
+            let io = w.io_mut();
+            assert!(io.inputs.iter().all(|q| q.is_empty()));
+            (out, ledger, io.freed, io.outputs.iter().map(Vec::len).sum::<usize>())
+        }));
+    }
+    let settled = |n: u64| {
+        let end = Instant::now() + Duration::from_secs(20);
+        loop {
+            let done: u64 = counters.iter().map(|c| c.tx_packets.get() + c.total_drops()).sum();
+            if done >= n {
+                return done;
+            }
+            assert!(Instant::now() < end, "{done} of {n} packets came out");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    };
+
+    // RSS would spread a flow's packets by addresses; here every kind of
+    // packet of flow i goes to another worker than the others.
+    let clients: Vec<[u8; 4]> = (0..90u8).map(|i| [10, 9, i / 16, i]).collect();
+    let mut batches = vec![Vec::new(); WORKERS];
+    for (i, c) in clients.iter().enumerate() {
+        batches[i % WORKERS].push(dns(*c, 5000));
+    }
+    for (f, b) in feeds.iter().zip(batches) {
+        f.send(b).unwrap();
+    }
+    let first = settled(90);
+    assert_eq!(first, 90);
+    let mut batches = vec![Vec::new(); WORKERS];
+    for (i, c) in clients.iter().enumerate() {
+        let [a, b, z] = dns_fragments(*c, 5000, 1000 + i as u16);
+        // Later fragments first, the first one last, on three workers.
+        batches[(i + 2) % WORKERS].push(z);
+        batches[(i + 1) % WORKERS].push(b);
+        batches[(i + 1) % WORKERS].push(dns(*c, 5000));
+        batches[i % WORKERS].push(a);
+        batches[(i + 2) % WORKERS].push(dns_icmp(*c, 5000));
+    }
+    for (f, b) in feeds.iter().zip(batches) {
+        f.send(b).unwrap();
+    }
+    let total = 90 * 6;
+    assert_eq!(settled(total), total);
+    stop.store(true, Ordering::Release);
+
+    let mut endpoints: HashMap<Addr, HashSet<[u8; 6]>> = HashMap::new();
+    let mut sum = Ledger::default();
+    let (mut freed, mut out_frames) = (0, 0);
+    for t in threads {
+        let (out, ledger, f, o) = t.join().unwrap();
+        for b in &out {
+            endpoints.entry(client_of(b.data())).or_default().insert(dst_mac(b));
+        }
+        ledger.check().unwrap();
+        sum = sum + ledger;
+        freed += f;
+        out_frames += o + out.len();
+    }
+    let split: Vec<_> = endpoints.iter().filter(|(_, m)| m.len() > 1).collect();
+    assert!(split.is_empty(), "flows sent to several endpoints: {split:?}");
+    assert_eq!(endpoints.len(), 90);
+    assert_eq!(endpoints.values().map(HashSet::len).sum::<usize>(), 90);
+    // Conservation over all workers; the queues are empty.
+    sum.check().unwrap();
+    assert_eq!(sum.received, total);
+    assert_eq!((sum.sent, sum.dropped + sum.output_drops, sum.held), (total, 0, 0), "{sum:?}");
+    assert_eq!(sum.steered_out, sum.steered_in, "nothing left in the queues");
+    assert!(sum.steered_out >= 90 * 4, "most fragments and errors changed worker ({})", sum.steered_out);
+    assert_eq!(steering.queued(), 0);
+    assert_eq!((freed, out_frames as u64), (0, total));
+}
+
+#[test]
+fn steering_is_for_stateful_traffic_and_bounded() {
+    use sluice_dataplane::steer::{owner, Steering};
+    let p = Publisher::new(appliance(1));
+    let steering = Steering::new(2, 1);
+    let mut a = H {
+        w: Worker::new(MemIo::new(3, 3), p.reader(), Arc::new(WorkerCounters::new(8, 1000)), &config()).with_steering(Arc::clone(&steering), 0),
+        drained: 0,
+    };
+    // Clients owned by worker 1.
+    let theirs: Vec<[u8; 4]> = (0..=255u8).map(|i| [10, 7, 0, i]).filter(|c| owner(Addr::v4(*c), Addr::v4(VIP), 2) == 1).take(3).collect();
+    let web = |c: [u8; 4]| craft::ether_with(FRONT_MAC, CLIENT_MAC, &[], ethertype::IPV4, &craft::ipv4(c, VIP, proto::TCP, &craft::tcp(4000, 80, 2, b"")));
+    // Stateless maglev, not fragmented: never steered.
+    feed(&mut a, 0, &theirs.iter().map(|c| web(*c)).collect::<Vec<_>>());
+    a.poll(1);
+    assert_eq!(drain(&mut a, 1).len(), 3);
+    assert_eq!(a.counters().steered_out.get(), 0);
+    // A flow-table service: steered, one queue slot, the rest a counted drop.
+    feed(&mut a, 0, &theirs.iter().map(|c| dns(*c, 7)).collect::<Vec<_>>());
+    a.poll(1);
+    assert_eq!(a.counters().steered_out.get(), 1);
+    assert_eq!(a.counters().drops[DropReason::SteerQueueFull.index()].get(), 2);
+    assert_eq!(steering.queued(), 1);
+    // Worker 0's own flows stay with it.
+    let mine = (0..=255u8).map(|i| [10, 8, 0, i]).find(|c| owner(Addr::v4(*c), Addr::v4(VIP), 2) == 0).unwrap();
+    feed(&mut a, 0, &[dns(mine, 7)]);
+    a.poll(1);
+    assert_eq!(drain(&mut a, 1).len(), 1);
+    assert_conserved(&mut a);
+    // Shutdown frees what waits in the queues, counted.
+    a.w.shutdown();
+    assert_eq!(steering.queued(), 0);
+    assert_eq!(a.counters().drops[DropReason::SteeredAtShutdown.index()].get(), 1);
+    assert_eq!(a.counters().steered_in.get(), 1);
+    assert_conserved(&mut a);
+}
+
+#[test]
+fn busy_time_is_time_not_polls() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let p = Publisher::new(appliance(1));
+    let mut w = worker(&p);
+    let frames: Vec<Vec<u8>> = (0..64).map(|i| to_vip(1000 + i, 80, proto::TCP)).collect();
+    feed(&mut w, 0, &frames);
+    let ctr = Arc::clone(w.counters());
+    let stop = AtomicBool::new(false);
+    let polls = AtomicU64::new(0);
+    // A clock on which a packet costs 1000 cycles and a round 10: two busy
+    // rounds of 32 packets, then 998 idle ones.
+    let cycles = || 1000 * ctr.rx_packets.get() + 10 * polls.load(Ordering::Relaxed);
+    let clock_ms = || {
+        if polls.fetch_add(1, Ordering::Relaxed) + 1 == 1000 {
+            stop.store(true, Ordering::Relaxed);
+        }
+        1
+    };
+    w.run(&stop, clock_ms, cycles);
+    assert_eq!((ctr.busy_polls.get(), ctr.idle_polls.get()), (2, 998));
+    assert_eq!(ctr.busy_cycles.get(), 2 * 10 + 64 * 1000);
+    assert_eq!(ctr.idle_cycles.get(), 998 * 10);
+    let busy = ctr.busy_cycles.get() as f64 / (ctr.busy_cycles.get() + ctr.idle_cycles.get()) as f64;
+    assert!(busy > 0.8, "busy {busy}, though only 0.2 % of the polls were");
+    assert_eq!(drain(&mut w, 1).len(), 64);
     assert_conserved(&mut w);
 }

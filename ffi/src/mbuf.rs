@@ -194,6 +194,11 @@ impl PacketBuf for Mbuf {
         true
     }
 
+    #[inline]
+    fn truncate(&mut self, len: usize) -> bool {
+        len <= self.len() && self.set_len(len)
+    }
+
     #[inline(always)]
     fn rss_hash(&self) -> Option<u32> {
         let m = self.raw();

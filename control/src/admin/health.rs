@@ -30,6 +30,15 @@ pub fn sample(sh: &Shared, now: Instant) {
             l.progressed = now;
         }
         l.generation = c.generation.get();
+        let cycles = (c.busy_cycles.get(), c.idle_cycles.get());
+        let (db, di) = (cycles.0.saturating_sub(l.cycles.0), cycles.1.saturating_sub(l.cycles.1));
+        l.cycles = cycles;
+        if db + di > 0 {
+            #[allow(clippy::cast_precision_loss)] // a share
+            let share = db as f64 / (db + di) as f64;
+            // About one second of memory at five samples a second.
+            l.busy_share = 0.8 * l.busy_share + 0.2 * share;
+        }
         if l.generation >= published {
             l.lagging_since = None;
         } else if l.lagging_since.is_none() {

@@ -106,7 +106,7 @@ type WorkerMetric = (&'static str, &'static str, fn(&WorkerCounters) -> u64);
 /// A metric read from a port's statistics.
 type PortMetric = (&'static str, &'static str, fn(&PortStats) -> u64);
 
-const WORKER_COUNTERS: [WorkerMetric; 11] = [
+const WORKER_COUNTERS: [WorkerMetric; 14] = [
     ("rx_packets", "Packets received from ports.", |w| w.rx_packets.get()),
     ("rx_bytes", "Bytes received from ports.", |w| w.rx_bytes.get()),
     ("tx_packets", "Packets sent.", |w| w.tx_packets.get()),
@@ -118,6 +118,9 @@ const WORKER_COUNTERS: [WorkerMetric; 11] = [
     ("busy_polls", "Poll rounds that received packets.", |w| w.busy_polls.get()),
     ("idle_polls", "Poll rounds that received nothing.", |w| w.idle_polls.get()),
     ("flow_evictions", "Live flow-table entries evicted to make room.", |w| w.flow_evictions.get()),
+    ("icmp_too_big", "ICMP fragmentation-needed / packet-too-big errors sent to clients whose packets no longer fit a tunnel.", |w| w.icmp_too_big.get()),
+    ("steered_out_packets", "Packets handed to the worker that owns their flow.", |w| w.steered_out.get()),
+    ("steered_in_packets", "Packets received from another worker that handed over their flow.", |w| w.steered_in.get()),
 ];
 
 const PORT_COUNTERS: [PortMetric; 8] = [
@@ -229,6 +232,22 @@ impl Collector for SluiceCollector {
             let full = format!("sluice_worker_{name}");
             family(&mut e, &full, help, Kind::Counter, sh.workers.iter().map(|w| (worker(w), f(get(&w.counters)))))?;
         }
+        #[allow(clippy::cast_precision_loss)] // seconds as a float
+        let secs = |cycles: u64| V::F(if sh.cycles_hz == 0 { 0.0 } else { cycles as f64 / sh.cycles_hz as f64 });
+        family(
+            &mut e,
+            "sluice_worker_busy_seconds",
+            "Time a worker spent in poll rounds that received packets.",
+            Kind::Counter,
+            sh.workers.iter().map(|w| (worker(w), secs(w.counters.busy_cycles.get()))),
+        )?;
+        family(
+            &mut e,
+            "sluice_worker_idle_seconds",
+            "Time a worker spent in poll rounds that received nothing.",
+            Kind::Counter,
+            sh.workers.iter().map(|w| (worker(w), secs(w.counters.idle_cycles.get()))),
+        )?;
         family(
             &mut e,
             "sluice_worker_snapshot_generation",

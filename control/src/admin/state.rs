@@ -189,6 +189,10 @@ pub struct WorkerLiveness {
     pub generation: u64,
     /// Since when it has lagged behind the published generation (None: it has not).
     pub lagging_since: Option<Instant>,
+    /// Busy and idle cycles at the last sample.
+    pub cycles: (u64, u64),
+    /// Share of time spent on packets, recently (moving average over about a second).
+    pub busy_share: f64,
 }
 
 /// Everything the admin endpoint and the samplers read.
@@ -229,7 +233,7 @@ impl Shared {
         let now = Instant::now();
         let liveness = workers
             .iter()
-            .map(|_| WorkerLiveness { polls: 0, progressed: now, generation: 0, lagging_since: None })
+            .map(|_| WorkerLiveness { polls: 0, progressed: now, generation: 0, lagging_since: None, cycles: (0, 0), busy_share: 0.0 })
             .collect();
         Shared {
             started: now,

@@ -22,6 +22,13 @@ struct WorkerView {
     drops: u64,
     busy_polls: u64,
     idle_polls: u64,
+    busy_seconds: f64,
+    idle_seconds: f64,
+    busy_percent_recent: f64,
+    packets_per_busy_poll: f64,
+    icmp_too_big: u64,
+    steered_out: u64,
+    steered_in: u64,
     generation: u64,
 }
 
@@ -115,12 +122,23 @@ pub fn status(sh: &Shared) -> String {
             }
         })
         .collect();
+    let live = lock(&sh.liveness).clone();
+    #[allow(clippy::cast_precision_loss)] // rates and shares
+    let ratio = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
     let workers = sh
         .workers
         .iter()
-        .map(|w| {
+        .zip(&live)
+        .map(|(w, l)| {
             let c = &w.counters;
             WorkerView {
+                busy_seconds: ratio(c.busy_cycles.get(), sh.cycles_hz),
+                idle_seconds: ratio(c.idle_cycles.get(), sh.cycles_hz),
+                busy_percent_recent: 100.0 * l.busy_share,
+                packets_per_busy_poll: ratio(c.rx_packets.get() + c.steered_in.get(), c.busy_polls.get()),
+                icmp_too_big: c.icmp_too_big.get(),
+                steered_out: c.steered_out.get(),
+                steered_in: c.steered_in.get(),
                 lcore: w.lcore,
                 rx_packets: c.rx_packets.get(),
                 tx_packets: c.tx_packets.get(),

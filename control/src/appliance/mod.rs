@@ -29,6 +29,7 @@ use sluice_dataplane::counters::WorkerCounters;
 use sluice_dataplane::pipeline::PipelineConfig;
 use sluice_dataplane::rcu::Publisher;
 use sluice_dataplane::snapshot::Snapshot;
+use sluice_dataplane::steer::Steering;
 use sluice_dataplane::worker::{Worker, WorkerConfig};
 use sluice_ffi::{Eal, Mempool, PortStats, PortStatsReader, QueueIo};
 use tokio::sync::watch;
@@ -98,6 +99,9 @@ impl PoolProbe for Pool {
     }
 }
 
+/// Packets each worker's steering queue holds.
+const STEER_QUEUE: usize = 1024;
+
 /// Runs the appliance.
 pub fn run(args: &RunArgs) -> Result<ExitCode> {
     let initial = sources::read(&args.config).map_err(|ps| problems_error(&ps, &args.config))?;
@@ -137,6 +141,9 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
     }
 
     let plan = Plan::new(&machine.ports.iter().map(|p| p.tap.is_some()).collect::<Vec<_>>());
+    // Fragments, ICMP errors and flow-table flows go to the worker that owns
+    // them; the queues between workers hold this many packets each.
+    let steering = Steering::new(lcores.len(), STEER_QUEUE);
     let publisher = Publisher::new(Snapshot::default());
     let mut built = Vec::new();
     let mut entries = Vec::new();
@@ -170,7 +177,8 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
             stash_capacity: 256,
             stash_ttl_ms: 1000,
         };
-        built.push((lcore, Worker::new(io, publisher.reader(), Arc::clone(&ctr), &wc)));
+        let worker = Worker::new(io, publisher.reader(), Arc::clone(&ctr), &wc).with_steering(Arc::clone(&steering), k);
+        built.push((lcore, worker));
         entries.push(WorkerEntry { lcore: lcore.0, counters: ctr });
     }
 
@@ -196,7 +204,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
         ports,
         Arc::new(Pool(Arc::clone(&machine.pool))),
         entries,
-        1_000_000_000,
+        eal.tsc_hz(),
     ));
     let topo = Topology {
         ports: machine
@@ -214,7 +222,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
     for (lcore, mut worker) in built {
         workers.launch(&eal, lcore, move |stop| {
             let start = Instant::now();
-            worker.run(stop, || u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX));
+            worker.run(stop, || u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX), sluice_ffi::tsc);
             0
         })?;
     }

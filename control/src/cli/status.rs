@@ -129,6 +129,7 @@ pub fn render(st: &Value) -> String {
         .into_iter()
         .flatten()
         .map(|w| {
+            let f1 = |v: &Value| format!("{:.1}", v.as_f64().unwrap_or(0.0));
             vec![
                 s(&w["lcore"]),
                 s(&w["rx_packets"]),
@@ -137,11 +138,18 @@ pub fn render(st: &Value) -> String {
                 s(&w["returned"]),
                 s(&w["exception"]),
                 s(&w["drops"]),
+                format!("{}%", f1(&w["busy_percent_recent"])),
+                f1(&w["packets_per_busy_poll"]),
+                format!("{}/{}", s(&w["steered_out"]), s(&w["steered_in"])),
                 s(&w["generation"]),
             ]
         })
         .collect();
-    table(&mut o, &["LCORE", "RX", "TX", "BALANCED", "RETURNED", "TO KERNEL", "DROPS", "GENERATION"], &rows);
+    table(
+        &mut o,
+        &["LCORE", "RX", "TX", "BALANCED", "RETURNED", "TO KERNEL", "DROPS", "BUSY", "PKTS/BUSY POLL", "STEERED OUT/IN", "GENERATION"],
+        &rows,
+    );
     let _ = writeln!(o, "\nSERVICES");
     let rows: Vec<Vec<String>> = st["services"]
         .as_array()

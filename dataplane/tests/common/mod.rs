@@ -19,6 +19,7 @@ pub const VIP: [u8; 4] = [20, 0, 0, 1];
 pub const VIP6: [u8; 16] = [0x20, 1, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0];
 pub const CLIENT6: [u8; 16] = [0x20, 1, 0x0d, 0xb8, 0, 9, 0, 0, 0, 0, 0, 0, 0, 0, 0, 7];
 pub const APPLIANCE6: [u8; 16] = [0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
+pub const APPLIANCE4: [u8; 4] = [192, 168, 1, 1];
 
 /// MAC of endpoint `id` of service `svc` in generation `generation`.
 pub fn ep_mac(svc: u8, id: u16, generation: u16) -> [u8; 6] {
@@ -77,7 +78,8 @@ pub fn route(name: &str, service: u32, vip: Addr, dport: Option<u16>, protocols:
 }
 
 /// Services: 0 "web" (maglev, 3 L2 endpoints), 1 "dns" (random), 2 "web6"
-/// (IPv6-in-IPv6), 3 "empty", 4 "sticky" (maglev + flow table).
+/// (IPv6-in-IPv6), 3 "empty", 4 "sticky" (maglev + flow table), 5 "tunnel4"
+/// (IPv4-in-IPv4, TCP and UDP port 8443).
 pub fn appliance(generation: u64) -> Snapshot {
     let g = u16::try_from(generation % 256).unwrap();
     let l2 = |s: u8, n: u16| (0..n).map(|i| endpoint(s, i, g, Delivery::L2)).collect::<Vec<_>>();
@@ -88,6 +90,7 @@ pub fn appliance(generation: u64) -> Snapshot {
         service("web6", 2, Algorithm::Maglev, false, ipip6),
         service("empty", 3, Algorithm::Maglev, false, vec![]),
         service("sticky", 4, Algorithm::Maglev, true, l2(4, 3)),
+        service("tunnel4", 5, Algorithm::Maglev, false, (0..2).map(|i| endpoint(5, i, g, Delivery::IpIp { src: Addr::v4(APPLIANCE4) })).collect()),
     ];
     let routes = vec![
         route("web", 0, Addr::v4(VIP), Some(80), &[proto::TCP]),
@@ -95,6 +98,7 @@ pub fn appliance(generation: u64) -> Snapshot {
         route("web6", 2, Addr::v6(VIP6), Some(443), &[proto::TCP]),
         route("empty", 3, Addr::v4(VIP), Some(9), &[proto::TCP]),
         route("sticky", 4, Addr::v4(VIP), Some(8080), &[proto::TCP]),
+        route("tunnel4", 5, Addr::v4(VIP), Some(8443), &[proto::TCP, proto::UDP]),
     ];
     Snapshot::new(
         generation,
