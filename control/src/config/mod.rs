@@ -24,7 +24,7 @@ use sluice_dataplane::addr::{Addr, Cidr};
 use sluice_dataplane::classify::RouteMatch;
 
 use crate::model::{limits, Defaults, DeliveryMode, Desired, EndpointDef, Origin, RouteDef, ServiceDef};
-use node::{Node, Problem, Problems};
+use node::{Node, Pos, Problem, Problems};
 use yaml::Value;
 
 /// Bounds of the numbers only the configuration file sets.
@@ -233,7 +233,8 @@ pub fn parse(v: &Value, path: &Path) -> Result<ApplianceConfig, Vec<Problem>> {
             ));
         }
     });
-    root.field("dpdk", |n| dpdk_fits(n, &mut p, &dpdk, ports.len()));
+    let mbufs_at = v.get("dpdk").and_then(|d| d.get("mbufs").or(Some(d))).map_or(v.pos(), Value::pos);
+    dpdk_fits(&mut p, &file, mbufs_at, &dpdk, ports.len());
     let mut gateways = Vec::new();
     root.field("gateways", |n| {
         n.each(&mut p, |n, p| gateways.extend(gateway(n, p, &ports)));
@@ -332,10 +333,9 @@ fn dpdk(n: Node<'_>, p: &mut Problems) -> DpdkConfig {
     n.mapping(p, &["lcores", "memoryMB", "hugepages", "filePrefix", "mbufs", "descriptors", "extraArgs"]);
     n.field("lcores", |n| {
         if let Some(s) = n.string(p) {
-            if let Some(why) = core_list_problem(&s) {
-                n.bad(p, why);
-            } else {
-                d.lcores = s;
+            match cores(&s) {
+                Ok(_) => d.lcores = s,
+                Err(why) => n.bad(p, why),
             }
         }
     });
@@ -351,50 +351,50 @@ fn dpdk(n: Node<'_>, p: &mut Problems) -> DpdkConfig {
     d
 }
 
-/// Why `s` is not a usable core list (`0,1`, `0-3`, `0,2-5`): each core
-/// once, below DPDK's `RTE_MAX_LCORE`, at least two of them.
-fn core_list_problem(s: &str) -> Option<String> {
+/// The cores of a core list (`0,1`, `0-3`, `0,2-5`), or why it is not a
+/// usable one: each core once, below DPDK's `RTE_MAX_LCORE`, at least two
+/// of them.
+fn cores(s: &str) -> Result<Vec<u32>, String> {
     let max = sluice_ffi::sys::RTE_MAX_LCORE;
     let mut cores: Vec<u32> = Vec::new();
     for part in s.split(',') {
         let (a, b) = part.split_once('-').unwrap_or((part, part));
         let (Ok(a), Ok(b)) = (a.trim().parse::<u32>(), b.trim().parse::<u32>()) else {
-            return Some(format!("{s:?} is not a core list (like 0,1 or 0-3)"));
+            return Err(format!("{s:?} is not a core list (like 0,1 or 0-3)"));
         };
         if a > b {
-            return Some(format!("core range {a}-{b} is reversed (write {b}-{a})"));
+            return Err(format!("core range {a}-{b} is reversed (write {b}-{a})"));
         }
         if b >= max {
-            return Some(format!("core {b} is beyond DPDK's limit (cores are 0..{})", max - 1));
+            return Err(format!("core {b} is beyond DPDK's limit (cores are 0..{})", max - 1));
         }
         for c in a..=b {
             if cores.contains(&c) {
-                return Some(format!("core {c} is listed twice"));
+                return Err(format!("core {c} is listed twice"));
             }
             cores.push(c);
         }
     }
-    (cores.len() < 2).then(|| "list at least two cores: the first runs the control thread, the others workers".into())
+    if cores.len() < 2 {
+        return Err("list at least two cores: the first runs the control thread, the others workers".into());
+    }
+    Ok(cores)
 }
 
 /// Checks that the packet buffers fit the memory and fill the receive
-/// rings of `ports` ports.
-fn dpdk_fits(n: Node<'_>, p: &mut Problems, d: &DpdkConfig, ports: usize) {
-    let at = n.v.get("mbufs").map_or(n.pos(), Value::pos);
+/// rings of `ports` ports; a problem is about `mbufs`, at `at`.
+fn dpdk_fits(p: &mut Problems, file: &str, at: Pos, d: &DpdkConfig, ports: usize) {
     let need_mb = (u64::from(d.mbufs) * bounds::MBUF_BYTES).div_ceil(1 << 20);
     if need_mb > u64::from(d.memory_mb) {
-        p.add(n.file(), Some(at), &child(n.path(), "mbufs"), format!(
+        p.add(file, Some(at), "dpdk.mbufs", format!(
             "{} mbufs take at least {need_mb} MB, more than dpdk.memoryMB ({})",
             d.mbufs, d.memory_mb
         ));
     }
-    let workers = d.lcores.split(',').map(|part| part.split_once('-').map_or(1, |(a, b)| {
-        let (a, b) = (a.trim().parse::<u64>().unwrap_or(0), b.trim().parse::<u64>().unwrap_or(0));
-        (b + 1).saturating_sub(a)
-    })).sum::<u64>().saturating_sub(1);
+    let workers = cores(&d.lcores).map_or(0, |c| c.len() - 1) as u64;
     let rx = ports as u64 * workers * u64::from(d.descriptors);
     if rx > u64::from(d.mbufs) {
-        p.add(n.file(), Some(at), &child(n.path(), "mbufs"), format!(
+        p.add(file, Some(at), "dpdk.mbufs", format!(
             "{} mbufs cannot fill the receive rings: {ports} port(s) x {workers} worker(s) x {} descriptors need {rx}",
             d.mbufs, d.descriptors
         ));
@@ -661,13 +661,18 @@ gateways:
 
     #[test]
     fn core_lists() {
-        assert_eq!(core_list_problem("0,1"), None);
-        assert_eq!(core_list_problem("0-3,8"), None);
-        assert_eq!(core_list_problem("3-1").as_deref(), Some("core range 3-1 is reversed (write 1-3)"));
-        assert_eq!(core_list_problem("0,1,1").as_deref(), Some("core 1 is listed twice"));
-        assert_eq!(core_list_problem("0-4294967295").as_deref(), Some("core 4294967295 is beyond DPDK's limit (cores are 0..127)"));
-        assert!(core_list_problem("0;1").unwrap().contains("not a core list"));
-        assert!(core_list_problem("5").unwrap().contains("at least two cores"));
+        assert_eq!(cores("0,1"), Ok(vec![0, 1]));
+        assert_eq!(cores(" 0-3, 8"), Ok(vec![0, 1, 2, 3, 8]));
+        assert_eq!(cores("3-1").unwrap_err(), "core range 3-1 is reversed (write 1-3)");
+        assert_eq!(cores("0,1,1").unwrap_err(), "core 1 is listed twice");
+        assert_eq!(cores("0-4294967295").unwrap_err(), "core 4294967295 is beyond DPDK's limit (cores are 0..127)");
+        assert!(cores("0;1").unwrap_err().contains("not a core list"));
+        assert!(cores("5").unwrap_err().contains("at least two cores"));
+        // Defaults count too: 9 ports x 1 worker x 1024 descriptors > 8191 mbufs.
+        let ports: String = (0..9).map(|i| format!("  - {{name: p{i}, device: net_null{i}}}\n")).collect();
+        assert_eq!(problems(&format!("ports:\n{ports}")), [
+            "c.yaml:1:1: dpdk.mbufs: 8191 mbufs cannot fill the receive rings: 9 port(s) x 1 worker(s) x 1024 descriptors need 9216",
+        ]);
     }
 
     #[test]

@@ -21,7 +21,7 @@ use std::io::Read;
 use std::path::Path;
 use std::rc::Rc;
 
-use saphyr_parser::{Event, Parser, ScalarStyle, Span, Tag};
+use saphyr_parser::{Event, Marker, Parser, ScalarStyle, Span, Tag};
 
 use super::node::Pos;
 
@@ -179,8 +179,7 @@ pub fn read(path: &Path, max: u64) -> Result<String, String> {
     String::from_utf8(bytes).map_err(|e| format!("not UTF-8 text (byte {})", e.utf8_error().valid_up_to()))
 }
 
-fn pos_of(span: &Span) -> Pos {
-    let m = span.start;
+fn pos_of(m: Marker) -> Pos {
     Pos {
         line: u32::try_from(m.line()).unwrap_or(u32::MAX),
         column: u32::try_from(m.col() + 1).unwrap_or(u32::MAX),
@@ -198,14 +197,8 @@ pub fn documents(text: &str, budget: &mut Budget) -> (Vec<Value>, Option<(usize,
             None => break,
             Some(Ok(e)) => e,
             Some(Err(e)) => {
-                let m = e.marker();
-                let pos = Pos {
-                    line: u32::try_from(m.line()).unwrap_or(u32::MAX),
-                    column: u32::try_from(m.col() + 1).unwrap_or(u32::MAX),
-                };
                 let index = b.docs.len();
-                let message = format!("not valid YAML: {}", e.info());
-                return (b.docs, Some((index, YamlError { pos: Some(pos), message, limit: false })));
+                return (b.docs, Some((index, err(pos_of(*e.marker()), format!("not valid YAML: {}", e.info())))));
             }
         };
         if let Err(e) = b.event(event, &span) {
@@ -245,7 +238,7 @@ struct Frame {
     pos: Pos,
     anchor: usize,
     tag: Option<String>,
-    /// `Builder::used` when it opened, itself included.
+    /// `Builder::used` before it opened.
     used_before: usize,
     /// Tallest child (0 for scalars only).
     height: usize,
@@ -288,7 +281,7 @@ impl Builder<'_> {
     }
 
     fn event(&mut self, event: Event<'_>, span: &Span) -> Result<(), YamlError> {
-        let pos = pos_of(span);
+        let pos = pos_of(span.start);
         match event {
             Event::Nothing | Event::StreamStart | Event::StreamEnd => Ok(()),
             Event::DocumentStart(_) => {
