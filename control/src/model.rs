@@ -4,8 +4,10 @@
 //! arrive before or after their service and from another source.
 //!
 //! [`Model::resolve`] merges every source and checks the whole: names are
-//! unique, references resolve, identifiers are unique and below the
-//! service's limit. Every problem is reported, with where it came from.
+//! valid and unique, references resolve, identifiers are unique and below
+//! the service's limit, and every number is within [`limits`], whichever
+//! source wrote it (a file, or a peer on the network). Every problem is
+//! reported, with where it came from.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -14,20 +16,84 @@ use sluice_dataplane::classify::RouteMatch;
 use sluice_dataplane::maglev::{default_size, is_prime, next_prime};
 use sluice_dataplane::service::Algorithm;
 
-use crate::config::node::{Problem, Problems};
+use crate::config::node::{Pos, Problem, Problems};
 
-/// Where a definition came from: a file and a path inside it.
+/// The bounds of every number a user or a peer can set, shared by every
+/// source (the configuration file, manifests and their annotations,
+/// remote sources) and enforced again by [`Model::resolve`].
+pub mod limits {
+    /// Smallest endpoint limit (identifiers are `0..limit`).
+    pub const ENDPOINT_LIMIT_MIN: u32 = 1;
+    /// Largest endpoint limit: identifiers are the dataplane's `u16`.
+    pub const ENDPOINT_LIMIT_MAX: u32 = 65536;
+    /// Largest lookup-table size: the largest prime below 2^24 (16 MiB of
+    /// one-byte entries, 32 MiB of two-byte ones). A table is never
+    /// smaller than its service's endpoint limit.
+    pub const TABLE_SIZE_MAX: u32 = 16_777_213;
+    /// Heaviest endpoint weight (0 takes no new flows).
+    pub const WEIGHT_MAX: u32 = 1 << 20;
+    /// Default budget of all services' lookup tables together, in MiB
+    /// (`capacity.tableMemoryMB`).
+    pub const TABLE_MEMORY_MB_DEFAULT: u32 = 512;
+    /// Smallest `capacity.tableMemoryMB`.
+    pub const TABLE_MEMORY_MB_MIN: u32 = 1;
+    /// Largest `capacity.tableMemoryMB`.
+    pub const TABLE_MEMORY_MB_MAX: u32 = 65536;
+    /// Longest name (services, routes, ports), as a DNS name.
+    pub const NAME_MAX_LEN: usize = 253;
+    /// Smallest port MTU (IPv4's minimum datagram size).
+    pub const MTU_MIN: u16 = 576;
+    /// Smallest MTU of a port with an IPv6 address (RFC 8200).
+    pub const MTU_MIN_IPV6: u16 = 1280;
+    /// Largest port MTU (jumbo frames).
+    pub const MTU_MAX: u16 = 9600;
+    /// A byte match reads bytes before this offset of the transport header
+    /// (`offset + length`): none beyond the largest MTU.
+    pub const BYTE_MATCH_END_MAX: u32 = MTU_MAX as u32;
+
+    /// Bytes of a lookup table of `size` entries for identifiers below
+    /// `limit`: one per entry up to 256 identifiers, else two (as the
+    /// dataplane's `maglev::Entries`).
+    pub fn table_bytes(limit: u32, size: u32) -> u64 {
+        u64::from(size) * if limit <= 256 { 1 } else { 2 }
+    }
+}
+
+/// True for a name usable as an identifier (and a metrics label): ASCII
+/// letters, digits, `-`, `_`, `.`; 1 to [`limits::NAME_MAX_LEN`] long.
+pub fn valid_name(s: &str) -> bool {
+    !s.is_empty() && s.len() <= limits::NAME_MAX_LEN && s.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+}
+
+/// Where a definition came from: a file, the place in it, a path inside it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Default)]
 pub struct Origin {
-    /// File.
+    /// File (or source).
     pub file: String,
+    /// Line and column, when known.
+    pub pos: Option<Pos>,
     /// Path in the file.
     pub path: String,
 }
 
 impl Origin {
-    fn problem(&self, message: impl Into<String>) -> Problem {
-        Problem { file: self.file.clone(), path: self.path.clone(), message: message.into() }
+    /// A problem about what came from here.
+    pub fn problem(&self, message: impl Into<String>) -> Problem {
+        Problem::at(self.file.clone(), self.pos, self.path.clone(), message)
+    }
+}
+
+/// `file:line:column: path`, as in problems.
+impl std::fmt::Display for Origin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.file)?;
+        if let Some(p) = self.pos {
+            write!(f, ":{}:{}", p.line, p.column)?;
+        }
+        if !self.path.is_empty() {
+            write!(f, ": {}", self.path)?;
+        }
+        Ok(())
     }
 }
 
@@ -125,7 +191,7 @@ pub struct Desired {
     pub endpoints: Vec<EndpointDef>,
 }
 
-/// Appliance-wide defaults for services.
+/// Appliance-wide defaults for services, and their shared budget.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Defaults {
     /// Algorithm.
@@ -136,11 +202,20 @@ pub struct Defaults {
     pub flow_table: bool,
     /// Delivery.
     pub delivery: DeliveryMode,
+    /// Memory all services' lookup tables may take together, in MiB
+    /// (`capacity.tableMemoryMB`).
+    pub table_memory_mb: u32,
 }
 
 impl Default for Defaults {
     fn default() -> Self {
-        Defaults { algorithm: Algorithm::Maglev, limit: 32, flow_table: false, delivery: DeliveryMode::L2 }
+        Defaults {
+            algorithm: Algorithm::Maglev,
+            limit: 32,
+            flow_table: false,
+            delivery: DeliveryMode::L2,
+            table_memory_mb: limits::TABLE_MEMORY_MB_DEFAULT,
+        }
     }
 }
 
@@ -212,39 +287,62 @@ impl Model {
 
     /// Merges the sources and checks the result.
     pub fn resolve(&self, defaults: &Defaults) -> Result<Resolved, Vec<Problem>> {
+        use limits::{ENDPOINT_LIMIT_MAX, ENDPOINT_LIMIT_MIN, TABLE_SIZE_MAX, WEIGHT_MAX};
         let mut p = Problems::default();
         let mut services: BTreeMap<String, ResolvedService> = BTreeMap::new();
         let mut owners: HashMap<String, &Origin> = HashMap::new();
+        let budget = u64::from(defaults.table_memory_mb) << 20;
+        let mut table_memory = 0u64;
+        let mut over_budget = false;
         for d in self.sources.values() {
             for s in &d.services {
+                if !valid_name(&s.name) {
+                    p.push(s.origin.problem(format!("{:?} is not a valid service name", s.name)));
+                    continue;
+                }
                 if let Some(first) = owners.get(&s.name) {
-                    p.0.push(s.origin.problem(format!(
-                        "service {:?} is already defined at {}: {}",
-                        s.name, first.file, first.path
-                    )));
+                    p.push(s.origin.problem(format!("service {:?} is already defined at {first}", s.name)));
                     continue;
                 }
                 owners.insert(s.name.clone(), &s.origin);
                 let limit = s.limit.unwrap_or(defaults.limit);
-                if limit == 0 || limit > 65536 {
-                    p.0.push(s.origin.problem(format!("endpoint limit {limit} is outside 1..=65536")));
+                if !(ENDPOINT_LIMIT_MIN..=ENDPOINT_LIMIT_MAX).contains(&limit) {
+                    p.push(s.origin.problem(format!(
+                        "endpoint limit {limit} is outside {ENDPOINT_LIMIT_MIN}..={ENDPOINT_LIMIT_MAX}"
+                    )));
                     continue;
                 }
                 let table_size = match s.table_size {
                     None => default_size(limit),
+                    Some(m) if m > TABLE_SIZE_MAX => {
+                        p.push(s.origin.problem(format!("table size {m} is above the largest, {TABLE_SIZE_MAX}")));
+                        continue;
+                    }
                     Some(m) if !is_prime(m) => {
-                        p.0.push(s.origin.problem(format!(
+                        p.push(s.origin.problem(format!(
                             "table size {m} is not a prime (the next prime is {})",
                             next_prime(m)
                         )));
                         continue;
                     }
                     Some(m) if m < limit => {
-                        p.0.push(s.origin.problem(format!("table size {m} is smaller than the endpoint limit {limit}")));
+                        p.push(s.origin.problem(format!("table size {m} is smaller than the endpoint limit {limit}")));
                         continue;
                     }
                     Some(m) => m,
                 };
+                table_memory += limits::table_bytes(limit, table_size);
+                if table_memory > budget && !over_budget {
+                    over_budget = true;
+                    p.push(s.origin.problem(format!(
+                        "service {:?} takes the lookup tables of all services to {} MiB, over the budget of {} MiB \
+                         (capacity.tableMemoryMB; this service's table: {table_size} entries of {} byte(s))",
+                        s.name,
+                        table_memory.div_ceil(1 << 20),
+                        defaults.table_memory_mb,
+                        limits::table_bytes(limit, 1),
+                    )));
+                }
                 services.insert(
                     s.name.clone(),
                     ResolvedService {
@@ -266,12 +364,12 @@ impl Model {
             for e in &d.endpoints {
                 let Some(svc) = services.get_mut(&e.service) else {
                     if !owners.contains_key(&e.service) {
-                        p.0.push(e.origin.problem(format!("endpoint of an unknown service {:?}", e.service)));
+                        p.push(e.origin.problem(format!("endpoint of an unknown service {:?}", e.service)));
                     }
                     continue;
                 };
                 if e.id >= svc.limit {
-                    p.0.push(e.origin.problem(format!(
+                    p.push(e.origin.problem(format!(
                         "endpoint identifier {} is beyond the limit of service {:?} (identifiers are 0..{})",
                         e.id,
                         e.service,
@@ -279,15 +377,19 @@ impl Model {
                     )));
                     continue;
                 }
+                if e.weight > WEIGHT_MAX {
+                    p.push(e.origin.problem(format!("endpoint weight {} is above the largest, {WEIGHT_MAX}", e.weight)));
+                    continue;
+                }
                 if let Some(first) = ids.get(&(e.service.as_str(), e.id)) {
-                    p.0.push(e.origin.problem(format!(
-                        "duplicate endpoint identifier {} in service {:?} (also at {}: {})",
-                        e.id, e.service, first.file, first.path
+                    p.push(e.origin.problem(format!(
+                        "duplicate endpoint identifier {} in service {:?} (also at {first})",
+                        e.id, e.service
                     )));
                     continue;
                 }
                 if !addrs.insert((e.service.as_str(), e.address)) {
-                    p.0.push(e.origin.problem(format!("endpoint {} appears twice in service {:?}", e.address, e.service)));
+                    p.push(e.origin.problem(format!("endpoint {} appears twice in service {:?}", e.address, e.service)));
                     continue;
                 }
                 ids.insert((e.service.as_str(), e.id), &e.origin);
@@ -302,16 +404,21 @@ impl Model {
         let mut route_names: HashMap<&str, &Origin> = HashMap::new();
         for d in self.sources.values() {
             for r in &d.routes {
+                if !valid_name(&r.name) {
+                    p.push(r.origin.problem(format!("{:?} is not a valid route name", r.name)));
+                    continue;
+                }
                 if let Some(first) = route_names.get(r.name.as_str()) {
-                    p.0.push(r.origin.problem(format!(
-                        "route {:?} is already defined at {}: {}",
-                        r.name, first.file, first.path
-                    )));
+                    p.push(r.origin.problem(format!("route {:?} is already defined at {first}", r.name)));
                     continue;
                 }
                 route_names.insert(&r.name, &r.origin);
+                if let Err(why) = check_match(&r.matches) {
+                    p.push(r.origin.problem(why));
+                    continue;
+                }
                 if !services.contains_key(&r.service) {
-                    p.0.push(r.origin.problem(if owners.contains_key(&r.service) {
+                    p.push(r.origin.problem(if owners.contains_key(&r.service) {
                         format!("route to service {:?}, which has errors", r.service)
                     } else {
                         format!("route to an unknown service {:?}", r.service)
@@ -330,12 +437,41 @@ impl Model {
     }
 }
 
+/// What the configuration layer checks of a route's match, checked again
+/// for sources that bypass it.
+fn check_match(m: &RouteMatch) -> Result<(), String> {
+    for r in m.src_ports.iter().chain(&m.dst_ports) {
+        if r.lo > r.hi {
+            return Err(format!("port range {}-{} is reversed", r.lo, r.hi));
+        }
+    }
+    for b in &m.byte_matches {
+        let full = match b.len {
+            1 => 0xff,
+            2 => 0xffff,
+            4 => u32::MAX,
+            l => return Err(format!("a byte match reads {l} bytes: 1, 2 or 4")),
+        };
+        let end = u32::from(b.offset) + u32::from(b.len);
+        if end > limits::BYTE_MATCH_END_MAX {
+            return Err(format!(
+                "a byte match reads up to byte {end} of the transport header, beyond the largest packet ({})",
+                limits::BYTE_MATCH_END_MAX
+            ));
+        }
+        if b.mask & !full != 0 || b.value & !b.mask != 0 {
+            return Err(format!("byte match mask {:#x} or value {:#x} does not fit {} byte(s)", b.mask, b.value, b.len));
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn origin(path: &str) -> Origin {
-        Origin { file: "t.yaml".into(), path: path.into() }
+        Origin { file: "t.yaml".into(), pos: None, path: path.into() }
     }
 
     fn svc(name: &str) -> ServiceDef {
@@ -407,5 +543,63 @@ mod tests {
         for w in want {
             assert!(errs.iter().any(|e| e.starts_with(w)), "missing {w:?} in {errs:#?}");
         }
+    }
+
+    #[test]
+    fn numbers_from_any_source_are_bounded() {
+        // As a remote source would hand them over, with no configuration
+        // layer in between.
+        use sluice_dataplane::classify::{ByteMatch, PortRange};
+        let mut huge = svc("huge");
+        huge.table_size = Some(4_294_967_291); // a prime: 16 GiB to build
+        let mut wide = svc("wide");
+        wide.limit = Some(65537);
+        let mut none = svc("none");
+        none.limit = Some(0);
+        let mut odd = svc("x");
+        odd.name = "a\"b".into();
+        let mut heavy = ep("web", 0, "10.0.0.1");
+        heavy.weight = limits::WEIGHT_MAX + 1;
+        let mut far = route("far", "web");
+        far.matches.byte_matches = vec![ByteMatch { proto: 6, offset: 65535, len: 4, mask: u32::MAX, value: 0 }];
+        let mut reversed = route("reversed", "web");
+        reversed.matches.dst_ports = vec![PortRange { lo: 90, hi: 80 }];
+        let mut m = Model::default();
+        m.set(
+            "xds",
+            Desired {
+                services: vec![svc("web"), huge, wide, none, odd],
+                endpoints: vec![heavy],
+                routes: vec![far, reversed],
+            },
+        );
+        let errs: Vec<String> = m.resolve(&Defaults::default()).unwrap_err().iter().map(ToString::to_string).collect();
+        assert_eq!(errs, [
+            "t.yaml: services.huge: table size 4294967291 is above the largest, 16777213",
+            "t.yaml: services.wide: endpoint limit 65537 is outside 1..=65536",
+            "t.yaml: services.none: endpoint limit 0 is outside 1..=65536",
+            "t.yaml: services.x: \"a\\\"b\" is not a valid service name",
+            "t.yaml: endpoints.10.0.0.1: endpoint weight 1048577 is above the largest, 1048576",
+            "t.yaml: routes.far: a byte match reads up to byte 65539 of the transport header, beyond the largest packet (9600)",
+            "t.yaml: routes.reversed: port range 90-80 is reversed",
+        ]);
+    }
+
+    #[test]
+    fn lookup_tables_share_one_memory_budget() {
+        assert!(is_prime(limits::TABLE_SIZE_MAX) && !(limits::TABLE_SIZE_MAX + 1..1 << 24).any(is_prime), "the largest prime below 2^24");
+        assert_eq!((limits::table_bytes(256, 1000), limits::table_bytes(257, 1000)), (1000, 2000), "as maglev::Entries");
+        let defaults = Defaults { table_memory_mb: 1, ..Defaults::default() };
+        let names: Vec<String> = (0..200).map(|i| format!("s{i:03}")).collect();
+        let mut m = Model::default();
+        m.set("a", Desired { services: names.iter().map(|n| svc(n)).collect(), ..Default::default() });
+        // 6421 bytes each (limit 32): the 164th crosses 1 MiB.
+        let errs: Vec<String> = m.resolve(&defaults).unwrap_err().iter().map(ToString::to_string).collect();
+        assert_eq!(errs, [
+            "t.yaml: services.s163: service \"s163\" takes the lookup tables of all services to 2 MiB, over the budget of 1 MiB \
+             (capacity.tableMemoryMB; this service's table: 6421 entries of 1 byte(s))",
+        ]);
+        m.set("a", Desired { services: names[..163].iter().map(|n| svc(n)).collect(), ..Default::default() });
+        assert!(m.resolve(&defaults).is_ok(), "163 tables fit");
     }
 }

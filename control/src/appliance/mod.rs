@@ -235,7 +235,14 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
         hops: hops_rx,
         config_path: args.config.clone(),
         initial,
-        admin: (cfg.admin, Limits::default()),
+        admin: (
+            cfg.admin,
+            Limits {
+                max_connections: cfg.admin_max_connections as usize,
+                request_timeout: std::time::Duration::from_secs(u64::from(cfg.admin_request_timeout_secs)),
+                ..Limits::default()
+            },
+        ),
         ifaces: cfg.ports.iter().map(|p| p.kernel_interface.clone()).collect(),
         loss,
     };

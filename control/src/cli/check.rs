@@ -12,7 +12,7 @@ use crate::sources;
 
 /// Check a configuration and its manifests.
 ///
-/// Prints every problem as `file: path: reason` and exits 1 when there is
+/// Prints every problem as `file:line:column: path: reason` and exits 1 when there is
 /// any; prints a summary and exits 0 otherwise. Nothing is started.
 #[derive(Debug, clap::Args)]
 pub struct CheckArgs {
@@ -43,13 +43,6 @@ pub fn problems(path: &std::path::Path) -> Result<sources::Loaded, Vec<Problem>>
         gateways: cfg.gateways.clone(),
     };
     let mut out = Vec::new();
-    if crate::appliance::count_lcores(&cfg.dpdk.lcores) < 2 {
-        out.push(Problem {
-            file: cfg.path.display().to_string(),
-            path: "dpdk.lcores".into(),
-            message: "list at least two cores: the first runs the control thread, the others workers".into(),
-        });
-    }
     let origins: HashMap<(&str, u32), &crate::model::Origin> = loaded
         .resolved
         .services
@@ -57,15 +50,14 @@ pub fn problems(path: &std::path::Path) -> Result<sources::Loaded, Vec<Problem>>
         .flat_map(|s| s.endpoints.iter().map(|e| ((e.service.as_str(), e.id), &e.origin)))
         .collect();
     match Compiler::new(cfg.max_services, cfg.max_endpoints).compile(&loaded.resolved, &topo, &AllResolved) {
-        Err(e) => out.push(Problem { file: cfg.path.display().to_string(), path: String::new(), message: e }),
+        Err(e) => out.push(Problem::new(cfg.path.display().to_string(), "", e)),
         Ok(c) => {
             for e in &c.endpoints {
                 if let EndpointState::Unreachable(why) = &e.state {
-                    let o = origins.get(&(e.service.as_str(), e.id));
-                    out.push(Problem {
-                        file: o.map_or_else(|| cfg.path.display().to_string(), |o| o.file.clone()),
-                        path: o.map_or_else(String::new, |o| o.path.clone()),
-                        message: format!("endpoint {} of service {:?} cannot be reached: {why}", e.address, e.service),
+                    let message = format!("endpoint {} of service {:?} cannot be reached: {why}", e.address, e.service);
+                    out.push(match origins.get(&(e.service.as_str(), e.id)) {
+                        Some(o) => o.problem(message),
+                        None => Problem::new(cfg.path.display().to_string(), "", message),
                     });
                 }
             }

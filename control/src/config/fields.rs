@@ -4,17 +4,58 @@
 // Integers are range-checked by `Node::int` before any narrowing cast.
 #![allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
 
+use std::net::Ipv6Addr;
+
 use sluice_dataplane::addr::{Addr, Cidr};
 use sluice_dataplane::classify::{ByteMatch, PortRange};
+use sluice_dataplane::maglev::{is_prime, next_prime};
 use sluice_dataplane::parse::proto;
 
 use super::node::{Node, Problems};
+use crate::model::{limits, valid_name};
+
+/// Why `text` (an address, or `address/length`) may not be written as it
+/// is: IPv4 addresses are kept as IPv4-mapped IPv6 inside, so a mapped
+/// address written by hand (`::ffff:20.0.0.1`) would silently become IPv4.
+pub fn mapped_v4(text: &str) -> Option<String> {
+    let (a, len) = match text.trim().split_once('/') {
+        Some((a, l)) => (a, Some(l)),
+        None => (text.trim(), None),
+    };
+    let v4 = a.parse::<Ipv6Addr>().ok()?.to_ipv4_mapped()?;
+    let ipv4_form = match len.map(|l| l.trim().parse::<u8>()) {
+        None => v4.to_string(),
+        Some(Ok(l)) if (96..=128).contains(&l) => format!("{v4}/{}", l - 96),
+        Some(_) => return Some(format!("{text:?} is an IPv4-mapped IPv6 address: write IPv4 addresses and prefixes in their IPv4 form")),
+    };
+    Some(format!("{text:?} is an IPv4-mapped IPv6 address: write the IPv4 form, {ipv4_form}"))
+}
+
+/// An IP address (not IPv4-mapped IPv6).
+pub fn addr(n: Node<'_>, p: &mut Problems) -> Option<Addr> {
+    let s = n.string(p)?;
+    if let Some(why) = mapped_v4(&s) {
+        n.bad(p, why);
+        return None;
+    }
+    match s.trim().parse::<Addr>() {
+        Ok(a) => Some(a),
+        Err(e) => {
+            n.bad(p, format!("{s:?} is not an IP address: {e}"));
+            None
+        }
+    }
+}
 
 /// A destination that must be a single address (a VIP): `a.b.c.d`,
 /// `a.b.c.d/32`, `x::y` or `x::y/128`.
 pub fn vip(n: Node<'_>, p: &mut Problems) -> Option<Addr> {
     let s = n.string(p)?;
     let s = s.trim();
+    if let Some(why) = mapped_v4(s) {
+        n.bad(p, why);
+        return None;
+    }
     if let Some((a, len)) = s.split_once('/') {
         let addr: Addr = match a.parse() {
             Ok(a) => a,
@@ -39,8 +80,13 @@ pub fn vip(n: Node<'_>, p: &mut Problems) -> Option<Addr> {
     }
 }
 
-/// A prefix like `10.0.0.0/8`.
+/// A prefix like `10.0.0.0/8` (not IPv4-mapped IPv6).
 pub fn cidr(n: Node<'_>, p: &mut Problems) -> Option<Cidr> {
+    let s = n.string(p)?;
+    if let Some(why) = mapped_v4(&s) {
+        n.bad(p, why);
+        return None;
+    }
     n.parse::<Cidr>(p, "a CIDR prefix")
 }
 
@@ -134,6 +180,9 @@ pub fn byte_match(n: Node<'_>, p: &mut Problems) -> Option<ByteMatch> {
         Some(l @ (1 | 2 | 4)) => l as u8,
         _ => return fail(p, "length must be 1, 2 or 4"),
     };
+    if u32::from(offset) + u32::from(len) > limits::BYTE_MATCH_END_MAX {
+        return fail(p, &format!("offset {offset} is beyond the largest packet ({} bytes)", limits::BYTE_MATCH_END_MAX));
+    }
     let full = if len == 4 { u32::MAX } else { (1u32 << (8 * u32::from(len))) - 1 };
     let mask = match mask {
         Some(m) => match number(m) {
@@ -147,6 +196,24 @@ pub fn byte_match(n: Node<'_>, p: &mut Problems) -> Option<ByteMatch> {
         return fail(p, "the value has bits outside the mask: it can never match");
     }
     Some(ByteMatch { proto: protocol, offset, len, mask, value })
+}
+
+/// A service's endpoint limit (identifiers are `0..limit`).
+pub fn endpoint_limit(n: Node<'_>, p: &mut Problems) -> Option<u32> {
+    let (lo, hi) = (limits::ENDPOINT_LIMIT_MIN, limits::ENDPOINT_LIMIT_MAX);
+    n.int(p, i64::from(lo), i64::from(hi)).map(|v| v as u32)
+}
+
+/// A lookup-table size: a prime, at most [`limits::TABLE_SIZE_MAX`] (that
+/// it is not below the endpoint limit is checked when the service is
+/// resolved, as the limit may come from the defaults).
+pub fn table_size(n: Node<'_>, p: &mut Problems) -> Option<u32> {
+    let m = n.int(p, 1, i64::from(limits::TABLE_SIZE_MAX))? as u32;
+    if !is_prime(m) {
+        n.bad(p, format!("table size {m} is not a prime (the next prime is {})", next_prime(m)));
+        return None;
+    }
+    Some(m)
 }
 
 /// A MAC address `aa:bb:cc:dd:ee:ff`.
@@ -165,8 +232,8 @@ pub fn mac(n: Node<'_>, p: &mut Problems) -> Option<[u8; 6]> {
 /// A name usable as an identifier: letters, digits, `-`, `_`, `.`.
 pub fn name(n: Node<'_>, p: &mut Problems) -> Option<String> {
     let s = n.string(p)?;
-    if s.is_empty() || s.len() > 253 || !s.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
-        n.bad(p, format!("{s:?} is not a valid name (letters, digits, '-', '_', '.'; at most 253)"));
+    if !valid_name(&s) {
+        n.bad(p, format!("{s:?} is not a valid name (letters, digits, '-', '_', '.'; at most {})", limits::NAME_MAX_LEN));
         return None;
     }
     Some(s)
@@ -175,10 +242,11 @@ pub fn name(n: Node<'_>, p: &mut Problems) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_yaml::Value;
+    use crate::config::yaml::{document, Budget};
 
     fn one<T>(text: &str, f: impl FnOnce(Node<'_>, &mut Problems) -> Option<T>) -> Result<T, String> {
-        let v = Value::String(text.into());
+        let quoted = format!("'{}'", text.replace('\'', "''"));
+        let v = document(&quoted, &mut Budget::default()).unwrap();
         let mut p = Problems::default();
         f(Node::root(&v, "f"), &mut p).ok_or_else(|| p.0.iter().map(|x| x.message.clone()).collect::<Vec<_>>().join("; "))
     }
@@ -193,6 +261,24 @@ mod tests {
         assert!(one("icmp[0:1] = 1", byte_match).unwrap_err().contains("unknown protocol"));
         assert!(one("tcp[0:1] & 0x0f = 0x10", byte_match).unwrap_err().contains("never match"));
         assert!(one("tcp[0:1] & 0x1ff = 1", byte_match).unwrap_err().contains("bad mask"));
+        assert!(one("tcp[9596:4] = 1", byte_match).is_ok(), "the last four bytes of the largest packet");
+        assert!(one("tcp[9597:4] = 1", byte_match).unwrap_err().contains("offset 9597 is beyond the largest packet (9600 bytes)"));
+        assert!(one("tcp[65535:4] = 1", byte_match).unwrap_err().contains("beyond the largest packet"));
+    }
+
+    #[test]
+    fn mapped_addresses_are_written_as_ipv4() {
+        let want = "\"::ffff:20.0.0.1\" is an IPv4-mapped IPv6 address: write the IPv4 form, 20.0.0.1";
+        assert_eq!(one("::ffff:20.0.0.1", vip).unwrap_err(), want);
+        assert_eq!(one("::ffff:20.0.0.1", addr).unwrap_err(), want);
+        assert!(one("::ffff:20.0.0.1/128", vip).unwrap_err().contains("write the IPv4 form, 20.0.0.1/32"));
+        assert!(one("::ffff:10.0.0.0/104", cidr).unwrap_err().contains("write the IPv4 form, 10.0.0.0/8"));
+        assert!(one("::FFFF:0a00:0001", addr).unwrap_err().contains("write the IPv4 form, 10.0.0.1"), "in any spelling");
+        assert!(one("::ffff:0:0/64", cidr).unwrap_err().contains("in their IPv4 form"));
+        assert!(one("2001:db8::1", addr).unwrap().to_string().starts_with("2001:db8::"));
+        assert!(one("::1", addr).is_ok());
+        assert!(one("10.0.0.1", addr).unwrap().is_v4());
+        assert!(one("::/0", cidr).is_ok());
     }
 
     #[test]

@@ -7,16 +7,19 @@
 //!
 //! Service settings come from annotations: `sluice.io/lb-algorithm` (or
 //! Cilium's `service.cilium.io/lb-algorithm`), `sluice.io/endpoint-limit`,
-//! `sluice.io/table-size`, `sluice.io/flow-table`, `sluice.io/delivery`.
+//! `sluice.io/table-size`, `sluice.io/flow-table`, `sluice.io/delivery`,
+//! bounded as the same settings written inline (annotation values are
+//! strings, as in Kubernetes).
+//!
+//! The directory holds at most [`MAX_FILES`] files of [`MAX_TOTAL_BYTES`]
+//! together; all of them share one [`yaml::Budget`] (values, aliases,
+//! documents).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
-use serde_yaml::Value;
-use sluice_dataplane::addr::Addr;
-
 use super::node::{Node, Problem, Problems};
+use super::yaml::{self, Budget, Value};
 use super::{fields, route_fields};
 use crate::model::{DeliveryMode, Desired, EndpointDef, Origin, ServiceDef};
 
@@ -26,18 +29,32 @@ pub const PROXY_NAME_LABEL: &str = "service.kubernetes.io/service-proxy-name";
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 /// Annotation mapping endpoint addresses to identifiers (a JSON object).
 pub const ENDPOINT_IDS: &str = "sluice.io/endpoint-ids";
+/// Most manifest files in the directory.
+pub const MAX_FILES: usize = 1000;
+/// Most bytes in all the files together (each is also at most
+/// [`yaml::MAX_FILE_BYTES`]).
+pub const MAX_TOTAL_BYTES: u64 = 64 << 20;
 
-/// The manifest files of `dir`, sorted.
+/// The manifest files of `dir` (`.yaml`, `.yml`), sorted; at most
+/// [`MAX_FILES`].
 pub fn files(dir: &Path) -> Result<Vec<PathBuf>, Problem> {
-    let rd = std::fs::read_dir(dir).map_err(|e| Problem {
-        file: dir.display().to_string(),
-        path: String::new(),
-        message: format!("cannot read the manifests directory: {e}"),
-    })?;
-    let mut v: Vec<PathBuf> = rd
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "yaml" || x == "yml"))
-        .collect();
+    let name = dir.display().to_string();
+    let rd = std::fs::read_dir(dir)
+        .map_err(|e| Problem::new(name.clone(), "", format!("cannot read the manifests directory: {e}")))?;
+    let mut v: Vec<PathBuf> = Vec::new();
+    for e in rd {
+        let path = match e {
+            Ok(e) => e.path(),
+            Err(e) => return Err(Problem::new(name, "", format!("cannot read the manifests directory: {e}"))),
+        };
+        if !path.extension().is_some_and(|x| x == "yaml" || x == "yml") {
+            continue;
+        }
+        if v.len() == MAX_FILES {
+            return Err(Problem::new(name, "", format!("more than {MAX_FILES} manifest files: refused")));
+        }
+        v.push(path);
+    }
     v.sort();
     Ok(v)
 }
@@ -56,36 +73,53 @@ fn label<'v>(v: &'v Value, key: &str) -> Option<&'v str> {
     meta(v, "labels")?.get(key)?.as_str()
 }
 
-fn annotation<'v>(v: &'v Value, key: &str) -> Option<&'v str> {
-    meta(v, "annotations")?.get(key)?.as_str()
+/// The documents of `file` but empty ones, each with its path: its index
+/// in the file, kind and name (`[doc 2] Service/web`).
+fn named(file: &str, values: Vec<Value>) -> impl Iterator<Item = Doc> + '_ {
+    values.into_iter().enumerate().filter(|(_, v)| !v.is_null()).map(move |(i, value)| {
+        let kind = value.get("kind").and_then(Value::as_str).unwrap_or("?");
+        let name = meta(&value, "name").and_then(Value::as_str).unwrap_or("?");
+        Doc { file: file.to_owned(), path: format!("[doc {i}] {kind}/{name}"), value }
+    })
 }
 
 /// Reads every manifest in `dir` and keeps what belongs to `gateway`.
 pub fn load(dir: &Path, gateway: &str) -> Result<Desired, Vec<Problem>> {
     let mut p = Problems::default();
     let mut docs = Vec::new();
+    let mut budget = Budget::default();
+    let mut bytes = 0u64;
     for f in files(dir).map_err(|e| vec![e])? {
         let file = f.display().to_string();
-        let text = match std::fs::read_to_string(&f) {
+        if !std::fs::metadata(&f).is_ok_and(|m| m.is_file()) {
+            p.add(&file, None, "", "not a regular file");
+            continue;
+        }
+        let text = match yaml::read(&f, yaml::MAX_FILE_BYTES) {
             Ok(t) => t,
             Err(e) => {
-                p.add(&file, "", format!("cannot read: {e}"));
+                p.add(&file, None, "", e);
                 continue;
             }
         };
-        for (i, d) in serde_yaml::Deserializer::from_str(&text).enumerate() {
-            match Value::deserialize(d) {
-                Ok(Value::Null) => {}
-                Ok(value) => {
-                    let kind = value.get("kind").and_then(Value::as_str).unwrap_or("?");
-                    let name = meta(&value, "name").and_then(Value::as_str).unwrap_or("?");
-                    docs.push(Doc { file: file.clone(), path: format!("[doc {i}] {kind}/{name}"), value });
-                }
-                Err(e) => p.add(&file, &format!("[doc {i}]"), format!("not valid YAML: {e}")),
+        bytes += text.len() as u64;
+        if bytes > MAX_TOTAL_BYTES {
+            p.add(&file, None, "", format!("the manifests are larger than {} MiB together: refused", MAX_TOTAL_BYTES >> 20));
+            break;
+        }
+        let (values, err) = yaml::documents(&text, &mut budget);
+        docs.extend(named(&file, values));
+        if let Some((i, e)) = err {
+            p.add(&file, e.pos, &format!("[doc {i}]"), e.message);
+            if e.limit {
+                break;
             }
         }
     }
-    let out = from_docs(&docs, gateway, &mut p);
+    if !p.is_empty() {
+        return Err(p.0);
+    }
+    let out = from_docs(&docs, &dir.display().to_string(), gateway, &mut p);
     if p.is_empty() {
         Ok(out)
     } else {
@@ -93,14 +127,27 @@ pub fn load(dir: &Path, gateway: &str) -> Result<Desired, Vec<Problem>> {
     }
 }
 
-fn from_docs(docs: &[Doc], gateway: &str, p: &mut Problems) -> Desired {
+/// The annotation `key` of a document as a node, when it is there and is a
+/// string (as Kubernetes requires).
+fn annotation<'d>(d: &'d Doc, key: &str, path: &'d mut String, p: &mut Problems) -> Option<Node<'d>> {
+    let v = meta(&d.value, "annotations")?.get(key)?;
+    *path = format!("{}.metadata.annotations.{key}", d.path);
+    let n = Node::at(v, &d.file, path);
+    if v.as_str().is_none() {
+        n.bad(p, format!("annotation values are strings: quote it (found {})", v.kind()));
+        return None;
+    }
+    Some(n)
+}
+
+/// What the documents read from directory `dir` define for `gateway`.
+fn from_docs(docs: &[Doc], dir: &str, gateway: &str, p: &mut Problems) -> Desired {
     let mut out = Desired::default();
     let kind = |d: &Doc| d.value.get("kind").and_then(Value::as_str).unwrap_or("").to_owned();
     let name_of = |d: &Doc| meta(&d.value, "name").and_then(Value::as_str).map(str::to_owned);
 
     if !docs.iter().any(|d| kind(d) == "Gateway" && name_of(d).as_deref() == Some(gateway)) {
-        let file = docs.first().map_or("(manifests)".to_owned(), |d| d.file.clone());
-        p.add(&file, "", format!("no Gateway named {gateway:?} among the manifests"));
+        p.add(dir, None, "", format!("no Gateway named {gateway:?} among the manifests"));
     }
 
     // Services of this Gateway first: EndpointSlices are kept only for them.
@@ -114,40 +161,25 @@ fn from_docs(docs: &[Doc], gateway: &str, p: &mut Problems) -> Desired {
         else {
             continue;
         };
-        let ann = |key: &str| annotation(&d.value, key);
-        let bad = |p: &mut Problems, key: &str, why: String| p.add(&d.file, &format!("{}.metadata.annotations.{key}", d.path), why);
-        let mut s = ServiceDef { name: name.clone(), origin: Origin { file: d.file.clone(), path: d.path.clone() }, ..Default::default() };
+        let origin = Origin { file: d.file.clone(), pos: Some(n.pos()), path: d.path.clone() };
+        let mut s = ServiceDef { name: name.clone(), origin, ..Default::default() };
+        let mut path = String::new();
         for key in ["sluice.io/lb-algorithm", "service.cilium.io/lb-algorithm"] {
-            if let Some(a) = ann(key) {
-                match a.parse() {
-                    Ok(a) => s.algorithm = Some(a),
-                    Err(e) => bad(p, key, e),
-                }
+            if let Some(a) = annotation(d, key, &mut path, p) {
+                s.algorithm = a.parse(p, "an algorithm").or(s.algorithm);
             }
         }
-        let num = |p: &mut Problems, key: &str| -> Option<u32> {
-            let v = ann(key)?;
-            match v.trim().parse() {
-                Ok(n) => Some(n),
-                Err(_) => {
-                    bad(p, key, format!("{v:?} is not a whole number"));
-                    None
-                }
-            }
-        };
-        s.limit = num(p, "sluice.io/endpoint-limit");
-        s.table_size = num(p, "sluice.io/table-size");
-        if let Some(v) = ann("sluice.io/flow-table") {
-            match v {
-                "true" | "false" => s.flow_table = Some(v == "true"),
-                _ => bad(p, "sluice.io/flow-table", format!("{v:?} is not true or false")),
-            }
+        if let Some(n) = annotation(d, "sluice.io/endpoint-limit", &mut path, p) {
+            s.limit = fields::endpoint_limit(n, p);
         }
-        if let Some(v) = ann("sluice.io/delivery") {
-            match v.parse::<DeliveryMode>() {
-                Ok(m) => s.delivery = Some(m),
-                Err(e) => bad(p, "sluice.io/delivery", e),
-            }
+        if let Some(n) = annotation(d, "sluice.io/table-size", &mut path, p) {
+            s.table_size = fields::table_size(n, p);
+        }
+        if let Some(n) = annotation(d, "sluice.io/flow-table", &mut path, p) {
+            s.flow_table = n.boolean(p);
+        }
+        if let Some(n) = annotation(d, "sluice.io/delivery", &mut path, p) {
+            s.delivery = n.parse::<DeliveryMode>(p, "a delivery");
         }
         ours.insert(name, ());
         out.services.push(s);
@@ -210,13 +242,12 @@ fn from_docs(docs: &[Doc], gateway: &str, p: &mut Problems) -> Desired {
 }
 
 fn endpoint_slice(d: &Doc, n: Node<'_>, svc: &str, p: &mut Problems, out: &mut Desired) {
-    let ids: BTreeMap<String, u32> = match annotation(&d.value, ENDPOINT_IDS) {
-        Some(text) => match serde_json::from_str::<BTreeMap<String, u32>>(text) {
+    let mut path = String::new();
+    let ids: BTreeMap<String, u32> = match annotation(d, ENDPOINT_IDS, &mut path, p) {
+        Some(a) => match serde_json::from_str::<BTreeMap<String, u32>>(a.v.as_str().unwrap_or_default()) {
             Ok(m) => m,
             Err(e) => {
-                p.add(&d.file, &format!("{}.metadata.annotations.{ENDPOINT_IDS}", d.path), format!(
-                    "not a JSON object of address to identifier: {e}"
-                ));
+                a.bad(p, format!("not a JSON object of address to identifier: {e}"));
                 return;
             }
         },
@@ -228,7 +259,7 @@ fn endpoint_slice(d: &Doc, n: Node<'_>, svc: &str, p: &mut Problems, out: &mut D
                 let mut first = None;
                 a.each(p, |a, p| {
                     if first.is_none() {
-                        first = a.parse::<Addr>(p, "an IP address");
+                        first = fields::addr(a, p);
                     }
                 });
                 first
@@ -252,7 +283,7 @@ fn endpoint_slice(d: &Doc, n: Node<'_>, svc: &str, p: &mut Problems, out: &mut D
                 weight: 1,
                 draining,
                 mac: None,
-                origin: Origin { file: e.file().to_owned(), path: e.path().to_owned() },
+                origin: Origin { file: e.file().to_owned(), pos: Some(e.pos()), path: e.path().to_owned() },
             });
         })
     });
@@ -311,16 +342,15 @@ endpoints:
 "#;
 
     fn docs(text: &str) -> Vec<Doc> {
-        serde_yaml::Deserializer::from_str(text)
-            .enumerate()
-            .map(|(i, d)| Doc { file: "m.yaml".into(), path: format!("[doc {i}]"), value: Value::deserialize(d).unwrap() })
-            .collect()
+        let (values, err) = yaml::documents(text, &mut Budget::default());
+        assert!(err.is_none(), "{err:?}");
+        named("m.yaml", values).collect()
     }
 
     #[test]
     fn the_seed_example_becomes_a_route_a_service_and_endpoints() {
         let mut p = Problems::default();
-        let d = from_docs(&docs(DOCS), "sllb-a", &mut p);
+        let d = from_docs(&docs(DOCS), "d", "sllb-a", &mut p);
         assert!(p.is_empty(), "{:?}", p.0);
         assert_eq!(d.routes.len(), 1, "the other Gateway's route is not ours");
         let r = &d.routes[0];
@@ -334,10 +364,52 @@ endpoints:
     fn missing_gateway_and_identifiers_are_reported() {
         let mut p = Problems::default();
         let text = DOCS.replace(r#"'{"169.111.100.2": 0, "169.111.100.3": 1, "169.111.100.4": 2}'"#, r#"'{"169.111.100.3": 1}'"#);
-        from_docs(&docs(&text), "sllb-z", &mut p);
+        from_docs(&docs(&text), "d", "sllb-z", &mut p);
         assert!(p.0.iter().any(|e| e.message.contains("no Gateway named \"sllb-z\"")));
         let mut p = Problems::default();
-        from_docs(&docs(&text), "sllb-a", &mut p);
+        from_docs(&docs(&text), "d", "sllb-a", &mut p);
         assert!(p.0.iter().any(|e| e.message.contains("169.111.100.2 has no identifier")), "{:?}", p.0);
+    }
+
+    #[test]
+    fn annotations_are_bounded_where_written() {
+        let text = r#"
+apiVersion: gateway.networking.k8s.io/v1beta1
+kind: Gateway
+metadata: {name: g}
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: s
+  labels: {service.kubernetes.io/service-proxy-name: g}
+  annotations:
+    sluice.io/endpoint-limit: "70000"
+    sluice.io/table-size: "4294967291"
+    sluice.io/flow-table: "yes"
+    sluice.io/delivery: "gre"
+    sluice.io/lb-algorithm: "rr"
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: t
+  labels: {service.kubernetes.io/service-proxy-name: g}
+  annotations: {sluice.io/endpoint-limit: 32, sluice.io/table-size: "6400"}
+"#;
+        let mut p = Problems::default();
+        from_docs(&docs(text), "d", "g", &mut p);
+        let got: Vec<String> = p.0.iter().map(ToString::to_string).collect();
+        let a = "m.yaml:{}: [doc 1] Service/s.metadata.annotations.sluice.io";
+        let at = |pos: &str, rest: &str| format!("{}/{rest}", a.replace("{}", pos));
+        assert_eq!(got, [
+            at("16:29", "lb-algorithm: \"rr\" is not an algorithm: unknown load-balancing algorithm \"rr\" (expected maglev or random)"),
+            at("12:31", "endpoint-limit: 70000 is out of range 1..=65536"),
+            at("13:27", "table-size: 4294967291 is out of range 1..=16777213"),
+            at("14:27", "flow-table: \"yes\" is not true or false"),
+            at("15:25", "delivery: \"gre\" is not a delivery: unknown delivery \"gre\" (expected l2 or ipip)"),
+            "m.yaml:23:43: [doc 2] Service/t.metadata.annotations.sluice.io/endpoint-limit: annotation values are strings: quote it (found a number)".to_owned(),
+            "m.yaml:23:69: [doc 2] Service/t.metadata.annotations.sluice.io/table-size: table size 6400 is not a prime (the next prime is 6421)".to_owned(),
+        ]);
     }
 }

@@ -4,7 +4,10 @@
 //! manifests (Gateway, L34Route, Service, EndpointSlice).
 //!
 //! Parsing never stops at the first problem: every one is collected with
-//! its file and path, so `sluice check` can list them all.
+//! its file, line, column and path, so `sluice check` can list them all.
+//! Every number has bounds (those shared with other sources are in
+//! [`crate::model::limits`]); the file itself is bounded as
+//! [`yaml`] describes.
 
 // Integers are range-checked by `Node::int` before any narrowing cast.
 #![allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
@@ -12,16 +15,44 @@
 pub mod fields;
 pub mod manifests;
 pub mod node;
+pub mod yaml;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use serde_yaml::Value;
 use sluice_dataplane::addr::{Addr, Cidr};
 use sluice_dataplane::classify::RouteMatch;
 
-use crate::model::{Defaults, DeliveryMode, Desired, EndpointDef, Origin, RouteDef, ServiceDef};
-use node::{Node, Problem, Problems};
+use crate::model::{limits, Defaults, DeliveryMode, Desired, EndpointDef, Origin, RouteDef, ServiceDef};
+use node::{Node, Pos, Problem, Problems};
+use yaml::Value;
+
+/// Bounds of the numbers only the configuration file sets.
+pub mod bounds {
+    /// DPDK memory (`dpdk.memoryMB`).
+    pub const MEMORY_MB: (i64, i64) = (64, 1 << 20);
+    /// Packet buffers (`dpdk.mbufs`).
+    pub const MBUFS: (i64, i64) = (1023, 1 << 24);
+    /// Bytes of memory one packet buffer takes at least: the mbuf header
+    /// (128), its data room (2048 + 128 headroom) and the mempool's
+    /// per-object header (64).
+    pub const MBUF_BYTES: u64 = 128 + 2048 + 128 + 64;
+    /// Descriptors per queue (`dpdk.descriptors`).
+    pub const DESCRIPTORS: (i64, i64) = (64, 16384);
+    /// Flow-table entries per worker (`flowTable.entries`); an entry takes
+    /// 64 bytes, so at most 1 GiB per worker.
+    pub const FLOW_ENTRIES: (i64, i64) = (16, 1 << 24);
+    /// Seconds a flow is remembered (`flowTable.idleSeconds`): up to a day.
+    pub const FLOW_IDLE_SECONDS: (i64, i64) = (1, 86400);
+    /// Service counter slots (`capacity.services`): 16 bytes each per worker.
+    pub const SERVICES: (i64, i64) = (1, 1 << 20);
+    /// Endpoint counter slots (`capacity.endpoints`): 16 bytes each per worker.
+    pub const ENDPOINTS: (i64, i64) = (1, 1 << 22);
+    /// Simultaneous admin connections (`admin.maxConnections`).
+    pub const ADMIN_CONNECTIONS: (i64, i64) = (1, 1024);
+    /// Seconds an admin request may take (`admin.requestTimeoutSeconds`).
+    pub const ADMIN_TIMEOUT_SECONDS: (i64, i64) = (1, 300);
+}
 
 /// DPDK EAL settings.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -133,8 +164,14 @@ pub struct ApplianceConfig {
     pub flow_entries: usize,
     /// Seconds a flow is remembered without traffic.
     pub flow_idle_secs: u32,
-    /// Admin HTTP listen address.
+    /// Admin HTTP listen address (loopback by default; see
+    /// [`ApplianceConfig::admin_is_loopback`]).
     pub admin: SocketAddr,
+    /// Most admin connections served at once (`admin.maxConnections`).
+    pub admin_max_connections: u32,
+    /// Seconds an admin request may take, reading and answering
+    /// (`admin.requestTimeoutSeconds`).
+    pub admin_request_timeout_secs: u32,
     /// Service counter slots.
     pub max_services: u32,
     /// Endpoint counter slots.
@@ -145,6 +182,14 @@ pub struct ApplianceConfig {
     pub manifests: Option<ManifestsConfig>,
 }
 
+impl ApplianceConfig {
+    /// True when the admin endpoint listens on a loopback address only;
+    /// anything else exposes `/metrics` and `/status` to the network.
+    pub fn admin_is_loopback(&self) -> bool {
+        self.admin.ip().is_loopback()
+    }
+}
+
 const TOP: &[&str] = &[
     "dpdk", "ports", "gateways", "defaults", "flowTable", "admin", "capacity", "services", "routes", "manifests",
 ];
@@ -152,11 +197,14 @@ const TOP: &[&str] = &[
 /// Reads and checks the file (not the manifests it points to).
 pub fn load(path: &Path) -> Result<ApplianceConfig, Vec<Problem>> {
     let file = path.display().to_string();
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| vec![Problem { file: file.clone(), path: String::new(), message: format!("cannot read: {e}") }])?;
-    let v: Value = serde_yaml::from_str(&text).map_err(|e| {
-        vec![Problem { file: file.clone(), path: String::new(), message: format!("not valid YAML: {e}") }]
-    })?;
+    let text = yaml::read(path, yaml::MAX_FILE_BYTES).map_err(|e| vec![Problem::new(file.clone(), "", e)])?;
+    parse_str(&text, path)
+}
+
+/// Checks the text of a file read from `path`.
+pub fn parse_str(text: &str, path: &Path) -> Result<ApplianceConfig, Vec<Problem>> {
+    let file = path.display().to_string();
+    let v = yaml::document(text, &mut yaml::Budget::default()).map_err(|e| vec![Problem::at(file, e.pos, "", e.message)])?;
     parse(&v, path)
 }
 
@@ -167,43 +215,73 @@ pub fn parse(v: &Value, path: &Path) -> Result<ApplianceConfig, Vec<Problem>> {
     let mut p = Problems::default();
     root.mapping(&mut p, TOP);
 
-    let dpdk = root
-        .field("dpdk", |n| dpdk(n, &mut p))
-        .unwrap_or_else(dpdk_defaults);
+    let dpdk = root.field("dpdk", |n| dpdk(n, &mut p)).unwrap_or_else(dpdk_defaults);
     let mut ports = Vec::new();
-    root.required(&mut p, "ports", |n, p| n.each(p, |n, p| ports.extend(port(n, p, ports.len()))));
-    for (i, a) in ports.iter().enumerate() {
-        if ports[..i].iter().any(|b| b.name == a.name) {
-            p.add(&file, &format!("ports[{i}].name"), format!("port name {:?} is used twice", a.name));
+    root.required(&mut p, "ports", |n, p| {
+        n.each(p, |n, p| {
+            if let Some(pc) = port(n, p, &ports) {
+                ports.push(pc);
+            }
+        });
+        let devices = ports.len() + ports.iter().filter(|x| !x.kernel_interface.is_empty()).count();
+        if devices > sluice_ffi::sys::RTE_MAX_ETHPORTS as usize {
+            n.bad(p, format!(
+                "{} ports and {} exception taps are more devices than DPDK supports ({})",
+                ports.len(),
+                devices - ports.len(),
+                sluice_ffi::sys::RTE_MAX_ETHPORTS
+            ));
         }
-        if ports[..i].iter().any(|b| b.device_name() == a.device_name()) {
-            p.add(&file, &format!("ports[{i}].device"), format!("device {:?} is used twice", a.device_name()));
-        }
-    }
+    });
+    let mbufs_at = v.get("dpdk").and_then(|d| d.get("mbufs").or(Some(d))).map_or(v.pos(), Value::pos);
+    dpdk_fits(&mut p, &file, mbufs_at, &dpdk, ports.len());
     let mut gateways = Vec::new();
-    root.field("gateways", |n| n.each(&mut p, |n, p| gateways.extend(gateway(n, p, &ports))));
-    for fam in [true, false] {
-        if gateways.iter().filter(|g| g.address.is_v4() == fam).count() > 1 {
-            p.add(&file, "gateways", format!("more than one {} gateway", if fam { "IPv4" } else { "IPv6" }));
+    root.field("gateways", |n| {
+        n.each(&mut p, |n, p| gateways.extend(gateway(n, p, &ports)));
+        for fam in [true, false] {
+            if gateways.iter().filter(|g: &&GatewayConfig| g.address.is_v4() == fam).count() > 1 {
+                n.bad(&mut p, format!("more than one {} gateway", if fam { "IPv4" } else { "IPv6" }));
+            }
         }
-    }
-    let defaults = root.field("defaults", |n| defaults(n, &mut p)).unwrap_or_default();
+    });
+    let mut defaults = root.field("defaults", |n| defaults(n, &mut p)).unwrap_or_default();
     let (mut flow_entries, mut flow_idle_secs) = (65536usize, 300u32);
     root.field("flowTable", |n| {
         n.mapping(&mut p, &["entries", "idleSeconds"]);
-        n.field("entries", |n| n.int(&mut p, 16, 1 << 26).map(|e| flow_entries = e as usize));
-        n.field("idleSeconds", |n| n.int(&mut p, 1, 86400).map(|e| flow_idle_secs = e as u32));
+        let (lo, hi) = bounds::FLOW_ENTRIES;
+        n.field("entries", |n| n.int(&mut p, lo, hi).map(|e| flow_entries = e as usize));
+        let (lo, hi) = bounds::FLOW_IDLE_SECONDS;
+        n.field("idleSeconds", |n| n.int(&mut p, lo, hi).map(|e| flow_idle_secs = e as u32));
     });
     let mut admin: SocketAddr = ([127, 0, 0, 1], 9091).into();
+    let (mut admin_max_connections, mut admin_request_timeout_secs) = (16u32, 10u32);
     root.field("admin", |n| {
-        n.mapping(&mut p, &["listen"]);
-        n.field("listen", |n| n.parse::<SocketAddr>(&mut p, "an address:port").map(|a| admin = a));
+        n.mapping(&mut p, &["listen", "maxConnections", "requestTimeoutSeconds"]);
+        n.field("listen", |n| {
+            let s = n.string(&mut p)?;
+            let host = s.trim().strip_prefix('[').and_then(|h| h.split_once(']')).map_or("", |(h, _)| h);
+            if let Some(why) = fields::mapped_v4(host) {
+                n.bad(&mut p, why);
+                return None;
+            }
+            n.parse::<SocketAddr>(&mut p, "an address:port (127.0.0.1:9091, [::1]:9091)").map(|a| admin = a)
+        });
+        let (lo, hi) = bounds::ADMIN_CONNECTIONS;
+        n.field("maxConnections", |n| n.int(&mut p, lo, hi).map(|v| admin_max_connections = v as u32));
+        let (lo, hi) = bounds::ADMIN_TIMEOUT_SECONDS;
+        n.field("requestTimeoutSeconds", |n| n.int(&mut p, lo, hi).map(|v| admin_request_timeout_secs = v as u32));
     });
     let (mut max_services, mut max_endpoints) = (4096u32, 65536u32);
     root.field("capacity", |n| {
-        n.mapping(&mut p, &["services", "endpoints"]);
-        n.field("services", |n| n.int(&mut p, 1, 1 << 20).map(|e| max_services = e as u32));
-        n.field("endpoints", |n| n.int(&mut p, 1, 1 << 24).map(|e| max_endpoints = e as u32));
+        n.mapping(&mut p, &["services", "endpoints", "tableMemoryMB"]);
+        let (lo, hi) = bounds::SERVICES;
+        n.field("services", |n| n.int(&mut p, lo, hi).map(|e| max_services = e as u32));
+        let (lo, hi) = bounds::ENDPOINTS;
+        n.field("endpoints", |n| n.int(&mut p, lo, hi).map(|e| max_endpoints = e as u32));
+        let (lo, hi) = (limits::TABLE_MEMORY_MB_MIN, limits::TABLE_MEMORY_MB_MAX);
+        n.field("tableMemoryMB", |n| {
+            n.int(&mut p, i64::from(lo), i64::from(hi)).map(|e| defaults.table_memory_mb = e as u32)
+        });
     });
 
     let mut inline = Desired::default();
@@ -229,6 +307,8 @@ pub fn parse(v: &Value, path: &Path) -> Result<ApplianceConfig, Vec<Problem>> {
         flow_entries,
         flow_idle_secs,
         admin,
+        admin_max_connections,
+        admin_request_timeout_secs,
         max_services,
         max_endpoints,
         inline,
@@ -253,24 +333,80 @@ fn dpdk(n: Node<'_>, p: &mut Problems) -> DpdkConfig {
     n.mapping(p, &["lcores", "memoryMB", "hugepages", "filePrefix", "mbufs", "descriptors", "extraArgs"]);
     n.field("lcores", |n| {
         if let Some(s) = n.string(p) {
-            let ok = !s.is_empty() && s.split(',').all(|part| {
-                let mut it = part.splitn(2, '-');
-                it.all(|x| x.trim().parse::<u32>().is_ok())
-            });
-            if ok {
-                d.lcores = s;
-            } else {
-                n.bad(p, format!("{s:?} is not a core list (like 0,1 or 0-3)"));
+            match cores(&s) {
+                Ok(_) => d.lcores = s,
+                Err(why) => n.bad(p, why),
             }
         }
     });
-    n.field("memoryMB", |n| n.int(p, 64, 1 << 20).map(|v| d.memory_mb = v as u32));
+    let (lo, hi) = bounds::MEMORY_MB;
+    n.field("memoryMB", |n| n.int(p, lo, hi).map(|v| d.memory_mb = v as u32));
     n.field("hugepages", |n| n.boolean(p).map(|v| d.hugepages = v));
     n.field("filePrefix", |n| fields::name(n, p).map(|v| d.file_prefix = v));
-    n.field("mbufs", |n| n.int(p, 1023, 1 << 24).map(|v| d.mbufs = v as u32));
-    n.field("descriptors", |n| n.int(p, 64, 16384).map(|v| d.descriptors = v as u16));
+    let (lo, hi) = bounds::MBUFS;
+    n.field("mbufs", |n| n.int(p, lo, hi).map(|v| d.mbufs = v as u32));
+    let (lo, hi) = bounds::DESCRIPTORS;
+    n.field("descriptors", |n| n.int(p, lo, hi).map(|v| d.descriptors = v as u16));
     n.field("extraArgs", |n| n.each(p, |n, p| d.extra_args.extend(n.string(p))));
     d
+}
+
+/// The cores of a core list (`0,1`, `0-3`, `0,2-5`), or why it is not a
+/// usable one: each core once, below DPDK's `RTE_MAX_LCORE`, at least two
+/// of them.
+fn cores(s: &str) -> Result<Vec<u32>, String> {
+    let max = sluice_ffi::sys::RTE_MAX_LCORE;
+    let mut cores: Vec<u32> = Vec::new();
+    for part in s.split(',') {
+        let (a, b) = part.split_once('-').unwrap_or((part, part));
+        let (Ok(a), Ok(b)) = (a.trim().parse::<u32>(), b.trim().parse::<u32>()) else {
+            return Err(format!("{s:?} is not a core list (like 0,1 or 0-3)"));
+        };
+        if a > b {
+            return Err(format!("core range {a}-{b} is reversed (write {b}-{a})"));
+        }
+        if b >= max {
+            return Err(format!("core {b} is beyond DPDK's limit (cores are 0..{})", max - 1));
+        }
+        for c in a..=b {
+            if cores.contains(&c) {
+                return Err(format!("core {c} is listed twice"));
+            }
+            cores.push(c);
+        }
+    }
+    if cores.len() < 2 {
+        return Err("list at least two cores: the first runs the control thread, the others workers".into());
+    }
+    Ok(cores)
+}
+
+/// Checks that the packet buffers fit the memory and fill the receive
+/// rings of `ports` ports; a problem is about `mbufs`, at `at`.
+fn dpdk_fits(p: &mut Problems, file: &str, at: Pos, d: &DpdkConfig, ports: usize) {
+    let need_mb = (u64::from(d.mbufs) * bounds::MBUF_BYTES).div_ceil(1 << 20);
+    if need_mb > u64::from(d.memory_mb) {
+        p.add(file, Some(at), "dpdk.mbufs", format!(
+            "{} mbufs take at least {need_mb} MB, more than dpdk.memoryMB ({})",
+            d.mbufs, d.memory_mb
+        ));
+    }
+    let workers = cores(&d.lcores).map_or(0, |c| c.len() - 1) as u64;
+    let rx = ports as u64 * workers * u64::from(d.descriptors);
+    if rx > u64::from(d.mbufs) {
+        p.add(file, Some(at), "dpdk.mbufs", format!(
+            "{} mbufs cannot fill the receive rings: {ports} port(s) x {workers} worker(s) x {} descriptors need {rx}",
+            d.mbufs, d.descriptors
+        ));
+    }
+}
+
+fn child(path: &str, key: &str) -> String {
+    if path.is_empty() {
+        key.to_owned()
+    } else {
+        format!("{path}.{key}")
+    }
 }
 
 fn if_addr(n: Node<'_>, p: &mut Problems) -> Option<IfAddr> {
@@ -279,6 +415,10 @@ fn if_addr(n: Node<'_>, p: &mut Problems) -> Option<IfAddr> {
         n.bad(p, format!("{s:?} is not an interface address (like 10.0.0.1/24 or 2001:db8::1/64)"));
         None
     };
+    if let Some(why) = fields::mapped_v4(&s) {
+        n.bad(p, why);
+        return None;
+    }
     let Some((a, l)) = s.trim().split_once('/') else { return bad(p) };
     let (Ok(addr), Ok(prefix)) = (a.parse::<Addr>(), l.parse::<u8>()) else { return bad(p) };
     if prefix > if addr.is_v4() { 32 } else { 128 } {
@@ -287,24 +427,53 @@ fn if_addr(n: Node<'_>, p: &mut Problems) -> Option<IfAddr> {
     Some(IfAddr { addr, prefix })
 }
 
-fn port(n: Node<'_>, p: &mut Problems, index: usize) -> Option<PortConfig> {
+fn port(n: Node<'_>, p: &mut Problems, before: &[PortConfig]) -> Option<PortConfig> {
     n.mapping(p, &["name", "device", "addresses", "mtu", "kernelInterface"]);
-    let name = n.required(p, "name", fields::name).flatten();
-    let device = n.required(p, "device", |n, p| n.string(p)).flatten();
+    let name = n.required(p, "name", |n, p| {
+        let name = fields::name(n, p)?;
+        if before.iter().any(|b| b.name == name) {
+            n.bad(p, format!("port name {name:?} is used twice"));
+        }
+        Some(name)
+    });
+    let device = n.required(p, "device", |n, p| {
+        let device = n.string(p)?;
+        let dev_name = device.split(',').next().unwrap_or("");
+        if before.iter().any(|b| b.device_name() == dev_name) {
+            n.bad(p, format!("device {dev_name:?} is used twice"));
+        }
+        Some(device)
+    });
     let mut addresses = Vec::new();
     n.field("addresses", |n| n.each(p, |n, p| addresses.extend(if_addr(n, p))));
-    let mtu = n.field("mtu", |n| n.int(p, 576, 9600)).flatten().unwrap_or(1500) as u16;
-    let default_if = format!("sl{index}-{}", name.as_deref().unwrap_or(""));
+    let (lo, hi) = (i64::from(limits::MTU_MIN), i64::from(limits::MTU_MAX));
+    let mtu = n.field("mtu", |n| n.int(p, lo, hi)).flatten().unwrap_or(1500) as u16;
+    if mtu < limits::MTU_MIN_IPV6 {
+        if let Some(a) = addresses.iter().find(|a| !a.addr.is_v4()) {
+            let at = n.v.get("mtu").map_or(n.pos(), Value::pos);
+            p.add(n.file(), Some(at), &child(n.path(), "mtu"), format!(
+                "MTU {mtu} is below {}, the least IPv6 allows, and the port has IPv6 address {a}",
+                limits::MTU_MIN_IPV6
+            ));
+        }
+    }
+    let default_if = format!("sl{}-{}", before.len(), name.clone().flatten().as_deref().unwrap_or(""));
     let kernel_interface = n.field("kernelInterface", |n| n.string(p)).flatten().unwrap_or(default_if);
     if kernel_interface.len() > 15 {
         n.bad(p, format!("kernel interface name {kernel_interface:?} is longer than 15 characters (set kernelInterface)"));
     }
-    Some(PortConfig { name: name?, device: device?, addresses, mtu, kernel_interface: kernel_interface.chars().take(15).collect() })
+    Some(PortConfig {
+        name: name??,
+        device: device??,
+        addresses,
+        mtu,
+        kernel_interface: kernel_interface.chars().take(15).collect(),
+    })
 }
 
 fn gateway(n: Node<'_>, p: &mut Problems, ports: &[PortConfig]) -> Option<GatewayConfig> {
     n.mapping(p, &["address", "port", "mac"]);
-    let address = n.required(p, "address", |n, p| n.parse::<Addr>(p, "an IP address")).flatten();
+    let address = n.required(p, "address", fields::addr).flatten();
     let port = n
         .required(p, "port", |n, p| {
             let s = n.string(p)?;
@@ -323,14 +492,14 @@ fn defaults(n: Node<'_>, p: &mut Problems) -> Defaults {
     let mut d = Defaults::default();
     n.mapping(p, &["algorithm", "endpointLimit", "flowTable", "delivery"]);
     n.field("algorithm", |n| n.parse(p, "an algorithm").map(|a| d.algorithm = a));
-    n.field("endpointLimit", |n| n.int(p, 1, 65536).map(|v| d.limit = v as u32));
+    n.field("endpointLimit", |n| fields::endpoint_limit(n, p).map(|v| d.limit = v));
     n.field("flowTable", |n| n.boolean(p).map(|v| d.flow_table = v));
     n.field("delivery", |n| n.parse::<DeliveryMode>(p, "a delivery").map(|v| d.delivery = v));
     d
 }
 
 fn origin(n: &Node<'_>) -> Origin {
-    Origin { file: n.file().to_owned(), path: n.path().to_owned() }
+    Origin { file: n.file().to_owned(), pos: Some(n.pos()), path: n.path().to_owned() }
 }
 
 /// Service settings shared by the inline form and manifests' annotations
@@ -341,8 +510,8 @@ fn service(n: Node<'_>, p: &mut Problems, out: &mut Desired) {
     let def = ServiceDef {
         name: name.clone(),
         algorithm: n.field("algorithm", |n| n.parse(p, "an algorithm")).flatten(),
-        limit: n.field("endpointLimit", |n| n.int(p, 1, 65536)).flatten().map(|v| v as u32),
-        table_size: n.field("tableSize", |n| n.int(p, 1, 1 << 22)).flatten().map(|v| v as u32),
+        limit: n.field("endpointLimit", |n| fields::endpoint_limit(n, p)).flatten(),
+        table_size: n.field("tableSize", |n| fields::table_size(n, p)).flatten(),
         flow_table: n.field("flowTable", |n| n.boolean(p)).flatten(),
         delivery: n.field("delivery", |n| n.parse::<DeliveryMode>(p, "a delivery")).flatten(),
         origin: origin(&n),
@@ -351,9 +520,9 @@ fn service(n: Node<'_>, p: &mut Problems, out: &mut Desired) {
     n.field("endpoints", |n| {
         n.each(p, |n, p| {
             n.mapping(p, &["id", "address", "weight", "draining", "mac"]);
-            let id = n.required(p, "id", |n, p| n.int(p, 0, 65535)).flatten();
-            let address = n.required(p, "address", |n, p| n.parse::<Addr>(p, "an IP address")).flatten();
-            let weight = n.field("weight", |n| n.int(p, 0, 1 << 20)).flatten().unwrap_or(1);
+            let id = n.required(p, "id", |n, p| n.int(p, 0, i64::from(limits::ENDPOINT_LIMIT_MAX) - 1)).flatten();
+            let address = n.required(p, "address", fields::addr).flatten();
+            let weight = n.field("weight", |n| n.int(p, 0, i64::from(limits::WEIGHT_MAX))).flatten().unwrap_or(1);
             let draining = n.field("draining", |n| n.boolean(p)).flatten().unwrap_or(false);
             let mac = n.field("mac", |n| fields::mac(n, p)).flatten();
             if let (Some(id), Some(address)) = (id, address) {
@@ -429,4 +598,129 @@ fn route_inline(n: Node<'_>, p: &mut Problems) -> Option<RouteDef> {
     name?;
     service?;
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MACHINE: &str = "dpdk: {lcores: \"0,1\"}\nports:\n  - {name: front, device: net_null0, addresses: [10.0.0.1/24]}\n";
+
+    fn problems(text: &str) -> Vec<String> {
+        parse_str(text, Path::new("c.yaml")).unwrap_err().iter().map(ToString::to_string).collect()
+    }
+
+    #[test]
+    fn mapped_addresses_are_refused_everywhere() {
+        let text = r#"
+dpdk: {lcores: "0,1"}
+ports:
+  - {name: front, device: net_null0, addresses: ["::ffff:10.0.0.1/120"]}
+gateways:
+  - {address: "::ffff:10.0.0.2", port: front}
+admin: {listen: "[::ffff:127.0.0.1]:9091"}
+services:
+  - name: web
+    endpoints: [{id: 0, address: "::ffff:10.0.0.3"}]
+routes:
+  - {name: r, service: web, destinationCIDRs: ["::ffff:20.0.0.1/128"], sourceCIDRs: ["::ffff:10.0.0.0/104"]}
+"#;
+        let got = problems(text);
+        let want = [
+            "c.yaml:4:50: ports[0].addresses[0]: \"::ffff:10.0.0.1/120\" is an IPv4-mapped IPv6 address: write the IPv4 form, 10.0.0.1/24",
+            "c.yaml:6:15: gateways[0].address: \"::ffff:10.0.0.2\" is an IPv4-mapped IPv6 address: write the IPv4 form, 10.0.0.2",
+            "c.yaml:7:17: admin.listen: \"::ffff:127.0.0.1\" is an IPv4-mapped IPv6 address: write the IPv4 form, 127.0.0.1",
+            "c.yaml:10:34: services[0].endpoints[0].address: \"::ffff:10.0.0.3\" is an IPv4-mapped IPv6 address: write the IPv4 form, 10.0.0.3",
+            "c.yaml:12:48: routes[0].destinationCIDRs[0]: \"::ffff:20.0.0.1/128\" is an IPv4-mapped IPv6 address: write the IPv4 form, 20.0.0.1/32",
+            "c.yaml:12:86: routes[0].sourceCIDRs[0]: \"::ffff:10.0.0.0/104\" is an IPv4-mapped IPv6 address: write the IPv4 form, 10.0.0.0/8",
+        ];
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn ports_are_checked_where_they_are_written() {
+        let text = r#"
+dpdk: {lcores: "0,1", mbufs: 1023, descriptors: 1024}
+ports:
+  - {name: a, device: "net_null0", addresses: ["2001:db8::1/64"], mtu: 1279}
+  - {name: a, device: "net_null0,size=64", mtu: 576}
+gateways:
+  - {address: 10.0.0.9, port: a}
+  - {address: 10.0.0.10, port: a}
+"#;
+        let got = problems(text);
+        let want = [
+            "c.yaml:4:72: ports[0].mtu: MTU 1279 is below 1280, the least IPv6 allows, and the port has IPv6 address 2001:db8::1/64",
+            "c.yaml:5:12: ports[1].name: port name \"a\" is used twice",
+            "c.yaml:5:23: ports[1].device: device \"net_null0\" is used twice",
+            "c.yaml:2:30: dpdk.mbufs: 1023 mbufs cannot fill the receive rings: 2 port(s) x 1 worker(s) x 1024 descriptors need 2048",
+            "c.yaml:7:3: gateways: more than one IPv4 gateway",
+        ];
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn core_lists() {
+        assert_eq!(cores("0,1"), Ok(vec![0, 1]));
+        assert_eq!(cores(" 0-3, 8"), Ok(vec![0, 1, 2, 3, 8]));
+        assert_eq!(cores("3-1").unwrap_err(), "core range 3-1 is reversed (write 1-3)");
+        assert_eq!(cores("0,1,1").unwrap_err(), "core 1 is listed twice");
+        assert_eq!(cores("0-4294967295").unwrap_err(), "core 4294967295 is beyond DPDK's limit (cores are 0..127)");
+        assert!(cores("0;1").unwrap_err().contains("not a core list"));
+        assert!(cores("5").unwrap_err().contains("at least two cores"));
+        // Defaults count too: 9 ports x 1 worker x 1024 descriptors > 8191 mbufs.
+        let ports: String = (0..9).map(|i| format!("  - {{name: p{i}, device: net_null{i}}}\n")).collect();
+        assert_eq!(problems(&format!("ports:\n{ports}")), [
+            "c.yaml:1:1: dpdk.mbufs: 8191 mbufs cannot fill the receive rings: 9 port(s) x 1 worker(s) x 1024 descriptors need 9216",
+        ]);
+    }
+
+    #[test]
+    fn admin_and_capacity() {
+        let c = parse_str(MACHINE, Path::new("c.yaml")).unwrap();
+        assert!(c.admin_is_loopback(), "loopback by default");
+        assert_eq!((c.admin_max_connections, c.admin_request_timeout_secs), (16, 10));
+        assert_eq!(c.defaults.table_memory_mb, limits::TABLE_MEMORY_MB_DEFAULT);
+        let text = format!(
+            "{MACHINE}admin: {{listen: \"0.0.0.0:9091\", maxConnections: 4, requestTimeoutSeconds: 30}}\ncapacity: {{tableMemoryMB: 64}}\n"
+        );
+        let c = parse_str(&text, Path::new("c.yaml")).unwrap();
+        assert!(!c.admin_is_loopback());
+        assert_eq!((c.admin_max_connections, c.admin_request_timeout_secs, c.defaults.table_memory_mb), (4, 30, 64));
+        let ipv6 = format!("{MACHINE}admin: {{listen: \"[::1]:9091\"}}\n");
+        assert!(parse_str(&ipv6, Path::new("c.yaml")).unwrap().admin_is_loopback());
+        let bad = format!(
+            "{MACHINE}admin: {{maxConnections: 0, requestTimeoutSeconds: 301}}\ncapacity: {{tableMemoryMB: 65537, endpoints: 4194305}}\nflowTable: {{entries: 16777217}}\n"
+        );
+        assert_eq!(problems(&bad), [
+            "c.yaml:6:22: flowTable.entries: 16777217 is out of range 16..=16777216",
+            "c.yaml:4:25: admin.maxConnections: 0 is out of range 1..=1024",
+            "c.yaml:4:51: admin.requestTimeoutSeconds: 301 is out of range 1..=300",
+            "c.yaml:5:45: capacity.endpoints: 4194305 is out of range 1..=4194304",
+            "c.yaml:5:27: capacity.tableMemoryMB: 65537 is out of range 1..=65536",
+        ]);
+    }
+
+    #[test]
+    fn service_numbers_are_bounded_where_written() {
+        let text = format!(
+            "{MACHINE}services:\n  - {{name: a, endpointLimit: 65537, tableSize: 16777259}}\n  - {{name: b, tableSize: 4294967291, endpoints: [{{id: 65536, address: 10.0.0.5, weight: 1048577}}]}}\n"
+        );
+        assert_eq!(problems(&text), [
+            "c.yaml:5:30: services[0].endpointLimit: 65537 is out of range 1..=65536",
+            "c.yaml:5:48: services[0].tableSize: 16777259 is out of range 1..=16777213",
+            "c.yaml:6:26: services[1].tableSize: 4294967291 is out of range 1..=16777213",
+            "c.yaml:6:55: services[1].endpoints[0].id: 65536 is out of range 0..=65535",
+            "c.yaml:6:89: services[1].endpoints[0].weight: 1048577 is out of range 0..=1048576",
+        ]);
+    }
+
+    #[test]
+    fn unreadable_and_invalid_files() {
+        let e = load(Path::new("/nonexistent/c.yaml")).unwrap_err();
+        assert_eq!(e.len(), 1);
+        assert!(e[0].to_string().starts_with("/nonexistent/c.yaml: cannot read: "), "no position: {}", e[0]);
+        assert_eq!(problems("a: [1\n"), ["c.yaml:2:1: not valid YAML: while parsing a flow sequence, expected ',' or ']'"]);
+        assert_eq!(problems(""), ["c.yaml:1:1: expected a mapping, found nothing", "c.yaml:1:1: missing field \"ports\""]);
+    }
 }

@@ -1,40 +1,88 @@
-//! Walking parsed YAML with the path of every value, so that each problem
-//! is reported as `file: path: reason`, and all of them at once.
+//! Walking parsed YAML with the path and position of every value, so that
+//! each problem is reported as `file:line:column: path: reason`, and all of
+//! them at once.
 
 use std::fmt;
 use std::str::FromStr;
 
-use serde_yaml::Value;
+use super::yaml::{Data, Value};
+
+/// A place in a file: line and column, both from 1 (columns count
+/// characters).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct Pos {
+    /// Line.
+    pub line: u32,
+    /// Column.
+    pub column: u32,
+}
 
 /// One problem found in a configuration.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Problem {
     /// The file.
     pub file: String,
-    /// Where in it (`routes[0].vips[1]`).
+    /// Where in the file the value it is about starts (for a missing
+    /// field: the mapping that lacks it); `None` when it is about the whole
+    /// file (unreadable, too large) or comes from no file.
+    pub pos: Option<Pos>,
+    /// Where in the document (`routes[0].vips[1]`); may be empty.
     pub path: String,
     /// What is wrong.
     pub message: String,
 }
 
-impl fmt::Display for Problem {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.path.is_empty() {
-            write!(f, "{}: {}", self.file, self.message)
-        } else {
-            write!(f, "{}: {}: {}", self.file, self.path, self.message)
-        }
+impl Problem {
+    /// A problem with no position.
+    pub fn new(file: impl Into<String>, path: impl Into<String>, message: impl Into<String>) -> Problem {
+        Problem { file: file.into(), pos: None, path: path.into(), message: message.into() }
+    }
+
+    /// A problem at `pos`.
+    pub fn at(file: impl Into<String>, pos: Option<Pos>, path: impl Into<String>, message: impl Into<String>) -> Problem {
+        Problem { file: file.into(), pos, path: path.into(), message: message.into() }
     }
 }
+
+/// `file:line:column: path: reason`, leaving out what is not known
+/// (`file: path: reason`, `file:line:column: reason`, `file: reason`).
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.file)?;
+        if let Some(p) = self.pos {
+            write!(f, ":{}:{}", p.line, p.column)?;
+        }
+        if !self.path.is_empty() {
+            write!(f, ": {}", self.path)?;
+        }
+        write!(f, ": {}", self.message)
+    }
+}
+
+/// Most problems listed; past it one more says that there are more.
+pub const MAX_PROBLEMS: usize = 1000;
 
 /// Collects problems while walking.
 #[derive(Debug, Default)]
 pub struct Problems(pub Vec<Problem>);
 
 impl Problems {
-    /// Adds one.
-    pub fn add(&mut self, file: &str, path: &str, message: impl Into<String>) {
-        self.0.push(Problem { file: file.to_owned(), path: path.to_owned(), message: message.into() });
+    /// Adds one (past [`MAX_PROBLEMS`], only a note that there are more).
+    pub fn push(&mut self, problem: Problem) {
+        match self.0.len() {
+            n if n < MAX_PROBLEMS => self.0.push(problem),
+            MAX_PROBLEMS => self.0.push(Problem::new(
+                problem.file,
+                "",
+                format!("more problems, not listed: only the first {MAX_PROBLEMS} are"),
+            )),
+            _ => {}
+        }
+    }
+
+    /// Adds one made of its parts.
+    pub fn add(&mut self, file: &str, pos: Option<Pos>, path: &str, message: impl Into<String>) {
+        self.push(Problem::at(file, pos, path, message));
     }
 
     /// True when none were found.
@@ -50,18 +98,6 @@ pub struct Node<'a> {
     pub v: &'a Value,
     file: &'a str,
     path: &'a str,
-}
-
-fn kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "nothing",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Sequence(_) => "a list",
-        Value::Mapping(_) => "a mapping",
-        Value::Tagged(_) => "a tagged value",
-    }
 }
 
 impl<'a> Node<'a> {
@@ -85,9 +121,14 @@ impl<'a> Node<'a> {
         self.file
     }
 
+    /// Where it starts.
+    pub fn pos(&self) -> Pos {
+        self.v.pos()
+    }
+
     /// Reports a problem at this node.
     pub fn bad(&self, p: &mut Problems, message: impl Into<String>) {
-        p.add(self.file, self.path, message);
+        p.add(self.file, Some(self.v.pos()), self.path, message);
     }
 
     fn child_path(&self, key: &str) -> String {
@@ -100,7 +141,7 @@ impl<'a> Node<'a> {
 
     /// Calls `f` with the field `key` when present (and not null).
     pub fn field<R>(&self, key: &str, f: impl FnOnce(Node<'_>) -> R) -> Option<R> {
-        let v = self.v.as_mapping()?.get(key)?;
+        let v = self.v.get(key)?;
         if v.is_null() {
             return None;
         }
@@ -108,10 +149,10 @@ impl<'a> Node<'a> {
         Some(f(Node { v, file: self.file, path: &path }))
     }
 
-    /// Like [`Node::field`], reporting the field as missing when absent.
+    /// Like [`Node::field`], reporting the field as missing (at this
+    /// mapping) when absent.
     pub fn required<R>(&self, p: &mut Problems, key: &str, f: impl FnOnce(Node<'_>, &mut Problems) -> R) -> Option<R> {
-        let present = self.v.as_mapping().and_then(|m| m.get(key)).is_some_and(|v| !v.is_null());
-        if !present {
+        if self.v.get(key).is_none_or(Value::is_null) {
             self.bad(p, format!("missing field {key:?}"));
             return None;
         }
@@ -120,23 +161,23 @@ impl<'a> Node<'a> {
 
     /// Checks that it is a mapping whose keys are all in `known`.
     pub fn mapping(&self, p: &mut Problems, known: &[&str]) -> bool {
-        let Some(m) = self.v.as_mapping() else {
-            self.bad(p, format!("expected a mapping, found {}", kind(self.v)));
+        let Some(m) = self.v.as_map() else {
+            self.bad(p, format!("expected a mapping, found {}", self.v.kind()));
             return false;
         };
-        for k in m.keys() {
+        for (k, _) in m {
             match k.as_str() {
                 Some(k) if known.contains(&k) => {}
-                Some(k) => {
-                    let mut close: Vec<&&str> = known.iter().filter(|c| similar(c, k)).collect();
+                Some(name) => {
+                    let mut close: Vec<&&str> = known.iter().filter(|c| similar(c, name)).collect();
                     close.truncate(1);
                     let hint = match close.first() {
                         Some(c) => format!(" (did you mean {c:?}?)"),
                         None => format!(" (known: {})", known.join(", ")),
                     };
-                    p.add(self.file, &self.child_path(k), format!("unknown field{hint}"));
+                    p.add(self.file, Some(k.pos()), &self.child_path(name), format!("unknown field{hint}"));
                 }
-                None => self.bad(p, "keys must be strings"),
+                None => p.add(self.file, Some(k.pos()), self.path, "keys must be strings"),
             }
         }
         true
@@ -145,8 +186,8 @@ impl<'a> Node<'a> {
     /// Calls `f` for each element of a list (a single value counts as a
     /// list of one).
     pub fn each(&self, p: &mut Problems, mut f: impl FnMut(Node<'_>, &mut Problems)) {
-        match self.v {
-            Value::Sequence(items) => {
+        match self.v.data() {
+            Data::Seq(items) => {
                 for (i, v) in items.iter().enumerate() {
                     let path = format!("{}[{i}]", self.path);
                     f(Node { v, file: self.file, path: &path }, p);
@@ -158,11 +199,11 @@ impl<'a> Node<'a> {
 
     /// A string (numbers are taken as their text).
     pub fn string(&self, p: &mut Problems) -> Option<String> {
-        match self.v {
-            Value::String(s) => Some(s.clone()),
-            Value::Number(n) => Some(n.to_string()),
-            other => {
-                self.bad(p, format!("expected a string, found {}", kind(other)));
+        match self.v.data() {
+            Data::Str(s) | Data::Number(s) => Some(s.clone()),
+            Data::Int(n) => Some(n.to_string()),
+            _ => {
+                self.bad(p, format!("expected a string, found {}", self.v.kind()));
                 None
             }
         }
@@ -170,31 +211,40 @@ impl<'a> Node<'a> {
 
     /// A boolean.
     pub fn boolean(&self, p: &mut Problems) -> Option<bool> {
-        match self.v {
-            Value::Bool(b) => Some(*b),
-            Value::String(s) if s == "true" || s == "false" => Some(s == "true"),
-            other => {
-                self.bad(p, format!("expected true or false, found {}", kind(other)));
+        match self.v.data() {
+            Data::Bool(b) => Some(*b),
+            Data::Str(s) if s == "true" || s == "false" => Some(s == "true"),
+            Data::Str(s) => {
+                self.bad(p, format!("{s:?} is not true or false"));
+                None
+            }
+            _ => {
+                self.bad(p, format!("expected true or false, found {}", self.v.kind()));
                 None
             }
         }
     }
 
-    /// An integer within `lo..=hi`.
+    /// An integer within `lo..=hi`; strings of digits count (annotations
+    /// are strings).
     pub fn int(&self, p: &mut Problems, lo: i64, hi: i64) -> Option<i64> {
-        let n = match self.v {
-            Value::Number(n) => n.as_i64(),
-            Value::String(s) => s.trim().parse().ok(),
-            _ => None,
-        };
-        match n {
-            Some(n) if (lo..=hi).contains(&n) => Some(n),
-            Some(n) => {
-                self.bad(p, format!("{n} is out of range {lo}..={hi}"));
-                None
+        let text = match self.v.data() {
+            Data::Int(n) => n.to_string(),
+            Data::Number(s) | Data::Str(s) => s.trim().to_owned(),
+            _ => {
+                self.bad(p, format!("expected a whole number, found {}", self.v.kind()));
+                return None;
             }
-            None => {
-                self.bad(p, format!("expected a whole number, found {}", kind(self.v)));
+        };
+        let digits = text.strip_prefix(['-', '+']).unwrap_or(&text);
+        if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+            self.bad(p, format!("{text:?} is not a whole number"));
+            return None;
+        }
+        match text.parse::<i64>() {
+            Ok(n) if (lo..=hi).contains(&n) => Some(n),
+            _ => {
+                self.bad(p, format!("{text} is out of range {lo}..={hi}"));
                 None
             }
         }
@@ -242,9 +292,11 @@ fn similar(a: &str, b: &str) -> bool {
 mod tests {
     use super::*;
 
+    use crate::config::yaml::{document, Budget};
+
     #[test]
-    fn paths_and_typos() {
-        let v: Value = serde_yaml::from_str("a: {b: [1, x], prioity: 3}").unwrap();
+    fn paths_positions_and_typos() {
+        let v = document("a: {b: [1, x], prioity: 3}\nc:\n  d: 1\n", &mut Budget::default()).unwrap();
         let root = Node::root(&v, "f.yaml");
         let mut p = Problems::default();
         root.field("a", |a| {
@@ -253,10 +305,43 @@ mod tests {
                 n.int(p, 0, 10);
             }));
         });
+        root.field("c", |c| c.required(&mut p, "e", |_, _| ()));
         let msgs: Vec<String> = p.0.iter().map(ToString::to_string).collect();
         assert_eq!(msgs, vec![
-            "f.yaml: a.prioity: unknown field (did you mean \"priority\"?)".to_string(),
-            "f.yaml: a.b[1]: expected a whole number, found a string".to_string(),
+            "f.yaml:1:16: a.prioity: unknown field (did you mean \"priority\"?)".to_string(),
+            "f.yaml:1:12: a.b[1]: \"x\" is not a whole number".to_string(),
+            "f.yaml:3:3: c: missing field \"e\"".to_string(),
         ]);
+    }
+
+    #[test]
+    fn display_leaves_out_what_is_unknown() {
+        let at = Some(Pos { line: 3, column: 7 });
+        assert_eq!(Problem::at("f", at, "a.b", "bad").to_string(), "f:3:7: a.b: bad");
+        assert_eq!(Problem::at("f", at, "", "bad").to_string(), "f:3:7: bad");
+        assert_eq!(Problem::new("f", "a.b", "bad").to_string(), "f: a.b: bad");
+        assert_eq!(Problem::new("f", "", "bad").to_string(), "f: bad");
+    }
+
+    #[test]
+    fn numbers_out_of_range_and_too_many_problems() {
+        let v = document("[\"4294967291\", 99999999999999999999, 7, 1.5, -1]", &mut Budget::default()).unwrap();
+        let mut p = Problems::default();
+        let mut got = Vec::new();
+        Node::root(&v, "f").each(&mut p, |n, p| got.extend(n.int(p, 0, 10)));
+        assert_eq!(got, vec![7]);
+        let msgs: Vec<&str> = p.0.iter().map(|x| x.message.as_str()).collect();
+        assert_eq!(msgs, vec![
+            "4294967291 is out of range 0..=10",
+            "99999999999999999999 is out of range 0..=10",
+            "\"1.5\" is not a whole number",
+            "-1 is out of range 0..=10",
+        ]);
+        let mut p = Problems::default();
+        for _ in 0..MAX_PROBLEMS + 5 {
+            p.add("f", None, "", "x");
+        }
+        assert_eq!(p.0.len(), MAX_PROBLEMS + 1);
+        assert!(p.0[MAX_PROBLEMS].message.starts_with("more problems"));
     }
 }
