@@ -8,6 +8,7 @@ pub mod compile;
 pub mod config;
 pub mod kernel;
 pub mod model;
+pub mod routing;
 pub mod run;
 pub mod sources;
 pub mod status;
