@@ -7,6 +7,12 @@
 //! link neither down nor up. The interface belongs to Sluice: addresses on
 //! it that were not asked for are removed, except IPv6 link-local ones
 //! (the kernel's own, needed by ND and link-local BGP sessions).
+//!
+//! Duplicate address detection is off for the interface's IPv6 addresses,
+//! the link-local one included (`accept_dad=0`): they are the appliance's
+//! own, and while the link-local address is tentative the kernel sends no
+//! neighbour solicitation at all, so IPv6 next hops would stay unresolved
+//! for the first seconds after the link comes up.
 
 use std::collections::HashSet;
 use std::net::IpAddr;
@@ -92,6 +98,21 @@ pub(crate) fn counters_of(link: &LinkMessage) -> Option<LinkCounters> {
     })
 }
 
+/// Turns off duplicate address detection on interface `name` (procfs, in
+/// the calling thread's network namespace; a plain write, not a tokio
+/// blocking task, which could run in another namespace). Without IPv6 on
+/// the interface there is nothing to do.
+fn no_dad(name: &str) -> Result<(), RoutingError> {
+    // Dots in interface names are slashes in sysctl paths (eth0.100).
+    let path = format!("/proc/sys/net/ipv6/conf/{}/accept_dad", name.replace('.', "/"));
+    match std::fs::write(&path, "0") {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(RoutingError::Sysctl { iface: name.to_owned(), path, source: e })
+        }
+        _ => Ok(()),
+    }
+}
+
 /// The link's MAC, MTU and whether it is administratively up.
 fn link_state(link: &LinkMessage) -> (Option<&[u8]>, Option<u32>, bool) {
     let mut mac = None;
@@ -150,6 +171,7 @@ pub async fn configure_interface(
         }
     }
     let link = get_link(h, name).await?;
+    no_dad(name)?;
     let index = link.header.index;
     let (cur_mac, cur_mtu, up) = link_state(&link);
     let set = |msg: LinkMessage, op: String| async move {

@@ -58,6 +58,17 @@ pub enum RoutingError {
         /// What came back.
         what: String,
     },
+    /// A sysctl of the interface could not be set.
+    #[error("interface {iface:?}: cannot write {path}: {source}")]
+    Sysctl {
+        /// Interface name.
+        iface: String,
+        /// The procfs path.
+        path: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
     /// The interface reports no link statistics.
     #[error("interface {iface:?} reports no link statistics")]
     NoStats {

@@ -138,8 +138,7 @@ pub(crate) fn plan(wanted: &HashSet<(u8, Addr)>, index: &[Option<u32>], observed
         .filter(|k| observed.get(k).is_none_or(|e| !e.managed && e.state != NeighbourState::Permanent))
         .copied()
         .collect();
-    let mut del: Vec<Key> =
-        observed.iter().filter(|(k, e)| e.managed && !want.contains(k)).map(|(k, _)| *k).collect();
+    let mut del: Vec<Key> = observed.iter().filter(|(k, e)| e.managed && !want.contains(k)).map(|(k, _)| *k).collect();
     add.sort_unstable();
     del.sort_unstable();
     Plan { add, del }
@@ -225,8 +224,9 @@ impl Conn {
     /// Opens a socket subscribed to neighbour and link notifications, in
     /// the calling thread's network namespace; must run inside a runtime.
     fn open() -> Result<Conn, RoutingError> {
-        let (conn, handle, events) = rtnetlink::new_multicast_connection(&[MulticastGroup::Neigh, MulticastGroup::Link])
-            .map_err(RoutingError::Socket)?;
+        let (conn, handle, events) =
+            rtnetlink::new_multicast_connection(&[MulticastGroup::Neigh, MulticastGroup::Link])
+                .map_err(RoutingError::Socket)?;
         Ok(Conn { handle, events, driver: tokio::spawn(conn) })
     }
 }
@@ -425,7 +425,12 @@ impl Task {
     }
 
     /// Takes in a batch of notifications.
-    async fn absorb(&self, h: &Handle, v: &mut View, batch: Vec<NetlinkMessage<RouteNetlinkMessage>>) -> Result<(), Exit> {
+    async fn absorb(
+        &self,
+        h: &Handle,
+        v: &mut View,
+        batch: Vec<NetlinkMessage<RouteNetlinkMessage>>,
+    ) -> Result<(), Exit> {
         let mut resync = false;
         let mut keys = HashSet::new();
         for m in batch {
@@ -434,7 +439,9 @@ impl Task {
                     info!("neighbour notifications were lost (socket buffer full); reading the table again");
                     resync = true;
                 }
-                NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewNeighbour(n) | RouteNetlinkMessage::DelNeighbour(n)) => {
+                NetlinkPayload::InnerMessage(
+                    RouteNetlinkMessage::NewNeighbour(n) | RouteNetlinkMessage::DelNeighbour(n),
+                ) => {
                     if let Some((key, _)) = decode(&n) {
                         if v.index.contains(&Some(key.0)) {
                             keys.insert(key);
@@ -488,7 +495,9 @@ impl Task {
                     errors.push(RoutingError::netlink(&name, op, e));
                     continue;
                 }
-                Self::refresh(h, v, key).await.map_err(|e| Exit::Lost(format!("reading neighbour {} back: {e}", key.1)))?;
+                Self::refresh(h, v, key)
+                    .await
+                    .map_err(|e| Exit::Lost(format!("reading neighbour {} back: {e}", key.1)))?;
                 if !v.observed.get(&key).is_some_and(|e| e.managed) {
                     errors.push(RoutingError::Unexpected {
                         iface: name,
@@ -500,7 +509,11 @@ impl Task {
             for key in p.del {
                 match h.neighbours().del(key_message(key)).execute().await {
                     Err(e) if errno(&e) != Some(libc::ENOENT) => {
-                        errors.push(RoutingError::netlink(self.iface(v, key.0), format!("deleting managed neighbour {}", key.1), e));
+                        errors.push(RoutingError::netlink(
+                            self.iface(v, key.0),
+                            format!("deleting managed neighbour {}", key.1),
+                            e,
+                        ));
                     }
                     _ => {
                         v.observed.remove(&key);
@@ -708,7 +721,14 @@ mod tests {
         observed.insert((10, a("10.0.0.3")), entry(None, NeighbourState::Failed, true)); // unwanted managed
         observed.insert((12, a("10.0.0.4")), entry(Some(MAC), NeighbourState::Reachable, false)); // not ours
         observed.insert((12, a("10.0.0.5")), entry(Some(MAC), NeighbourState::Permanent, false)); // static
-        let w = wanted(&[(0, "10.0.0.1"), (0, "10.0.0.2"), (2, "2001:db8::1"), (2, "10.0.0.5"), (1, "10.0.0.9"), (7, "10.0.0.8")]);
+        let w = wanted(&[
+            (0, "10.0.0.1"),
+            (0, "10.0.0.2"),
+            (2, "2001:db8::1"),
+            (2, "10.0.0.5"),
+            (1, "10.0.0.9"),
+            (7, "10.0.0.8"),
+        ]);
         let p = plan(&w, &index, &observed);
         assert_eq!(p.add, vec![(10, a("10.0.0.2")), (12, a("2001:db8::1"))]);
         assert_eq!(p.del, vec![(10, a("10.0.0.3"))]);
