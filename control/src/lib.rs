@@ -12,7 +12,6 @@ pub mod appliance;
 pub mod cli;
 pub mod compile;
 pub mod config;
-pub mod kernel;
 pub mod model;
 pub mod reconcile;
 pub mod routing;

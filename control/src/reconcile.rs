@@ -27,8 +27,7 @@ use crate::config::ApplianceConfig;
 use crate::model::{Defaults, Desired, Model, Resolved};
 use crate::sources::{FileState, SourceMsg, FILE_SOURCE, MANIFESTS_SOURCE};
 
-/// Resolved MACs: (port index, address) to MAC.
-pub type NeighMap = HashMap<(u8, Addr), [u8; 6]>;
+pub use crate::routing::NeighMap;
 
 /// How often replaced snapshots are looked at for freeing.
 const RECLAIM_EVERY: Duration = Duration::from_millis(50);

@@ -27,7 +27,7 @@ use super::loss::LossSampler;
 use crate::admin::state::{lock, Shared};
 use crate::admin::{self, health, AdminCounters, Limits};
 use crate::reconcile::Reconciler;
-use crate::routing::neighbours::Neighbours;
+use crate::routing::Neighbours;
 use crate::sources::{self, FileState};
 
 /// What the control runtime needs.
@@ -101,8 +101,9 @@ pub async fn run(p: Parts, stop: CancellationToken) -> Result<()> {
     }
 
     let (neighbours, neigh_rx) = Neighbours::spawn(ifaces).context("starting the neighbour task")?;
+    let neighbours = Arc::new(neighbours);
     {
-        let (nb, c) = (neighbours.clone(), rest_cancel.clone());
+        let (nb, c) = (Arc::clone(&neighbours), rest_cancel.clone());
         nb.want(hops.borrow_and_update().clone());
         tasks.spawn(async move {
             loop {
@@ -166,7 +167,9 @@ pub async fn run(p: Parts, stop: CancellationToken) -> Result<()> {
             error!(error = %e, "control task failed while stopping");
         }
     }
-    neighbours.clear().await;
+    if let Err(e) = neighbours.clear().await {
+        error!(error = %e, "could not remove the neighbour entries Sluice asked the kernel for");
+    }
     if faults > 0 {
         error!(faults, "control tasks ended early during this run");
     }

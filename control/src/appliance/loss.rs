@@ -16,6 +16,7 @@ use tracing::debug;
 
 use crate::admin::state::{lock, PortLoss, Shared};
 use crate::config::PortConfig;
+use crate::routing::link_counters;
 
 /// How long after reading the kernel's counter DPDK's is read.
 const SETTLE: Duration = Duration::from_millis(20);
@@ -42,14 +43,14 @@ struct Tracked {
 pub struct LossSampler {
     shared: Arc<Shared>,
     ports: Vec<Tracked>,
-    kernel: crate::routing::links::Counters,
+    netlink: rtnetlink::Handle,
 }
 
 impl LossSampler {
     /// A sampler for `ports` (in the order of `shared.ports`).
-    pub fn new(shared: Arc<Shared>, ports: &[PortConfig], kernel: crate::routing::links::Counters) -> LossSampler {
+    pub fn new(shared: Arc<Shared>, ports: &[PortConfig], netlink: rtnetlink::Handle) -> LossSampler {
         let ports = ports.iter().map(|p| Tracked { iface: kernel_iface(p), base: None }).collect();
-        LossSampler { shared, ports, kernel }
+        LossSampler { shared, ports, netlink }
     }
 
     /// Takes one sample of every port.
@@ -57,7 +58,9 @@ impl LossSampler {
         let mut kernel = Vec::with_capacity(self.ports.len());
         for t in &self.ports {
             let k = match &t.iface {
-                Some(i) => self.kernel.rx_packets(i).await,
+                // Frames the interface took in, delivered or dropped before
+                // reaching the af_packet/af_xdp socket.
+                Some(i) => link_counters(&self.netlink, i).await.ok().map(|c| c.rx_packets + c.rx_dropped),
                 None => None,
             };
             kernel.push(k);

@@ -132,9 +132,11 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
     let lcores = eal.worker_lcores();
     let w16 = u16::try_from(lcores.len()).context("too many workers")?;
     let mut machine = bringup::start(&eal, &cfg, w16)?;
+    let netlink = rt.block_on(async { crate::routing::connect() }).context("opening a netlink socket")?;
     for p in &machine.ports {
         if !p.cfg.kernel_interface.is_empty() {
-            crate::kernel::configure_interface(&p.cfg.kernel_interface, &p.mac, p.cfg.mtu, &p.cfg.addresses)
+            let addrs: Vec<_> = p.cfg.addresses.iter().map(|a| (a.addr.to_ip(), a.prefix)).collect();
+            rt.block_on(crate::routing::configure_interface(&netlink, &p.cfg.kernel_interface, p.mac, p.cfg.mtu, &addrs))
                 .with_context(|| format!("configuring kernel interface {:?}", p.cfg.kernel_interface))?;
             info!(port = %p.cfg.name, interface = %p.cfg.kernel_interface, addresses = ?p.cfg.addresses.iter().map(ToString::to_string).collect::<Vec<_>>(), "exception path ready");
         }
@@ -228,7 +230,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
     }
     info!(workers = workers.len(), "workers started");
 
-    let loss = loss::LossSampler::new(Arc::clone(&shared), &cfg.ports, crate::routing::links::Counters);
+    let loss = loss::LossSampler::new(Arc::clone(&shared), &cfg.ports, netlink);
     let parts = control::Parts {
         shared: Arc::clone(&shared),
         reconciler,

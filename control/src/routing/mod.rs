@@ -1,83 +1,129 @@
-//! TEMPORARY bridge over the old `ip`-based kernel module until the
-//! netlink implementation lands (same API).
-pub mod neighbours {
-    use std::sync::{Arc, Mutex};
-    use std::time::Duration;
+//! The kernel side of the exception path, spoken over rtnetlink instead of
+//! iproute2.
+//!
+//! Each port may have a kernel interface (the DPDK tap of its exception
+//! path) that carries the appliance's own addresses and the port's MAC, so
+//! the kernel answers ARP/ND, speaks BGP and ICMP, and resolves next hops.
+//! [`links`] configures such an interface and reads interface counters;
+//! [`neighbours`] keeps the next hops Sluice forwards to resolved by the
+//! kernel and publishes their MACs as they change.
+//!
+//! Every function here runs on the control side's tokio runtime and talks
+//! to the network namespace its netlink socket was opened in: the one of
+//! the thread that called [`connect`] or [`neighbours::Neighbours::spawn`]
+//! (re-opened sockets use the thread the task then runs on; the appliance
+//! lives in one namespace, so that is the same one).
 
-    use sluice_dataplane::addr::Addr;
-    use tokio::sync::watch;
+pub mod links;
+pub mod neighbours;
 
-    use crate::kernel::NeighborTable;
-    use crate::reconcile::NeighMap;
+use std::net::IpAddr;
 
-    /// Keeps next hops resolved.
-    #[derive(Debug, Clone)]
-    pub struct Neighbours {
-        table: Arc<Mutex<NeighborTable>>,
-        want: Arc<Mutex<Vec<(u8, Addr)>>>,
+pub use links::{configure_interface, link_counters, mac_str, LinkCounters};
+pub use neighbours::{NeighMap, Neighbours};
+
+/// Errors of the kernel side of the exception path.
+#[derive(Debug, thiserror::Error)]
+pub enum RoutingError {
+    /// Called outside a tokio runtime.
+    #[error("netlink needs a tokio runtime, and none is running on this thread")]
+    NoRuntime,
+    /// The netlink socket could not be opened.
+    #[error("cannot open a netlink route socket: {0}")]
+    Socket(#[source] std::io::Error),
+    /// No interface of that name in this network namespace.
+    #[error("no interface {iface:?} in this network namespace")]
+    NoInterface {
+        /// Interface name.
+        iface: String,
+    },
+    /// The kernel refused or failed an operation on an interface.
+    #[error("{op} on interface {iface:?}: {source}")]
+    Netlink {
+        /// Interface name.
+        iface: String,
+        /// What was being done, with its argument.
+        op: String,
+        /// The kernel's (or rtnetlink's) error.
+        #[source]
+        source: rtnetlink::Error,
+    },
+    /// The kernel answered with something this module does not understand.
+    #[error("{op} on interface {iface:?}: unexpected answer from the kernel: {what}")]
+    Unexpected {
+        /// Interface name.
+        iface: String,
+        /// What was being done.
+        op: String,
+        /// What came back.
+        what: String,
+    },
+    /// A sysctl of the interface could not be set.
+    #[error("interface {iface:?}: cannot write {path}: {source}")]
+    Sysctl {
+        /// Interface name.
+        iface: String,
+        /// The procfs path.
+        path: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The interface reports no link statistics.
+    #[error("interface {iface:?} reports no link statistics")]
+    NoStats {
+        /// Interface name.
+        iface: String,
+    },
+    /// More kernel interfaces than port indices.
+    #[error("{0} kernel interfaces given, but port indices stop at 256")]
+    TooManyPorts(usize),
+    /// A prefix length beyond the address family's width.
+    #[error("address {addr}/{prefix} for interface {iface:?}: prefix too long")]
+    BadPrefix {
+        /// Interface name.
+        iface: String,
+        /// The address.
+        addr: IpAddr,
+        /// Its prefix length.
+        prefix: u8,
+    },
+    /// The neighbour task is not connected to the kernel right now.
+    #[error("the neighbour task has no netlink connection right now (it is reconnecting)")]
+    Disconnected,
+    /// The neighbour task has stopped.
+    #[error("the neighbour task has stopped")]
+    Stopped,
+}
+
+impl RoutingError {
+    fn netlink(iface: &str, op: impl Into<String>, source: rtnetlink::Error) -> RoutingError {
+        RoutingError::Netlink { iface: iface.to_owned(), op: op.into(), source }
     }
 
-    impl Neighbours {
-        /// Starts following the kernel's neighbours on `ifaces`.
-        pub fn spawn(ifaces: Vec<String>) -> anyhow::Result<(Neighbours, watch::Receiver<NeighMap>)> {
-            let (tx, rx) = watch::channel(NeighMap::new());
-            let n = Neighbours { table: Arc::new(Mutex::new(NeighborTable::new(ifaces))), want: Arc::new(Mutex::new(Vec::new())) };
-            let m = n.clone();
-            tokio::spawn(async move {
-                loop {
-                    let m2 = m.clone();
-                    let map = tokio::task::spawn_blocking(move || {
-                        let w = m2.want.lock().map(|w| w.clone()).unwrap_or_default();
-                        let mut t = m2.table.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                        t.sync(&w);
-                        t.read().ok()
-                    })
-                    .await
-                    .ok()
-                    .flatten();
-                    if let Some(map) = map {
-                        tx.send_if_modified(|cur| if *cur == map { false } else { *cur = map; true });
-                    }
-                    if tx.is_closed() {
-                        return;
-                    }
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
-            });
-            Ok((n, rx))
-        }
-
-        /// The next hops to keep resolved.
-        pub fn want(&self, hops: Vec<(u8, Addr)>) {
-            if let Ok(mut w) = self.want.lock() {
-                *w = hops;
-            }
-        }
-
-        /// Removes every managed entry.
-        pub async fn clear(&self) {
-            let t = Arc::clone(&self.table);
-            let _ = tokio::task::spawn_blocking(move || {
-                if let Ok(mut t) = t.lock() {
-                    t.clear();
-                }
-            })
-            .await;
+    /// The errno the kernel answered with, if this is a kernel refusal.
+    pub fn errno(&self) -> Option<i32> {
+        match self {
+            RoutingError::Netlink { source, .. } => errno(source),
+            _ => None,
         }
     }
 }
 
-/// TEMPORARY: kernel interface counters from sysfs until netlink lands.
-pub mod links {
-    /// Reads kernel interface counters.
-    #[derive(Debug, Clone, Default)]
-    pub struct Counters;
-
-    impl Counters {
-        /// Frames the kernel interface received.
-        pub async fn rx_packets(&self, iface: &str) -> Option<u64> {
-            let p = format!("/sys/class/net/{iface}/statistics/rx_packets");
-            std::fs::read_to_string(p).ok()?.trim().parse().ok()
-        }
+/// The (positive) errno of a kernel refusal.
+fn errno(e: &rtnetlink::Error) -> Option<i32> {
+    match e {
+        rtnetlink::Error::NetlinkError(m) => m.code.map(|c| c.get().saturating_neg()),
+        _ => None,
     }
+}
+
+/// Opens a netlink route socket in the calling thread's network namespace
+/// and drives it on the current tokio runtime. The connection task ends
+/// when the last clone of the handle is dropped.
+pub fn connect() -> Result<rtnetlink::Handle, RoutingError> {
+    let rt = tokio::runtime::Handle::try_current().map_err(|_| RoutingError::NoRuntime)?;
+    let (conn, handle, _unsolicited) = rtnetlink::new_connection().map_err(RoutingError::Socket)?;
+    rt.spawn(conn);
+    Ok(handle)
 }

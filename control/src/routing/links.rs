@@ -1,0 +1,279 @@
+//! Kernel interfaces by name: configuring the exception path's interface
+//! (MAC, MTU, up, exactly the given addresses) and reading an interface's
+//! counters.
+//!
+//! [`configure_interface`] is idempotent: it reads the link first and only
+//! changes what differs, so a second call with the same arguments takes the
+//! link neither down nor up. The interface belongs to Sluice: addresses on
+//! it that were not asked for are removed, except IPv6 link-local ones
+//! (the kernel's own, needed by ND and link-local BGP sessions).
+//!
+//! Duplicate address detection is off for the interface's IPv6 addresses,
+//! the link-local one included (`accept_dad=0`): they are the appliance's
+//! own, and while the link-local address is tentative the kernel sends no
+//! neighbour solicitation at all, so IPv6 next hops would stay unresolved
+//! for the first seconds after the link comes up.
+
+use std::collections::HashSet;
+use std::net::IpAddr;
+
+use futures_util::TryStreamExt;
+use rtnetlink::packet_route::address::{AddressAttribute, AddressFlags, AddressHeaderFlags, AddressMessage};
+use rtnetlink::packet_route::link::{LinkAttribute, LinkFlags, LinkMessage, Stats64};
+use rtnetlink::{Handle, LinkUnspec};
+
+use super::{errno, RoutingError};
+
+/// Formats a MAC as `aa:bb:cc:dd:ee:ff`.
+pub fn mac_str(m: &[u8; 6]) -> String {
+    format!("{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}", m[0], m[1], m[2], m[3], m[4], m[5])
+}
+
+/// An interface's kernel counters (rtnetlink `IFLA_STATS64`), totals since
+/// the interface was created. Drivers that do not count a kind leave it 0.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LinkCounters {
+    /// Frames received.
+    pub rx_packets: u64,
+    /// Bytes received.
+    pub rx_bytes: u64,
+    /// Received frames dropped by the kernel (no buffer, unknown protocol...).
+    pub rx_dropped: u64,
+    /// Bad frames received.
+    pub rx_errors: u64,
+    /// Frames the device missed (receive ring full).
+    pub rx_missed_errors: u64,
+    /// Receive ring overflows.
+    pub rx_over_errors: u64,
+    /// Frames sent.
+    pub tx_packets: u64,
+    /// Bytes sent.
+    pub tx_bytes: u64,
+    /// Frames dropped on transmit.
+    pub tx_dropped: u64,
+    /// Transmit errors.
+    pub tx_errors: u64,
+}
+
+impl From<&Stats64> for LinkCounters {
+    fn from(s: &Stats64) -> LinkCounters {
+        LinkCounters {
+            rx_packets: s.rx_packets,
+            rx_bytes: s.rx_bytes,
+            rx_dropped: s.rx_dropped,
+            rx_errors: s.rx_errors,
+            rx_missed_errors: s.rx_missed_errors,
+            rx_over_errors: s.rx_over_errors,
+            tx_packets: s.tx_packets,
+            tx_bytes: s.tx_bytes,
+            tx_dropped: s.tx_dropped,
+            tx_errors: s.tx_errors,
+        }
+    }
+}
+
+/// The kernel's description of interface `name`.
+pub(crate) async fn get_link(h: &Handle, name: &str) -> Result<LinkMessage, RoutingError> {
+    let mut answers = h.link().get().match_name(name).execute();
+    match answers.try_next().await {
+        Ok(Some(link)) => Ok(link),
+        Ok(None) => Err(RoutingError::NoInterface { iface: name.to_owned() }),
+        // ENODEV: no such interface.
+        Err(e) if errno(&e) == Some(libc::ENODEV) => Err(RoutingError::NoInterface { iface: name.to_owned() }),
+        Err(e) => Err(RoutingError::netlink(name, "reading the link", e)),
+    }
+}
+
+/// Reads interface `name`'s kernel counters.
+pub async fn link_counters(h: &Handle, name: &str) -> Result<LinkCounters, RoutingError> {
+    let link = get_link(h, name).await?;
+    counters_of(&link).ok_or_else(|| RoutingError::NoStats { iface: name.to_owned() })
+}
+
+/// The counters in a link message, if it carries them.
+pub(crate) fn counters_of(link: &LinkMessage) -> Option<LinkCounters> {
+    link.attributes.iter().find_map(|a| match a {
+        LinkAttribute::Stats64(s) => Some(LinkCounters::from(s)),
+        _ => None,
+    })
+}
+
+/// Turns off duplicate address detection on interface `name` (procfs, in
+/// the calling thread's network namespace; a plain write, not a tokio
+/// blocking task, which could run in another namespace). Without IPv6 on
+/// the interface there is nothing to do.
+fn no_dad(name: &str) -> Result<(), RoutingError> {
+    // Dots in interface names are slashes in sysctl paths (eth0.100).
+    let path = format!("/proc/sys/net/ipv6/conf/{}/accept_dad", name.replace('.', "/"));
+    match std::fs::write(&path, "0") {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(RoutingError::Sysctl { iface: name.to_owned(), path, source: e })
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The link's MAC, MTU and whether it is administratively up.
+fn link_state(link: &LinkMessage) -> (Option<&[u8]>, Option<u32>, bool) {
+    let mut mac = None;
+    let mut mtu = None;
+    for a in &link.attributes {
+        match a {
+            LinkAttribute::Address(m) => mac = Some(m.as_slice()),
+            LinkAttribute::Mtu(m) => mtu = Some(*m),
+            _ => {}
+        }
+    }
+    (mac, mtu, link.header.flags.contains(LinkFlags::Up))
+}
+
+/// The local address and prefix of an address message.
+fn address_of(m: &AddressMessage) -> Option<(IpAddr, u8)> {
+    // IPv4 keeps the interface's own address in IFA_LOCAL (IFA_ADDRESS is
+    // the peer on point-to-point links); IPv6 only sends IFA_ADDRESS.
+    let local = m.attributes.iter().find_map(|a| match a {
+        AddressAttribute::Local(ip) => Some(*ip),
+        _ => None,
+    });
+    let addr = m.attributes.iter().find_map(|a| match a {
+        AddressAttribute::Address(ip) => Some(*ip),
+        _ => None,
+    });
+    local.or(addr).map(|ip| (ip, m.header.prefix_len))
+}
+
+fn is_v6_link_local(ip: IpAddr) -> bool {
+    matches!(ip, IpAddr::V6(a) if a.segments()[0] & 0xffc0 == 0xfe80)
+}
+
+/// Which of `existing` to delete so that the interface carries `wanted`
+/// (IPv6 link-local addresses are kept).
+pub(crate) fn stale_addresses(existing: &[(IpAddr, u8)], wanted: &[(IpAddr, u8)]) -> Vec<(IpAddr, u8)> {
+    let want: HashSet<&(IpAddr, u8)> = wanted.iter().collect();
+    existing.iter().filter(|a| !want.contains(a) && !is_v6_link_local(a.0)).copied().collect()
+}
+
+/// Gives kernel interface `name` the port's MAC and MTU, brings it up, and
+/// makes `addrs` its addresses (IPv6 ones without duplicate address
+/// detection: the port's addresses are the appliance's own). The link is
+/// taken down only to change its MAC.
+pub async fn configure_interface(
+    h: &Handle,
+    name: &str,
+    mac: [u8; 6],
+    mtu: u16,
+    addrs: &[(IpAddr, u8)],
+) -> Result<(), RoutingError> {
+    for &(addr, prefix) in addrs {
+        let width = if addr.is_ipv4() { 32 } else { 128 };
+        if prefix > width {
+            return Err(RoutingError::BadPrefix { iface: name.to_owned(), addr, prefix });
+        }
+    }
+    let link = get_link(h, name).await?;
+    no_dad(name)?;
+    let index = link.header.index;
+    let (cur_mac, cur_mtu, up) = link_state(&link);
+    let set = |msg: LinkMessage, op: String| async move {
+        h.link().set(msg).execute().await.map_err(|e| RoutingError::netlink(name, op, e))
+    };
+    let mac_changes = cur_mac != Some(&mac[..]);
+    if mac_changes {
+        if up {
+            set(LinkUnspec::new_with_index(index).down().build(), "taking the link down".into()).await?;
+        }
+        let msg = LinkUnspec::new_with_index(index).address(mac.to_vec()).mtu(u32::from(mtu)).build();
+        set(msg, format!("setting MAC {} and MTU {mtu}", mac_str(&mac))).await?;
+    } else if cur_mtu != Some(u32::from(mtu)) {
+        set(LinkUnspec::new_with_index(index).mtu(u32::from(mtu)).build(), format!("setting MTU {mtu}")).await?;
+    }
+    if mac_changes || !up {
+        set(LinkUnspec::new_with_index(index).up().build(), "bringing the link up".into()).await?;
+    }
+
+    let existing: Vec<AddressMessage> = h
+        .address()
+        .get()
+        .set_link_index_filter(index)
+        .execute()
+        .try_collect()
+        .await
+        .map_err(|e| RoutingError::netlink(name, "listing addresses", e))?;
+    let present: Vec<(IpAddr, u8)> = existing.iter().filter_map(address_of).collect();
+    // Delete before adding: removing a primary IPv4 address can take the
+    // secondaries of its subnet with it.
+    for stale in stale_addresses(&present, addrs) {
+        let Some(msg) = existing.iter().find(|m| address_of(m) == Some(stale)) else { continue };
+        match h.address().del(msg.clone()).execute().await {
+            // EADDRNOTAVAIL: already gone with its primary.
+            Err(e) if errno(&e) != Some(libc::EADDRNOTAVAIL) => {
+                return Err(RoutingError::netlink(name, format!("removing address {}/{}", stale.0, stale.1), e));
+            }
+            _ => {}
+        }
+    }
+    for &(addr, prefix) in addrs {
+        let mut req = h.address().add(index, addr, prefix).replace();
+        if addr.is_ipv6() {
+            let m = req.message_mut();
+            m.header.flags |= AddressHeaderFlags::Nodad;
+            m.attributes.push(AddressAttribute::Flags(AddressFlags::Nodad));
+        }
+        req.execute().await.map_err(|e| RoutingError::netlink(name, format!("setting address {addr}/{prefix}"), e))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rtnetlink::packet_route::address::AddressHeader;
+    use rtnetlink::packet_route::AddressFamily;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn mac_is_lower_case_colon_separated() {
+        assert_eq!(mac_str(&[0x02, 0, 0xab, 0x0c, 0xde, 0xff]), "02:00:ab:0c:de:ff");
+    }
+
+    #[test]
+    fn stale_addresses_keep_wanted_and_v6_link_local() {
+        let existing = [(ip("10.0.0.1"), 24), (ip("10.0.0.9"), 24), (ip("fe80::1"), 64), (ip("2001:db8::1"), 64)];
+        let wanted = [(ip("10.0.0.1"), 24), (ip("2001:db8::1"), 64), (ip("2001:db8::2"), 64)];
+        assert_eq!(stale_addresses(&existing, &wanted), vec![(ip("10.0.0.9"), 24)]);
+    }
+
+    #[test]
+    fn same_address_with_another_prefix_is_stale() {
+        let existing = [(ip("10.0.0.1"), 16)];
+        assert_eq!(stale_addresses(&existing, &[(ip("10.0.0.1"), 24)]), vec![(ip("10.0.0.1"), 16)]);
+        assert!(stale_addresses(&existing, &[(ip("10.0.0.1"), 16)]).is_empty());
+    }
+
+    #[test]
+    fn ipv4_address_is_the_local_one() {
+        let mut m = AddressMessage::default();
+        m.header = AddressHeader { family: AddressFamily::Inet, prefix_len: 32, ..m.header };
+        m.attributes.push(AddressAttribute::Address(ip("192.0.2.2")));
+        m.attributes.push(AddressAttribute::Local(ip("192.0.2.1")));
+        assert_eq!(address_of(&m), Some((ip("192.0.2.1"), 32)));
+        let mut v6 = AddressMessage::default();
+        v6.header.prefix_len = 64;
+        v6.attributes.push(AddressAttribute::Address(ip("2001:db8::5")));
+        assert_eq!(address_of(&v6), Some((ip("2001:db8::5"), 64)));
+    }
+
+    #[test]
+    fn counters_come_from_stats64() {
+        let mut link = LinkMessage::default();
+        assert_eq!(counters_of(&link), None);
+        let mut s = Stats64::default();
+        (s.rx_packets, s.rx_bytes, s.rx_missed_errors, s.tx_packets, s.tx_dropped) = (7, 700, 3, 5, 1);
+        link.attributes.push(LinkAttribute::Stats64(s));
+        let c = counters_of(&link).unwrap();
+        assert_eq!((c.rx_packets, c.rx_bytes, c.rx_missed_errors, c.tx_packets, c.tx_dropped), (7, 700, 3, 5, 1));
+    }
+}

@@ -1,0 +1,788 @@
+//! Event-driven next-hop resolution: a reconciler that keeps exactly the
+//! wanted next hops as "managed" neighbour entries in the kernel and
+//! publishes their MACs as soon as the kernel learns or loses them.
+//!
+//! Desired state is the set of `(port index, address)` pairs given to
+//! [`Neighbours::want`]. The task makes every wanted pair a managed entry
+//! (`NTF_EXT_MANAGED`, Linux >= 5.16: the kernel resolves it on its own,
+//! keeps re-probing it and never lets it age out) on the port's kernel
+//! interface, and deletes managed entries on those interfaces that are no
+//! longer wanted (also leftovers of an earlier run). A static (permanent)
+//! entry for a wanted pair is left alone: it is resolved already.
+//!
+//! Observed state comes from one netlink socket subscribed to the kernel's
+//! neighbour and link groups: a dump when the socket is opened, then
+//! notifications. A notification only names the entry that changed; the
+//! task reads that entry back (one `RTM_GETNEIGH`), so what it holds is
+//! never older than the notification, whatever the order of dump and
+//! notifications on the socket. A lost notification (socket buffer
+//! overrun) or a change of the ports' interfaces (created, deleted,
+//! renamed) makes it dump everything again; a socket error makes it open a
+//! new socket and start over.
+//!
+//! Invariants: adds and deletes are idempotent (add is a replace, delete
+//! of a missing entry succeeds); failed ones are retried with a growing
+//! delay (100 ms to 5 s) and logged; the published map holds exactly the
+//! wanted pairs whose entry has a MAC and is not INCOMPLETE/FAILED, and is
+//! sent only when it changes.
+
+use std::collections::{HashMap, HashSet};
+use std::net::IpAddr;
+use std::time::Duration;
+
+use futures_channel::mpsc::UnboundedReceiver;
+use futures_util::{StreamExt, TryStreamExt};
+use rtnetlink::packet_core::{NetlinkMessage, NetlinkPayload, NLM_F_REQUEST};
+use rtnetlink::packet_route::link::{LinkAttribute, LinkMessage};
+use rtnetlink::packet_route::neighbour::{
+    NeighbourAddress, NeighbourAttribute, NeighbourExtFlags, NeighbourFlags, NeighbourMessage, NeighbourState,
+};
+use rtnetlink::packet_route::{AddressFamily, RouteNetlinkMessage};
+use rtnetlink::{Handle, MulticastGroup};
+use sluice_dataplane::addr::Addr;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
+
+use super::{errno, RoutingError};
+
+/// Resolved next hops: `(port index, address)` to MAC.
+pub type NeighMap = HashMap<(u8, Addr), [u8; 6]>;
+
+/// A neighbour entry: interface index and address.
+type Key = (u32, Addr);
+
+/// Delay before the first retry of a failed add or delete, or reconnect.
+const RETRY_MIN: Duration = Duration::from_millis(100);
+/// Longest delay between retries.
+const RETRY_MAX: Duration = Duration::from_secs(5);
+
+/// What the kernel says about one neighbour entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Entry {
+    /// Link-layer address, if the entry has a 6-byte one.
+    pub mac: Option<[u8; 6]>,
+    /// NUD state.
+    pub state: NeighbourState,
+    /// `NTF_EXT_MANAGED` is set.
+    pub managed: bool,
+}
+
+impl Entry {
+    /// The MAC, if the kernel considers it usable.
+    fn resolved(&self) -> Option<[u8; 6]> {
+        match self.state {
+            NeighbourState::Reachable
+            | NeighbourState::Stale
+            | NeighbourState::Delay
+            | NeighbourState::Probe
+            | NeighbourState::Permanent
+            | NeighbourState::Noarp => self.mac,
+            _ => None,
+        }
+    }
+}
+
+fn ip_of(a: &NeighbourAddress) -> Option<Addr> {
+    match a {
+        NeighbourAddress::Inet(v4) => Some(Addr::from(*v4)),
+        NeighbourAddress::Inet6(v6) => Some(Addr::from(*v6)),
+        _ => None,
+    }
+}
+
+/// The entry an IPv4/IPv6 neighbour message describes (`None` for other
+/// families, proxy entries and messages without a destination).
+pub(crate) fn decode(m: &NeighbourMessage) -> Option<(Key, Entry)> {
+    if !matches!(m.header.family, AddressFamily::Inet | AddressFamily::Inet6)
+        || m.header.flags.contains(NeighbourFlags::Proxy)
+    {
+        return None;
+    }
+    let mut dst = None;
+    let mut mac = None;
+    let mut managed = false;
+    for a in &m.attributes {
+        match a {
+            NeighbourAttribute::Destination(d) => dst = ip_of(d),
+            NeighbourAttribute::LinkLayerAddress(l) => mac = <[u8; 6]>::try_from(l.as_slice()).ok(),
+            NeighbourAttribute::ExtFlags(f) => managed = f.contains(NeighbourExtFlags::Managed),
+            _ => {}
+        }
+    }
+    Some(((m.header.ifindex, dst?), Entry { mac, state: m.header.state, managed }))
+}
+
+/// The interface index of each wanted pair (pairs of ports without a
+/// present interface are left out).
+fn wanted_keys(wanted: &HashSet<(u8, Addr)>, index: &[Option<u32>]) -> HashSet<Key> {
+    wanted.iter().filter_map(|&(port, addr)| Some((index.get(usize::from(port)).copied().flatten()?, addr))).collect()
+}
+
+/// What a reconcile pass has to do.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct Plan {
+    /// Entries to make managed.
+    pub add: Vec<Key>,
+    /// Managed entries to delete.
+    pub del: Vec<Key>,
+}
+
+/// The difference between the wanted pairs and the kernel's entries on the
+/// ports' interfaces (`observed` holds only those), in a stable order.
+pub(crate) fn plan(wanted: &HashSet<(u8, Addr)>, index: &[Option<u32>], observed: &HashMap<Key, Entry>) -> Plan {
+    let want = wanted_keys(wanted, index);
+    let mut add: Vec<Key> = want
+        .iter()
+        .filter(|k| observed.get(k).is_none_or(|e| !e.managed && e.state != NeighbourState::Permanent))
+        .copied()
+        .collect();
+    let mut del: Vec<Key> = observed.iter().filter(|(k, e)| e.managed && !want.contains(k)).map(|(k, _)| *k).collect();
+    add.sort_unstable();
+    del.sort_unstable();
+    Plan { add, del }
+}
+
+/// The MACs of the wanted pairs the kernel has resolved.
+pub(crate) fn resolve(wanted: &HashSet<(u8, Addr)>, index: &[Option<u32>], observed: &HashMap<Key, Entry>) -> NeighMap {
+    wanted
+        .iter()
+        .filter_map(|&(port, addr)| {
+            let ifindex = index.get(usize::from(port)).copied().flatten()?;
+            Some(((port, addr), observed.get(&(ifindex, addr))?.resolved()?))
+        })
+        .collect()
+}
+
+/// Interface index of each port whose interface `links` contains.
+fn index_ports(names: &[String], links: &[LinkMessage]) -> Vec<Option<u32>> {
+    names
+        .iter()
+        .map(|name| {
+            if name.is_empty() {
+                return None;
+            }
+            links.iter().find(|l| link_name(l) == Some(name.as_str())).map(|l| l.header.index)
+        })
+        .collect()
+}
+
+fn link_name(l: &LinkMessage) -> Option<&str> {
+    l.attributes.iter().find_map(|a| match a {
+        LinkAttribute::IfName(n) => Some(n.as_str()),
+        _ => None,
+    })
+}
+
+/// True if a link notification changes which index a port's interface has.
+fn link_moves_ports(names: &[String], index: &[Option<u32>], link: &LinkMessage, deleted: bool) -> bool {
+    let name = link_name(link);
+    names.iter().zip(index).any(|(n, &i)| {
+        let ours_now = !deleted && !n.is_empty() && name == Some(n.as_str());
+        let ours_before = i == Some(link.header.index);
+        ours_now != ours_before
+    })
+}
+
+fn family_of(addr: Addr) -> AddressFamily {
+    if addr.is_v4() {
+        AddressFamily::Inet
+    } else {
+        AddressFamily::Inet6
+    }
+}
+
+/// A neighbour message naming entry `key` (for delete and get).
+fn key_message((ifindex, addr): Key) -> NeighbourMessage {
+    let mut m = NeighbourMessage::default();
+    m.header.family = family_of(addr);
+    m.header.ifindex = ifindex;
+    let dst = match addr.to_ip() {
+        IpAddr::V4(a) => NeighbourAddress::Inet(a),
+        IpAddr::V6(a) => NeighbourAddress::Inet6(a),
+    };
+    m.attributes.push(NeighbourAttribute::Destination(dst));
+    m
+}
+
+/// The task's own netlink connection: requests and notifications on one
+/// socket. Dropping it stops the connection task.
+struct Conn {
+    handle: Handle,
+    events: UnboundedReceiver<(NetlinkMessage<RouteNetlinkMessage>, rtnetlink::sys::SocketAddr)>,
+    driver: JoinHandle<()>,
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        self.driver.abort();
+    }
+}
+
+impl Conn {
+    /// Opens a socket subscribed to neighbour and link notifications, in
+    /// the calling thread's network namespace; must run inside a runtime.
+    fn open() -> Result<Conn, RoutingError> {
+        let (conn, handle, events) =
+            rtnetlink::new_multicast_connection(&[MulticastGroup::Neigh, MulticastGroup::Link])
+                .map_err(RoutingError::Socket)?;
+        Ok(Conn { handle, events, driver: tokio::spawn(conn) })
+    }
+}
+
+/// The kernel's view, as far as the ports' interfaces go.
+struct View {
+    /// Interface index of each port (by port index).
+    index: Vec<Option<u32>>,
+    /// Entries on those interfaces.
+    observed: HashMap<Key, Entry>,
+    /// When to retry failed adds and deletes.
+    retry: Option<Instant>,
+    backoff: Duration,
+    /// Ports already reported as lacking their interface.
+    missing_reported: HashSet<u8>,
+}
+
+/// Why a session ended.
+enum Exit {
+    /// The handle was dropped.
+    Stopped,
+    /// The connection failed; start a new one.
+    Lost(String),
+}
+
+type Barrier = oneshot::Sender<Result<(), RoutingError>>;
+
+struct Task {
+    names: Vec<String>,
+    wanted: watch::Receiver<HashSet<(u8, Addr)>>,
+    barriers: mpsc::UnboundedReceiver<Barrier>,
+    out: watch::Sender<NeighMap>,
+}
+
+impl Task {
+    async fn run(mut self, first: Conn) {
+        let mut conn = Some(first);
+        let mut backoff = RETRY_MIN;
+        loop {
+            let c = match conn.take() {
+                Some(c) => c,
+                None => match Conn::open() {
+                    Ok(c) => c,
+                    Err(e) => {
+                        warn!(error = %e, "neighbour resolution: cannot reopen the netlink socket");
+                        if !self.pause(backoff).await {
+                            return;
+                        }
+                        backoff = (backoff * 2).min(RETRY_MAX);
+                        continue;
+                    }
+                },
+            };
+            match self.session(c, &mut backoff).await {
+                Exit::Stopped => return,
+                Exit::Lost(why) => warn!(reason = %why, "neighbour resolution lost its netlink socket; reconnecting"),
+            }
+            if !self.pause(backoff).await {
+                return;
+            }
+            backoff = (backoff * 2).min(RETRY_MAX);
+        }
+    }
+
+    /// Waits `d` while disconnected, failing barriers; false if stopped.
+    async fn pause(&mut self, d: Duration) -> bool {
+        let sleep = tokio::time::sleep(d);
+        tokio::pin!(sleep);
+        loop {
+            tokio::select! {
+                () = &mut sleep => return true,
+                b = self.barriers.recv() => match b {
+                    Some(tx) => {
+                        let _ = tx.send(Err(RoutingError::Disconnected));
+                    }
+                    None => return false,
+                },
+            }
+        }
+    }
+
+    async fn session(&mut self, mut c: Conn, backoff: &mut Duration) -> Exit {
+        let mut v = View {
+            index: vec![None; self.names.len()],
+            observed: HashMap::new(),
+            retry: None,
+            backoff: RETRY_MIN,
+            missing_reported: HashSet::new(),
+        };
+        if let Err(e) = self.resync(&c.handle, &mut v).await {
+            return Exit::Lost(e.to_string());
+        }
+        *backoff = RETRY_MIN;
+        if let Err(lost) = self.reconcile(&c.handle, &mut v, true).await {
+            return lost;
+        }
+        loop {
+            let retry_at = v.retry;
+            let retry = async move {
+                match retry_at {
+                    Some(t) => tokio::time::sleep_until(t).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                ev = c.events.next() => {
+                    let Some((first, _)) = ev else { return Exit::Lost("the netlink socket closed".into()) };
+                    let mut batch = vec![first];
+                    while let Ok((m, _)) = c.events.try_recv() {
+                        batch.push(m);
+                    }
+                    if let Err(lost) = self.absorb(&c.handle, &mut v, batch).await {
+                        return lost;
+                    }
+                    // Failed work waits for its retry time, so that the
+                    // notifications it causes do not make a busy loop.
+                    let full = v.retry.is_none();
+                    if let Err(lost) = self.reconcile(&c.handle, &mut v, full).await {
+                        return lost;
+                    }
+                }
+                changed = self.wanted.changed() => {
+                    if changed.is_err() {
+                        return Exit::Stopped;
+                    }
+                    if let Err(lost) = self.reconcile(&c.handle, &mut v, true).await {
+                        return lost;
+                    }
+                }
+                b = self.barriers.recv() => {
+                    let Some(tx) = b else { return Exit::Stopped };
+                    match self.reconcile(&c.handle, &mut v, true).await {
+                        Ok(result) => {
+                            let _ = tx.send(result);
+                        }
+                        Err(lost) => {
+                            let _ = tx.send(Err(RoutingError::Disconnected));
+                            return lost;
+                        }
+                    }
+                }
+                () = retry => {
+                    if let Err(lost) = self.reconcile(&c.handle, &mut v, true).await {
+                        return lost;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Reads the ports' interface indices and every neighbour entry on
+    /// those interfaces.
+    async fn resync(&self, h: &Handle, v: &mut View) -> Result<(), rtnetlink::Error> {
+        let links: Vec<LinkMessage> = h.link().get().execute().try_collect().await?;
+        v.index = index_ports(&self.names, &links);
+        v.observed.clear();
+        let ours: HashSet<u32> = v.index.iter().flatten().copied().collect();
+        for family in [AddressFamily::Inet, AddressFamily::Inet6] {
+            let entries: Vec<NeighbourMessage> =
+                h.neighbours().get().set_address_family(family).execute().try_collect().await?;
+            for (key, entry) in entries.iter().filter_map(decode) {
+                if ours.contains(&key.0) {
+                    v.observed.insert(key, entry);
+                }
+            }
+        }
+        debug!(entries = v.observed.len(), index = ?v.index, "neighbour table read");
+        Ok(())
+    }
+
+    /// Reads entry `key` back from the kernel.
+    async fn refresh(h: &Handle, v: &mut View, key: Key) -> Result<(), rtnetlink::Error> {
+        let mut req = NetlinkMessage::from(RouteNetlinkMessage::GetNeighbour(key_message(key)));
+        req.header.flags = NLM_F_REQUEST;
+        let mut answers = h.clone().request(req)?;
+        let mut found = None;
+        while let Some(m) = answers.next().await {
+            match m.payload {
+                NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewNeighbour(n)) => {
+                    found = decode(&n).filter(|(k, _)| *k == key).map(|(_, e)| e);
+                }
+                NetlinkPayload::Error(e) if e.code.is_some() => {
+                    let e = rtnetlink::Error::NetlinkError(e);
+                    if errno(&e) != Some(libc::ENOENT) {
+                        return Err(e);
+                    }
+                }
+                _ => {}
+            }
+        }
+        match found {
+            Some(e) => v.observed.insert(key, e),
+            None => v.observed.remove(&key),
+        };
+        Ok(())
+    }
+
+    /// Takes in a batch of notifications.
+    async fn absorb(
+        &self,
+        h: &Handle,
+        v: &mut View,
+        batch: Vec<NetlinkMessage<RouteNetlinkMessage>>,
+    ) -> Result<(), Exit> {
+        let mut resync = false;
+        let mut keys = HashSet::new();
+        for m in batch {
+            match m.payload {
+                NetlinkPayload::Overrun(_) => {
+                    info!("neighbour notifications were lost (socket buffer full); reading the table again");
+                    resync = true;
+                }
+                NetlinkPayload::InnerMessage(
+                    RouteNetlinkMessage::NewNeighbour(n) | RouteNetlinkMessage::DelNeighbour(n),
+                ) => {
+                    if let Some((key, _)) = decode(&n) {
+                        if v.index.contains(&Some(key.0)) {
+                            keys.insert(key);
+                        }
+                    }
+                }
+                NetlinkPayload::InnerMessage(RouteNetlinkMessage::NewLink(l)) => {
+                    resync |= link_moves_ports(&self.names, &v.index, &l, false);
+                }
+                NetlinkPayload::InnerMessage(RouteNetlinkMessage::DelLink(l)) => {
+                    resync |= link_moves_ports(&self.names, &v.index, &l, true);
+                }
+                _ => {}
+            }
+        }
+        if resync {
+            return self.resync(h, v).await.map_err(|e| Exit::Lost(e.to_string()));
+        }
+        for key in keys {
+            Self::refresh(h, v, key).await.map_err(|e| Exit::Lost(format!("reading neighbour {} back: {e}", key.1)))?;
+        }
+        Ok(())
+    }
+
+    fn iface(&self, v: &View, ifindex: u32) -> &str {
+        v.index.iter().position(|&i| i == Some(ifindex)).and_then(|p| self.names.get(p)).map_or("?", String::as_str)
+    }
+
+    /// One pass: adds and deletes what differs (unless `full` is false),
+    /// then publishes. `Ok` carries the pass's outcome; `Err` means the
+    /// connection is unusable.
+    async fn reconcile(&mut self, h: &Handle, v: &mut View, full: bool) -> Result<Result<(), RoutingError>, Exit> {
+        let wanted = self.wanted.borrow_and_update().clone();
+        for &(port, addr) in &wanted {
+            let known = self.names.get(usize::from(port)).filter(|n| !n.is_empty());
+            if let Some(name) = known {
+                if v.index[usize::from(port)].is_none() && v.missing_reported.insert(port) {
+                    warn!(port, interface = %name, next_hop = %addr, "next hop cannot be resolved: the port's kernel interface does not exist");
+                }
+            }
+        }
+        let mut errors = Vec::new();
+        if full {
+            let p = plan(&wanted, &v.index, &v.observed);
+            for key in p.add {
+                let name = self.iface(v, key.0).to_owned();
+                let op = format!("adding managed neighbour {}", key.1);
+                let mut req = h.neighbours().add(key.0, key.1.to_ip()).state(NeighbourState::None).replace();
+                req.message_mut().attributes.push(NeighbourAttribute::ExtFlags(NeighbourExtFlags::Managed));
+                if let Err(e) = req.execute().await {
+                    errors.push(RoutingError::netlink(&name, op, e));
+                    continue;
+                }
+                Self::refresh(h, v, key)
+                    .await
+                    .map_err(|e| Exit::Lost(format!("reading neighbour {} back: {e}", key.1)))?;
+                if !v.observed.get(&key).is_some_and(|e| e.managed) {
+                    errors.push(RoutingError::Unexpected {
+                        iface: name,
+                        op,
+                        what: "the entry is not managed (NTF_EXT_MANAGED needs Linux 5.16 or later)".into(),
+                    });
+                }
+            }
+            for key in p.del {
+                match h.neighbours().del(key_message(key)).execute().await {
+                    Err(e) if errno(&e) != Some(libc::ENOENT) => {
+                        errors.push(RoutingError::netlink(
+                            self.iface(v, key.0),
+                            format!("deleting managed neighbour {}", key.1),
+                            e,
+                        ));
+                    }
+                    _ => {
+                        v.observed.remove(&key);
+                    }
+                }
+            }
+            if errors.is_empty() {
+                v.retry = None;
+                v.backoff = RETRY_MIN;
+            } else {
+                for e in &errors {
+                    warn!(error = %e, retry_in = ?v.backoff, "neighbour resolution");
+                }
+                v.retry = Some(Instant::now() + v.backoff);
+                v.backoff = (v.backoff * 2).min(RETRY_MAX);
+            }
+        }
+        let map = resolve(&wanted, &v.index, &v.observed);
+        if *self.out.borrow() != map {
+            debug!(resolved = map.len(), wanted = wanted.len(), "next-hop MACs changed");
+            self.out.send_replace(map);
+        }
+        Ok(if errors.is_empty() { Ok(()) } else { Err(errors.swap_remove(0)) })
+    }
+}
+
+/// The neighbour reconciler's handle. Dropping it stops the task (entries
+/// stay in the kernel: call [`Neighbours::clear`] first to remove them).
+#[derive(Debug)]
+pub struct Neighbours {
+    wanted: watch::Sender<HashSet<(u8, Addr)>>,
+    barriers: mpsc::UnboundedSender<Barrier>,
+    task: JoinHandle<()>,
+}
+
+impl Neighbours {
+    /// Starts the reconciler on the current tokio runtime for ports whose
+    /// kernel interfaces are `ifaces` (by port index; an empty name: the
+    /// port has none, and its next hops are not resolved). The netlink
+    /// socket is opened here, in the calling thread's network namespace.
+    /// The receiver sees the resolved map, starting empty.
+    pub fn spawn(ifaces: Vec<String>) -> Result<(Neighbours, watch::Receiver<NeighMap>), RoutingError> {
+        if ifaces.len() > 256 {
+            return Err(RoutingError::TooManyPorts(ifaces.len()));
+        }
+        let rt = tokio::runtime::Handle::try_current().map_err(|_| RoutingError::NoRuntime)?;
+        let conn = Conn::open()?;
+        let (wanted_tx, wanted_rx) = watch::channel(HashSet::new());
+        let (out_tx, out_rx) = watch::channel(NeighMap::new());
+        let (barrier_tx, barrier_rx) = mpsc::unbounded_channel();
+        let task = Task { names: ifaces, wanted: wanted_rx, barriers: barrier_rx, out: out_tx };
+        let task = rt.spawn(task.run(conn));
+        Ok((Neighbours { wanted: wanted_tx, barriers: barrier_tx, task }, out_rx))
+    }
+
+    /// Sets the next hops to keep resolved (replacing the previous set).
+    /// Returns at once; the task reconciles.
+    pub fn want(&self, hops: Vec<(u8, Addr)>) {
+        let set: HashSet<(u8, Addr)> = hops.into_iter().collect();
+        self.wanted.send_if_modified(|cur| {
+            if *cur == set {
+                return false;
+            }
+            *cur = set;
+            true
+        });
+    }
+
+    /// Wants nothing and waits until every managed entry on the ports'
+    /// interfaces has been deleted (at shutdown). Fails if a delete failed
+    /// or the task has no netlink connection at the moment.
+    pub async fn clear(&self) -> Result<(), RoutingError> {
+        self.want(Vec::new());
+        self.settle().await
+    }
+
+    /// Waits for a reconcile pass of the current wanted set and returns its
+    /// outcome (the first failure, if any).
+    pub async fn settle(&self) -> Result<(), RoutingError> {
+        let (tx, rx) = oneshot::channel();
+        self.barriers.send(tx).map_err(|_| RoutingError::Stopped)?;
+        rx.await.map_err(|_| RoutingError::Stopped)?
+    }
+}
+
+impl Drop for Neighbours {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rtnetlink::packet_core::Parseable;
+    use std::net::Ipv4Addr;
+
+    fn a(s: &str) -> Addr {
+        s.parse::<IpAddr>().unwrap().into()
+    }
+
+    /// An `RTM_NEWNEIGH` body as the kernel sends it for a managed,
+    /// reachable IPv4 entry: ndmsg, then NDA_DST, NDA_LLADDR, NDA_FLAGS_EXT.
+    const MANAGED_REACHABLE_V4: [u8; 40] = [
+        2, 0, 0, 0, // family AF_INET, padding
+        7, 0, 0, 0, // ifindex 7
+        0x02, 0x00, 0, 1, // state NUD_REACHABLE, flags 0, type RTN_UNICAST
+        8, 0, 1, 0, 10, 9, 0, 2, // NDA_DST 10.9.0.2
+        10, 0, 2, 0, 0x02, 0xaa, 0xbb, 0xcc, 0xdd, 0xee, 0, 0, // NDA_LLADDR, padded
+        8, 0, 15, 0, 1, 0, 0, 0, // NDA_FLAGS_EXT NTF_EXT_MANAGED
+    ];
+
+    fn parse(bytes: &[u8]) -> NeighbourMessage {
+        NeighbourMessage::parse(bytes).unwrap()
+    }
+
+    fn entry(mac: Option<[u8; 6]>, state: NeighbourState, managed: bool) -> Entry {
+        Entry { mac, state, managed }
+    }
+
+    const MAC: [u8; 6] = [2, 0xaa, 0xbb, 0xcc, 0xdd, 0xee];
+
+    #[test]
+    fn decodes_a_kernel_message() {
+        let (key, e) = decode(&parse(&MANAGED_REACHABLE_V4)).unwrap();
+        assert_eq!(key, (7, a("10.9.0.2")));
+        assert_eq!(e, entry(Some(MAC), NeighbourState::Reachable, true));
+        assert_eq!(e.resolved(), Some(MAC));
+    }
+
+    #[test]
+    fn failed_and_incomplete_are_unresolved() {
+        for (state, resolved) in [
+            (0x01, false), // INCOMPLETE
+            (0x20, false), // FAILED
+            (0x00, false), // NONE
+            (0x04, true),  // STALE
+            (0x08, true),  // DELAY
+            (0x10, true),  // PROBE
+            (0x80, true),  // PERMANENT
+        ] {
+            let mut b = MANAGED_REACHABLE_V4;
+            b[8] = state;
+            let (_, e) = decode(&parse(&b)).unwrap();
+            assert_eq!(e.resolved().is_some(), resolved, "state {state:#x}");
+        }
+    }
+
+    #[test]
+    fn unmanaged_without_lladdr_and_v6() {
+        // NDA_DST only: FAILED entries carry no NDA_LLADDR.
+        let mut b = MANAGED_REACHABLE_V4[..20].to_vec();
+        b[8] = 0x20;
+        let (key, e) = decode(&parse(&b)).unwrap();
+        assert_eq!(key, (7, a("10.9.0.2")));
+        assert_eq!(e, entry(None, NeighbourState::Failed, false));
+
+        let mut m = NeighbourMessage::default();
+        m.header.family = AddressFamily::Inet6;
+        m.header.ifindex = 3;
+        m.header.state = NeighbourState::Stale;
+        m.attributes.push(NeighbourAttribute::Destination(NeighbourAddress::Inet6("2001:db8::1".parse().unwrap())));
+        m.attributes.push(NeighbourAttribute::LinkLayerAddress(MAC.to_vec()));
+        let (key, e) = decode(&m).unwrap();
+        assert_eq!(key, (3, a("2001:db8::1")));
+        assert_eq!(e.resolved(), Some(MAC));
+    }
+
+    #[test]
+    fn ignores_bridge_proxy_and_odd_lladdr() {
+        let mut bridge = parse(&MANAGED_REACHABLE_V4);
+        bridge.header.family = AddressFamily::Bridge;
+        assert!(decode(&bridge).is_none());
+        let mut proxy = parse(&MANAGED_REACHABLE_V4);
+        proxy.header.flags = NeighbourFlags::Proxy;
+        assert!(decode(&proxy).is_none());
+        let mut odd = parse(&MANAGED_REACHABLE_V4);
+        for at in &mut odd.attributes {
+            if let NeighbourAttribute::LinkLayerAddress(l) = at {
+                l.truncate(4);
+            }
+        }
+        assert_eq!(decode(&odd).unwrap().1.resolved(), None);
+    }
+
+    #[test]
+    fn key_message_round_trips_through_decode() {
+        let m = key_message((9, Addr::from(Ipv4Addr::new(192, 0, 2, 1))));
+        let (key, e) = decode(&m).unwrap();
+        assert_eq!(key, (9, a("192.0.2.1")));
+        assert!(!e.managed);
+        assert_eq!(key_message((9, a("2001:db8::7"))).header.family, AddressFamily::Inet6);
+    }
+
+    fn wanted(pairs: &[(u8, &str)]) -> HashSet<(u8, Addr)> {
+        pairs.iter().map(|&(p, s)| (p, a(s))).collect()
+    }
+
+    #[test]
+    fn plan_adds_missing_and_unmanaged_and_deletes_unwanted_managed() {
+        let index = [Some(10), None, Some(12)];
+        let mut observed = HashMap::new();
+        observed.insert((10, a("10.0.0.1")), entry(Some(MAC), NeighbourState::Reachable, true)); // kept
+        observed.insert((10, a("10.0.0.2")), entry(Some(MAC), NeighbourState::Stale, false)); // to manage
+        observed.insert((10, a("10.0.0.3")), entry(None, NeighbourState::Failed, true)); // unwanted managed
+        observed.insert((12, a("10.0.0.4")), entry(Some(MAC), NeighbourState::Reachable, false)); // not ours
+        observed.insert((12, a("10.0.0.5")), entry(Some(MAC), NeighbourState::Permanent, false)); // static
+        let w = wanted(&[
+            (0, "10.0.0.1"),
+            (0, "10.0.0.2"),
+            (2, "2001:db8::1"),
+            (2, "10.0.0.5"),
+            (1, "10.0.0.9"),
+            (7, "10.0.0.8"),
+        ]);
+        let p = plan(&w, &index, &observed);
+        assert_eq!(p.add, vec![(10, a("10.0.0.2")), (12, a("2001:db8::1"))]);
+        assert_eq!(p.del, vec![(10, a("10.0.0.3"))]);
+    }
+
+    #[test]
+    fn plan_is_empty_once_reconciled_and_clears_everything_for_nothing() {
+        let index = [Some(4)];
+        let mut observed = HashMap::new();
+        observed.insert((4, a("10.0.0.1")), entry(None, NeighbourState::Incomplete, true));
+        observed.insert((4, a("10.0.0.2")), entry(Some(MAC), NeighbourState::Reachable, true));
+        let w = wanted(&[(0, "10.0.0.1"), (0, "10.0.0.2")]);
+        assert_eq!(plan(&w, &index, &observed), Plan::default());
+        let p = plan(&HashSet::new(), &index, &observed);
+        assert_eq!(p.del, vec![(4, a("10.0.0.1")), (4, a("10.0.0.2"))]);
+        assert!(p.add.is_empty());
+    }
+
+    #[test]
+    fn resolve_maps_wanted_resolved_entries_to_ports() {
+        // Two ports on the same interface index see the same entry.
+        let index = [Some(4), Some(5), Some(4)];
+        let mut observed = HashMap::new();
+        observed.insert((4, a("10.0.0.1")), entry(Some(MAC), NeighbourState::Reachable, true));
+        observed.insert((4, a("10.0.0.2")), entry(None, NeighbourState::Incomplete, true));
+        observed.insert((5, a("10.0.0.3")), entry(Some([9; 6]), NeighbourState::Failed, true));
+        observed.insert((5, a("10.0.0.4")), entry(Some([8; 6]), NeighbourState::Stale, false)); // not wanted
+        let w = wanted(&[(0, "10.0.0.1"), (2, "10.0.0.1"), (0, "10.0.0.2"), (1, "10.0.0.3"), (1, "10.0.0.1")]);
+        let m = resolve(&w, &index, &observed);
+        let expect: NeighMap = [((0, a("10.0.0.1")), MAC), ((2, a("10.0.0.1")), MAC)].into_iter().collect();
+        assert_eq!(m, expect);
+    }
+
+    fn link(index: u32, name: &str) -> LinkMessage {
+        let mut l = LinkMessage::default();
+        l.header.index = index;
+        l.attributes.push(LinkAttribute::IfName(name.into()));
+        l
+    }
+
+    #[test]
+    fn ports_find_their_interfaces_and_notice_moves() {
+        let names = vec!["tap0".to_owned(), String::new(), "tap2".to_owned()];
+        let index = index_ports(&names, &[link(1, "lo"), link(5, "tap2"), link(6, "tap0")]);
+        assert_eq!(index, vec![Some(6), None, Some(5)]);
+        // Unrelated links, and ours unchanged, do not matter.
+        assert!(!link_moves_ports(&names, &index, &link(9, "eth0"), false));
+        assert!(!link_moves_ports(&names, &index, &link(6, "tap0"), false));
+        assert!(!link_moves_ports(&names, &index, &link(9, "eth0"), true));
+        // Deleted, recreated under another index, renamed away.
+        assert!(link_moves_ports(&names, &index, &link(6, "tap0"), true));
+        assert!(link_moves_ports(&names, &index, &link(11, "tap0"), false));
+        assert!(link_moves_ports(&names, &index, &link(5, "other"), false));
+        // A missing interface appears.
+        assert!(link_moves_ports(&names[..1], &[None], &link(3, "tap0"), false));
+    }
+}

@@ -1,0 +1,240 @@
+//! `sluice::routing` against a real kernel: a veth pair between two network
+//! namespaces, `configure_interface` and `link_counters` on one end, and
+//! the neighbour reconciler resolving, following and forgetting the other
+//! end's MAC.
+//!
+//! The routing functions talk to the namespace of the thread that opens
+//! their netlink sockets, so the test body runs on a thread that enters
+//! namespace "a" (`setns` through nix's safe wrapper: it changes that
+//! thread only) and drives a current-thread tokio runtime there, so every
+//! socket, also ones the reconciler reopens, lives in "a". Commands that
+//! check the result run through `ip netns exec` as usual.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test: failing loudly is the point
+
+use std::fs::File;
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use nix::sched::{setns, CloneFlags};
+use serde_json::Value;
+use sluice::routing::{self, Neighbours, RoutingError};
+use sluice_dataplane::addr::Addr;
+use sluice_tests::{privileged, veth, Netns};
+use tokio::sync::watch;
+
+const MAC_A: [u8; 6] = [0x02, 0x5e, 0x00, 0x00, 0x00, 0x0a];
+const MAC_B2: &str = "02:5e:00:00:00:b2";
+
+fn json(ns: &Netns, cmd: &[&str]) -> Value {
+    let out = ns.run(cmd);
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{cmd:?}: {e}"))
+}
+
+fn link(ns: &Netns, dev: &str) -> Value {
+    json(ns, &["ip", "-j", "-s", "link", "show", "dev", dev])[0].clone()
+}
+
+fn mac_of(ns: &Netns, dev: &str) -> [u8; 6] {
+    let s = link(ns, dev)["address"].as_str().unwrap().to_owned();
+    let b: Vec<u8> = s.split(':').map(|p| u8::from_str_radix(p, 16).unwrap()).collect();
+    b.try_into().unwrap()
+}
+
+/// `(local, prefixlen, nodad)` of each address on `dev`.
+fn addrs(ns: &Netns, dev: &str) -> Vec<(String, u64, bool)> {
+    let v = json(ns, &["ip", "-j", "addr", "show", "dev", dev]);
+    v[0]["addr_info"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| {
+            (
+                a["local"].as_str().unwrap().to_owned(),
+                a["prefixlen"].as_u64().unwrap(),
+                a["nodad"].as_bool() == Some(true),
+            )
+        })
+        .collect()
+}
+
+/// Addresses of the managed neighbour entries on `dev`.
+fn managed(ns: &Netns, dev: &str) -> Vec<String> {
+    let v = json(ns, &["ip", "-j", "-d", "neigh", "show", "dev", dev]);
+    v.as_array()
+        .unwrap()
+        .iter()
+        .filter(|n| n.get("managed").is_some())
+        .map(|n| n["dst"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+fn addr(s: &str) -> Addr {
+    s.parse::<IpAddr>().unwrap().into()
+}
+
+/// Waits (bounded) until the published map satisfies `f`; returns the time
+/// since `start`.
+async fn published(
+    rx: &mut watch::Receiver<routing::NeighMap>,
+    start: Instant,
+    what: &str,
+    f: impl FnMut(&routing::NeighMap) -> bool,
+) -> Duration {
+    let outcome = tokio::time::timeout(Duration::from_secs(30), rx.wait_for(f)).await.map(|r| r.is_ok());
+    match outcome {
+        Ok(true) => start.elapsed(),
+        Ok(false) => panic!("{what}: the reconciler stopped"),
+        Err(_) => panic!("{what}: not published within 30 s; map is {:?}", *rx.borrow()),
+    }
+}
+
+#[test]
+fn routing_over_a_veth_pair() {
+    if !privileged() {
+        return;
+    }
+    let pid = std::process::id();
+    let a = Netns::new("nla");
+    let b = Netns::new("nlb");
+    let (ia, ib) = (format!("snl{pid}a"), format!("snl{pid}b"));
+    veth(&a, &ia, &b, &ib);
+    b.run(&["ip", "addr", "add", "10.77.0.2/24", "dev", &ib]);
+    b.run(&["ip", "addr", "add", "fd00:77::2/64", "dev", &ib, "nodad"]);
+    // The peer announces a MAC change (gratuitous ARP, unsolicited NA), as
+    // a host taking over an address does.
+    b.sysctl(&format!("net.ipv4.conf.{ib}.arp_notify"), "1");
+    b.sysctl(&format!("net.ipv6.conf.{ib}.ndisc_notify"), "1");
+    // Fast neighbour timers on "a", so that a vanished peer turns FAILED
+    // within seconds instead of a minute. (The kernel re-probes managed
+    // entries on a global timer, the initial namespace's
+    // neigh.default.interval_probe_time_ms, 5 s, which this test leaves
+    // alone.)
+    for fam in ["ipv4", "ipv6"] {
+        a.sysctl(&format!("net.{fam}.neigh.{ia}.base_reachable_time_ms"), "500");
+        a.sysctl(&format!("net.{fam}.neigh.{ia}.delay_first_probe_time"), "1");
+        a.sysctl(&format!("net.{fam}.neigh.{ia}.retrans_time_ms"), "200");
+    }
+
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let ns = File::open(format!("/run/netns/{}", a.name)).unwrap();
+            setns(&ns, CloneFlags::CLONE_NEWNET).unwrap();
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            rt.block_on(body(&a, &b, &ia, &ib));
+        })
+        .join()
+        .unwrap_or_else(|p| std::panic::resume_unwind(p));
+    });
+}
+
+async fn body(a: &Netns, b: &Netns, ia: &str, ib: &str) {
+    let h = routing::connect().unwrap();
+
+    // configure_interface: MAC, MTU, up, exactly these addresses.
+    a.run(&["ip", "link", "set", "dev", ia, "down"]);
+    a.run(&["ip", "addr", "add", "10.99.0.1/24", "dev", ia]);
+    let want = [("10.77.0.1".parse().unwrap(), 24), ("fd00:77::1".parse().unwrap(), 64)];
+    routing::configure_interface(&h, ia, MAC_A, 1400, &want).await.unwrap();
+    let l = link(a, ia);
+    assert_eq!(l["address"], "02:5e:00:00:00:0a");
+    assert_eq!(l["mtu"], 1400);
+    assert!(l["flags"].as_array().unwrap().iter().any(|f| f == "UP"), "{l}");
+    let dad = a.run(&["cat", &format!("/proc/sys/net/ipv6/conf/{ia}/accept_dad")]).stdout;
+    assert_eq!(String::from_utf8_lossy(&dad).trim(), "0");
+    let mut got: Vec<_> = addrs(a, ia).into_iter().filter(|(ip, _, _)| !ip.starts_with("fe80:")).collect();
+    got.sort();
+    assert_eq!(got, vec![("10.77.0.1".into(), 24, false), ("fd00:77::1".into(), 64, true)]);
+    // A second call changes nothing, and does not bounce the link.
+    let carrier_changes = || a.run(&["cat", &format!("/sys/class/net/{ia}/carrier_changes")]).stdout;
+    let changes = carrier_changes();
+    routing::configure_interface(&h, ia, MAC_A, 1400, &want).await.unwrap();
+    assert_eq!(carrier_changes(), changes);
+    let mut again: Vec<_> = addrs(a, ia).into_iter().filter(|(ip, _, _)| !ip.starts_with("fe80:")).collect();
+    again.sort();
+    assert_eq!(again, got);
+    let missing = routing::configure_interface(&h, "snl-none", MAC_A, 1400, &want).await;
+    assert!(matches!(missing, Err(RoutingError::NoInterface { .. })), "{missing:?}");
+
+    // link_counters: pings show up on both directions.
+    let before = routing::link_counters(&h, ia).await.unwrap();
+    a.run(&["ping", "-c", "3", "-i", "0.2", "-W", "2", "10.77.0.2"]);
+    let after = routing::link_counters(&h, ia).await.unwrap();
+    assert!(after.tx_packets >= before.tx_packets + 3, "{before:?} -> {after:?}");
+    assert!(after.rx_packets >= before.rx_packets + 3, "{before:?} -> {after:?}");
+    assert!(after.rx_bytes >= before.rx_bytes + 3 * 98, "{before:?} -> {after:?}");
+    assert!(after.tx_bytes > before.tx_bytes);
+    assert!(matches!(routing::link_counters(&h, "snl-none").await, Err(RoutingError::NoInterface { .. })));
+
+    // Neighbours: start from an empty table, so that resolution is real.
+    a.run(&["ip", "neigh", "flush", "dev", ia]);
+    let (peer4, peer6) = (addr("10.77.0.2"), addr("fd00:77::2"));
+    let mac_b = mac_of(b, ib);
+    let (n, mut rx) = Neighbours::spawn(vec![String::new(), ia.to_owned()]).unwrap();
+    // A next hop of port 0 (no kernel interface) and one of a port that
+    // does not exist are ignored.
+    let start = Instant::now();
+    n.want(vec![(1, peer4), (1, peer6), (0, addr("10.77.0.3")), (5, addr("10.77.0.4"))]);
+    let took4 = published(&mut rx, start, "IPv4 resolution", |m| m.get(&(1, peer4)) == Some(&mac_b)).await;
+    let took6 = published(&mut rx, start, "IPv6 resolution", |m| m.get(&(1, peer6)) == Some(&mac_b)).await;
+    eprintln!("from want(): IPv4 next hop published after {took4:?}, IPv6 after {took6:?}");
+    assert_eq!(rx.borrow().len(), 2);
+    let mut m = managed(a, ia);
+    m.sort();
+    assert_eq!(m, vec!["10.77.0.2".to_owned(), "fd00:77::2".to_owned()]);
+
+    // The peer changes its MAC. (ARP ignores a new MAC for an entry updated
+    // less than locktime, 1 s, ago.)
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let start = Instant::now();
+    b.run(&["ip", "link", "set", "dev", ib, "address", MAC_B2]);
+    let new_mac = mac_of(b, ib);
+    assert_ne!(new_mac, mac_b);
+    let took = published(&mut rx, start, "MAC change", |m| {
+        m.get(&(1, peer4)) == Some(&new_mac) && m.get(&(1, peer6)) == Some(&new_mac)
+    })
+    .await;
+    eprintln!("from `ip link set address` starting: new MAC published after {took:?}");
+
+    // Wanting less deletes the managed entry that is no longer wanted.
+    n.want(vec![(1, peer4)]);
+    n.settle().await.unwrap();
+    assert_eq!(managed(a, ia), vec!["10.77.0.2".to_owned()]);
+    assert!(!rx.borrow().contains_key(&(1, peer6)));
+    n.want(vec![(1, peer4), (1, peer6)]);
+    published(&mut rx, Instant::now(), "re-resolution", |m| m.len() == 2).await;
+
+    // The peer's addresses go away: both next hops turn unresolved.
+    let start = Instant::now();
+    b.run(&["ip", "addr", "flush", "dev", ib]);
+    let took = published(&mut rx, start, "failure", routing::NeighMap::is_empty).await;
+    eprintln!("vanished peer unpublished after {took:?} (kernel probe timers)");
+    let mut m = managed(a, ia);
+    m.sort();
+    assert_eq!(m, vec!["10.77.0.2".to_owned(), "fd00:77::2".to_owned()], "managed entries stay while unresolved");
+
+    // The interface is deleted and created again under a new index (a
+    // restarted tap): the reconciler follows it and resolves again (on the
+    // kernel's schedule: entries wanted while the link is down are probed
+    // again by its managed-entry timer).
+    let start = Instant::now();
+    a.run(&["ip", "link", "del", "dev", ia]);
+    veth(a, ia, b, ib);
+    b.run(&["ip", "addr", "add", "10.77.0.2/24", "dev", ib]);
+    b.run(&["ip", "addr", "add", "fd00:77::2/64", "dev", ib, "nodad"]);
+    routing::configure_interface(&h, ia, MAC_A, 1400, &want).await.unwrap();
+    let mac_b = mac_of(b, ib);
+    let took = published(&mut rx, start, "resolution on the new interface", |m| {
+        m.get(&(1, peer4)) == Some(&mac_b) && m.get(&(1, peer6)) == Some(&mac_b)
+    })
+    .await;
+    eprintln!("from deleting the interface: resolved again on the new one after {took:?}");
+    let mut m = managed(a, ia);
+    m.sort();
+    assert_eq!(m, vec!["10.77.0.2".to_owned(), "fd00:77::2".to_owned()]);
+
+    // clear() removes every managed entry before returning.
+    n.clear().await.unwrap();
+    assert!(managed(a, ia).is_empty(), "{:?}", managed(a, ia));
+    assert!(rx.borrow().is_empty());
+    drop(n);
+}
