@@ -131,7 +131,7 @@ fn invalid(n: u64, good: &str, rng: &mut Rng) -> (String, String) {
             let limit = 70_000 + n;
             (good.replace("  - name: extra\n", &format!("  - name: extra\n    endpointLimit: {limit}\n")), format!("{limit} is out of range"))
         }
-        _ => (format!("{good}routes: [{{name: broken-{n}\n"), "not valid YAML".into()),
+        _ => (format!("{good}routes: [{{name: broken-{n}\n"), "key \"routes\" appears twice in a mapping".into()),
     }
 }
 
