@@ -13,6 +13,7 @@ pub mod cli;
 pub mod compile;
 pub mod config;
 pub mod model;
+pub mod problem;
 pub mod reconcile;
 pub mod routing;
 pub mod sources;

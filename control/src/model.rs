@@ -16,7 +16,7 @@ use sluice_dataplane::classify::RouteMatch;
 use sluice_dataplane::maglev::{default_size, is_prime, next_prime};
 use sluice_dataplane::service::Algorithm;
 
-use crate::config::node::{Pos, Problem, Problems};
+use crate::problem::{Pos, Problem, Problems};
 
 /// The bounds of every number a user or a peer can set, shared by every
 /// source (the configuration file, manifests and their annotations,

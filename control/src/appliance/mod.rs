@@ -39,7 +39,7 @@ use tracing::{error, info};
 use crate::admin::state::{PoolProbe, PortEntry, PortLoss, PortMeta, PortProbe, Shared, WorkerEntry};
 use crate::admin::Limits;
 use crate::compile::{TopoPort, Topology};
-use crate::config::node::Problem;
+use crate::problem::Problem;
 use crate::model::Model;
 use crate::reconcile::Reconciler;
 use crate::sources;

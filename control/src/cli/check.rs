@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use sluice_dataplane::addr::Addr;
 
 use crate::compile::{Compiler, EndpointState, Neighbors, TopoPort, Topology};
-use crate::config::node::Problem;
+use crate::problem::Problem;
 use crate::sources;
 
 /// Check a configuration and its manifests.

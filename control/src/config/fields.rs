@@ -11,7 +11,8 @@ use sluice_dataplane::classify::{ByteMatch, PortRange};
 use sluice_dataplane::maglev::{is_prime, next_prime};
 use sluice_dataplane::parse::proto;
 
-use super::node::{Node, Problems};
+use super::node::Node;
+use crate::problem::Problems;
 use crate::model::{limits, valid_name};
 
 /// Why `text` (an address, or `address/length`) may not be written as it

@@ -18,7 +18,8 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use super::node::{Node, Problem, Problems};
+use super::node::Node;
+use crate::problem::{Problem, Problems};
 use super::yaml::{self, Budget, Value};
 use super::{fields, route_fields};
 use crate::model::{DeliveryMode, Desired, EndpointDef, Origin, ServiceDef};

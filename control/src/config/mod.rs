@@ -24,7 +24,8 @@ use sluice_dataplane::addr::{Addr, Cidr};
 use sluice_dataplane::classify::RouteMatch;
 
 use crate::model::{limits, Defaults, DeliveryMode, Desired, EndpointDef, Origin, RouteDef, ServiceDef};
-use node::{Node, Pos, Problem, Problems};
+use crate::problem::{Pos, Problem, Problems};
+use node::Node;
 use yaml::Value;
 
 /// Bounds of the numbers only the configuration file sets.

@@ -23,7 +23,7 @@ use std::rc::Rc;
 
 use saphyr_parser::{Event, Marker, Parser, ScalarStyle, Span, Tag};
 
-use super::node::Pos;
+use crate::problem::Pos;
 
 /// Largest file read (configuration or manifest), in bytes.
 pub const MAX_FILE_BYTES: u64 = 16 << 20;

@@ -12,7 +12,7 @@ pub mod file;
 
 use std::path::Path;
 
-use crate::config::node::Problem;
+use crate::problem::Problem;
 use crate::config::{self, manifests, ApplianceConfig};
 use crate::model::{Desired, Model, Resolved};
 
