@@ -59,9 +59,18 @@ pub mod limits {
     }
 }
 
-/// True for a name usable as an identifier (and a metrics label): ASCII
-/// letters, digits, `-`, `_`, `.`; 1 to [`limits::NAME_MAX_LEN`] long.
+/// True for a name the model accepts from any source (and can use as a
+/// metrics label): printable ASCII without spaces, quotes or backslashes,
+/// 1 to [`limits::NAME_MAX_LEN`] long. Control planes name things with
+/// `:`, `/`, `|` or `@` (Envoy clusters like `outbound|80||web.default`);
+/// the configuration file asks for the stricter [`simple_name`].
 pub fn valid_name(s: &str) -> bool {
+    !s.is_empty() && s.len() <= limits::NAME_MAX_LEN && s.bytes().all(|c| c.is_ascii_graphic() && !b"\"'\\`".contains(&c))
+}
+
+/// A name as the configuration file writes it: ASCII letters, digits, `-`,
+/// `_`, `.`; 1 to [`limits::NAME_MAX_LEN`] long.
+pub fn simple_name(s: &str) -> bool {
     !s.is_empty() && s.len() <= limits::NAME_MAX_LEN && s.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
 }
 

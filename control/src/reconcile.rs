@@ -120,8 +120,12 @@ impl Reconciler {
                 let outcome = self.apply_file(*state, &trigger);
                 self.record(FILE_SOURCE, &trigger, outcome);
             }
-            SourceMsg::Desired { source, desired, trigger } => {
+            SourceMsg::Desired { source, desired, trigger, reply } => {
                 let outcome = self.apply_desired(&source, desired, &trigger);
+                if let Some(r) = reply {
+                    // A source that stopped waiting has nothing to learn.
+                    let _ = r.send(outcome.as_ref().map(|_| ()).map_err(Clone::clone));
+                }
                 self.record(&source, &trigger, outcome);
             }
             SourceMsg::Rejected { source, problems, trigger } => {
@@ -395,7 +399,7 @@ mod tests {
     }
 
     fn desired(source: &str, d: Desired) -> SourceMsg {
-        SourceMsg::Desired { source: source.into(), desired: d, trigger: "test".into() }
+        SourceMsg::Desired { source: source.into(), desired: d, trigger: "test".into(), reply: None }
     }
 
     #[test]
@@ -444,6 +448,19 @@ mod tests {
         assert!(!st.accepted);
         assert_eq!(st.rejected_total, 2, "each save of a broken file is refused, with its reason");
         assert_eq!(r.publisher().generation(), g);
+    }
+
+    #[test]
+    fn a_source_waiting_for_the_outcome_is_told() {
+        let (mut r, _shared, _rx) = reconciler();
+        let (tx, mut rx) = tokio::sync::oneshot::channel();
+        let bad = svc("web", &[(0, "10.0.0.5"), (0, "10.0.0.6")]);
+        r.apply(SourceMsg::Desired { source: "xds".into(), desired: bad, trigger: "t".into(), reply: Some(tx) });
+        let why = rx.try_recv().unwrap().unwrap_err();
+        assert!(why[0].contains("duplicate endpoint identifier"), "{why:?}");
+        let (tx, mut rx) = tokio::sync::oneshot::channel();
+        r.apply(SourceMsg::Desired { source: "xds".into(), desired: svc("web", &[(0, "10.0.0.5")]), trigger: "t".into(), reply: Some(tx) });
+        assert_eq!(rx.try_recv().unwrap(), Ok(()));
     }
 
     #[test]

@@ -13,7 +13,7 @@ use sluice_dataplane::parse::proto;
 
 use super::node::Node;
 use crate::problem::Problems;
-use crate::model::{limits, valid_name};
+use crate::model::{limits, simple_name};
 
 /// Why `text` (an address, or `address/length`) may not be written as it
 /// is: IPv4 addresses are kept as IPv4-mapped IPv6 inside, so a mapped
@@ -233,7 +233,7 @@ pub fn mac(n: Node<'_>, p: &mut Problems) -> Option<[u8; 6]> {
 /// A name usable as an identifier: letters, digits, `-`, `_`, `.`.
 pub fn name(n: Node<'_>, p: &mut Problems) -> Option<String> {
     let s = n.string(p)?;
-    if !valid_name(&s) {
+    if !simple_name(&s) {
         n.bad(p, format!("{s:?} is not a valid name (letters, digits, '-', '_', '.'; at most {})", limits::NAME_MAX_LEN));
         return None;
     }

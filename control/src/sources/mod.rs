@@ -39,6 +39,9 @@ pub enum SourceMsg {
         desired: Desired,
         /// What made it send.
         trigger: String,
+        /// Told whether the state was applied, or why not (a source that
+        /// must acknowledge what it received, such as xDS, waits for it).
+        reply: Option<tokio::sync::oneshot::Sender<Applied>>,
     },
     /// A source could not produce a state: why (its last good state stays).
     Rejected {
@@ -50,6 +53,10 @@ pub enum SourceMsg {
         trigger: String,
     },
 }
+
+/// Whether a source's state is being served: `Err` lists why it was refused
+/// (the previous state keeps serving).
+pub type Applied = Result<(), Vec<String>>;
 
 /// The configuration file's content and the manifests it points to.
 #[derive(Clone, Debug, PartialEq, Eq)]
