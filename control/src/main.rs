@@ -10,7 +10,7 @@ mod logging;
 
 use clap::{Parser, Subcommand};
 use sluice::appliance as run;
-use sluice::cli::{check, forward, status};
+use sluice::cli::{check, forward, status, tables};
 
 /// Sluice: a kernel-bypass L3/L4 load balancer on DPDK.
 ///
@@ -35,6 +35,8 @@ enum Command {
     Run(run::RunArgs),
     Check(check::CheckArgs),
     Status(status::StatusArgs),
+    Tables(tables::TablesArgs),
+    Explain(tables::ExplainArgs),
     Forward(forward::ForwardArgs),
 }
 
@@ -58,6 +60,8 @@ fn main() -> std::process::ExitCode {
         Command::Run(args) => run::run(&args),
         Command::Check(args) => Ok(check::run(&args)),
         Command::Status(args) => status::run(&args),
+        Command::Tables(args) => tables::tables(&args),
+        Command::Explain(args) => tables::explain(&args),
         Command::Forward(args) => forward::run(&args),
     };
     match result {

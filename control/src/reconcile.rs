@@ -256,6 +256,7 @@ impl Reconciler {
         st.endpoints = c.endpoints;
         st.unresolved = c.unresolved.len();
         let generation = self.publisher.publish(snapshot);
+        st.snapshot = Some(self.publisher.current());
         st.generation = generation;
         st.published_at = Some(Instant::now());
         st.publishes += 1;

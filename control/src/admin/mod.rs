@@ -11,6 +11,7 @@
 pub mod health;
 pub mod metrics;
 pub mod state;
+pub mod tables;
 pub mod views;
 
 use std::net::SocketAddr;
@@ -18,7 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::extract::State;
+use axum::extract::{Path, Query, State};
 use axum::http::{header, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -85,6 +86,9 @@ fn router(app: App, limits: Limits) -> Router {
         .route("/status", get(status_handler))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
+        .route("/tables", get(tables_handler))
+        .route("/tables/{service}", get(table_handler))
+        .route("/explain", get(explain_handler))
         .fallback(fallback)
         .layer(tower_http::timeout::TimeoutLayer::with_status_code(StatusCode::SERVICE_UNAVAILABLE, limits.request_timeout))
         .layer(tower_http::limit::RequestBodyLimitLayer::new(4096))
@@ -95,7 +99,8 @@ async fn fallback(method: Method, uri: Uri) -> Response {
     if method != Method::GET && method != Method::HEAD {
         return (StatusCode::METHOD_NOT_ALLOWED, [(header::ALLOW, "GET")], "only GET\n").into_response();
     }
-    (StatusCode::NOT_FOUND, format!("no {}: try /metrics, /status, /healthz or /readyz\n", uri.path())).into_response()
+    (StatusCode::NOT_FOUND, format!("no {}: try /metrics, /status, /healthz, /readyz, /tables, /tables/SERVICE or /explain\n", uri.path()))
+        .into_response()
 }
 
 async fn metrics_handler(State(app): State<App>) -> Response {
@@ -114,6 +119,57 @@ async fn status_handler(State(app): State<App>) -> Response {
         Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("status failed: {e}\n")).into_response(),
     }
+}
+
+fn snapshot(app: &App) -> Option<Arc<sluice_dataplane::snapshot::Snapshot>> {
+    state::lock(&app.shared.state).snapshot.clone()
+}
+
+fn json<T: serde::Serialize>(v: &T) -> Response {
+    match serde_json::to_string_pretty(v) {
+        Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")).into_response(),
+    }
+}
+
+async fn tables_handler(State(app): State<App>) -> Response {
+    app.counters.requests.fetch_add(1, Ordering::Relaxed);
+    let Some(snap) = snapshot(&app) else { return (StatusCode::SERVICE_UNAVAILABLE, "nothing published yet\n").into_response() };
+    match tokio::task::spawn_blocking(move || tables::summaries(&snap)).await {
+        Ok(v) => json(&v),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")).into_response(),
+    }
+}
+
+async fn table_handler(State(app): State<App>, Path(service): Path<String>) -> Response {
+    app.counters.requests.fetch_add(1, Ordering::Relaxed);
+    let Some(snap) = snapshot(&app) else { return (StatusCode::SERVICE_UNAVAILABLE, "nothing published yet\n").into_response() };
+    match tokio::task::spawn_blocking(move || tables::dump(&snap, &service).ok_or(service)).await {
+        Ok(Ok(d)) => json(&d),
+        Ok(Err(name)) => (StatusCode::NOT_FOUND, format!("no service {name:?}\n")).into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")).into_response(),
+    }
+}
+
+/// `/explain?proto=tcp&src=10.0.0.1:40000&dst=20.0.0.1:80`
+async fn explain_handler(State(app): State<App>, Query(q): Query<std::collections::HashMap<String, String>>) -> Response {
+    app.counters.requests.fetch_add(1, Ordering::Relaxed);
+    let field = |k: &str| q.get(k).map(String::as_str).unwrap_or("");
+    let Some(p) = tables::protocol(field("proto")) else {
+        return (StatusCode::BAD_REQUEST, "proto must be tcp, udp or sctp\n").into_response();
+    };
+    let (Ok(src), Ok(dst)) = (field("src").parse::<SocketAddr>(), field("dst").parse::<SocketAddr>()) else {
+        return (StatusCode::BAD_REQUEST, "src and dst are ADDRESS:PORT ([v6]:port for IPv6)\n").into_response();
+    };
+    let Some(snap) = snapshot(&app) else { return (StatusCode::SERVICE_UNAVAILABLE, "nothing published yet\n").into_response() };
+    let flow = sluice_dataplane::parse::Flow {
+        src: src.ip().into(),
+        dst: dst.ip().into(),
+        sport: src.port(),
+        dport: dst.port(),
+        proto: p,
+    };
+    json(&tables::explain(&snap, &flow))
 }
 
 fn verdict(why: Vec<String>) -> Response {

@@ -169,6 +169,8 @@ pub struct ControlState {
     pub unresolved: usize,
     /// Control tasks that ended before shutdown (a panic, a lost channel).
     pub faults: Vec<String>,
+    /// The snapshot published last (for table dumps and explanations).
+    pub snapshot: Option<std::sync::Arc<sluice_dataplane::snapshot::Snapshot>>,
 }
 
 impl ControlState {

@@ -2,4 +2,5 @@
 
 pub mod check;
 pub mod status;
+pub mod tables;
 pub mod forward;

@@ -1,0 +1,273 @@
+//! What the workers forward with, shown by endpoint address: each
+//! service's lookup table (so two appliances can be compared slot by slot:
+//! the same digest means every slot sends to the same endpoint address) and
+//! the explanation of one flow (which route, service and endpoint it gets,
+//! and why).
+
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+use sluice_dataplane::addr::Addr;
+use sluice_dataplane::classify::Lookup;
+use sluice_dataplane::hash::{flow_hash, reduce};
+use sluice_dataplane::parse::{proto, Flow};
+use sluice_dataplane::service::{Algorithm, Delivery, Service};
+use sluice_dataplane::snapshot::Snapshot;
+
+/// One service's table, summed up.
+#[derive(Debug, Serialize, PartialEq, Eq)]
+pub struct TableSummary {
+    /// Service.
+    pub service: String,
+    /// Algorithm for new flows.
+    pub algorithm: String,
+    /// Flows remembered per worker.
+    pub flow_table: bool,
+    /// Slots (0 when no endpoint takes new flows).
+    pub size: u32,
+    /// Endpoints taking new flows: (identifier, address, slots).
+    pub endpoints: Vec<(u16, String, u32)>,
+    /// SHA-256 of the endpoint address of every slot, in order.
+    pub digest: String,
+}
+
+/// A table in full: runs of consecutive slots with the same endpoint.
+#[derive(Debug, Serialize)]
+pub struct TableDump {
+    /// The summary.
+    #[serde(flatten)]
+    pub summary: TableSummary,
+    /// (endpoint address, consecutive slots), from slot 0.
+    pub runs: Vec<(String, u32)>,
+}
+
+fn slot_addresses(s: &Service) -> Vec<Option<Addr>> {
+    let Some(t) = &s.table else { return Vec::new() };
+    (0..t.size() as usize).map(|i| s.endpoint(t.entries().get(i)).map(|e| e.addr)).collect()
+}
+
+fn summary(s: &Service) -> TableSummary {
+    let slots = slot_addresses(s);
+    let mut h = Sha256::new();
+    for a in &slots {
+        // An empty slot (cannot happen in a built table) hashes as ::.
+        h.update(a.unwrap_or_default().v6_bytes());
+    }
+    let counts = s.table.as_ref().map(|t| t.counts(s.limit)).unwrap_or_default();
+    let endpoints = s
+        .endpoints()
+        .filter_map(|e| {
+            let n = counts.get(usize::from(e.id)).copied().unwrap_or(0);
+            (n > 0).then(|| (e.id, e.addr.to_string(), n))
+        })
+        .collect();
+    TableSummary {
+        service: s.name.clone(),
+        algorithm: s.algorithm.to_string(),
+        flow_table: s.flow_table,
+        size: s.table.as_ref().map_or(0, |t| t.size()),
+        endpoints,
+        digest: h.finalize().iter().map(|b| format!("{b:02x}")).collect(),
+    }
+}
+
+/// Every service's table, by service name.
+pub fn summaries(snap: &Snapshot) -> Vec<TableSummary> {
+    let mut v: Vec<TableSummary> = snap.services.iter().map(|s| summary(s)).collect();
+    v.sort_by(|a, b| a.service.cmp(&b.service));
+    v
+}
+
+/// One service's table in full.
+pub fn dump(snap: &Snapshot, service: &str) -> Option<TableDump> {
+    let s = snap.services.iter().find(|s| s.name == service)?;
+    let mut runs: Vec<(String, u32)> = Vec::new();
+    for a in slot_addresses(s) {
+        let a = a.map_or_else(|| "-".to_owned(), |a| a.to_string());
+        match runs.last_mut() {
+            Some((last, n)) if *last == a => *n += 1,
+            _ => runs.push((a, 1)),
+        }
+    }
+    Some(TableDump { summary: summary(s), runs })
+}
+
+/// The endpoint a flow gets, and why.
+#[derive(Debug, Serialize)]
+pub struct Explanation {
+    /// The flow, as understood.
+    pub flow: String,
+    /// What happens to it, in one sentence.
+    pub verdict: String,
+    /// The winning route.
+    pub route: Option<String>,
+    /// Its priority.
+    pub priority: Option<i32>,
+    /// The route's service.
+    pub service: Option<String>,
+    /// The service's algorithm.
+    pub algorithm: Option<String>,
+    /// The flow hash and the table slot it selects (Maglev).
+    pub slot: Option<(String, u32)>,
+    /// The endpoint: (identifier, address).
+    pub endpoint: Option<(u16, String)>,
+    /// How the packet reaches it.
+    pub delivery: Option<String>,
+    /// What the explanation could not take into account.
+    pub notes: Vec<String>,
+}
+
+/// Parses `tcp|udp|sctp`.
+pub fn protocol(s: &str) -> Option<u8> {
+    match s.to_ascii_lowercase().as_str() {
+        "tcp" => Some(proto::TCP),
+        "udp" => Some(proto::UDP),
+        "sctp" => Some(proto::SCTP),
+        _ => None,
+    }
+}
+
+/// Explains what the snapshot does with a new packet of `flow`.
+pub fn explain(snap: &Snapshot, flow: &Flow) -> Explanation {
+    let c = &snap.classifier;
+    let mut x = Explanation {
+        flow: format!(
+            "{} {} port {} -> {} port {}",
+            match flow.proto {
+                proto::TCP => "tcp",
+                proto::UDP => "udp",
+                proto::SCTP => "sctp",
+                _ => "?",
+            },
+            flow.src,
+            flow.sport,
+            flow.dst,
+            flow.dport
+        ),
+        verdict: String::new(),
+        route: None,
+        priority: None,
+        service: None,
+        algorithm: None,
+        slot: None,
+        endpoint: None,
+        delivery: None,
+        notes: vec!["byte matches are not evaluated (no payload given)".into()],
+    };
+    let r = match c.classify(flow, true, None) {
+        Lookup::NotVip => {
+            x.verdict = format!("{} is not a VIP: the packet goes to the kernel (exception path)", flow.dst);
+            return x;
+        }
+        Lookup::NoRoute => {
+            x.verdict = "no route matches this VIP, protocol and ports: dropped (no_route)".into();
+            return x;
+        }
+        Lookup::Route(r) => r,
+    };
+    let route = c.route(r);
+    x.route = Some(route.name.clone());
+    x.priority = Some(route.priority);
+    let Some(svc) = c.service_of(r).and_then(|i| snap.services.get(i as usize)) else {
+        x.verdict = "the route's service is missing: dropped (no_route)".into();
+        return x;
+    };
+    x.service = Some(svc.name.clone());
+    x.algorithm = Some(format!("{}{}", svc.algorithm, if svc.flow_table { " with a flow table" } else { "" }));
+    let Some(table) = &svc.table else {
+        x.verdict = "the service has no endpoint taking new flows: dropped (no_endpoint)".into();
+        return x;
+    };
+    let hash = flow_hash(flow);
+    let slot = reduce(hash, table.size());
+    if svc.algorithm == Algorithm::Random {
+        x.verdict = "a new flow gets a random endpoint (in proportion to weights), then keeps it in the worker's flow table".into();
+        x.notes.push("random: no single endpoint can be named in advance".into());
+        return x;
+    }
+    let id = table.lookup(hash);
+    x.slot = Some((format!("{hash:#018x}"), slot));
+    let Some(ep) = svc.endpoint(id) else {
+        x.verdict = "the table points at a missing endpoint: dropped (no_endpoint)".into();
+        return x;
+    };
+    x.endpoint = Some((ep.id, ep.addr.to_string()));
+    x.delivery = Some(match ep.delivery {
+        Delivery::L2 => format!("NAT-less, out of port {} to MAC {}", ep.port, sluice_ffi::MacAddr(ep.mac)),
+        Delivery::IpIp { src } => format!("IP-in-IP from {src} to {}, out of port {} via MAC {}", ep.addr, ep.port, sluice_ffi::MacAddr(ep.mac)),
+    });
+    if svc.flow_table {
+        x.notes.push("an established flow keeps the endpoint it started with (flow table), even if the table changed since".into());
+    }
+    x.verdict = format!("forwarded to endpoint {} ({})", ep.id, ep.addr);
+    x
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use sluice_dataplane::classify::{PortRange, RouteMatch, RouteSpec};
+    use sluice_dataplane::service::{EndpointSpec, ServiceSpec};
+    use sluice_dataplane::snapshot::PortInfo;
+
+    use super::*;
+
+    fn snap(eps: &[(u16, &str)]) -> Snapshot {
+        let endpoints = eps
+            .iter()
+            .map(|&(id, a)| EndpointSpec {
+                id,
+                incarnation: 1,
+                weight: 1,
+                draining: false,
+                addr: a.parse().unwrap(),
+                port: 0,
+                mac: [2, 0, 0, 0, 0, 1],
+                delivery: Delivery::L2,
+                counter: u32::from(id),
+            })
+            .collect();
+        let spec = ServiceSpec { name: "web".into(), key: 0, algorithm: Algorithm::Maglev, flow_table: false, limit: 8, table_size: 0, endpoints };
+        let route = RouteSpec {
+            name: "r".into(),
+            priority: 3,
+            service: 0,
+            matches: RouteMatch {
+                vips: vec!["20.0.0.1".parse().unwrap()],
+                protocols: vec![proto::TCP],
+                dst_ports: vec![PortRange::single(80)],
+                ..RouteMatch::default()
+            },
+        };
+        Snapshot::new(1, &[route], vec![Arc::new(Service::build(&spec).unwrap())], vec![PortInfo::default()], None, None)
+    }
+
+    #[test]
+    fn digests_compare_tables_by_endpoint_address() {
+        let a = summaries(&snap(&[(0, "10.0.0.1"), (1, "10.0.0.2"), (2, "10.0.0.3")]));
+        let b = summaries(&snap(&[(2, "10.0.0.3"), (0, "10.0.0.1"), (1, "10.0.0.2")]));
+        assert_eq!(a, b, "the order endpoints are given in does not matter");
+        // Same addresses under other identifiers: other tables, other digest.
+        let c = summaries(&snap(&[(0, "10.0.0.2"), (1, "10.0.0.1"), (2, "10.0.0.3")]));
+        assert_ne!(a[0].digest, c[0].digest);
+        let d = dump(&snap(&[(0, "10.0.0.1"), (1, "10.0.0.2")]), "web").unwrap();
+        assert_eq!(d.runs.iter().map(|r| r.1).sum::<u32>(), d.summary.size);
+        assert!(dump(&snap(&[(0, "10.0.0.1")]), "nope").is_none());
+    }
+
+    #[test]
+    fn explanations_name_route_service_and_endpoint() {
+        let s = snap(&[(0, "10.0.0.1"), (1, "10.0.0.2")]);
+        let flow = Flow { src: "10.9.0.1".parse().unwrap(), dst: "20.0.0.1".parse().unwrap(), sport: 4000, dport: 80, proto: proto::TCP };
+        let x = explain(&s, &flow);
+        assert_eq!((x.route.as_deref(), x.priority, x.service.as_deref()), (Some("r"), Some(3), Some("web")));
+        let (id, addr) = x.endpoint.clone().unwrap();
+        let want = s.services[0].table.as_ref().unwrap().lookup(flow_hash(&flow));
+        assert_eq!(id, want);
+        assert_eq!(addr, s.services[0].endpoint(want).unwrap().addr.to_string());
+        let x = explain(&s, &Flow { dport: 81, ..flow });
+        assert!(x.verdict.contains("no route"), "{}", x.verdict);
+        let x = explain(&s, &Flow { dst: "20.0.0.2".parse().unwrap(), ..flow });
+        assert!(x.verdict.contains("not a VIP"), "{}", x.verdict);
+    }
+}
