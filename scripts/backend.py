@@ -27,9 +27,16 @@ def tcp_client(c):
 
 
 def tcp():
-    s = socket.socket()
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.bind(("0.0.0.0", 80))
+    try:
+        # Both families on one socket where the namespace has IPv6.
+        s = socket.socket(socket.AF_INET6)
+        s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("::", 80))
+    except OSError:
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("0.0.0.0", 80))
     s.listen(512)
     while True:
         c, _ = s.accept()
@@ -37,7 +44,7 @@ def tcp():
 
 
 def udp(vip):
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s = socket.socket(socket.AF_INET6 if ":" in vip else socket.AF_INET, socket.SOCK_DGRAM)
     s.bind((vip, 53))
     while True:
         d, a = s.recvfrom(2048)

@@ -55,7 +55,7 @@ def short(vip, n, conc=16):
 
 def udp(vip, n):
     counts = Counter()
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s = socket.socket(socket.AF_INET6 if ":" in vip else socket.AF_INET, socket.SOCK_DGRAM)
     s.settimeout(2.0)
     for i in range(n):
         s.sendto(b"q%d" % i, (vip, 53))

@@ -13,11 +13,17 @@
 # 10.200.0.1, as in the Meridio data plane. The client is also the
 # appliance's gateway for return traffic.
 #
+# With IPV6=1 the same again over IPv6: client fd00:100::2/64 reaching
+# fd00:20::/64 through fd00:100::1, backends fd00:200::1N/64 with the IPv6
+# VIPs ($VIPS6) on loopback and fd00:200::1 as their default route.
+#
 #   scripts/topology.sh up PREFIX      # create
 #   scripts/topology.sh down PREFIX    # delete everything PREFIX-*
 set -euo pipefail
 cmd=${1:-}; P=${2:-sld}
 VIPS=${VIPS:-"20.0.0.1/32 20.0.0.2/32"}
+VIPS6=${VIPS6:-"fd00:20::1/128 fd00:20::2/128"}
+IPV6=${IPV6:-0}
 
 ns() { ip netns exec "$P-$1" "${@:2}"; }
 offloads_off() { ns "$1" ethtool -K "$2" tx off rx off tso off gso off gro off >/dev/null 2>&1 || true; }
@@ -39,7 +45,12 @@ up() {
   for n in client lb net be1 be2 be3; do
     ip netns add "$P-$n"
     ns "$n" ip link set lo up
-    ns "$n" sysctl -qw net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1
+    if [ "$IPV6" = 1 ]; then
+      # Addresses usable at once (no duplicate detection in a test rig).
+      ns "$n" sysctl -qw net.ipv6.conf.all.accept_dad=0 net.ipv6.conf.default.accept_dad=0
+    else
+      ns "$n" sysctl -qw net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1
+    fi
   done
   veth client c0 lb lbf
   veth net nlb lb lbb
@@ -48,12 +59,21 @@ up() {
   ns net ip link set nlb master br0
   ns client ip addr add 10.100.0.2/24 dev c0
   ns client ip route add 20.0.0.0/24 via 10.100.0.1
+  if [ "$IPV6" = 1 ]; then
+    ns client ip addr add fd00:100::2/64 dev c0 nodad
+    ns client ip route add fd00:20::/64 via fd00:100::1
+  fi
   for i in 1 2 3; do
     veth net "nb$i" "be$i" b0
     ns net ip link set "nb$i" master br0
     ns "be$i" ip addr add "10.200.0.1$i/24" dev b0
     for v in $VIPS; do ns "be$i" ip addr add "$v" dev lo; done
     ns "be$i" ip route add default via 10.200.0.1
+    if [ "$IPV6" = 1 ]; then
+      ns "be$i" ip addr add "fd00:200::1$i/64" dev b0 nodad
+      for v in $VIPS6; do ns "be$i" ip addr add "$v" dev lo; done
+      ns "be$i" ip -6 route add default via fd00:200::1
+    fi
     ns "be$i" sysctl -qw net.ipv4.conf.all.arp_ignore=1 net.ipv4.conf.all.arp_announce=2 \
       net.ipv4.conf.all.rp_filter=0 net.ipv4.conf.b0.rp_filter=0
   done

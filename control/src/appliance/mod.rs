@@ -115,6 +115,12 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
     if nworkers == 0 {
         bail!("dpdk.lcores lists one core: list at least two (the first runs the control thread, the others workers)");
     }
+    // Interfaces that DPDK reads through the kernel are DPDK's alone.
+    for p in &cfg.ports {
+        if let Some(iface) = loss::kernel_iface(p) {
+            crate::routing::leave_to_dpdk(&iface).with_context(|| format!("port {:?}", p.name))?;
+        }
+    }
     let eal_args = eal_args(&cfg, nworkers);
     info!(args = %eal_args.join(" "), "starting DPDK");
     let eal = Eal::init(&eal_args)?;

@@ -113,6 +113,22 @@ fn no_dad(name: &str) -> Result<(), RoutingError> {
     }
 }
 
+/// Makes the kernel leave interface `name` to DPDK: a `net_af_packet` or
+/// `net_af_xdp` port only copies (or takes) frames, and a kernel that also
+/// handled them would answer packets to the VIPs itself (IPv6 sends
+/// "unreachable" for what it cannot route, even with forwarding off).
+/// Turns IPv6 off on the interface (procfs, calling thread's namespace);
+/// IPv4 needs nothing as long as the interface has no IPv4 address.
+pub fn leave_to_dpdk(name: &str) -> Result<(), RoutingError> {
+    let path = format!("/proc/sys/net/ipv6/conf/{}/disable_ipv6", name.replace('.', "/"));
+    match std::fs::write(&path, "1") {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(RoutingError::Sysctl { iface: name.to_owned(), path, source: e })
+        }
+        _ => Ok(()),
+    }
+}
+
 /// The link's MAC, MTU and whether it is administratively up.
 fn link_state(link: &LinkMessage) -> (Option<&[u8]>, Option<u32>, bool) {
     let mut mac = None;

@@ -19,7 +19,7 @@ pub mod neighbours;
 
 use std::net::IpAddr;
 
-pub use links::{configure_interface, link_counters, mac_str, LinkCounters};
+pub use links::{configure_interface, leave_to_dpdk, link_counters, mac_str, LinkCounters};
 pub use neighbours::{NeighMap, Neighbours};
 
 /// Errors of the kernel side of the exception path.
