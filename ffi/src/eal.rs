@@ -8,7 +8,9 @@
 //!   allows only there, cannot happen anywhere else.
 //! - Everything that needs the EAL holds an internal, `Send + Sync`
 //!   keep-alive instead of an `Eal`: mempools, ports (through the `Port`, its
-//!   queues and its statistics readers), rings and launched tasks.
+//!   queues and its statistics readers), rings and launched tasks. The
+//!   handle gives them out from the keep-alive registry (module `keep`),
+//!   which counts them by kind.
 //!   `rte_eal_cleanup` runs when the `Eal` and every keep-alive are gone:
 //!   either at once with [`Eal::shutdown`], which refuses while anything
 //!   else holds the EAL and says what, or when the last holder is dropped.
@@ -25,25 +27,17 @@ use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::fmt;
 use std::marker::PhantomData;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use crate::error::{call_error, rte_errno, strerror, Error, Result};
-use crate::port::PortId;
-use crate::ring::RingInner;
+pub use crate::ids::LcoreId;
+use crate::ids::PortId;
+pub use crate::keep::Holders;
+use crate::keep::{EalShared, Holder, KeepAlive};
 use crate::sys;
 
 static INITIALISED: AtomicBool = AtomicBool::new(false);
-
-/// A logical core managed by the EAL.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct LcoreId(pub u32);
-
-impl fmt::Display for LcoreId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "l{}", self.0)
-    }
-}
 
 /// The handle to the initialised EAL, on the main lcore.
 ///
@@ -74,188 +68,6 @@ pub struct Eal {
     log: String,
     /// `!Send + !Sync`: main-lcore calls go through this handle only.
     _main_lcore_only: PhantomData<*const ()>,
-}
-
-/// What keeps the EAL from being cleaned up, by kind.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Holders {
-    /// Mempools alive.
-    pub pools: usize,
-    /// Mempools dropped while some of their mbufs were still out: they are
-    /// leaked, and keep the EAL up for the rest of the process.
-    pub leaked_pools: usize,
-    /// Open ports (held by a `Port`, one of its queues or a statistics reader).
-    pub ports: usize,
-    /// Rings.
-    pub rings: usize,
-    /// Launched tasks not yet waited for.
-    pub tasks: usize,
-}
-
-impl Holders {
-    /// True when nothing but the [`Eal`] handle holds the EAL.
-    pub fn is_empty(&self) -> bool {
-        *self == Holders::default()
-    }
-}
-
-impl fmt::Display for Holders {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let parts = [
-            (self.pools, "mempool", "mempools"),
-            (self.leaked_pools, "leaked mempool (dropped with mbufs still out)", "leaked mempools (dropped with mbufs still out)"),
-            (self.ports, "open port", "open ports"),
-            (self.rings, "ring", "rings"),
-            (self.tasks, "launched task", "launched tasks"),
-        ];
-        let mut first = true;
-        for (n, one, many) in parts {
-            if n == 0 {
-                continue;
-            }
-            if !first {
-                f.write_str(", ")?;
-            }
-            first = false;
-            write!(f, "{n} {}", if n == 1 { one } else { many })?;
-        }
-        if first {
-            f.write_str("nothing")?;
-        }
-        Ok(())
-    }
-}
-
-/// A kind of EAL holder (an index into [`EalShared::counts`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Holder {
-    Pool = 0,
-    LeakedPool = 1,
-    Port = 2,
-    Ring = 3,
-    Task = 4,
-}
-
-/// State shared by the [`Eal`] and every keep-alive. Dropping the last
-/// reference cleans the EAL up.
-pub(crate) struct EalShared {
-    counts: [AtomicUsize; 5],
-    /// Rings that ring ports send into and receive from, by port: kept until
-    /// the port is closed (or the EAL cleaned up). They hold no keep-alive,
-    /// so that this table does not keep the EAL up by itself.
-    ring_ports: Mutex<Vec<(PortId, Vec<Arc<RingInner>>)>>,
-    /// Ports a [`Port`](crate::Port) currently owns.
-    open_ports: Mutex<Vec<PortId>>,
-    cleaned: AtomicBool,
-}
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-impl EalShared {
-    fn holders(&self) -> Holders {
-        let c = |h: Holder| self.counts[h as usize].load(Ordering::SeqCst);
-        Holders {
-            pools: c(Holder::Pool),
-            leaked_pools: c(Holder::LeakedPool),
-            ports: c(Holder::Port),
-            rings: c(Holder::Ring),
-            tasks: c(Holder::Task),
-        }
-    }
-
-    /// Keeps the rings of ring port `port` until the port is closed.
-    pub(crate) fn keep_ring_port(&self, port: PortId, rings: Vec<Arc<RingInner>>) {
-        let mut t = lock(&self.ring_ports);
-        match t.iter_mut().find(|(p, _)| *p == port) {
-            Some((_, v)) => v.extend(rings),
-            None => t.push((port, rings)),
-        }
-    }
-
-    /// Lets go of the rings of ring port `port`, which has been closed.
-    pub(crate) fn release_ring_port(&self, port: PortId) {
-        let released: Vec<_> = {
-            let mut t = lock(&self.ring_ports);
-            let (gone, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut *t).into_iter().partition(|(p, _)| *p == port);
-            *t = kept;
-            gone
-        };
-        // Freed outside the lock: a ring frees the mbufs still in it.
-        drop(released);
-    }
-
-    /// Marks `port` as owned by a `Port`; false when it already is.
-    pub(crate) fn claim_port(&self, port: PortId) -> bool {
-        let mut open = lock(&self.open_ports);
-        if open.contains(&port) {
-            return false;
-        }
-        open.push(port);
-        true
-    }
-
-    pub(crate) fn unclaim_port(&self, port: PortId) {
-        lock(&self.open_ports).retain(|p| *p != port);
-    }
-
-    /// Runs `rte_eal_cleanup` once. Nothing may use DPDK afterwards.
-    fn cleanup(&self) -> c_int {
-        if self.cleaned.swap(true, Ordering::SeqCst) {
-            return 0;
-        }
-        // Ring ports still open hold these rings' pointers, but their
-        // driver never touches attached rings when closed, and the rings
-        // must be freed while the EAL's memory is still there.
-        let rings = std::mem::take(&mut *lock(&self.ring_ports));
-        drop(rings);
-        // SAFETY: called through `Eal::shutdown` when no keep-alive exists,
-        // or from the drop of the last reference to this state: either way
-        // no mempool, port, ring or task of this crate is alive, no mbuf is
-        // out (a pool dropped with mbufs out leaks its keep-alive, so this
-        // never runs), and this runs once.
-        unsafe { sys::rte_eal_cleanup() }
-    }
-}
-
-impl Drop for EalShared {
-    fn drop(&mut self) {
-        let _ = self.cleanup();
-    }
-}
-
-/// A `Send + Sync` reference to the EAL held by everything that needs it;
-/// counted by kind for [`Eal::holders`].
-pub(crate) struct KeepAlive {
-    shared: Arc<EalShared>,
-    kind: Holder,
-}
-
-impl KeepAlive {
-    pub(crate) fn shared(&self) -> &EalShared {
-        &self.shared
-    }
-
-    /// Never lets go of the EAL: it will not be cleaned up in this process.
-    /// For a mempool dropped while some of its mbufs are still out.
-    pub(crate) fn leak(self) {
-        self.shared.counts[self.kind as usize].fetch_sub(1, Ordering::SeqCst);
-        self.shared.counts[Holder::LeakedPool as usize].fetch_add(1, Ordering::SeqCst);
-        std::mem::forget(self);
-    }
-}
-
-impl Drop for KeepAlive {
-    fn drop(&mut self) {
-        self.shared.counts[self.kind as usize].fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
-impl fmt::Debug for KeepAlive {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "KeepAlive({:?})", self.kind)
-    }
 }
 
 impl fmt::Debug for Eal {
@@ -365,6 +177,16 @@ fn requested_net_vdevs<'a>(args: &[&'a str]) -> Vec<(&'a str, &'a str)> {
     out
 }
 
+/// The Ethernet port the EAL probed under `name`, if any. Called with the
+/// EAL initialised: from [`Eal::init`], and through an [`Eal`] handle.
+pub(crate) fn probed_port(name: &str) -> Result<Option<PortId>> {
+    let cname = CString::new(name).map_err(|_| Error::NulInArgument(name.to_owned()))?;
+    let mut id: u16 = 0;
+    // SAFETY: valid C string and out pointer.
+    let ret = unsafe { sys::rte_eth_dev_get_port_by_name(cname.as_ptr(), &mut id) };
+    Ok((ret == 0).then_some(PortId(id)))
+}
+
 /// Captures what DPDK writes to stdout and stderr between `start` and `finish`.
 struct LogCapture {
     active: bool,
@@ -451,17 +273,11 @@ impl Eal {
                 log,
             });
         }
-        let shared = EalShared {
-            counts: Default::default(),
-            ring_ports: Mutex::new(Vec::new()),
-            open_ports: Mutex::new(Vec::new()),
-            cleaned: AtomicBool::new(false),
-        };
-        let eal = Eal { shared: Arc::new(shared), log, _main_lcore_only: PhantomData };
+        let eal = Eal { shared: Arc::new(EalShared::new()), log, _main_lcore_only: PhantomData };
         // A virtual device whose driver failed to probe does not fail
         // rte_eal_init; a port that silently is not there is worse.
         for (arg, name) in requested_net_vdevs(&joined) {
-            if crate::port::port_by_name(&eal, name).is_err() {
+            if !matches!(probed_port(name), Ok(Some(_))) {
                 let said: Vec<&str> = eal
                     .startup_log()
                     .lines()
@@ -488,8 +304,7 @@ impl Eal {
 
     /// A keep-alive of kind `kind` for a value that needs the EAL.
     pub(crate) fn keep(&self, kind: Holder) -> KeepAlive {
-        self.shared.counts[kind as usize].fetch_add(1, Ordering::SeqCst);
-        KeepAlive { shared: Arc::clone(&self.shared), kind }
+        self.shared.keep(kind)
     }
 
     pub(crate) fn shared(&self) -> &EalShared {
@@ -511,15 +326,10 @@ impl Eal {
     /// initialised again in the same process.
     pub fn shutdown(self) -> Result<()> {
         let Eal { shared, .. } = self;
-        match Arc::try_unwrap(shared) {
-            Ok(shared) => {
-                let ret = shared.cleanup();
-                if ret < 0 {
-                    return Err(call_error("rte_eal_cleanup", "", ret));
-                }
-                Ok(())
-            }
-            Err(shared) => Err(Error::EalInUse { holders: shared.holders() }),
+        match EalShared::shut_down(shared) {
+            Ok(ret) if ret < 0 => Err(call_error("rte_eal_cleanup", "", ret)),
+            Ok(_) => Ok(()),
+            Err(holders) => Err(Error::EalInUse { holders }),
         }
     }
 
@@ -722,17 +532,6 @@ mod tests {
         // A test thread is not an EAL thread.
         let e = on_main_lcore(LcoreId(0), LcoreId(1)).unwrap_err().to_string();
         assert!(e.contains("main lcore (l0)") && e.contains("not an EAL thread"), "{e}");
-    }
-
-    #[test]
-    fn holders_name_what_is_alive() {
-        assert_eq!(Holders::default().to_string(), "nothing");
-        let h = Holders { pools: 2, leaked_pools: 1, ports: 1, rings: 0, tasks: 3 };
-        assert_eq!(
-            h.to_string(),
-            "2 mempools, 1 leaked mempool (dropped with mbufs still out), 1 open port, 3 launched tasks"
-        );
-        assert!(!h.is_empty());
     }
 
     #[test]

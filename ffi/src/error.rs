@@ -1,6 +1,7 @@
 //! Errors of the DPDK layer. Each message names the call or argument at fault.
 
-use crate::{Holders, PortId};
+use crate::ids::PortId;
+use crate::keep::Holders;
 
 /// Result of a DPDK operation.
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -20,24 +20,32 @@
 //! - A port's counters are read through the [`Port`] or a
 //!   [`PortStatsReader`] (any thread), which keep the device open; there is
 //!   no read by bare [`PortId`].
+//!
+//! The modules stand in layers, each importing only those below it: `sys`;
+//! the plain ids (`ids`), the keep-alive registry (`keep`) and `mbuf`;
+//! `error`; `eal`; `mempool` and `ring`; `port`; `io`.
 
 pub mod eal;
 pub mod error;
+mod ids;
 pub mod io;
+mod keep;
 pub mod mbuf;
 pub mod mempool;
 pub mod port;
 pub mod ring;
 pub mod sys;
 
-pub use eal::{current_lcore, dpdk_version, tsc, Eal, Holders, LcoreId, LcoreTask};
+pub use eal::{current_lcore, dpdk_version, tsc, Eal, LcoreTask};
 pub use error::{Error, Result};
+pub use ids::{LcoreId, PortId, QueueId};
 pub use io::QueueIo;
+pub use keep::Holders;
 pub use mbuf::{free_burst, Mbuf};
 pub use mempool::{Mempool, DEFAULT_DATA_ROOM};
 pub use port::{
-    port_by_name, port_info, ports, Link, MacAddr, Port, PortConfig, PortId, PortInfo, PortStats, PortStatsReader,
-    QueueId, RxQueue, TxQueue,
+    port_by_name, port_info, ports, Link, MacAddr, Port, PortConfig, PortInfo, PortStats, PortStatsReader, RxQueue,
+    TxQueue,
 };
 pub use ring::{ring_port, Ring};
 

@@ -11,10 +11,11 @@ use std::fmt;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
+use crate::eal::Eal;
 use crate::error::{call_error, Error, Result};
+use crate::keep::{Holder, KeepAlive};
 use crate::mbuf::Mbuf;
-use crate::eal::{Holder, KeepAlive};
-use crate::{sys, Eal};
+use crate::sys;
 
 /// A pool of packet buffers.
 pub struct Mempool {

@@ -19,38 +19,20 @@
 //! then the device is stopped and closed (returning the mbufs it held to
 //! their pool). Each of them keeps the EAL up.
 
-use std::ffi::{CStr, CString};
+use std::ffi::CStr;
 use std::fmt;
 use std::marker::PhantomData;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use sluice_dataplane::io::{Burst, BURST};
 
-use crate::eal::{Holder, KeepAlive};
+use crate::eal::{probed_port, Eal};
 use crate::error::{call_error, strerror, Error, Result};
+pub use crate::ids::{PortId, QueueId};
+use crate::keep::{Holder, KeepAlive};
 use crate::mbuf::{burst_u16, burst_u32, Mbuf};
 use crate::mempool::Mempool;
-use crate::{sys, Eal};
-
-/// A DPDK Ethernet port number.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct PortId(pub u16);
-
-impl fmt::Display for PortId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "p{}", self.0)
-    }
-}
-
-/// A queue number on a port.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct QueueId(pub u16);
-
-impl fmt::Display for QueueId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "q{}", self.0)
-    }
-}
+use crate::sys;
 
 /// A 48-bit Ethernet address.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
@@ -179,12 +161,8 @@ pub fn ports(_eal: &Eal) -> Vec<PortId> {
 
 /// The port named `name` (e.g. `net_null0`, or a PCI address).
 pub fn port_by_name(eal: &Eal, name: &str) -> Result<PortId> {
-    let cname = CString::new(name).map_err(|_| Error::NulInArgument(name.to_owned()))?;
-    let mut id: u16 = 0;
-    // SAFETY: valid C string and out pointer.
-    let ret = unsafe { sys::rte_eth_dev_get_port_by_name(cname.as_ptr(), &mut id) };
-    if ret == 0 {
-        return Ok(PortId(id));
+    if let Some(id) = probed_port(name)? {
+        return Ok(id);
     }
     let known: Vec<String> = ports(eal).iter().filter_map(|p| port_name(p.0)).collect();
     Err(Error::NoSuchPort { name: name.to_owned(), known: if known.is_empty() { "none".into() } else { known.join(", ") } })

@@ -16,11 +16,12 @@ use std::sync::Arc;
 
 use sluice_dataplane::io::{Burst, BURST};
 
-use crate::eal::{Holder, KeepAlive};
+use crate::eal::Eal;
 use crate::error::{call_error, Error, Result};
+use crate::ids::PortId;
+use crate::keep::{Holder, KeepAlive, PortBacking};
 use crate::mbuf::{burst_u32, Mbuf};
-use crate::port::PortId;
-use crate::{sys, Eal};
+use crate::sys;
 
 /// A multi-producer, multi-consumer ring of mbufs.
 pub struct Ring {
@@ -29,7 +30,7 @@ pub struct Ring {
 }
 
 /// The DPDK ring itself, shared by the [`Ring`] and the ring ports using it.
-pub(crate) struct RingInner {
+struct RingInner {
     ptr: NonNull<sys::rte_ring>,
     name: String,
 }
@@ -150,6 +151,7 @@ pub fn ring_port(eal: &Eal, name: &str, rx: &[Arc<Ring>], tx: &[Arc<Ring>]) -> R
         return Err(call_error("rte_eth_from_rings", name, 0));
     }
     let id = PortId(u16::try_from(ret).unwrap_or(u16::MAX));
-    eal.shared().keep_ring_port(id, rx.iter().chain(tx).map(|r| Arc::clone(&r.inner)).collect());
+    let backing = rx.iter().chain(tx).map(|r| Arc::clone(&r.inner) as PortBacking).collect();
+    eal.shared().keep_ring_port(id, backing);
     Ok(id)
 }
