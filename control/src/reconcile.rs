@@ -25,6 +25,7 @@ use crate::admin::state::{lock, now_epoch, RouteMeta, ServiceMeta, Shared};
 use crate::compile::{Compiled, Compiler, EndpointState, Topology};
 use crate::config::ApplianceConfig;
 use crate::model::{Defaults, Desired, Model, Resolved};
+use crate::problem::Problem;
 use crate::sources::{FileState, SourceMsg, FILE_SOURCE, MANIFESTS_SOURCE};
 
 pub use crate::routing::NeighMap;
@@ -61,8 +62,14 @@ impl std::fmt::Debug for Reconciler {
     }
 }
 
+/// A compilation failure (capacity, a table that cannot be built) as a
+/// problem of the whole state.
+fn compile_problem(message: String) -> Problem {
+    Problem::new("(compiler)", "", message)
+}
+
 /// Why a state was not applied.
-type Refusal = Vec<String>;
+type Refusal = Vec<Problem>;
 
 impl Reconciler {
     /// A reconciler for the appliance started with `initial`, publishing
@@ -96,9 +103,9 @@ impl Reconciler {
 
     /// Resolves and publishes the initial state; an error here stops the start.
     pub fn start(&mut self) -> Result<(), Refusal> {
-        let resolved = self.model.resolve(&self.defaults).map_err(|ps| ps.iter().map(ToString::to_string).collect::<Vec<_>>())?;
+        let resolved = self.model.resolve(&self.defaults)?;
         self.resolved = resolved;
-        let rebuilt = self.publish("start").map_err(|e| vec![e])?;
+        let rebuilt = self.publish("start").map_err(|e| vec![compile_problem(e)])?;
         self.record(FILE_SOURCE, "start", Ok(rebuilt));
         Ok(())
     }
@@ -129,7 +136,7 @@ impl Reconciler {
                 self.record(&source, &trigger, outcome);
             }
             SourceMsg::Rejected { source, problems, trigger } => {
-                self.record(&source, &trigger, Err(problems.iter().map(ToString::to_string).collect()));
+                self.record(&source, &trigger, Err(problems));
             }
         }
     }
@@ -173,13 +180,13 @@ impl Reconciler {
     /// Resolves the model and publishes it; on failure nothing changed in
     /// the compiler or the data plane.
     fn resolve_and_publish(&mut self, why: &str) -> Result<Vec<String>, Refusal> {
-        let resolved = self.model.resolve(&self.defaults).map_err(|ps| ps.iter().map(ToString::to_string).collect::<Vec<_>>())?;
+        let resolved = self.model.resolve(&self.defaults)?;
         let previous = std::mem::replace(&mut self.resolved, resolved);
         match self.publish(why) {
             Ok(rebuilt) => Ok(rebuilt),
             Err(e) => {
                 self.resolved = previous;
-                Err(vec![e])
+                Err(vec![compile_problem(e)])
             }
         }
     }
@@ -204,7 +211,7 @@ impl Reconciler {
                 for p in &problems {
                     error!(problem = %p, source, trigger, "rejected; still serving the last good configuration");
                 }
-                s.problems = problems;
+                s.problems = problems.iter().map(ToString::to_string).collect();
                 s.rebuilt.clear();
             }
         }
@@ -458,7 +465,7 @@ mod tests {
         let bad = svc("web", &[(0, "10.0.0.5"), (0, "10.0.0.6")]);
         r.apply(SourceMsg::Desired { source: "xds".into(), desired: bad, trigger: "t".into(), reply: Some(tx) });
         let why = rx.try_recv().unwrap().unwrap_err();
-        assert!(why[0].contains("duplicate endpoint identifier"), "{why:?}");
+        assert!(why[0].message.contains("duplicate endpoint identifier"), "{why:?}");
         let (tx, mut rx) = tokio::sync::oneshot::channel();
         r.apply(SourceMsg::Desired { source: "xds".into(), desired: svc("web", &[(0, "10.0.0.5")]), trigger: "t".into(), reply: Some(tx) });
         assert_eq!(rx.try_recv().unwrap(), Ok(()));

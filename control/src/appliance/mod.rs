@@ -224,7 +224,9 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
     };
     let (hops_tx, hops_rx) = watch::channel(Vec::new());
     let mut reconciler = Reconciler::new(initial.clone(), topo, publisher, Arc::clone(&shared), hops_tx);
-    reconciler.start().map_err(|ps| anyhow!("the first snapshot could not be built: {}", ps.join("; ")))?;
+    reconciler
+        .start()
+        .map_err(|ps| anyhow!("the first snapshot could not be built: {}", ps.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")))?;
 
     let mut workers = workers::Workers::new(Arc::new(AtomicBool::new(false)));
     for (lcore, mut worker) in built {

@@ -55,8 +55,9 @@ pub enum SourceMsg {
 }
 
 /// Whether a source's state is being served: `Err` lists why it was refused
-/// (the previous state keeps serving).
-pub type Applied = Result<(), Vec<String>>;
+/// (the previous state keeps serving), each problem with the origin of the
+/// object it is about, so a source can tell which of its objects failed.
+pub type Applied = Result<(), Vec<Problem>>;
 
 /// The configuration file's content and the manifests it points to.
 #[derive(Clone, Debug, PartialEq, Eq)]
