@@ -12,6 +12,9 @@
 //! The file: `{version, clusters: [...], assignments: [...], nodes: {<node
 //! id>: {version, clusters, assignments}}}`, resources in Envoy's JSON
 //! field names (see `sluice_tests::xds_server::cluster` and `assignment`).
+//! As with go-control-plane, state-of-the-world clients are sent a change
+//! only when `version` changes: bump it with every edit (delta clients
+//! get changed resources whatever the version says).
 //! It prints `listening on <address>` once ready; SIGINT or SIGTERM stop it.
 #![forbid(unsafe_code)]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -57,10 +60,12 @@ fn args() -> Result<Args, String> {
     })
 }
 
-fn load(path: &PathBuf) -> Result<std::collections::BTreeMap<String, Snapshot>, String> {
+/// The file as JSON (compared to see changes) and its snapshots.
+fn load(path: &PathBuf) -> Result<(serde_json::Value, std::collections::BTreeMap<String, Snapshot>), String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let doc = document(&text).map_err(|e| format!("{}: {e}", path.display()))?;
-    Snapshot::from_document(&doc).map_err(|e| format!("{}: {e}", path.display()))
+    let snaps = Snapshot::from_document(&doc).map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok((doc, snaps))
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -91,13 +96,15 @@ async fn main() -> ExitCode {
     };
     let server = XdsServer::new();
     let mut last = match load(&a.file) {
-        Ok(s) => s,
+        Ok((doc, snaps)) => {
+            server.set_all(snaps);
+            doc
+        }
         Err(e) => {
             eprintln!("{e}");
             return ExitCode::from(1);
         }
     };
-    server.set_all(last.clone());
     let running = match server.serve(a.listen, tls).await {
         Ok(r) => r,
         Err(e) => {
@@ -113,10 +120,10 @@ async fn main() -> ExitCode {
             _ = tokio::signal::ctrl_c() => break,
             _ = term.recv() => break,
             _ = poll.tick() => match load(&a.file) {
-                Ok(now) if now != last => {
+                Ok((doc, snaps)) if doc != last => {
                     eprintln!("{}: changed, serving it", a.file.display());
-                    server.set_all(now.clone());
-                    last = now;
+                    server.set_all(snaps);
+                    last = doc;
                 }
                 Ok(_) => {}
                 Err(e) => eprintln!("{e} (still serving the previous content)"),

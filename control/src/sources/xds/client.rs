@@ -85,9 +85,13 @@ pub const BACKOFF_MIN: Duration = Duration::from_millis(500);
 pub const BACKOFF_MAX: Duration = Duration::from_secs(30);
 /// How long a connection attempt may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-/// HTTP/2 keep-alive: a dead server is noticed within interval + timeout.
-const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(20);
-const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+/// TCP keep-alive: a server that vanished without closing the connection
+/// is noticed within idle + interval x retries. (Not HTTP/2 pings: gRPC
+/// servers refuse pings more often than their enforcement policy allows,
+/// five minutes by default in grpc-go, with GOAWAY "too_many_pings".)
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(30);
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+const KEEPALIVE_RETRIES: u32 = 3;
 /// How long an assignment is waited for before its cluster is applied
 /// without endpoints (the protocol's recommended 15 s, as Envoy's
 /// `initial_fetch_timeout`).
@@ -417,13 +421,16 @@ impl Client {
             .map_err(|e| format!("{uri}: {}", chain(&e)))?
             .connect_timeout(CONNECT_TIMEOUT)
             .tcp_nodelay(true)
-            .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
-            .keep_alive_timeout(KEEPALIVE_TIMEOUT)
-            .keep_alive_while_idle(true);
+            .tcp_keepalive(Some(KEEPALIVE_IDLE))
+            .tcp_keepalive_interval(Some(KEEPALIVE_INTERVAL))
+            .tcp_keepalive_retries(Some(KEEPALIVE_RETRIES));
         if let Some(t) = tls {
             ep = ep.tls_config(t).map_err(|e| format!("TLS settings: {}", chain(&e)))?;
         }
-        ep.connect().await.map_err(|e| format!("cannot connect to {}: {}", self.cfg.server, chain(&e)))
+        ep.connect().await.map_err(|e| {
+            let why = chain(&e);
+            format!("cannot connect to {}: {why}{}", self.cfg.server, tls_hint(&why, &self.cfg.server.host))
+        })
     }
 
     /// One connection and stream, until it fails or the reconciler stops.
@@ -450,6 +457,15 @@ impl Client {
         match self.cfg.mode {
             Mode::Sotw => self.sotw(client).await,
             Mode::Delta => self.delta(client).await,
+        }
+    }
+
+    /// With mutual TLS, a server that refuses the client certificate
+    /// closes the connection once the handshake looked done to the client.
+    fn refused_hint(&self) -> &'static str {
+        match &self.cfg.tls {
+            Some(t) if t.client.is_some() => " (with mutual TLS this is how a server refuses a client certificate it does not trust)",
+            _ => "",
         }
     }
 
@@ -487,7 +503,7 @@ impl Client {
         let requests = futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|r| (r, rx)) });
         let mut inbound = match client.stream_aggregated_resources(requests).await {
             Ok(r) => r.into_inner(),
-            Err(e) => return End::Failed { error: format!("opening the ADS stream: {}", status_text(&e)), answered: false },
+            Err(e) => return End::Failed { error: format!("opening the ADS stream: {}{}", status_text(&e), self.refused_hint()), answered: false },
         };
         loop {
             let deadline = self.next_warming_deadline();
@@ -645,7 +661,7 @@ impl Client {
         let requests = futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|r| (r, rx)) });
         let mut inbound = match client.delta_aggregated_resources(requests).await {
             Ok(r) => r.into_inner(),
-            Err(e) => return End::Failed { error: format!("opening the delta ADS stream: {}", status_text(&e)), answered: false },
+            Err(e) => return End::Failed { error: format!("opening the delta ADS stream: {}{}", status_text(&e), self.refused_hint()), answered: false },
         };
         loop {
             let deadline = self.next_warming_deadline();
@@ -774,6 +790,19 @@ impl Client {
         } else {
             Err(errors)
         }
+    }
+}
+
+/// What a rustls verification error means for the operator.
+fn tls_hint(why: &str, host: &str) -> String {
+    if why.contains("UnknownIssuer") {
+        " (the server's certificate is not signed by the CA of ca-cert-path)".into()
+    } else if why.contains("NotValidForName") {
+        format!(" (the server's certificate is not valid for {host:?}, the host of server-address)")
+    } else if why.contains("Expired") || why.contains("NotValidYet") {
+        " (the server's certificate is outside its validity period)".into()
+    } else {
+        String::new()
     }
 }
 
