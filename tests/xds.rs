@@ -186,8 +186,10 @@ fn base_clusters() -> Vec<Value> {
     ]
 }
 
+/// The assignments, with one for the cluster that is not an L4 service
+/// (served to Envoy proxies; host names are fine there).
 fn base_clas() -> Vec<Value> {
-    vec![cla("web", &["10.0.0.10", "10.0.0.11"]), cla("db", &["2001:db8::10"])]
+    vec![cla("web", &["10.0.0.10", "10.0.0.11"]), cla("db", &["2001:db8::10"]), cla("envoy-only", &["backend.internal"])]
 }
 
 fn addrs(s: &Served, svc: &str) -> Vec<String> {
@@ -225,7 +227,7 @@ async fn sotw_initial_sync_then_add_change_and_remove() {
     assert_eq!((cds0.kind.clone(), cds0.names.len(), cds0.version_info.as_str(), cds0.node.as_str()), (Kind2::Initial, 0, "", "lb-1"));
     assert!(cds0.client_features.contains(&"envoy.lb.does_not_support_overprovisioning".to_owned()));
     let eds = reqs.iter().find(|r| r.type_url == CLA_TYPE).unwrap();
-    assert_eq!(eds.names, ["db", "web"], "only the L4 clusters' assignments");
+    assert_eq!(eds.names, ["db", "envoy-only", "web"], "every EDS cluster's assignment, as Envoy asks");
     wait("both ACKs", || server.requests().iter().filter(|r| r.kind == Kind2::Ack && r.version_info == "1").count() == 2, dump).await;
     let ids_before = a.served()["web"].clone();
 
@@ -240,14 +242,14 @@ async fn sotw_initial_sync_then_add_change_and_remove() {
         assert!(web.contains(e), "{e:?} kept its identifier: {web:?}");
     }
     let eds_now = server.requests().into_iter().rfind(|r| r.type_url == CLA_TYPE).unwrap();
-    assert_eq!(eds_now.names, ["db", "dns", "web"]);
+    assert_eq!(eds_now.names, ["db", "dns", "envoy-only", "web"]);
 
     // Remove a cluster and an endpoint.
     let clusters: Vec<Value> = clusters.into_iter().filter(|c| c["name"] != "db").collect();
     let clas = vec![cla("web", &["10.0.0.10", "10.0.0.12"]), cla("dns", &["10.0.0.53"])];
     server.set_snapshot(DEFAULT_NODE, snap("3", &clusters, &clas));
     wait("v3", || !a.served().contains_key("db") && addrs(&a.served(), "web") == ["10.0.0.10", "10.0.0.12"], dump).await;
-    wait("the db assignment unsubscribed", || server.requests().iter().rev().find(|r| r.type_url == CLA_TYPE).unwrap().names == ["dns", "web"], dump).await;
+    wait("the db assignment unsubscribed", || server.requests().iter().rev().find(|r| r.type_url == CLA_TYPE).unwrap().names == ["dns", "envoy-only", "web"], dump).await;
     assert_eq!(a.status().nacks, 0);
     assert!(a.status().last_update.is_some());
     a.stop().await;
@@ -361,15 +363,15 @@ async fn server_restart(mode: Mode) {
     match mode {
         Mode::Sotw => {
             assert_eq!((cds.version_info.as_str(), cds.nonce.as_str()), ("1", ""), "resubscribed with the version held, no nonce");
-            assert_eq!((eds.version_info.as_str(), eds.names.clone()), ("1", vec!["db".to_owned(), "web".to_owned()]));
+            assert_eq!((eds.version_info.as_str(), eds.names.clone()), ("1", vec!["db".to_owned(), "envoy-only".to_owned(), "web".to_owned()]));
             // The server resends the assignments (new names on a new stream,
             // as go-control-plane does); the same state is only acknowledged.
             wait("the resent assignments acknowledged", || server.requests().iter().any(|r| r.stream == 2 && r.kind == Kind2::Ack), dump).await;
         }
         Mode::Delta => {
             assert_eq!(cds.initial_versions.keys().cloned().collect::<Vec<_>>(), ["db", "envoy-only", "web"], "every cluster held");
-            assert_eq!(eds.initial_versions.keys().cloned().collect::<Vec<_>>(), ["db", "web"]);
-            assert_eq!(eds.names, ["db", "web"]);
+            assert_eq!(eds.initial_versions.keys().cloned().collect::<Vec<_>>(), ["db", "envoy-only", "web"]);
+            assert_eq!(eds.names, ["db", "envoy-only", "web"]);
             tokio::time::sleep(Duration::from_millis(300)).await;
             assert!(server.sent().iter().all(|s| s.stream != 2), "nothing changed: nothing sent");
         }

@@ -11,6 +11,10 @@
 //! versions that are hashes of the resource as written, removals, and
 //! `initial_resource_versions` honoured.
 //!
+//! As go-control-plane's cache in ADS mode, a named state-of-the-world
+//! request is answered only when it names every resource of its type in
+//! the snapshot.
+//!
 //! Resources are written as JSON (or YAML) in the field names of Envoy's
 //! proto3 JSON form, for the fields an L4 load balancer uses (see
 //! [`cluster`] and [`assignment`]), and converted to the Envoy messages.
@@ -646,6 +650,13 @@ impl SotwStream {
         let Some(snap) = self.server.snapshot_for(&self.node) else { return };
         let st = self.types.entry(t).or_default();
         if !st.requested || st.awaiting {
+            return;
+        }
+        // go-control-plane's snapshot cache in ADS mode answers a named
+        // request only when it names every resource of the snapshot (it
+        // expects the client to ask again, as Envoy does for every EDS
+        // cluster): so does this one.
+        if !Self::wildcard(st) && snap.of(t).keys().any(|n| !st.names.contains(n)) {
             return;
         }
         let wanted: Vec<&Res> = snap.of(t).values().filter(|r| Self::wildcard(st) || st.names.contains(&r.name)).collect();

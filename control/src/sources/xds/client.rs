@@ -19,7 +19,11 @@
 //!   NACK the previous accepted version and `error_detail`. Clusters are
 //!   a wildcard subscription (empty `resource_names`, never changed);
 //!   assignments are requested by name, the list re-sent whenever the
-//!   clusters change it. Assignments not asked for are ignored; a
+//!   clusters change it. As Envoy, the client asks for the assignment of
+//!   every EDS cluster, L4 service or not (go-control-plane's snapshot
+//!   cache in ADS mode answers a named EDS request only when it names
+//!   every assignment of the snapshot); only the L4 services' assignments
+//!   are decoded and checked. Assignments not asked for are ignored; a
 //!   response naming a resource twice is NACKed.
 //! - Delta: the first request of a type carries
 //!   `initial_resource_versions` (every resource held, with its version);
@@ -127,33 +131,50 @@ pub fn chain(e: &(dyn std::error::Error + 'static)) -> String {
     s
 }
 
+/// An accepted cluster.
+#[derive(Clone, Debug)]
+struct HeldCluster {
+    /// Its L4 service, when it has the metadata.
+    l4: Option<L4Cluster>,
+    /// The assignment it names, when it is an EDS cluster (L4 or not).
+    eds: Option<String>,
+}
+
 /// Every accepted resource.
 #[derive(Clone, Debug, Default)]
 struct Resources {
-    /// Every cluster by name; `None` for those that are not L4 services.
-    clusters: BTreeMap<String, Option<L4Cluster>>,
+    /// Every cluster by name.
+    clusters: BTreeMap<String, HeldCluster>,
     /// Delta: each cluster's version.
     cluster_versions: BTreeMap<String, String>,
-    /// Assignments by EDS name (only those the clusters need).
+    /// The assignments L4 clusters use, by EDS name.
     clas: BTreeMap<String, ClaState>,
-    /// Delta: each assignment's version.
+    /// Delta: each assignment's version (every assignment subscribed to).
     cla_versions: BTreeMap<String, String>,
 }
 
 impl Resources {
     fn l4(&self) -> BTreeMap<String, L4Cluster> {
-        self.clusters.iter().filter_map(|(n, c)| c.clone().map(|c| (n.clone(), c))).collect()
+        self.clusters.iter().filter_map(|(n, c)| c.l4.clone().map(|c| (n.clone(), c))).collect()
     }
 
+    /// Every assignment the clusters name, L4 or not: the subscription is
+    /// Envoy's, so a server that answers an EDS request only when it names
+    /// every assignment of the snapshot (go-control-plane's ADS mode) answers.
     fn eds_names(&self) -> BTreeSet<String> {
-        self.clusters.values().flatten().filter_map(|c| c.eds_name().map(str::to_owned)).collect()
+        self.clusters.values().filter_map(|c| c.eds.clone()).collect()
+    }
+
+    /// The assignments the L4 services use (decoded, checked, waited for).
+    fn l4_eds_names(&self) -> BTreeSet<String> {
+        self.clusters.values().filter_map(|c| c.l4.as_ref().and_then(|l| l.eds_name().map(str::to_owned))).collect()
     }
 
     /// Drops the assignments no cluster needs.
     fn prune(&mut self) {
-        let names = self.eds_names();
-        self.clas.retain(|n, _| names.contains(n));
-        self.cla_versions.retain(|n, _| names.contains(n));
+        let (all, l4) = (self.eds_names(), self.l4_eds_names());
+        self.clas.retain(|n, _| l4.contains(n));
+        self.cla_versions.retain(|n, _| all.contains(n));
     }
 }
 
@@ -273,8 +294,8 @@ fn sotw_resources(resp: &DiscoveryResponse, type_url: &str) -> Result<Vec<Any>, 
     }
 }
 
-/// Decodes clusters: by name, `None` for non-L4 ones.
-fn clusters_of(items: Vec<(String, Cluster)>, errors: &mut Vec<String>) -> BTreeMap<String, Option<L4Cluster>> {
+/// Decodes clusters, by name.
+fn clusters_of(items: Vec<(String, Cluster)>, errors: &mut Vec<String>) -> BTreeMap<String, HeldCluster> {
     let mut out = BTreeMap::new();
     for (name, c) in items {
         if out.contains_key(&name) {
@@ -283,7 +304,7 @@ fn clusters_of(items: Vec<(String, Cluster)>, errors: &mut Vec<String>) -> BTree
         }
         match mapping::decode_cluster(&c) {
             Ok(l4) => {
-                out.insert(name, l4);
+                out.insert(name, HeldCluster { l4, eds: mapping::eds_name(&c) });
             }
             Err(es) => errors.extend(es.into_iter().map(|e| format!("Cluster {name:?}: {e}"))),
         }
@@ -313,7 +334,7 @@ impl Client {
         st.services = self.applied.len();
         st.endpoints = self.applied.values().map(|s| s.endpoints.len()).sum();
         st.warming = warming.to_vec();
-        st.ignored_clusters = self.held.clusters.values().filter(|c| c.is_none()).count();
+        st.ignored_clusters = self.held.clusters.values().filter(|c| c.l4.is_none()).count();
         st.types.entry(CLUSTER_TYPE.into()).or_default().resources = self.held.clusters.len();
         st.types.entry(CLA_TYPE.into()).or_default().resources =
             self.held.clas.values().filter(|c| matches!(c, ClaState::Known(_))).count();
@@ -342,7 +363,7 @@ impl Client {
             info!(trigger, services = built.services.len(), warming = built.warming.len(), "xDS state applied");
         }
         let now = Instant::now();
-        let names = next.eds_names();
+        let names = next.l4_eds_names();
         self.waiting.retain(|n, _| names.contains(n) && !next.clas.contains_key(n));
         for n in names {
             if !next.clas.contains_key(&n) {
@@ -580,6 +601,7 @@ impl Client {
             next.clusters = clusters_of(items, &mut errors);
         } else {
             let wanted = self.held.eds_names();
+            let used = self.held.l4_eds_names();
             let mut seen = BTreeSet::new();
             for a in &anys {
                 match decode_cla_any(a) {
@@ -591,6 +613,9 @@ impl Client {
                         if !wanted.contains(&c.cluster_name) {
                             debug!(name = %c.cluster_name, "assignment not subscribed to: ignored");
                             continue;
+                        }
+                        if !used.contains(&c.cluster_name) {
+                            continue; // an assignment of a cluster that is not an L4 service
                         }
                         match mapping::decode_cla(&c) {
                             Ok(cla) => {
@@ -650,7 +675,7 @@ impl Client {
                     .held
                     .cla_versions
                     .iter()
-                    .filter(|(k, _)| names.contains(*k) && matches!(self.held.clas.get(*k), Some(ClaState::Known(_))))
+                    .filter(|(k, _)| names.contains(*k))
                     .map(|(k, v)| (k.clone(), v.clone()))
                     .collect(),
                 ..self.delta_request(CLA_TYPE)
@@ -761,9 +786,16 @@ impl Client {
             }
         } else {
             let subscribed = s.eds.clone().unwrap_or_default();
+            let used = self.held.l4_eds_names();
             for (name, version, any) in items {
                 if !subscribed.contains(&name) {
                     debug!(%name, "assignment not subscribed to: ignored");
+                    continue;
+                }
+                if !used.contains(&name) {
+                    // An assignment of a cluster that is not an L4 service:
+                    // held by version only (for initial_resource_versions).
+                    next.cla_versions.insert(name, version);
                     continue;
                 }
                 match decode_cla_any(&any) {
@@ -779,10 +811,10 @@ impl Client {
                 }
             }
             for name in &resp.removed_resources {
-                if subscribed.contains(name) {
+                if used.contains(name) {
                     next.clas.insert(name.clone(), ClaState::Absent);
-                    next.cla_versions.remove(name);
                 }
+                next.cla_versions.remove(name);
             }
         }
         if errors.is_empty() {

@@ -390,10 +390,7 @@ pub fn decode_cluster(c: &Cluster) -> Result<Option<L4Cluster>, Vec<String>> {
         }
     };
     let endpoints = match c.cluster_discovery_type {
-        Some(ClusterDiscoveryType::Type(t)) if t == DiscoveryType::Eds as i32 => {
-            let n = c.eds_cluster_config.as_ref().map(|e| e.service_name.as_str()).unwrap_or_default();
-            Some(EndpointsFrom::Eds(if n.is_empty() { c.name.clone() } else { n.to_owned() }))
-        }
+        Some(ClusterDiscoveryType::Type(t)) if t == DiscoveryType::Eds as i32 => eds_name(c).map(EndpointsFrom::Eds),
         None | Some(ClusterDiscoveryType::Type(0)) => match c.load_assignment.as_ref().map(decode_cla).transpose() {
             Ok(cla) => Some(EndpointsFrom::Inline(cla.unwrap_or_default())),
             Err(es) => {
@@ -465,6 +462,18 @@ fn lb_policy(c: &Cluster) -> Result<(Option<Algorithm>, Option<u32>), String> {
         Ok(LbPolicy::Random) => (Some(Algorithm::Random), None),
         _ => (None, legacy_size),
     })
+}
+
+/// The assignment an EDS cluster names (its `eds_cluster_config.service_name`,
+/// or its own name), L4 service or not; `None` for other cluster types.
+pub fn eds_name(c: &Cluster) -> Option<String> {
+    match c.cluster_discovery_type {
+        Some(ClusterDiscoveryType::Type(t)) if t == DiscoveryType::Eds as i32 => {
+            let n = c.eds_cluster_config.as_ref().map(|e| e.service_name.as_str()).unwrap_or_default();
+            Some(if n.is_empty() { c.name.clone() } else { n.to_owned() })
+        }
+        _ => None,
+    }
 }
 
 /// The assignment, checked.
