@@ -473,6 +473,12 @@ impl Client {
             }
         }
         *first = false;
+        // Assignments still awaited are asked for again on this stream: the
+        // warming timeout counts from now, not from before the outage.
+        let now = Instant::now();
+        for t in self.waiting.values_mut() {
+            *t = now;
+        }
         info!(server = %self.cfg.server, mode = %self.cfg.mode, "connected to the xDS server");
         let client = AggregatedDiscoveryServiceClient::new(channel).max_decoding_message_size(MAX_MESSAGE_BYTES);
         match self.cfg.mode {
