@@ -21,7 +21,7 @@ use sluice::sources::xds::status::ConnectionState;
 use sluice::sources::xds::{self, Mode, XdsConfig, XdsStatus};
 use sluice_dataplane::rcu::Publisher;
 use sluice_dataplane::snapshot::Snapshot as DpSnapshot;
-use sluice_tests::xds_server::{Kind2, ServerTls, Snapshot, XdsServer, CLA_TYPE, CLUSTER_TYPE, DEFAULT_NODE};
+use sluice_tests::xds_server::{RequestKind, ServerTls, Snapshot, XdsServer, CLA_TYPE, CLUSTER_TYPE, DEFAULT_NODE};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
@@ -224,11 +224,11 @@ async fn sotw_initial_sync_then_add_change_and_remove() {
     // node and client features, ACKs echoing version and nonce.
     let reqs = server.requests();
     let cds0 = reqs.iter().find(|r| r.type_url == CLUSTER_TYPE).unwrap();
-    assert_eq!((cds0.kind.clone(), cds0.names.len(), cds0.version_info.as_str(), cds0.node.as_str()), (Kind2::Initial, 0, "", "lb-1"));
+    assert_eq!((cds0.kind.clone(), cds0.names.len(), cds0.version_info.as_str(), cds0.node.as_str()), (RequestKind::Initial, 0, "", "lb-1"));
     assert!(cds0.client_features.contains(&"envoy.lb.does_not_support_overprovisioning".to_owned()));
     let eds = reqs.iter().find(|r| r.type_url == CLA_TYPE).unwrap();
     assert_eq!(eds.names, ["db", "envoy-only", "web"], "every EDS cluster's assignment, as Envoy asks");
-    wait("both ACKs", || server.requests().iter().filter(|r| r.kind == Kind2::Ack && r.version_info == "1").count() == 2, dump).await;
+    wait("both ACKs", || server.requests().iter().filter(|r| r.kind == RequestKind::Ack && r.version_info == "1").count() == 2, dump).await;
     let ids_before = a.served()["web"].clone();
 
     // Add an endpoint and a UDP service; the others keep their identifiers.
@@ -306,8 +306,8 @@ async fn sotw_bad_inputs_are_nacked_and_the_last_good_state_is_kept() {
         assert_eq!(nack.version, version, "{what}");
         // The server got the NACK: the version last accepted for its type,
         // the refused response's nonce, the reason.
-        let req = server.requests().into_iter().rev().find(|r| matches!(r.kind, Kind2::Nack(_))).unwrap();
-        let Kind2::Nack(msg) = &req.kind else { unreachable!() };
+        let req = server.requests().into_iter().rev().find(|r| matches!(r.kind, RequestKind::Nack(_))).unwrap();
+        let RequestKind::Nack(msg) = &req.kind else { unreachable!() };
         assert!(msg.contains(want), "{what}: {msg}");
         let sent = server.sent().into_iter().rev().find(|s| s.type_url == req.type_url && s.nonce == req.nonce).unwrap();
         assert_eq!(sent.version, version, "{what}: the NACK names the refused response");
@@ -315,6 +315,24 @@ async fn sotw_bad_inputs_are_nacked_and_the_last_good_state_is_kept() {
         assert_eq!(a.served(), good, "{what}: the last good state is served");
         assert_eq!(a.source().accepted_total, accepted, "{what}: nothing new accepted");
     }
+    // Bytes that are no Cluster, and a resource of the wrong type.
+    for (i, (type_in_any, bytes, want)) in [
+        (CLUSTER_TYPE, vec![0xff, 0xff, 0xff], "cannot decode a Cluster"),
+        (CLA_TYPE, Vec::new(), "a resource of type \"type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment\" in a response of type"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut s = snap(&format!("raw{i}"), &base_clusters(), &base_clas());
+        s.add_raw(CLUSTER_TYPE, "raw", type_in_any, bytes);
+        let before = server.nacks().len();
+        server.set_snapshot(DEFAULT_NODE, s);
+        wait("a NACK of undecodable input", || server.nacks().len() > before, dump).await;
+        let msg = server.nacks().last().unwrap().1.clone();
+        assert!(msg.contains(want), "{msg}");
+        assert_eq!(a.served(), good);
+    }
+
     // A good state is accepted again, with the new cluster.
     let (clusters, clas) = with(l4("x", "20.0.0.2", 80, "TCP"), cla("x", &["10.0.0.20"]));
     server.set_snapshot(DEFAULT_NODE, snap("fixed", &clusters, &clas));
@@ -342,7 +360,7 @@ async fn server_restart(mode: Mode) {
     let a = Appliance::start(&format!("restart-{mode}"), xds_cfg(addr, mode, "lb-1"), "").await;
     let dump = || format!("served {:?}\nstatus {:#?}\nrequests {:#?}", a.served(), a.status(), server.requests());
     wait("the initial sync", || a.served().len() == 2 && addrs(&a.served(), "web").len() == 2, dump).await;
-    wait("ACKs", || server.requests().iter().filter(|r| r.kind == Kind2::Ack).count() >= 2, dump).await;
+    wait("ACKs", || server.requests().iter().filter(|r| r.kind == RequestKind::Ack).count() >= 2, dump).await;
     let (served, publishes, accepted) = (a.served(), a.publishes(), a.source().accepted_total);
 
     running.stop().await;
@@ -366,7 +384,7 @@ async fn server_restart(mode: Mode) {
             assert_eq!((eds.version_info.as_str(), eds.names.clone()), ("1", vec!["db".to_owned(), "envoy-only".to_owned(), "web".to_owned()]));
             // The server resends the assignments (new names on a new stream,
             // as go-control-plane does); the same state is only acknowledged.
-            wait("the resent assignments acknowledged", || server.requests().iter().any(|r| r.stream == 2 && r.kind == Kind2::Ack), dump).await;
+            wait("the resent assignments acknowledged", || server.requests().iter().any(|r| r.stream == 2 && r.kind == RequestKind::Ack), dump).await;
         }
         Mode::Delta => {
             assert_eq!(cds.initial_versions.keys().cloned().collect::<Vec<_>>(), ["db", "envoy-only", "web"], "every cluster held");
@@ -400,8 +418,8 @@ async fn delta_add_change_remove_and_nack() {
     wait("the initial sync", || a.served().len() == 2 && addrs(&a.served(), "db").len() == 1, dump).await;
     let reqs = server.requests();
     let cds0 = reqs.iter().find(|r| r.type_url == CLUSTER_TYPE).unwrap();
-    assert!(cds0.delta && cds0.names.is_empty() && cds0.kind == Kind2::Initial, "a wildcard subscription");
-    wait("ACKs with the nonces", || server.requests().iter().filter(|r| r.kind == Kind2::Ack).count() >= 2, dump).await;
+    assert!(cds0.delta && cds0.names.is_empty() && cds0.kind == RequestKind::Initial, "a wildcard subscription");
+    wait("ACKs with the nonces", || server.requests().iter().filter(|r| r.kind == RequestKind::Ack).count() >= 2, dump).await;
 
     // Change one endpoint set: only that assignment is sent.
     let clas = vec![cla("web", &["10.0.0.10", "10.0.0.13"]), cla("db", &["2001:db8::10"])];
@@ -447,7 +465,7 @@ async fn delta_add_change_remove_and_nack() {
     wait("tmp gone", || !a.served().contains_key("tmp"), dump).await;
     wait("both removals acknowledged", || {
         let sent = server.sent();
-        let acks = server.requests().into_iter().filter(|r| r.kind == Kind2::Ack).map(|r| r.nonce).collect::<Vec<_>>();
+        let acks = server.requests().into_iter().filter(|r| r.kind == RequestKind::Ack).map(|r| r.nonce).collect::<Vec<_>>();
         sent.iter().filter(|s| s.removed == ["tmp"]).all(|s| acks.contains(&s.nonce)) && sent.iter().filter(|s| s.removed == ["tmp"]).count() == 2
     }, dump).await;
     assert_eq!(a.status().nacks, 1, "a removal of what is not held is no error");

@@ -313,7 +313,7 @@ pub const DEFAULT_NODE: &str = "*";
 
 /// What a request was.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Kind2 {
+pub enum RequestKind {
     /// The first request of its type on a stream.
     Initial,
     /// Acknowledges the response with its nonce.
@@ -346,7 +346,7 @@ pub struct Logged {
     /// Delta `initial_resource_versions`.
     pub initial_versions: BTreeMap<String, String>,
     /// What it was.
-    pub kind: Kind2,
+    pub kind: RequestKind,
     /// Whether its nonce was stale (ignored).
     pub stale: bool,
     /// The node's client features.
@@ -491,7 +491,7 @@ impl XdsServer {
             .requests
             .iter()
             .filter_map(|r| match &r.kind {
-                Kind2::Nack(m) => Some((r.type_url.clone(), m.clone())),
+                RequestKind::Nack(m) => Some((r.type_url.clone(), m.clone())),
                 _ => None,
             })
             .collect()
@@ -601,13 +601,13 @@ impl SotwStream {
         // A nonce other than the latest one sent is stale: ignored.
         let stale = !r.response_nonce.is_empty() && st.nonce.as_deref() != Some(r.response_nonce.as_str());
         let kind = if let Some(e) = &r.error_detail {
-            Kind2::Nack(e.message.clone())
+            RequestKind::Nack(e.message.clone())
         } else if !r.response_nonce.is_empty() && st.awaiting && !stale {
-            Kind2::Ack
+            RequestKind::Ack
         } else if !st.requested {
-            Kind2::Initial
+            RequestKind::Initial
         } else {
-            Kind2::Other
+            RequestKind::Other
         };
         self.server.log(Logged {
             stream: self.id,
@@ -727,13 +727,13 @@ impl DeltaStream {
         let Some(t) = type_key(&r.type_url) else { return };
         let st = self.types.entry(t).or_default();
         let kind = if let Some(e) = &r.error_detail {
-            Kind2::Nack(e.message.clone())
+            RequestKind::Nack(e.message.clone())
         } else if !r.response_nonce.is_empty() {
-            Kind2::Ack
+            RequestKind::Ack
         } else if !st.requested {
-            Kind2::Initial
+            RequestKind::Initial
         } else {
-            Kind2::Other
+            RequestKind::Other
         };
         self.server.log(Logged {
             stream: self.id,
