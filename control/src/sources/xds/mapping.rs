@@ -74,7 +74,7 @@
 //! exist (a delta removal), or that has not arrived [`super::client`]'s
 //! warming timeout after the subscription, counts as an empty one.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use envoy_types::pb::envoy::config::cluster::v3::cluster::{ClusterDiscoveryType, DiscoveryType, LbConfig, LbPolicy};
 use envoy_types::pb::envoy::config::cluster::v3::Cluster;
@@ -690,11 +690,6 @@ pub fn build(
     } else {
         Err(errors)
     }
-}
-
-/// The EDS resource names the clusters need.
-pub fn eds_names(clusters: &BTreeMap<String, L4Cluster>) -> BTreeSet<String> {
-    clusters.values().filter_map(|c| c.eds_name().map(str::to_owned)).collect()
 }
 
 #[cfg(test)]
