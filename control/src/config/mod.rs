@@ -25,6 +25,7 @@ use sluice_dataplane::classify::RouteMatch;
 
 use crate::model::{limits, Defaults, DeliveryMode, Desired, EndpointDef, Origin, RouteDef, ServiceDef};
 use crate::problem::{Pos, Problem, Problems};
+use crate::sources::xds::{self, XdsConfig};
 use node::Node;
 use yaml::Value;
 
@@ -181,6 +182,9 @@ pub struct ApplianceConfig {
     pub inline: Desired,
     /// Manifests, if any.
     pub manifests: Option<ManifestsConfig>,
+    /// The xDS management server to follow (`xds-control-plane`), when
+    /// enabled.
+    pub xds: Option<XdsConfig>,
 }
 
 impl ApplianceConfig {
@@ -193,6 +197,7 @@ impl ApplianceConfig {
 
 const TOP: &[&str] = &[
     "dpdk", "ports", "gateways", "defaults", "flowTable", "admin", "capacity", "services", "routes", "manifests",
+    "xds-control-plane",
 ];
 
 /// Reads and checks the file (not the manifests it points to).
@@ -295,6 +300,7 @@ pub fn parse(v: &Value, path: &Path) -> Result<ApplianceConfig, Vec<Problem>> {
         let base = path.parent().unwrap_or(Path::new("."));
         Some(ManifestsConfig { directory: base.join(dir?), gateway })
     });
+    let xds = root.field("xds-control-plane", |n| xds::config::parse(n, &mut p, path.parent().unwrap_or(Path::new(".")))).flatten();
 
     if !p.is_empty() {
         return Err(p.0);
@@ -314,6 +320,7 @@ pub fn parse(v: &Value, path: &Path) -> Result<ApplianceConfig, Vec<Problem>> {
         max_endpoints,
         inline,
         manifests: manifests.flatten(),
+        xds,
     })
 }
 
