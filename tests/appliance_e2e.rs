@@ -12,63 +12,13 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
 use serde_json::Value;
-use sluice_tests::{privileged, run, sluice_bin, wait_until, Proc};
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_owned()
-}
-
-/// The topology of scripts/topology.sh under a prefix; torn down on drop.
-struct Topology {
-    prefix: String,
-}
-
-impl Topology {
-    fn up(prefix: &str) -> Topology {
-        run(&[root().join("scripts/topology.sh").to_str().unwrap(), "up", prefix]);
-        Topology { prefix: prefix.to_owned() }
-    }
-
-    fn ns(&self, n: &str) -> String {
-        format!("{}-{n}", self.prefix)
-    }
-
-    fn spawn(&self, n: &str, cmd: &[&str]) -> Proc {
-        let ns = self.ns(n);
-        let mut args = vec!["ip", "netns", "exec", ns.as_str()];
-        args.extend_from_slice(cmd);
-        Proc::spawn(&args)
-    }
-
-    fn output(&self, n: &str, cmd: &[&str]) -> std::process::Output {
-        Command::new("ip").args(["netns", "exec", &self.ns(n)]).args(cmd).output().unwrap()
-    }
-
-    fn json(&self, n: &str, cmd: &[&str]) -> Value {
-        let out = self.output(n, cmd);
-        serde_json::from_slice(&out.stdout)
-            .unwrap_or_else(|e| panic!("{cmd:?}: {e}: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
-    }
-}
-
-impl Drop for Topology {
-    fn drop(&mut self) {
-        let _ = Command::new(root().join("scripts/topology.sh")).args(["down", &self.prefix]).output();
-    }
-}
-
-fn client(t: &Topology, args: &[&str]) -> HashMap<String, u64> {
-    let script = root().join("scripts/client.py");
-    let mut cmd = vec!["python3", script.to_str().unwrap()];
-    cmd.extend_from_slice(args);
-    let v = t.json("client", &cmd);
-    v.as_object().unwrap().iter().map(|(k, v)| (k.clone(), v.as_u64().unwrap())).collect()
-}
+use sluice_tests::topology::{root, tempdir, Topology};
+use sluice_tests::{privileged, sluice_bin, wait_until};
 
 fn status(t: &Topology) -> Value {
     t.json("lb", &[sluice_bin().to_str().unwrap(), "status", "--json"])
@@ -81,10 +31,7 @@ fn load_balances_real_traffic_and_reloads_without_disturbing_other_flows() {
     }
     let prefix = format!("sa{}", std::process::id());
     let topo = Topology::up(&prefix);
-    let backend = root().join("scripts/backend.py");
-    let _backends: Vec<Proc> = (1..=3)
-        .map(|i| topo.spawn(&format!("be{i}"), &["python3", backend.to_str().unwrap(), &format!("be{i}"), "20.0.0.1", "20.0.0.2"]))
-        .collect();
+    let _backends = topo.backends(&["20.0.0.1", "20.0.0.2"]);
 
     let dir = tempdir(&prefix);
     let cfg = dir.join("appliance.yaml");
@@ -105,14 +52,14 @@ fn load_balances_real_traffic_and_reloads_without_disturbing_other_flows() {
     }
 
     // Hundreds of real TCP connections, all complete, spread over the backends.
-    let counts = client(&topo, &["short", "20.0.0.1", "450", "16"]);
+    let counts = topo.client(&["short", "20.0.0.1", "450", "16"]);
     assert_eq!(counts.get("failed"), None, "{counts:?}");
     for b in ["be1", "be2", "be3"] {
         let n = counts.get(b).copied().unwrap_or(0);
         assert!(n >= 90, "{b} got {n} of 450 connections: {counts:?}");
     }
     // UDP too (each query from the same socket: one flow, one backend).
-    let udp = client(&topo, &["udp", "20.0.0.1", "100"]);
+    let udp = topo.client(&["udp", "20.0.0.1", "100"]);
     assert_eq!(udp.values().sum::<u64>(), 100);
     assert_eq!(udp.get("failed"), None, "{udp:?}");
 
@@ -147,7 +94,7 @@ fn load_balances_real_traffic_and_reloads_without_disturbing_other_flows() {
             assert!(*ok > 0);
         }
     }
-    let after = client(&topo, &["short", "20.0.0.1", "120", "16"]);
+    let after = topo.client(&["short", "20.0.0.1", "120", "16"]);
     assert_eq!(after.get("failed"), None, "{after:?}");
     assert_eq!(after.get("be3"), None, "no new connection to the removed endpoint: {after:?}");
 
@@ -159,7 +106,7 @@ fn load_balances_real_traffic_and_reloads_without_disturbing_other_flows() {
     );
     let problems = status(&topo)["sources"]["file"]["problems"].to_string();
     assert!(problems.contains("is not a /32 or /128"), "{problems}");
-    let still = client(&topo, &["short", "20.0.0.1", "30", "8"]);
+    let still = topo.client(&["short", "20.0.0.1", "30", "8"]);
     assert_eq!(still.values().sum::<u64>(), 30);
     assert_eq!(still.get("failed"), None);
 
@@ -182,9 +129,3 @@ fn load_balances_real_traffic_and_reloads_without_disturbing_other_flows() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-fn tempdir(prefix: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("sluice-{prefix}"));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}

@@ -9,46 +9,10 @@
 //! appliance now turns IPv6 off on interfaces DPDK reads through the kernel.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::collections::HashMap;
-use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
-use serde_json::Value;
-use sluice_tests::{privileged, sluice_bin, wait_until, Proc};
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_owned()
-}
-
-struct Topology(String);
-
-impl Topology {
-    fn up(prefix: &str) -> Topology {
-        let st = Command::new(root().join("scripts/topology.sh")).args(["up", prefix]).env("IPV6", "1").status().unwrap();
-        assert!(st.success(), "topology");
-        Topology(prefix.to_owned())
-    }
-    fn ns(&self, n: &str) -> String {
-        format!("{}-{n}", self.0)
-    }
-    fn spawn(&self, n: &str, cmd: &[&str]) -> Proc {
-        let ns = self.ns(n);
-        let mut args = vec!["ip", "netns", "exec", ns.as_str()];
-        args.extend_from_slice(cmd);
-        Proc::spawn(&args)
-    }
-    fn json(&self, n: &str, cmd: &[&str]) -> Value {
-        let out = Command::new("ip").args(["netns", "exec", &self.ns(n)]).args(cmd).output().unwrap();
-        serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
-    }
-}
-
-impl Drop for Topology {
-    fn drop(&mut self) {
-        let _ = Command::new(root().join("scripts/topology.sh")).args(["down", &self.0]).output();
-    }
-}
+use sluice_tests::topology::Topology;
+use sluice_tests::{privileged, sluice_bin, wait_until};
 
 const CONFIG: &str = r#"
 dpdk: {lcores: "0,1", memoryMB: 512, hugepages: false, filePrefix: PREFIX, mbufs: 8191, descriptors: 512}
@@ -68,27 +32,14 @@ routes:
   - {name: web6, service: web6, vips: ["fd00:20::1"], protocols: [TCP, UDP], destinationPorts: ["80", "53"]}
 "#;
 
-fn client(t: &Topology, args: &[&str]) -> HashMap<String, u64> {
-    let script = root().join("scripts/client.py");
-    let mut cmd = vec!["python3", script.to_str().unwrap()];
-    cmd.extend_from_slice(args);
-    let v = t.json("client", &cmd);
-    v.as_object().unwrap_or_else(|| panic!("client {args:?}: {v}")).iter().map(|(k, v)| (k.clone(), v.as_u64().unwrap())).collect()
-}
-
 #[test]
 fn ipv4_and_ipv6_vips_through_one_appliance() {
     if !privileged() {
         return;
     }
     let prefix = format!("ds{}", std::process::id());
-    let topo = Topology::up(&prefix);
-    let backend = root().join("scripts/backend.py");
-    let _backends: Vec<Proc> = (1..=3)
-        .map(|i| {
-            topo.spawn(&format!("be{i}"), &["python3", backend.to_str().unwrap(), &format!("be{i}"), "20.0.0.1", "fd00:20::1"])
-        })
-        .collect();
+    let topo = Topology::up_dual_stack(&prefix);
+    let _backends = topo.backends(&["20.0.0.1", "fd00:20::1"]);
     let dir = std::env::temp_dir().join(format!("sluice-{prefix}"));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
@@ -105,11 +56,11 @@ fn ipv4_and_ipv6_vips_through_one_appliance() {
         panic!("not ready (exit {code:?}):\n{out}\n{err}");
     }
     for vip in ["20.0.0.1", "fd00:20::1"] {
-        let tcp = client(&topo, &["short", vip, "200", "8"]);
+        let tcp = topo.client(&["short", vip, "200", "8"]);
         assert_eq!(tcp.get("failed"), None, "{vip}: {tcp:?}");
         assert_eq!(tcp.values().sum::<u64>(), 200);
         assert!(["be1", "be2", "be3"].iter().all(|b| tcp.get(*b).copied().unwrap_or(0) >= 30), "{vip}: spread {tcp:?}");
-        let udp = client(&topo, &["udp", vip, "50"]);
+        let udp = topo.client(&["udp", vip, "50"]);
         assert_eq!(udp.get("failed"), None, "{vip}: {udp:?}");
     }
     let st = topo.json("lb", &[bin.to_str().unwrap(), "status", "--json"]);

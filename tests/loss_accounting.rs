@@ -11,44 +11,12 @@
 //! interface is not left in promiscuous mode after the appliance exits.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
 use serde_json::Value;
-use sluice_tests::{privileged, run, sluice_bin, wait_until, Proc};
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_owned()
-}
-
-struct Topology(String);
-
-impl Topology {
-    fn ns(&self, n: &str) -> String {
-        format!("{}-{n}", self.0)
-    }
-    fn spawn(&self, n: &str, cmd: &[&str]) -> Proc {
-        let ns = self.ns(n);
-        let mut args = vec!["ip", "netns", "exec", ns.as_str()];
-        args.extend_from_slice(cmd);
-        Proc::spawn(&args)
-    }
-    fn json(&self, n: &str, cmd: &[&str]) -> Value {
-        let out = Command::new("ip").args(["netns", "exec", &self.ns(n)]).args(cmd).output().unwrap();
-        serde_json::from_slice(&out.stdout)
-            .unwrap_or_else(|e| panic!("{cmd:?}: {e}: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
-    }
-    fn link(&self, n: &str, dev: &str) -> Value {
-        self.json(n, &["ip", "-j", "-s", "link", "show", "dev", dev])[0].clone()
-    }
-}
-
-impl Drop for Topology {
-    fn drop(&mut self) {
-        let _ = Command::new(root().join("scripts/topology.sh")).args(["down", &self.0]).output();
-    }
-}
+use sluice_tests::topology::{root, Topology};
+use sluice_tests::{privileged, sluice_bin, wait_until, Proc};
 
 fn u(v: &Value) -> u64 {
     v.as_u64().unwrap_or(0)
@@ -60,12 +28,8 @@ fn what_the_client_sent_is_received_or_counted_as_lost() {
         return;
     }
     let prefix = format!("la{}", std::process::id());
-    run(&[root().join("scripts/topology.sh").to_str().unwrap(), "up", &prefix]);
-    let topo = Topology(prefix.clone());
-    let backend = root().join("scripts/backend.py");
-    let _backends: Vec<Proc> = (1..=3)
-        .map(|i| topo.spawn(&format!("be{i}"), &["python3", backend.to_str().unwrap(), &format!("be{i}"), "20.0.0.1", "20.0.0.2"]))
-        .collect();
+    let topo = Topology::up(&prefix);
+    let _backends = topo.backends(&["20.0.0.1", "20.0.0.2"]);
     assert!(!topo.link("lb", "lbf")["flags"].to_string().contains("PROMISC"));
 
     let dir = std::env::temp_dir().join(format!("sluice-{prefix}"));

@@ -393,15 +393,17 @@ fn place(
     hops: &mut Vec<(u8, Addr)>,
 ) -> (Option<Placed>, EndpointState) {
     let link = topo.on_link(e.address);
-    let (port, hop, delivery) = match (mode, link) {
-        (DeliveryMode::L2, Some((port, _))) => (port, e.address, Delivery::L2),
+    // The next hop, and its MAC when the configuration gives it (the
+    // endpoint's own `mac`, or the gateway's).
+    let (port, hop, delivery, static_mac) = match (mode, link) {
+        (DeliveryMode::L2, Some((port, _))) => (port, e.address, Delivery::L2, e.mac),
         (DeliveryMode::L2, None) => {
             return (None, EndpointState::Unreachable(format!(
                 "{} is on no port's subnet (l2 delivery needs the endpoint on a shared segment; use delivery: ipip for routed endpoints)",
                 e.address
             )));
         }
-        (DeliveryMode::IpIp, Some((port, src))) => (port, e.address, Delivery::IpIp { src }),
+        (DeliveryMode::IpIp, Some((port, src))) => (port, e.address, Delivery::IpIp { src }, e.mac),
         (DeliveryMode::IpIp, None) => {
             let Some(g) = topo.gateway(e.address.is_v4()) else {
                 return (None, EndpointState::Unreachable(format!("{} is off-link and there is no gateway for its family", e.address)));
@@ -412,10 +414,9 @@ fn place(
             let Some(src) = topo.ports[usize::from(port)].addresses.iter().find(|a| a.addr.is_v4() == e.address.is_v4()) else {
                 return (None, EndpointState::Unreachable(format!("port {:?} has no address to tunnel from", g.port)));
             };
-            (port, g.address, Delivery::IpIp { src: src.addr })
+            (port, g.address, Delivery::IpIp { src: src.addr }, g.mac)
         }
     };
-    let static_mac = if hop == e.address { e.mac } else { None };
     if static_mac.is_none() {
         hops.push((port, hop));
     }
@@ -535,6 +536,31 @@ mod tests {
         assert_eq!(c2.new_slots.services, vec![0], "c's slot is new to it, so its counters start over");
         assert_eq!(c2.rebuilt, vec!["c".to_string()]);
         assert_eq!(c2.snapshot.generation, generation + 1, "a failed compile publishes no generation");
+    }
+
+    #[test]
+    fn routed_endpoints_use_the_gateways_static_mac() {
+        // Found by tests/xds_tables.rs: with a gateway whose MAC is given in
+        // the configuration (no kernel interface to resolve it), every
+        // IP-in-IP endpoint behind it stayed "unresolved".
+        let mut t = topo();
+        t.gateways[0].mac = Some([2, 0, 0, 0, 1, 0xfe]);
+        let mut m = Model::default();
+        m.set(
+            "t",
+            Desired {
+                services: vec![ServiceDef { name: "web".into(), delivery: Some(DeliveryMode::IpIp), ..Default::default() }],
+                endpoints: vec![ep("web", 0, "10.50.0.1"), ep("web", 1, "10.50.0.2")],
+                ..Default::default()
+            },
+        );
+        let r = m.resolve(&Defaults::default()).unwrap();
+        let out = Compiler::new(16, 64).compile(&r, &t, &HashMap::new()).unwrap();
+        let states: Vec<&str> = out.endpoints.iter().map(|e| e.state.name()).collect();
+        assert_eq!(states, vec!["ready", "ready"]);
+        assert!(out.unresolved.is_empty(), "{:?}", out.unresolved);
+        let web = &out.snapshot.services[0];
+        assert_eq!(web.endpoint(0).unwrap().mac, [2, 0, 0, 0, 1, 0xfe]);
     }
 
     #[test]

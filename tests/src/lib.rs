@@ -6,6 +6,7 @@
 #![forbid(unsafe_code)]
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test harness: failing loudly is the point
 
+pub mod topology;
 pub mod xds_server;
 
 use std::io::Read;
@@ -54,6 +55,13 @@ pub fn sluice_bin() -> PathBuf {
         "{} not found: build it first (`cargo build --release -p sluice` for release tests) or set SLUICE_BIN",
         bin.display()
     );
+    bin
+}
+
+/// A program of this crate (e.g. `sluice-xds-server`), next to `sluice`.
+pub fn tool_bin(name: &str) -> PathBuf {
+    let bin = sluice_bin().with_file_name(name);
+    assert!(bin.exists(), "{} not found: build it first (`cargo build --release -p sluice-tests`)", bin.display());
     bin
 }
 

@@ -1,0 +1,289 @@
+//! xDS at scale, against a real `sluice run` (bench/xds_scale.sh runs it):
+//!
+//! 1. time from the management server sending N clusters × E endpoints to
+//!    the snapshot being live (the admin endpoint's `/explain` of a flow to
+//!    the last cluster's VIP names its service: the workers' snapshot has
+//!    it), with the first cluster checked too;
+//! 2. resident memory of the appliance before and after;
+//! 3. K single-endpoint changes, one after the other: from the server
+//!    sending each to `/tables/<service>` showing the new endpoint (p50,
+//!    p99, max with hdrhistogram), next to what the appliance itself
+//!    measures from the response's arrival to its publication
+//!    (`xds.to_live` in /status);
+//! 4. the same K changes applied as a file edit, as a baseline measured in
+//!    the same run: the ratio xDS / file says what the xDS path adds.
+//!
+//! The server is the test management server (`sluice_tests::xds_server`,
+//! go-control-plane's snapshot-cache semantics) in this process; the
+//! appliance runs on `net_null` ports with endpoints behind a gateway.
+//!
+//! ```text
+//! cargo run --release -p sluice-bench --example xds_scale -- \
+//!     --sluice target/release/sluice [--clusters 10000] [--endpoints 10] \
+//!     [--changes 200] [--mode sotw|delta] [--out bench/results/xds_scale.json]
+//! ```
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::cast_possible_truncation)]
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use serde_json::{json, Value};
+use sluice_tests::xds_server::{assignment, Snapshot, XdsServer, DEFAULT_NODE};
+
+struct Args {
+    sluice: PathBuf,
+    clusters: usize,
+    endpoints: usize,
+    changes: usize,
+    mode: String,
+    out: Option<PathBuf>,
+}
+
+fn args() -> Args {
+    let mut a = Args { sluice: "target/release/sluice".into(), clusters: 10_000, endpoints: 10, changes: 200, mode: "sotw".into(), out: None };
+    let mut it = std::env::args().skip(1);
+    while let Some(k) = it.next() {
+        let v = it.next().unwrap_or_else(|| panic!("{k} needs a value"));
+        match k.as_str() {
+            "--sluice" => a.sluice = v.into(),
+            "--clusters" => a.clusters = v.parse().expect("--clusters"),
+            "--endpoints" => a.endpoints = v.parse().expect("--endpoints"),
+            "--changes" => a.changes = v.parse().expect("--changes"),
+            "--mode" => a.mode = v,
+            "--out" => a.out = Some(v.into()),
+            _ => panic!("unknown argument {k}"),
+        }
+    }
+    assert!(a.clusters >= 1 && a.clusters < 1 << 20 && a.endpoints >= 1 && a.endpoints <= 32);
+    a
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// GET from the admin endpoint: the body when 200.
+fn get(port: u16, path: &str) -> Option<String> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(30))).ok()?;
+    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").ok()?;
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).ok()?;
+    let text = String::from_utf8(buf).ok()?;
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    head.starts_with("HTTP/1.1 200").then(|| body.to_owned())
+}
+
+fn json_at(port: u16, path: &str) -> Value {
+    get(port, path).and_then(|b| serde_json::from_str(&b).ok()).unwrap_or(Value::Null)
+}
+
+/// Polls `f` every 200 µs until it holds (or 120 s pass): the time it took.
+fn until(what: &str, mut f: impl FnMut() -> bool) -> Duration {
+    let t0 = Instant::now();
+    while !f() {
+        assert!(t0.elapsed() < Duration::from_secs(120), "{what}: not within 120 s");
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    t0.elapsed()
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    s.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.split_whitespace().next()?.parse().ok()).unwrap_or(0)
+}
+
+fn vip(i: usize) -> String {
+    let n = 0x1500_0001_u32 + i as u32; // 21.0.0.1 and up
+    std::net::Ipv4Addr::from(n).to_string()
+}
+
+fn endpoint(i: usize, j: usize) -> String {
+    let n = 0x0a40_0001_u32 + (i * 32 + j) as u32; // 10.64.0.1 and up
+    std::net::Ipv4Addr::from(n).to_string()
+}
+
+fn cluster_json(i: usize) -> Value {
+    json!({
+        "name": format!("svc{i}"), "type": "EDS", "lb_policy": "MAGLEV",
+        "eds_cluster_config": {"service_name": format!("svc{i}")},
+        "metadata": {"filter_metadata": {"io.cilium.l4lb": {"vip": vip(i), "port": 80, "protocol": "TCP", "delivery": "ipip"}}}
+    })
+}
+
+fn cla_json(i: usize, addrs: &[String]) -> Value {
+    let lb: Vec<Value> = addrs.iter().map(|a| json!({"endpoint": {"address": {"socket_address": {"address": a, "port_value": 80}}}})).collect();
+    json!({"cluster_name": format!("svc{i}"), "endpoints": [{"lb_endpoints": lb}]})
+}
+
+const HEAD: &str = r#"
+dpdk: {lcores: "0,1", memoryMB: 256, hugepages: false, filePrefix: FILEPREFIX, mbufs: 2047, descriptors: 256}
+ports:
+  - {name: a, device: net_null0, addresses: [10.1.0.1/24], kernelInterface: ""}
+  - {name: b, device: net_null1, addresses: [10.2.0.1/24], kernelInterface: ""}
+gateways:
+  - {address: 10.1.0.254, port: a, mac: "02:00:00:00:01:fe"}
+admin: {listen: "127.0.0.1:ADMIN"}
+"#;
+
+struct Appliance {
+    child: Child,
+}
+
+impl Appliance {
+    fn start(sluice: &Path, cfg: &Path, admin: u16) -> Appliance {
+        let child = Command::new(sluice)
+            .args(["run", "--config", cfg.to_str().unwrap()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start sluice run");
+        let a = Appliance { child };
+        until("the admin endpoint answers", || get(admin, "/healthz").is_some());
+        a
+    }
+}
+
+impl Drop for Appliance {
+    fn drop(&mut self) {
+        let _ = Command::new("kill").args(["-INT", &self.child.id().to_string()]).status();
+        let end = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < end {
+            if self.child.try_wait().ok().flatten().is_some() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn summary(h: &Histogram<u64>) -> Value {
+    json!({"count": h.len(), "p50_us": h.value_at_quantile(0.5), "p99_us": h.value_at_quantile(0.99), "max_us": h.max()})
+}
+
+/// Serves endpoint `addr` of service `i` as live once `/tables/svc{i}` shows it.
+fn shows(admin: u16, i: usize, addr: &str) -> bool {
+    json_at(admin, &format!("/tables/svc{i}"))["endpoints"].to_string().contains(&format!("\"{addr}\""))
+}
+
+fn main() {
+    let a = args();
+    let dir = std::env::temp_dir().join(format!("sluice-xds-scale-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let server = XdsServer::new();
+    server.set_snapshot(DEFAULT_NODE, Snapshot::new("0", &[], &[]).unwrap());
+    let running = rt.block_on(server.serve(SocketAddr::from(([127, 0, 0, 1], 0)), None)).unwrap();
+
+    let (n, e) = (a.clusters, a.endpoints);
+    let mut addrs: Vec<Vec<String>> = (0..n).map(|i| (0..e).map(|j| endpoint(i, j)).collect()).collect();
+    let clusters: Vec<Value> = (0..n).map(cluster_json).collect();
+    let clas: Vec<Value> = (0..n).map(|i| cla_json(i, &addrs[i])).collect();
+    let mut snap = Snapshot::new("1", &clusters, &clas).unwrap();
+    eprintln!("built {n} clusters × {e} endpoints");
+
+    // The appliance following the server.
+    let admin = free_port();
+    let cfg = dir.join("xds.yaml");
+    let head = HEAD.replace("FILEPREFIX", &format!("xs{}", std::process::id())).replace("ADMIN", &admin.to_string());
+    std::fs::write(
+        &cfg,
+        format!("{head}xds-control-plane: {{enabled: true, server-address: \"{}\", node-id: bench, mode: {}}}\n", running.addr, a.mode),
+    )
+    .unwrap();
+    let app = Appliance::start(&a.sluice, &cfg, admin);
+    until("connected", || json_at(admin, "/status")["xds"]["state"] == "connected");
+    let rss_before = rss_kib(app.child.id());
+
+    // 1. Everything at once.
+    let last = n - 1;
+    let live = |i: usize| {
+        let q = format!("/explain?proto=tcp&src=198.51.100.1:1000&dst={}:80", vip(i));
+        json_at(admin, &q)["service"] == format!("svc{i}").as_str()
+    };
+    let t0 = Instant::now();
+    server.set_snapshot(DEFAULT_NODE, snap.clone());
+    until("the last cluster live", || live(last));
+    let to_live = t0.elapsed();
+    assert!(live(0), "the first cluster is live too");
+    let rss_after = rss_kib(app.child.id());
+    eprintln!("{n} clusters live in {to_live:?}; RSS {rss_before} KiB -> {rss_after} KiB");
+
+    // 3. Single changes: endpoint 0 of one cluster gets a new address.
+    let mut h = Histogram::<u64>::new_with_bounds(1, 600_000_000, 3).unwrap();
+    for k in 1..=a.changes {
+        let i = (k * 7919) % n;
+        let new = std::net::Ipv4Addr::from(0x0a63_0000_u32 + k as u32).to_string(); // 10.99.x.y
+        addrs[i][0].clone_from(&new);
+        snap.version = format!("{}", k + 1);
+        snap.add_assignment_with(assignment(&cla_json(i, &addrs[i])).unwrap(), &format!("{i}-{k}"));
+        let t0 = Instant::now();
+        server.set_snapshot(DEFAULT_NODE, snap.clone());
+        until("a change live", || shows(admin, i, &new));
+        h.saturating_record(t0.elapsed().as_micros() as u64);
+    }
+    let own = json_at(admin, "/status")["xds"]["to_live"].clone();
+    drop(app);
+
+    // 4. Baseline: the same services and changes from a file.
+    let file_cfg = dir.join("file.yaml");
+    let write_file = |addrs: &[Vec<String>], path: &Path| {
+        let mut s = String::with_capacity(n * 400);
+        s.push_str(&HEAD.replace("FILEPREFIX", &format!("xf{}", std::process::id())).replace("ADMIN", &admin.to_string()));
+        s.push_str("services:\n");
+        for (i, eps) in addrs.iter().enumerate() {
+            s.push_str(&format!("  - name: svc{i}\n    delivery: ipip\n    endpoints:\n"));
+            for (j, ad) in eps.iter().enumerate() {
+                s.push_str(&format!("      - {{id: {j}, address: {ad}}}\n"));
+            }
+        }
+        s.push_str("routes:\n");
+        for i in 0..addrs.len() {
+            s.push_str(&format!("  - {{name: r{i}, service: svc{i}, vips: [{}], protocols: [TCP], destinationPorts: [\"80\"]}}\n", vip(i)));
+        }
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, s).unwrap();
+        std::fs::rename(&tmp, path).unwrap();
+    };
+    write_file(&addrs, &file_cfg);
+    let file_app = Appliance::start(&a.sluice, &file_cfg, admin);
+    until("the file's services live", || live(last));
+    let file_rss = rss_kib(file_app.child.id());
+    let mut fh = Histogram::<u64>::new_with_bounds(1, 600_000_000, 3).unwrap();
+    for k in 1..=a.changes.min(50) {
+        let i = (k * 104_729) % n;
+        let new = std::net::Ipv4Addr::from(0x0a62_0000_u32 + k as u32).to_string(); // 10.98.x.y
+        addrs[i][0].clone_from(&new);
+        let t0 = Instant::now();
+        write_file(&addrs, &file_cfg);
+        until("a file change live", || shows(admin, i, &new));
+        fh.saturating_record(t0.elapsed().as_micros() as u64);
+    }
+    drop(file_app);
+    rt.block_on(running.stop());
+
+    let p99 = |h: &Histogram<u64>| h.value_at_quantile(0.99).max(1) as f64;
+    let out = json!({
+        "mode": a.mode,
+        "clusters": n,
+        "endpoints_per_cluster": e,
+        "to_live_ms": to_live.as_secs_f64() * 1e3,
+        "rss_kib": {"before": rss_before, "with_services": rss_after, "file_source_with_services": file_rss},
+        "single_change_to_live": summary(&h),
+        "appliance_measured_response_to_publish": own,
+        "baseline_file_edit_to_live": summary(&fh),
+        "ratio_xds_p99_over_file_p99": p99(&h) / p99(&fh),
+        "targets": {"to_live_ms": 1000, "single_change_p99_ms": 5, "rss_mib": 150},
+    });
+    println!("{}", serde_json::to_string_pretty(&out).unwrap());
+    if let Some(p) = a.out {
+        std::fs::write(p, serde_json::to_string_pretty(&out).unwrap()).unwrap();
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

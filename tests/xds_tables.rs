@@ -1,0 +1,216 @@
+//! Two `sluice run` processes fed by one management server, each through its
+//! own history of updates (endpoints added in opposite orders, clusters
+//! arriving at different times, removals in between), end with the same
+//! clusters and must then pick the same endpoint for every slot of every
+//! table: ECMP across appliances is safe. Compared from what the admin
+//! endpoint shows operators (`/tables`: per service, the SHA-256 of the
+//! endpoint address of every slot, and the slots per endpoint), and one
+//! flow explained by both (`/explain`).
+//!
+//! No namespaces: `net_null` ports, endpoints behind a gateway with a
+//! static MAC (IP-in-IP delivery), the server on loopback.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use sluice_tests::topology::tempdir;
+use sluice_tests::{privileged, sluice_bin, tool_bin, wait_until, Proc};
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// GET `path` from the admin endpoint at `port`: the body, if 200.
+fn get(port: u16, path: &str) -> Option<String> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").ok()?;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).ok()?;
+    let (head, body) = buf.split_once("\r\n\r\n")?;
+    head.starts_with("HTTP/1.1 200").then(|| body.to_owned())
+}
+
+fn json_at(port: u16, path: &str) -> Value {
+    get(port, path).and_then(|b| serde_json::from_str(&b).ok()).unwrap_or(Value::Null)
+}
+
+/// One service's cluster: name, VIP, policy.
+fn cluster(name: &str, vip: &str, policy: &str) -> Value {
+    json!({
+        "name": name, "type": "EDS", "lb_policy": policy,
+        "eds_cluster_config": {"service_name": name},
+        "metadata": {"filter_metadata": {"io.cilium.l4lb": {"vip": vip, "port": 80, "protocol": "TCP", "delivery": "ipip", "endpointLimit": 64}}}
+    })
+}
+
+/// An assignment with `(address, weight)` endpoints, in the order given.
+fn cla(name: &str, eps: &[(String, u32)]) -> Value {
+    let lb: Vec<Value> = eps
+        .iter()
+        .map(|(a, w)| json!({"endpoint": {"address": {"socket_address": {"address": a, "port_value": 80}}}, "load_balancing_weight": w}))
+        .collect();
+    json!({"cluster_name": name, "endpoints": [{"lb_endpoints": lb}]})
+}
+
+fn v4(n: usize) -> Vec<(String, u32)> {
+    (1..=n).map(|i| (format!("10.50.{}.{}", i / 200, i % 200 + 1), 1 + (i % 3) as u32)).collect()
+}
+
+fn v6(n: usize) -> Vec<(String, u32)> {
+    (1..=n).map(|i| (format!("2001:db8:50::{i:x}"), 1)).collect()
+}
+
+/// The final state: the same for both appliances.
+fn final_state() -> (Vec<Value>, Vec<Value>) {
+    (
+        vec![cluster("alpha", "20.0.0.1", "MAGLEV"), cluster("beta", "2001:db8:20::1", "MAGLEV"), cluster("gamma", "20.0.0.3", "MAGLEV")],
+        vec![cla("alpha", &v4(40)), cla("beta", &v6(17)), cla("gamma", &v4(5))],
+    )
+}
+
+/// Appliance `a` gets the final state at once; `b` gets there in steps:
+/// the endpoints in reverse order, a few at a time, with others present and
+/// then removed, and its clusters one after the other.
+fn steps() -> Vec<(Vec<Value>, Vec<Value>)> {
+    let mut alpha = v4(40);
+    alpha.reverse();
+    let mut beta = v6(17);
+    beta.reverse();
+    let mut gamma = v4(5);
+    gamma.reverse();
+    let extra: Vec<(String, u32)> = (1..=6).map(|i| (format!("10.60.0.{i}"), 2)).collect();
+    let with_extra = |mut v: Vec<(String, u32)>| {
+        v.splice(0..0, extra.clone());
+        v
+    };
+    let (clusters, assignments) = final_state();
+    vec![
+        (vec![cluster("gamma", "20.0.0.3", "MAGLEV")], vec![cla("gamma", &with_extra(gamma[..2].to_vec()))]),
+        (
+            vec![cluster("gamma", "20.0.0.3", "MAGLEV"), cluster("alpha", "20.0.0.1", "MAGLEV")],
+            vec![cla("gamma", &with_extra(gamma.clone())), cla("alpha", &alpha[..13])],
+        ),
+        (
+            clusters.clone(),
+            vec![cla("gamma", &gamma), cla("alpha", &with_extra(alpha[..29].to_vec())), cla("beta", &beta[..9])],
+        ),
+        (clusters.clone(), vec![cla("gamma", &gamma), cla("alpha", &alpha), cla("beta", &beta)]),
+        (clusters, assignments),
+    ]
+}
+
+fn write_resources(path: &Path, version: usize, b: &(Vec<Value>, Vec<Value>)) {
+    let (fc, fa) = final_state();
+    let doc = json!({
+        "nodes": {
+            "a": {"version": "1", "clusters": fc, "assignments": fa},
+            "b": {"version": format!("{version}"), "clusters": b.0, "assignments": b.1},
+        }
+    });
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, doc.to_string()).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+fn config(dir: &Path, tag: &str, admin: u16, xds: u16, mode: &str) -> PathBuf {
+    let pid = std::process::id();
+    let text = format!(
+        r#"
+dpdk: {{lcores: "0,1", memoryMB: 256, hugepages: false, filePrefix: xt{pid}{tag}, mbufs: 2047, descriptors: 256}}
+ports:
+  - {{name: a, device: net_null0, addresses: [10.1.0.1/24, "2001:db8:1::1/64"], kernelInterface: ""}}
+  - {{name: b, device: net_null1, addresses: [10.2.0.1/24], kernelInterface: ""}}
+gateways:
+  - {{address: 10.1.0.254, port: a, mac: "02:00:00:00:01:fe"}}
+  - {{address: "2001:db8:1::fe", port: a, mac: "02:00:00:00:01:fe"}}
+admin: {{listen: "127.0.0.1:{admin}"}}
+xds-control-plane:
+  enabled: true
+  server-address: "127.0.0.1:{xds}"
+  node-id: {tag}
+  mode: {mode}
+"#
+    );
+    let p = dir.join(format!("{tag}.yaml"));
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+/// The tables as an appliance shows them, keyed by service.
+fn tables(port: u16) -> Value {
+    json_at(port, "/tables")
+}
+
+#[test]
+fn two_appliances_pick_the_same_endpoint_for_every_slot_whatever_the_order() {
+    if !privileged() {
+        return;
+    }
+    let dir = tempdir(&format!("xds-tables-{}", std::process::id()));
+    let resources = dir.join("resources.json");
+    let steps = steps();
+    write_resources(&resources, 1, &steps[0]);
+    let xds = free_port();
+    let _server = Proc::spawn(&[
+        tool_bin("sluice-xds-server").to_str().unwrap(),
+        "--listen",
+        &format!("127.0.0.1:{xds}"),
+        "--file",
+        resources.to_str().unwrap(),
+    ]);
+    let (pa, pb) = (free_port(), free_port());
+    let bin = sluice_bin();
+    let mut a = Proc::spawn(&[bin.to_str().unwrap(), "run", "--config", config(&dir, "a", pa, xds, "sotw").to_str().unwrap()]);
+    let mut b = Proc::spawn(&[bin.to_str().unwrap(), "run", "--config", config(&dir, "b", pb, xds, "delta").to_str().unwrap()]);
+    let mut fail = |what: String| -> ! {
+        let (ca, oa, ea) = a.stop("INT", Duration::from_secs(10));
+        let (cb, ob, eb) = b.stop("INT", Duration::from_secs(10));
+        panic!("{what}\na (exit {ca:?}):\n{oa}\n{ea}\nb (exit {cb:?}):\n{ob}\n{eb}");
+    };
+
+    // b walks through its history, each step applied before the next.
+    let services_of = |port: u16| json_at(port, "/status")["xds"]["services"].as_u64();
+    let endpoints_of = |port: u16| json_at(port, "/status")["xds"]["endpoints"].as_u64();
+    for (i, step) in steps.iter().enumerate() {
+        write_resources(&resources, i + 1, step);
+        let want_eps: usize = step.1.iter().map(|c| c["endpoints"][0]["lb_endpoints"].as_array().unwrap().len()).sum();
+        let ok = wait_until(Duration::from_secs(30), || {
+            services_of(pb) == Some(step.0.len() as u64) && endpoints_of(pb) == Some(want_eps as u64)
+        });
+        if !ok {
+            fail(format!("b did not apply step {}: {}", i + 1, json_at(pb, "/status")["xds"]));
+        }
+    }
+    if !wait_until(Duration::from_secs(30), || services_of(pa) == Some(3) && endpoints_of(pa) == Some(62)) {
+        fail(format!("a did not apply the final state: {}", json_at(pa, "/status")["xds"]));
+    }
+
+    let (ta, tb) = (tables(pa), tables(pb));
+    let list = ta.as_array().unwrap_or_else(|| fail(format!("no tables from a: {ta}")));
+    assert_eq!(list.len(), 3, "{ta}");
+    for t in list {
+        assert!(t["size"].as_u64().unwrap() >= 251, "a table was built: {t}");
+    }
+    assert_eq!(ta, tb, "both appliances have the same tables (digest of every slot's endpoint address)");
+    // Whole dumps too, run by run.
+    for svc in ["alpha", "beta", "gamma"] {
+        let (da, db) = (json_at(pa, &format!("/tables/{svc}")), json_at(pb, &format!("/tables/{svc}")));
+        assert!(da["runs"].as_array().is_some_and(|r| !r.is_empty()), "{da}");
+        assert_eq!(da, db, "{svc}");
+    }
+    // And a flow explained by both goes to the same endpoint.
+    let q = "/explain?proto=tcp&src=198.51.100.7:40000&dst=20.0.0.1:80";
+    let (ea, eb) = (json_at(pa, q), json_at(pb, q));
+    assert!(ea.to_string().contains("10.50."), "{ea}");
+    assert_eq!(ea, eb);
+
+    let (ca, _, erra) = a.stop("INT", Duration::from_secs(20));
+    let (cb, _, errb) = b.stop("INT", Duration::from_secs(20));
+    assert_eq!((ca, cb), (Some(0), Some(0)), "{erra}\n{errb}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
