@@ -128,6 +128,7 @@ ports:
 gateways:
   - {address: 10.1.0.254, port: a, mac: "02:00:00:00:01:fe"}
 admin: {listen: "127.0.0.1:ADMIN"}
+capacity: {services: 16384, endpoints: 262144}
 "#;
 
 struct Appliance {
@@ -209,7 +210,15 @@ fn main() {
     };
     let t0 = Instant::now();
     server.set_snapshot(DEFAULT_NODE, snap.clone());
-    until("the last cluster live", || live(last));
+    let mut polls = 0u32;
+    until("the last cluster live", || {
+        polls += 1;
+        if polls % 2000 == 0 {
+            let x = &json_at(admin, "/status")["xds"];
+            assert!(x["last_nack"].is_null(), "refused: {}", x["last_nack"]);
+        }
+        live(last)
+    });
     let to_live = t0.elapsed();
     assert!(live(0), "the first cluster is live too");
     let rss_after = rss_kib(app.child.id());
