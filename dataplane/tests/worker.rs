@@ -19,7 +19,7 @@ use sluice_dataplane::rcu::Publisher;
 use sluice_dataplane::service::{Algorithm, Delivery};
 use sluice_dataplane::snapshot::Snapshot;
 use sluice_dataplane::verdict::DropReason;
-use sluice_dataplane::worker::{Input, Worker, WorkerConfig};
+use sluice_dataplane::worker::{IdlePolicy, Input, Worker, WorkerConfig};
 
 const CLIENT_MAC: [u8; 6] = [0x02, 0xcc, 0, 0, 0, 1];
 
@@ -468,4 +468,59 @@ fn busy_time_is_time_not_polls() {
     assert!(busy > 0.8, "busy {busy}, though only 0.2 % of the polls were");
     assert_eq!(drain(&mut w, 1).len(), 64);
     assert_conserved(&mut w);
+}
+
+#[test]
+fn an_idle_worker_pauses_and_traffic_is_taken_before_the_next_pause() {
+    use std::cell::RefCell;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let p = Publisher::new(appliance(1));
+    let mut w = worker(&p);
+    let ctr = Arc::clone(w.counters());
+    let policy = IdlePolicy { spin_rounds: 2, max_pause_us: 8 };
+    let stop = AtomicBool::new(false);
+    let asked = RefCell::new(Vec::new());
+    w.run_with(&stop, || 1, || 0, policy, |us| {
+        asked.borrow_mut().push(us);
+        if asked.borrow().len() == 6 {
+            stop.store(true, Ordering::Relaxed);
+        }
+    });
+    assert_eq!(*asked.borrow(), [1, 2, 4, 8, 8, 8]);
+    assert_eq!(ctr.idle_pauses.get(), 6);
+    assert_eq!(ctr.idle_polls.get(), 8, "two rounds spun, then one after each pause");
+
+    // Traffic: 40 packets are taken in two rounds without a pause between,
+    // then two empty rounds spin before the first (shortest) pause.
+    let frames: Vec<Vec<u8>> = (0..40).map(|i| to_vip(2000 + i, 80, proto::TCP)).collect();
+    feed(&mut w, 0, &frames);
+    stop.store(false, Ordering::Relaxed);
+    asked.borrow_mut().clear();
+    w.run_with(&stop, || 1, || 0, policy, |us| {
+        asked.borrow_mut().push(us);
+        stop.store(true, Ordering::Relaxed);
+    });
+    assert_eq!(*asked.borrow(), [1]);
+    assert_eq!(ctr.busy_polls.get(), 2);
+    assert_eq!(ctr.idle_polls.get(), 8 + 3);
+    assert_eq!(drain(&mut w, 1).len(), 40);
+    assert_conserved(&mut w);
+}
+
+#[test]
+fn busy_polling_never_pauses() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let p = Publisher::new(appliance(1));
+    let mut w = worker(&p);
+    let ctr = Arc::clone(w.counters());
+    let stop = AtomicBool::new(false);
+    let rounds = AtomicU64::new(0);
+    let clock_ms = || {
+        if rounds.fetch_add(1, Ordering::Relaxed) + 1 == 500 {
+            stop.store(true, Ordering::Relaxed);
+        }
+        1
+    };
+    w.run_with(&stop, clock_ms, || 0, IdlePolicy::BUSY_POLL, |_| panic!("paused while busy polling"));
+    assert_eq!((ctr.idle_polls.get(), ctr.idle_pauses.get()), (500, 0));
 }

@@ -22,7 +22,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use sluice_dataplane::counters::WorkerCounters;
@@ -30,7 +30,7 @@ use sluice_dataplane::pipeline::PipelineConfig;
 use sluice_dataplane::rcu::Publisher;
 use sluice_dataplane::snapshot::Snapshot;
 use sluice_dataplane::steer::Steering;
-use sluice_dataplane::worker::{Worker, WorkerConfig};
+use sluice_dataplane::worker::{IdlePolicy, Worker, WorkerConfig};
 use sluice_ffi::{Eal, Mempool, PortStats, PortStatsReader, QueueIo};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -96,6 +96,20 @@ impl PoolProbe for Pool {
     }
     fn capacity(&self) -> u32 {
         self.0.capacity()
+    }
+}
+
+/// Empty poll rounds a worker spins through before its first pause: about
+/// as long as a few bursts take, so gaps within traffic cost no sleep.
+const IDLE_SPIN_ROUNDS: u32 = 256;
+
+/// How the workers wait when they find nothing: busy polling, or bounded
+/// exponential pauses.
+fn idle_policy(d: &crate::config::DpdkConfig) -> IdlePolicy {
+    if d.busy_poll {
+        IdlePolicy::BUSY_POLL
+    } else {
+        IdlePolicy { spin_rounds: IDLE_SPIN_ROUNDS, max_pause_us: d.idle_pause_max_us }
     }
 }
 
@@ -229,11 +243,19 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
         .start()
         .map_err(|ps| anyhow!("the first snapshot could not be built: {}", ps.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")))?;
 
+    let idle = idle_policy(&cfg.dpdk);
+    info!(busy_poll = cfg.dpdk.busy_poll, idle_pause_max_us = idle.max_pause_us, "worker idle policy");
     let mut workers = workers::Workers::new(Arc::new(AtomicBool::new(false)));
     for (lcore, mut worker) in built {
         workers.launch(&eal, lcore, move |stop| {
             let start = Instant::now();
-            worker.run(stop, || u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX), sluice_ffi::tsc);
+            worker.run_with(
+                stop,
+                || u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX),
+                sluice_ffi::tsc,
+                idle,
+                |us| std::thread::sleep(Duration::from_micros(u64::from(us))),
+            );
             0
         })?;
     }

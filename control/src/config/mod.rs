@@ -41,6 +41,9 @@ pub mod bounds {
     pub const MBUF_BYTES: u64 = 128 + 2048 + 128 + 64;
     /// Descriptors per queue (`dpdk.descriptors`).
     pub const DESCRIPTORS: (i64, i64) = (64, 16384);
+    /// A worker's longest pause when idle, in microseconds
+    /// (`dpdk.idlePauseMaxMicros`): far below the liveness check's second.
+    pub const IDLE_PAUSE_MAX_MICROS: (i64, i64) = (1, 100_000);
     /// Flow-table entries per worker (`flowTable.entries`); an entry takes
     /// 64 bytes, so at most 1 GiB per worker.
     pub const FLOW_ENTRIES: (i64, i64) = (16, 1 << 24);
@@ -73,6 +76,11 @@ pub struct DpdkConfig {
     pub descriptors: u16,
     /// More EAL arguments, passed as they are.
     pub extra_args: Vec<String>,
+    /// Workers poll without ever pausing (`dpdk.busyPoll`): dedicated cores.
+    pub busy_poll: bool,
+    /// The longest pause of a worker that finds nothing, in microseconds
+    /// (`dpdk.idlePauseMaxMicros`).
+    pub idle_pause_max_us: u32,
 }
 
 /// An address of the appliance on a port, with its prefix length.
@@ -333,12 +341,17 @@ fn dpdk_defaults() -> DpdkConfig {
         mbufs: 8191,
         descriptors: 1024,
         extra_args: Vec::new(),
+        busy_poll: false,
+        idle_pause_max_us: 2000,
     }
 }
 
 fn dpdk(n: Node<'_>, p: &mut Problems) -> DpdkConfig {
     let mut d = dpdk_defaults();
-    n.mapping(p, &["lcores", "memoryMB", "hugepages", "filePrefix", "mbufs", "descriptors", "extraArgs"]);
+    n.mapping(
+        p,
+        &["lcores", "memoryMB", "hugepages", "filePrefix", "mbufs", "descriptors", "extraArgs", "busyPoll", "idlePauseMaxMicros"],
+    );
     n.field("lcores", |n| {
         if let Some(s) = n.string(p) {
             match cores(&s) {
@@ -356,6 +369,9 @@ fn dpdk(n: Node<'_>, p: &mut Problems) -> DpdkConfig {
     let (lo, hi) = bounds::DESCRIPTORS;
     n.field("descriptors", |n| n.int(p, lo, hi).map(|v| d.descriptors = v as u16));
     n.field("extraArgs", |n| n.each(p, |n, p| d.extra_args.extend(n.string(p))));
+    n.field("busyPoll", |n| n.boolean(p).map(|v| d.busy_poll = v));
+    let (lo, hi) = bounds::IDLE_PAUSE_MAX_MICROS;
+    n.field("idlePauseMaxMicros", |n| n.int(p, lo, hi).map(|v| d.idle_pause_max_us = v as u32));
     d
 }
 
@@ -665,6 +681,18 @@ gateways:
             "c.yaml:7:3: gateways: more than one IPv4 gateway",
         ];
         assert_eq!(got, want);
+    }
+
+    #[test]
+    fn idle_policy_fields() {
+        let port = "ports: [{name: a, device: net_null0}]\n";
+        let c = parse_str(&format!("dpdk: {{busyPoll: true, idlePauseMaxMicros: 50}}\n{port}"), Path::new("c.yaml")).unwrap();
+        assert!(c.dpdk.busy_poll);
+        assert_eq!(c.dpdk.idle_pause_max_us, 50);
+        let d = parse_str(port, Path::new("c.yaml")).unwrap();
+        assert_eq!((d.dpdk.busy_poll, d.dpdk.idle_pause_max_us), (false, 2000));
+        assert_eq!(problems(&format!("dpdk: {{busyPoll: 1, idlePauseMaxMicros: 0}}\n{port}")).len(), 2);
+        assert_eq!(problems(&format!("dpdk: {{idlePauseMaxMicros: 100001}}\n{port}")).len(), 1);
     }
 
     #[test]
