@@ -134,7 +134,17 @@ pub struct Worker<IO: PacketIo> {
     stash_ttl_ms: u64,
     /// The queues between workers and this worker's index, when steering.
     steering: Option<(Arc<Steering<IO::Buf>>, usize)>,
+    /// Whether bursts go through the look-ahead stages, decided for the
+    /// snapshot of this generation.
+    staged: (u64, bool),
+    /// Least table memory of a snapshot that turns the stages on.
+    staged_min_heap: usize,
 }
+
+/// Snapshots whose tables take at least this much memory get the
+/// look-ahead stages ([`Pipeline::prefetch_burst`]): smaller ones stay in
+/// the cache, where the stages would only repeat work.
+pub const STAGED_MIN_HEAP_BYTES: usize = 256 << 10;
 
 impl<IO: PacketIo> std::fmt::Debug for Worker<IO> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -296,6 +306,8 @@ impl<IO: PacketIo> Worker<IO> {
             stash_capacity: cfg.stash_capacity,
             stash_ttl_ms: cfg.stash_ttl_ms,
             steering: None,
+            staged: (u64::MAX, false),
+            staged_min_heap: STAGED_MIN_HEAP_BYTES,
         }
     }
 
@@ -308,6 +320,16 @@ impl<IO: PacketIo> Worker<IO> {
         let workers = u16::try_from(steering.workers()).unwrap_or(u16::MAX);
         self.pipeline.set_steering(workers, u16::try_from(index).unwrap_or(u16::MAX));
         self.steering = Some((steering, index));
+        self
+    }
+
+    /// Runs bursts through the look-ahead stages
+    /// ([`Pipeline::prefetch_burst`]) when the snapshot's tables take at
+    /// least `min_heap_bytes` (default [`STAGED_MIN_HEAP_BYTES`]; 0: always,
+    /// `usize::MAX`: never).
+    pub fn with_staging(mut self, min_heap_bytes: usize) -> Self {
+        self.staged_min_heap = min_heap_bytes;
+        self.staged = (u64::MAX, false);
         self
     }
 
@@ -335,11 +357,29 @@ impl<IO: PacketIo> Worker<IO> {
     /// processed and sent. Returns the number of packets taken in.
     /// `now_ms` is a monotonic clock.
     pub fn poll(&mut self, now_ms: u64) -> usize {
-        let Worker { io, reader, pipeline, counters, inputs, rx, tx, free, stash, stash_capacity, stash_ttl_ms, steering } =
-            self;
+        let Worker {
+            io,
+            reader,
+            pipeline,
+            counters,
+            inputs,
+            rx,
+            tx,
+            free,
+            stash,
+            stash_capacity,
+            stash_ttl_ms,
+            steering,
+            staged,
+            staged_min_heap,
+        } = self;
         let ctr: &WorkerCounters = counters;
         let snap = reader.read();
         ctr.generation.set(snap.generation);
+        if staged.0 != snap.generation {
+            *staged = (snap.generation, snap.heap_bytes() >= *staged_min_heap);
+        }
+        let staged = staged.1;
         let capacity = *stash_capacity;
         let mut out = Out { tx, free, ctr, stash, steering: steering.as_ref().map(|(s, _)| &**s), now_ms };
         let mut total = 0usize;
@@ -358,6 +398,10 @@ impl<IO: PacketIo> Worker<IO> {
                     }
                 }
                 Input::Port { port, exception } => {
+                    if staged {
+                        let hints: &IO = io;
+                        pipeline.prefetch_burst(snap, ctr, rx, |a| hints.prefetch(a));
+                    }
                     for pkt in rx.drain(..) {
                         out.process(io, pipeline, snap, capacity, port, exception, pkt, false);
                     }
