@@ -14,6 +14,7 @@
 #
 #   bench/idle_footprint.sh               # SECS=10 STEP=2 RATE=100000
 #   MODES="backoff" SECS=30 bench/idle_footprint.sh
+#   LCORES=0 bench/idle_footprint.sh      # one core
 #
 # Needs root, iproute2, python3, curl and a release build.
 set -euo pipefail
@@ -23,6 +24,7 @@ SECS=${SECS:-10}
 STEP=${STEP:-2}
 RATE=${RATE:-100000}
 IDLE_MAX=${IDLE_MAX:-2000}  # dpdk.idlePauseMaxMicros
+LCORES=${LCORES:-0,1}       # dpdk.lcores ("0": one core for the worker and the control runtime)
 MODES=${MODES:-"backoff busy"}
 SLUICE=${SLUICE:-$PWD/target/release/sluice}
 NS="sl-idle-$$"
@@ -54,7 +56,7 @@ ticks() { awk '{ print $14 + $15 }' "$1"; }
 for mode in $MODES; do
   busy=false; [ "$mode" = busy ] && busy=true
   sed -e "s/filePrefix: sluice-demo/filePrefix: sl-idle-$$/" \
-      -e "s/busyPoll: false /busyPoll: $busy /" -e "s/idlePauseMaxMicros: [0-9]* /idlePauseMaxMicros: $IDLE_MAX /" \
+      -e "s/lcores: \"0,1\"/lcores: \"$LCORES\"/" -e "s/busyPoll: false /busyPoll: $busy /" -e "s/idlePauseMaxMicros: [0-9]* /idlePauseMaxMicros: $IDLE_MAX /" \
       -e 's/{id: \([0-9]\), address: \(10.200.0.1[0-9]\)}/{id: \1, address: \2, mac: "02:00:00:00:c8:0\1"}/' \
       configs/demo.yaml >"$WORK/demo.yaml"
   grep -q "busyPoll: $busy" "$WORK/demo.yaml" || { echo "could not set busyPoll in the demo config" >&2; exit 1; }

@@ -62,7 +62,8 @@ pub mod bounds {
 /// DPDK EAL settings.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DpdkConfig {
-    /// Cores (`-l`): the first runs the control thread, the others workers.
+    /// Cores (`-l`): the first runs the control thread, the others workers;
+    /// a single core runs one worker with the control runtime beside it.
     pub lcores: String,
     /// Memory in MB (`-m`).
     pub memory_mb: u32,
@@ -376,8 +377,9 @@ fn dpdk(n: Node<'_>, p: &mut Problems) -> DpdkConfig {
 }
 
 /// The cores of a core list (`0,1`, `0-3`, `0,2-5`), or why it is not a
-/// usable one: each core once, below DPDK's `RTE_MAX_LCORE`, at least two
-/// of them.
+/// usable one: each core once, below DPDK's `RTE_MAX_LCORE`. One core runs
+/// a worker with the control runtime beside it; with more, the first runs
+/// the control runtime and the others workers.
 fn cores(s: &str) -> Result<Vec<u32>, String> {
     let max = sluice_ffi::sys::RTE_MAX_LCORE;
     let mut cores: Vec<u32> = Vec::new();
@@ -399,9 +401,6 @@ fn cores(s: &str) -> Result<Vec<u32>, String> {
             cores.push(c);
         }
     }
-    if cores.len() < 2 {
-        return Err("list at least two cores: the first runs the control thread, the others workers".into());
-    }
     Ok(cores)
 }
 
@@ -415,7 +414,7 @@ fn dpdk_fits(p: &mut Problems, file: &str, at: Pos, d: &DpdkConfig, ports: usize
             d.mbufs, d.memory_mb
         ));
     }
-    let workers = cores(&d.lcores).map_or(0, |c| c.len() - 1) as u64;
+    let workers = cores(&d.lcores).map_or(0, |c| c.len().saturating_sub(1).max(1)) as u64;
     let rx = ports as u64 * workers * u64::from(d.descriptors);
     if rx > u64::from(d.mbufs) {
         p.add(file, Some(at), "dpdk.mbufs", format!(
@@ -703,7 +702,7 @@ gateways:
         assert_eq!(cores("0,1,1").unwrap_err(), "core 1 is listed twice");
         assert_eq!(cores("0-4294967295").unwrap_err(), "core 4294967295 is beyond DPDK's limit (cores are 0..127)");
         assert!(cores("0;1").unwrap_err().contains("not a core list"));
-        assert!(cores("5").unwrap_err().contains("at least two cores"));
+        assert_eq!(cores("5"), Ok(vec![5]), "one core: a worker, the control runtime beside it");
         // Defaults count too: 9 ports x 1 worker x 1024 descriptors > 8191 mbufs.
         let ports: String = (0..9).map(|i| format!("  - {{name: p{i}, device: net_null{i}}}\n")).collect();
         assert_eq!(problems(&format!("ports:\n{ports}")), [
