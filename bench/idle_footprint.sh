@@ -34,7 +34,7 @@ SPID=
 cleanup() {
   [ -n "$SPID" ] && kill -INT "$SPID" 2>/dev/null && wait "$SPID" 2>/dev/null
   ip netns del "$NS" 2>/dev/null || true
-  rm -rf "$WORK"
+  rm -rf "$WORK" /var/run/dpdk/sl-idle-$$
 }
 trap cleanup EXIT
 

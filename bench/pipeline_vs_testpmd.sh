@@ -39,7 +39,9 @@ if [ -n "${SMOKE:-}" ]; then
 fi
 CASES=${CASES:-$ALL}
 OUT=${OUT:-bench/results/pipeline_vs_testpmd-$(date -u +%Y%m%dT%H%M%SZ).json}
-[ -n "${SMOKE:-}" ] && OUT=${SMOKE_OUT:-$(mktemp /tmp/sluice-smoke-XXXXXX.json)}
+SMOKE_TMP=
+if [ -n "${SMOKE:-}" ] && [ -z "${SMOKE_OUT:-}" ]; then SMOKE_TMP=$(mktemp /tmp/sluice-smoke-XXXXXX.json); OUT=$SMOKE_TMP; fi
+[ -n "${SMOKE_OUT:-}" ] && OUT=$SMOKE_OUT
 
 command -v dpdk-testpmd >/dev/null || { echo "dpdk-testpmd not found (apt-get install dpdk)" >&2; exit 1; }
 [ -x "$SLUICE" ] || { echo "$SLUICE not built (cargo build --release -p sluice)" >&2; exit 1; }
@@ -48,7 +50,7 @@ WORK=$(mktemp -d /tmp/sluice-pvt-XXXXXX)
 SPID=
 cleanup() {
   [ -n "$SPID" ] && kill -INT "$SPID" 2>/dev/null && wait "$SPID" 2>/dev/null
-  rm -rf "$WORK"
+  rm -rf "$WORK" /var/run/dpdk/pvt-sl-$$ /var/run/dpdk/pvt-tp-$$ ${SMOKE_TMP:+"$SMOKE_TMP"}
 }
 trap cleanup EXIT
 
