@@ -17,6 +17,9 @@ cargo clippy --release --workspace --all-targets --locked -- -D warnings
 echo "== tests"
 cargo test --release --workspace --locked -- --test-threads="${TEST_THREADS:-2}"
 
+echo "== benchmark smoke (checks that the harness and the appliance forward; never judges a rate)"
+SMOKE=1 bench/pipeline_vs_testpmd.sh
+
 echo "== fuzz (bounded)"
 FUZZ_SECONDS="${FUZZ_SECONDS:-30}" scripts/fuzz.sh
 

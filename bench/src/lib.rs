@@ -118,3 +118,45 @@ pub fn frames(a: &Appliance, n: usize, seed: u64) -> Vec<Vec<u8>> {
 pub fn uniform(n: u16) -> Vec<(EndpointId, u32)> {
     (0..n).map(|i| (i, 1)).collect()
 }
+
+/// The textbook Maglev population (Eisenbud et al., NSDI 2016, pseudocode
+/// 1), unweighted, for comparison with Sluice's: endpoints take turns, each
+/// walking its permutation `offset + j * skip mod m` (kept incrementally,
+/// no modulo per probe) to its next *free* entry. `m` must be a prime.
+/// Returns the identifier of each entry.
+#[allow(clippy::cast_possible_truncation)] // reductions modulo m < 2^32
+pub fn textbook_maglev(m: u32, endpoints: &[EndpointId]) -> Vec<EndpointId> {
+    const EMPTY: EndpointId = EndpointId::MAX;
+    let mut ids = endpoints.to_vec();
+    ids.sort_unstable();
+    let mut walk: Vec<(u32, u32)> = ids
+        .iter()
+        .map(|&id| {
+            let offset = (hash_u64(u64::from(id), 0x6f66_6673_6574) % u64::from(m)) as u32;
+            let skip = (hash_u64(u64::from(id), 0x736b_6970) % u64::from(m - 1)) as u32 + 1;
+            (offset, skip)
+        })
+        .collect();
+    let mut entry = vec![EMPTY; m as usize];
+    if ids.is_empty() {
+        return entry;
+    }
+    let mut filled = 0u32;
+    'fill: loop {
+        for (k, &id) in ids.iter().enumerate() {
+            let (pos, skip) = &mut walk[k];
+            while entry[*pos as usize] != EMPTY {
+                *pos += *skip;
+                if *pos >= m {
+                    *pos -= m;
+                }
+            }
+            entry[*pos as usize] = id;
+            filled += 1;
+            if filled == m {
+                break 'fill;
+            }
+        }
+    }
+    entry
+}

@@ -86,6 +86,8 @@ pub struct WorkerCounters {
     pub busy_cycles: Counter,
     /// Time spent in poll rounds that received nothing.
     pub idle_cycles: Counter,
+    /// Pauses taken after empty poll rounds (see `worker::IdlePolicy`).
+    pub idle_pauses: Counter,
     /// Snapshot generation in use.
     pub generation: Counter,
     /// Live flow-table entries evicted to make room.
@@ -118,6 +120,7 @@ impl WorkerCounters {
             idle_polls: Counter::default(),
             busy_cycles: Counter::default(),
             idle_cycles: Counter::default(),
+            idle_pauses: Counter::default(),
             generation: Counter::default(),
             flow_evictions: Counter::default(),
             drops: std::array::from_fn(|_| Counter::default()),

@@ -62,6 +62,12 @@ impl FlowTable {
         }
     }
 
+    /// Where the bucket of (`flow`, `service`) lives (for a prefetch; not read).
+    #[inline(always)]
+    pub fn bucket_addr(&self, flow: &Flow, service: u32) -> *const u8 {
+        self.entries.as_ptr().wrapping_add(self.bucket(flow, service)).cast()
+    }
+
     /// Number of entries it holds at most.
     pub fn capacity(&self) -> usize {
         self.entries.len() * WAYS

@@ -33,6 +33,10 @@ pub trait PacketBuf {
     fn rss_hash(&self) -> Option<u32> {
         None
     }
+    /// A hint that the frame's first bytes are read soon (a cache prefetch
+    /// where the backend can issue one).
+    #[inline(always)]
+    fn prefetch(&self) {}
 }
 
 /// Burst receive and transmit for one worker.
@@ -54,5 +58,13 @@ pub trait PacketIo {
     /// Frees every packet of `burst` (in bulk where the backend can).
     fn free(&mut self, burst: &mut Burst<Self::Buf>) {
         burst.clear();
+    }
+
+    /// A hint that memory at `addr` is read soon: a cache prefetch where the
+    /// backend can issue one. Never dereferences `addr` (any address will
+    /// do, dangling or not); does nothing by default.
+    #[inline(always)]
+    fn prefetch(&self, addr: *const u8) {
+        let _ = addr;
     }
 }

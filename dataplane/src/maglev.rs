@@ -226,6 +226,16 @@ impl Table {
         self.entries.get(reduce(hash, self.size()) as usize)
     }
 
+    /// Where the entry for a flow hash lives (for a prefetch; not read).
+    #[inline(always)]
+    pub fn entry_addr(&self, hash: u64) -> *const u8 {
+        let i = reduce(hash, self.size()) as usize;
+        match &self.entries {
+            Entries::U8(e) => e.as_ptr().wrapping_add(i),
+            Entries::U16(e) => e.as_ptr().wrapping_add(i).cast(),
+        }
+    }
+
     /// The entries.
     pub fn entries(&self) -> &Entries {
         &self.entries

@@ -87,6 +87,8 @@ pub struct MemIo {
     pub tx_limit: usize,
     /// Frames freed.
     pub freed: usize,
+    /// Prefetch hints received (they are only counted).
+    pub prefetches: std::cell::Cell<u64>,
 }
 
 impl MemIo {
@@ -97,6 +99,7 @@ impl MemIo {
             outputs: (0..outputs).map(|_| Vec::new()).collect(),
             tx_limit: usize::MAX,
             freed: 0,
+            prefetches: std::cell::Cell::new(0),
         }
     }
 }
@@ -131,6 +134,10 @@ impl PacketIo for MemIo {
     fn free(&mut self, burst: &mut Burst<MemBuf>) {
         self.freed += burst.len();
         burst.clear();
+    }
+
+    fn prefetch(&self, _addr: *const u8) {
+        self.prefetches.set(self.prefetches.get() + 1);
     }
 }
 

@@ -20,7 +20,7 @@ use crate::counters::WorkerCounters;
 use crate::flow::{FlowTable, FragKey, FragTable, Pin};
 use crate::hash::flow_hash;
 use crate::icmp::{self, RateLimit};
-use crate::io::PacketBuf;
+use crate::io::{PacketBuf, BURST};
 use crate::parse::{parse_into, v4, v6, Flow, Fragment, Kind, Parsed, ETH_LEN};
 use crate::rewrite::{encapsulate, forward_l2, Tunnel};
 use crate::service::{Algorithm, Delivery, Endpoint, Service};
@@ -59,6 +59,19 @@ impl Default for PipelineConfig {
             icmp_burst: 100,
         }
     }
+}
+
+/// What the look-ahead stages know of one packet of a burst.
+#[derive(Clone, Copy)]
+struct Ahead {
+    /// Index of its service in the snapshot (`u32::MAX`: not looked at).
+    service: u32,
+    hash: u64,
+    flow: Flow,
+}
+
+impl Ahead {
+    const NONE: Ahead = Ahead { service: u32::MAX, hash: 0, flow: Flow { src: Addr(0), dst: Addr(0), sport: 0, dport: 0, proto: 0 } };
 }
 
 /// What the last packet did to fragment state.
@@ -136,6 +149,69 @@ impl Pipeline {
     /// Fragment state change made by the last [`Pipeline::process`].
     pub fn frag_event(&self) -> FragEvent {
         self.state.frag_event
+    }
+
+    /// The look-ahead stages over a burst about to be processed, as DPDK's
+    /// l3fwd and VPP's nodes do: what [`Pipeline::process`] will read for
+    /// each packet is requested with `prefetch` one dependency level at a
+    /// time for the whole burst, so that the cache misses of the burst
+    /// overlap instead of adding up. Stage 1 parses and classifies each
+    /// packet (frames requested first) and requests its service; stage 2
+    /// its table entry, flow-table bucket and service counters; stage 3 the
+    /// endpoint its table entry names and that endpoint's counters. Only
+    /// the common case (a whole datagram to a VIP, not an ICMP error) is
+    /// looked at. Reads only: no state, verdict or counter changes.
+    pub fn prefetch_burst<P: PacketBuf>(&mut self, snap: &Snapshot, ctr: &WorkerCounters, pkts: &[P], prefetch: impl Fn(*const u8)) {
+        let pkts = pkts.get(..BURST).unwrap_or(pkts);
+        for pkt in pkts {
+            pkt.prefetch();
+        }
+        let c = &snap.classifier;
+        let mut ahead = [Ahead::NONE; BURST];
+        for (a, pkt) in ahead.iter_mut().zip(pkts) {
+            let frame = pkt.data();
+            if frame.first().is_none_or(|b| b & 1 != 0) || !matches!(parse_into(frame, &mut self.parsed), Ok(Kind::Ip)) {
+                continue;
+            }
+            let p = &self.parsed;
+            if p.frag != Fragment::No || p.icmp_error {
+                continue;
+            }
+            let Some(vip) = c.vip_index(p.flow.dst) else { continue };
+            let l4 = frame.get(usize::from(p.l4)..usize::from(p.ip_end));
+            let Lookup::Route(r) = c.classify_vip(vip, &p.flow, p.has_ports, l4) else { continue };
+            let Some(svc) = c.service_of(r).and_then(|s| snap.services.get(s as usize)) else { continue };
+            prefetch(std::sync::Arc::as_ptr(svc).cast());
+            *a = Ahead { service: c.service_of(r).unwrap_or(u32::MAX), hash: flow_hash(&p.flow), flow: p.flow };
+        }
+        for a in &ahead[..pkts.len()] {
+            let Some(svc) = snap.services.get(a.service as usize) else { continue };
+            if let Some(t) = &svc.table {
+                if svc.algorithm == Algorithm::Maglev {
+                    prefetch(t.entry_addr(a.hash));
+                }
+            }
+            if svc.flow_table || svc.algorithm == Algorithm::Random {
+                prefetch(self.state.flows.bucket_addr(&a.flow, svc.key));
+            }
+            if let Some(sc) = ctr.services.get(svc.key as usize) {
+                prefetch(std::ptr::from_ref(sc).cast());
+            }
+        }
+        for a in &ahead[..pkts.len()] {
+            let Some(svc) = snap.services.get(a.service as usize) else { continue };
+            if svc.algorithm != Algorithm::Maglev || svc.flow_table {
+                continue;
+            }
+            let Some(t) = &svc.table else { continue };
+            let id = t.lookup(a.hash);
+            prefetch(svc.endpoint_addr(id));
+            if let Some(ep) = svc.endpoint(id) {
+                if let Some(ec) = ctr.endpoints.get(ep.counter as usize) {
+                    prefetch(std::ptr::from_ref(ec).cast());
+                }
+            }
+        }
     }
 
     /// Decides the fate of `pkt`, received on port `in_port`, rewriting it

@@ -23,6 +23,60 @@ use crate::snapshot::Snapshot;
 use crate::steer::{Steered, Steering};
 use crate::verdict::{DropReason, Verdict};
 
+/// How a worker waits when its inputs are empty.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IdlePolicy {
+    /// Empty rounds polled back to back before the first pause: a short gap
+    /// in the traffic costs no sleep.
+    pub spin_rounds: u32,
+    /// The longest pause, in microseconds; 0 polls without ever pausing
+    /// (dedicated cores).
+    pub max_pause_us: u32,
+}
+
+impl IdlePolicy {
+    /// Never pause.
+    pub const BUSY_POLL: IdlePolicy = IdlePolicy { spin_rounds: 0, max_pause_us: 0 };
+    /// First pause of a run of empty rounds, in microseconds; each further
+    /// empty round doubles it up to the maximum.
+    pub const FIRST_PAUSE_US: u32 = 1;
+}
+
+/// Bounded exponential back-off over empty poll rounds: none while rounds
+/// take packets in, then pauses of 1, 2, 4 ... microseconds up to the
+/// policy's maximum; one round with packets starts over.
+#[derive(Clone, Debug)]
+pub struct Backoff {
+    policy: IdlePolicy,
+    empty: u32,
+    next_us: u32,
+}
+
+impl Backoff {
+    /// Back-off with no empty round seen.
+    pub fn new(policy: IdlePolicy) -> Backoff {
+        Backoff { policy, empty: 0, next_us: IdlePolicy::FIRST_PAUSE_US }
+    }
+
+    /// After a round that took `n` packets in: how long to pause, in
+    /// microseconds (0: poll again at once).
+    #[inline]
+    pub fn after(&mut self, n: usize) -> u32 {
+        if n > 0 || self.policy.max_pause_us == 0 {
+            self.empty = 0;
+            self.next_us = IdlePolicy::FIRST_PAUSE_US;
+            return 0;
+        }
+        if self.empty < self.policy.spin_rounds {
+            self.empty += 1;
+            return 0;
+        }
+        let us = self.next_us.min(self.policy.max_pause_us);
+        self.next_us = us.saturating_mul(2);
+        us
+    }
+}
+
 /// What a worker does with an input.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Input {
@@ -80,7 +134,17 @@ pub struct Worker<IO: PacketIo> {
     stash_ttl_ms: u64,
     /// The queues between workers and this worker's index, when steering.
     steering: Option<(Arc<Steering<IO::Buf>>, usize)>,
+    /// Whether bursts go through the look-ahead stages, decided for the
+    /// snapshot of this generation.
+    staged: (u64, bool),
+    /// Least table memory of a snapshot that turns the stages on.
+    staged_min_heap: usize,
 }
+
+/// Snapshots whose tables take at least this much memory get the
+/// look-ahead stages ([`Pipeline::prefetch_burst`]): smaller ones stay in
+/// the cache, where the stages would only repeat work.
+pub const STAGED_MIN_HEAP_BYTES: usize = 256 << 10;
 
 impl<IO: PacketIo> std::fmt::Debug for Worker<IO> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -242,6 +306,8 @@ impl<IO: PacketIo> Worker<IO> {
             stash_capacity: cfg.stash_capacity,
             stash_ttl_ms: cfg.stash_ttl_ms,
             steering: None,
+            staged: (u64::MAX, false),
+            staged_min_heap: STAGED_MIN_HEAP_BYTES,
         }
     }
 
@@ -254,6 +320,16 @@ impl<IO: PacketIo> Worker<IO> {
         let workers = u16::try_from(steering.workers()).unwrap_or(u16::MAX);
         self.pipeline.set_steering(workers, u16::try_from(index).unwrap_or(u16::MAX));
         self.steering = Some((steering, index));
+        self
+    }
+
+    /// Runs bursts through the look-ahead stages
+    /// ([`Pipeline::prefetch_burst`]) when the snapshot's tables take at
+    /// least `min_heap_bytes` (default [`STAGED_MIN_HEAP_BYTES`]; 0: always,
+    /// `usize::MAX`: never).
+    pub fn with_staging(mut self, min_heap_bytes: usize) -> Self {
+        self.staged_min_heap = min_heap_bytes;
+        self.staged = (u64::MAX, false);
         self
     }
 
@@ -281,11 +357,29 @@ impl<IO: PacketIo> Worker<IO> {
     /// processed and sent. Returns the number of packets taken in.
     /// `now_ms` is a monotonic clock.
     pub fn poll(&mut self, now_ms: u64) -> usize {
-        let Worker { io, reader, pipeline, counters, inputs, rx, tx, free, stash, stash_capacity, stash_ttl_ms, steering } =
-            self;
+        let Worker {
+            io,
+            reader,
+            pipeline,
+            counters,
+            inputs,
+            rx,
+            tx,
+            free,
+            stash,
+            stash_capacity,
+            stash_ttl_ms,
+            steering,
+            staged,
+            staged_min_heap,
+        } = self;
         let ctr: &WorkerCounters = counters;
         let snap = reader.read();
         ctr.generation.set(snap.generation);
+        if staged.0 != snap.generation {
+            *staged = (snap.generation, snap.heap_bytes() >= *staged_min_heap);
+        }
+        let staged = staged.1;
         let capacity = *stash_capacity;
         let mut out = Out { tx, free, ctr, stash, steering: steering.as_ref().map(|(s, _)| &**s), now_ms };
         let mut total = 0usize;
@@ -304,6 +398,10 @@ impl<IO: PacketIo> Worker<IO> {
                     }
                 }
                 Input::Port { port, exception } => {
+                    if staged {
+                        let hints: &IO = io;
+                        pipeline.prefetch_burst(snap, ctr, rx, |a| hints.prefetch(a));
+                    }
                     for pkt in rx.drain(..) {
                         out.process(io, pipeline, snap, capacity, port, exception, pkt, false);
                     }
@@ -344,15 +442,35 @@ impl<IO: PacketIo> Worker<IO> {
         total
     }
 
-    /// Polls until `stop` is set; `clock_ms` gives milliseconds, `cycles` a
-    /// finer clock (TSC cycles, nanoseconds: any unit) by which the time of
-    /// each round is counted as busy (it took something in) or idle. Held
-    /// fragments and steered packets left over are dropped (and counted) at
-    /// the end.
+    /// Polls until `stop` is set, busy polling; `clock_ms` gives
+    /// milliseconds, `cycles` a finer clock (TSC cycles, nanoseconds: any
+    /// unit) by which the time of each round is counted as busy (it took
+    /// something in) or idle. Held fragments and steered packets left over
+    /// are dropped (and counted) at the end.
     pub fn run(&mut self, stop: &AtomicBool, clock_ms: impl Fn() -> u64, cycles: impl Fn() -> u64) {
+        self.run_with(stop, clock_ms, cycles, IdlePolicy::BUSY_POLL, |_| {});
+    }
+
+    /// [`Worker::run`], pausing when it finds nothing as `policy` says:
+    /// `pause(us)` is called between rounds and should sleep about `us`
+    /// microseconds. Time paused counts as idle.
+    pub fn run_with(
+        &mut self,
+        stop: &AtomicBool,
+        clock_ms: impl Fn() -> u64,
+        cycles: impl Fn() -> u64,
+        policy: IdlePolicy,
+        pause: impl Fn(u32),
+    ) {
+        let mut backoff = Backoff::new(policy);
         let mut last = cycles();
         while !stop.load(Ordering::Relaxed) {
             let n = self.poll(clock_ms());
+            let wait = backoff.after(n);
+            if wait > 0 {
+                self.counters.idle_pauses.add(1);
+                pause(wait);
+            }
             let now = cycles();
             let spent = now.wrapping_sub(last);
             last = now;
@@ -391,5 +509,40 @@ impl<IO: PacketIo> Worker<IO> {
         }
         self.io.free(&mut self.free);
         self.reader.offline();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pauses(b: &mut Backoff, rounds: &[usize]) -> Vec<u32> {
+        rounds.iter().map(|&n| b.after(n)).collect()
+    }
+
+    #[test]
+    fn busy_poll_never_pauses() {
+        let mut b = Backoff::new(IdlePolicy::BUSY_POLL);
+        assert!(pauses(&mut b, &[0; 1000]).iter().all(|&p| p == 0));
+    }
+
+    #[test]
+    fn pauses_double_up_to_the_bound_after_the_spin() {
+        let mut b = Backoff::new(IdlePolicy { spin_rounds: 3, max_pause_us: 50 });
+        assert_eq!(pauses(&mut b, &[0; 12]), [0, 0, 0, 1, 2, 4, 8, 16, 32, 50, 50, 50]);
+    }
+
+    #[test]
+    fn traffic_starts_over() {
+        let mut b = Backoff::new(IdlePolicy { spin_rounds: 1, max_pause_us: 1000 });
+        assert_eq!(pauses(&mut b, &[0, 0, 0, 0, 5, 0, 0, 0]), [0, 1, 2, 4, 0, 0, 1, 2]);
+    }
+
+    #[test]
+    fn the_bound_holds_without_overflow() {
+        let mut b = Backoff::new(IdlePolicy { spin_rounds: 0, max_pause_us: u32::MAX });
+        let p = pauses(&mut b, &[0; 40]);
+        assert_eq!(p[31], 1 << 31);
+        assert!(p[32..].iter().all(|&x| x == u32::MAX));
     }
 }

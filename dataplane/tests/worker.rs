@@ -19,7 +19,7 @@ use sluice_dataplane::rcu::Publisher;
 use sluice_dataplane::service::{Algorithm, Delivery};
 use sluice_dataplane::snapshot::Snapshot;
 use sluice_dataplane::verdict::DropReason;
-use sluice_dataplane::worker::{Input, Worker, WorkerConfig};
+use sluice_dataplane::worker::{IdlePolicy, Input, Worker, WorkerConfig};
 
 const CLIENT_MAC: [u8; 6] = [0x02, 0xcc, 0, 0, 0, 1];
 
@@ -468,4 +468,113 @@ fn busy_time_is_time_not_polls() {
     assert!(busy > 0.8, "busy {busy}, though only 0.2 % of the polls were");
     assert_eq!(drain(&mut w, 1).len(), 64);
     assert_conserved(&mut w);
+}
+
+#[test]
+fn an_idle_worker_pauses_and_traffic_is_taken_before_the_next_pause() {
+    use std::cell::RefCell;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let p = Publisher::new(appliance(1));
+    let mut w = worker(&p);
+    let ctr = Arc::clone(w.counters());
+    let policy = IdlePolicy { spin_rounds: 2, max_pause_us: 8 };
+    let stop = AtomicBool::new(false);
+    let asked = RefCell::new(Vec::new());
+    w.run_with(&stop, || 1, || 0, policy, |us| {
+        asked.borrow_mut().push(us);
+        if asked.borrow().len() == 6 {
+            stop.store(true, Ordering::Relaxed);
+        }
+    });
+    assert_eq!(*asked.borrow(), [1, 2, 4, 8, 8, 8]);
+    assert_eq!(ctr.idle_pauses.get(), 6);
+    assert_eq!(ctr.idle_polls.get(), 8, "two rounds spun, then one after each pause");
+
+    // Traffic: 40 packets are taken in two rounds without a pause between,
+    // then two empty rounds spin before the first (shortest) pause.
+    let frames: Vec<Vec<u8>> = (0..40).map(|i| to_vip(2000 + i, 80, proto::TCP)).collect();
+    feed(&mut w, 0, &frames);
+    stop.store(false, Ordering::Relaxed);
+    asked.borrow_mut().clear();
+    w.run_with(&stop, || 1, || 0, policy, |us| {
+        asked.borrow_mut().push(us);
+        stop.store(true, Ordering::Relaxed);
+    });
+    assert_eq!(*asked.borrow(), [1]);
+    assert_eq!(ctr.busy_polls.get(), 2);
+    assert_eq!(ctr.idle_polls.get(), 8 + 3);
+    assert_eq!(drain(&mut w, 1).len(), 40);
+    assert_conserved(&mut w);
+}
+
+#[test]
+fn busy_polling_never_pauses() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let p = Publisher::new(appliance(1));
+    let mut w = worker(&p);
+    let ctr = Arc::clone(w.counters());
+    let stop = AtomicBool::new(false);
+    let rounds = AtomicU64::new(0);
+    let clock_ms = || {
+        if rounds.fetch_add(1, Ordering::Relaxed) + 1 == 500 {
+            stop.store(true, Ordering::Relaxed);
+        }
+        1
+    };
+    w.run_with(&stop, clock_ms, || 0, IdlePolicy::BUSY_POLL, |_| panic!("paused while busy polling"));
+    assert_eq!((ctr.idle_polls.get(), ctr.idle_pauses.get()), (500, 0));
+}
+
+#[test]
+fn the_look_ahead_stages_change_no_outcome() {
+    let p = Publisher::new(appliance(1));
+    let staged_worker = |min: usize| H {
+        w: Worker::new(MemIo::new(3, 3), p.reader(), Arc::new(WorkerCounters::new(8, 1000)), &config()).with_staging(min),
+        drained: 0,
+    };
+    let (mut on, mut off) = (staged_worker(0), staged_worker(usize::MAX));
+    // Every kind of packet, interleaved within bursts: maglev, random with a
+    // flow table, maglev with a flow table, IP-in-IP, no endpoint, no route,
+    // fragments (first after later), ICMP errors, not a VIP, broadcast,
+    // truncated.
+    let mut frames = Vec::new();
+    for i in 0..200u16 {
+        frames.push(to_vip(1000 + i, 80, proto::TCP));
+        frames.push(dns([198, 51, 100, (i % 7) as u8 + 1], 2000 + i));
+        frames.push(to_vip(3000 + i, 8080, proto::TCP));
+        frames.push(to_vip(4000 + i, 8443, proto::UDP));
+        frames.push(to_vip(5000 + i, 9, proto::TCP));
+        frames.push(to_vip(6000 + i, 7777, proto::TCP));
+        if i % 10 == 0 {
+            let [first, second, third] = dns_fragments([198, 51, 100, 99], 7000 + i, i);
+            frames.extend([third, first, second]);
+            frames.push(dns_icmp([198, 51, 100, 1], 2000 + i));
+            let mut other = to_vip(8000 + i, 80, proto::TCP);
+            other[30] = 21; // to 21.0.0.1: not a VIP
+            frames.push(other);
+            let mut bcast = to_vip(9000 + i, 80, proto::TCP);
+            bcast[..6].copy_from_slice(&[0xff; 6]);
+            frames.push(bcast);
+            frames.push(to_vip(9500 + i, 80, proto::TCP)[..20].to_vec());
+        }
+    }
+    for w in [&mut on, &mut off] {
+        feed(w, 0, &frames);
+        let mut now = 1;
+        while w.poll(now) > 0 {
+            now += 1;
+        }
+    }
+    assert!(on.io_mut().prefetches.get() > 1000, "the stages ran");
+    assert_eq!(off.io_mut().prefetches.get(), 0);
+    for o in 0..3 {
+        let a: Vec<Vec<u8>> = drain(&mut on, o).iter().map(|b| b.data().to_vec()).collect();
+        let b: Vec<Vec<u8>> = drain(&mut off, o).iter().map(|b| b.data().to_vec()).collect();
+        assert!(!a.is_empty() || o == 0, "output {o} saw traffic (0 only carries return traffic)");
+        assert_eq!(a, b, "output {o}");
+    }
+    let (a, b) = (on.counters(), off.counters());
+    assert_eq!((a.balanced.get(), a.exception.get(), a.total_drops()), (b.balanced.get(), b.exception.get(), b.total_drops()));
+    assert_conserved(&mut on);
+    assert_conserved(&mut off);
 }

@@ -41,4 +41,9 @@ impl PacketIo for QueueIo {
     fn free(&mut self, burst: &mut Burst<Mbuf>) {
         free_burst(burst);
     }
+
+    #[inline(always)]
+    fn prefetch(&self, addr: *const u8) {
+        crate::mbuf::prefetch(addr);
+    }
 }

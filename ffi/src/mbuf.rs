@@ -147,14 +147,22 @@ impl Mbuf {
     /// Prefetches the first cache line of packet data.
     #[inline(always)]
     pub fn prefetch(&self) {
-        #[cfg(target_arch = "x86_64")]
-        {
-            let m = self.raw();
-            let p = m.buf_addr.cast::<u8>().wrapping_add(usize::from(m.data_off));
-            // SAFETY: prefetch is a hint; it never faults, whatever the address.
-            unsafe { core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(p.cast()) };
-        }
+        let m = self.raw();
+        prefetch(m.buf_addr.cast::<u8>().wrapping_add(usize::from(m.data_off)));
     }
+}
+
+/// Asks the CPU to bring the cache line at `addr` into L1; any address will
+/// do (nothing is read, nothing faults).
+#[inline(always)]
+pub fn prefetch(addr: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: prefetch is a hint; it never faults, whatever the address.
+    unsafe {
+        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(addr.cast())
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = addr;
 }
 
 impl PacketBuf for Mbuf {
@@ -197,6 +205,11 @@ impl PacketBuf for Mbuf {
     #[inline]
     fn truncate(&mut self, len: usize) -> bool {
         len <= self.len() && self.set_len(len)
+    }
+
+    #[inline(always)]
+    fn prefetch(&self) {
+        Mbuf::prefetch(self);
     }
 
     #[inline(always)]

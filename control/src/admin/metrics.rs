@@ -106,7 +106,7 @@ type WorkerMetric = (&'static str, &'static str, fn(&WorkerCounters) -> u64);
 /// A metric read from a port's statistics.
 type PortMetric = (&'static str, &'static str, fn(&PortStats) -> u64);
 
-const WORKER_COUNTERS: [WorkerMetric; 14] = [
+const WORKER_COUNTERS: [WorkerMetric; 15] = [
     ("rx_packets", "Packets received from ports.", |w| w.rx_packets.get()),
     ("rx_bytes", "Bytes received from ports.", |w| w.rx_bytes.get()),
     ("tx_packets", "Packets sent.", |w| w.tx_packets.get()),
@@ -117,6 +117,7 @@ const WORKER_COUNTERS: [WorkerMetric; 14] = [
     ("held_fragments", "Later IP fragments held for their first fragment.", |w| w.stashed.get()),
     ("busy_polls", "Poll rounds that received packets.", |w| w.busy_polls.get()),
     ("idle_polls", "Poll rounds that received nothing.", |w| w.idle_polls.get()),
+    ("idle_pauses", "Pauses (sleeps) after poll rounds that received nothing; 0 with dpdk.busyPoll.", |w| w.idle_pauses.get()),
     ("flow_evictions", "Live flow-table entries evicted to make room.", |w| w.flow_evictions.get()),
     ("icmp_too_big", "ICMP fragmentation-needed / packet-too-big errors sent to clients whose packets no longer fit a tunnel.", |w| w.icmp_too_big.get()),
     ("steered_out_packets", "Packets handed to the worker that owns their flow.", |w| w.steered_out.get()),

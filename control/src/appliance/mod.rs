@@ -2,7 +2,9 @@
 //!
 //! In order: the configuration is read and checked; DPDK starts on the
 //! configured cores; the control runtime is created (its threads share the
-//! main lcore's core, never a worker's); the packet pool, ports and
+//! main lcore's core, never a worker's; with a single core, the worker
+//! polls on the main lcore and the control runtime runs beside it on a
+//! thread of its own, both backing off when idle); the packet pool, ports and
 //! exception taps come up ([`bringup`]) and the kernel side of each tap is
 //! configured; the port and queue plan ([`plan`]) gives each worker its
 //! queues; the first snapshot is published; the workers are launched
@@ -22,7 +24,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use sluice_dataplane::counters::WorkerCounters;
@@ -30,7 +32,7 @@ use sluice_dataplane::pipeline::PipelineConfig;
 use sluice_dataplane::rcu::Publisher;
 use sluice_dataplane::snapshot::Snapshot;
 use sluice_dataplane::steer::Steering;
-use sluice_dataplane::worker::{Worker, WorkerConfig};
+use sluice_dataplane::worker::{IdlePolicy, Worker, WorkerConfig};
 use sluice_ffi::{Eal, Mempool, PortStats, PortStatsReader, QueueIo};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -99,6 +101,29 @@ impl PoolProbe for Pool {
     }
 }
 
+/// Raises a stop flag when dropped (also when unwinding).
+struct StopOnDrop(Arc<AtomicBool>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Empty poll rounds a worker spins through before its first pause: about
+/// as long as a few bursts take, so gaps within traffic cost no sleep.
+const IDLE_SPIN_ROUNDS: u32 = 256;
+
+/// How the workers wait when they find nothing: busy polling, or bounded
+/// exponential pauses.
+fn idle_policy(d: &crate::config::DpdkConfig) -> IdlePolicy {
+    if d.busy_poll {
+        IdlePolicy::BUSY_POLL
+    } else {
+        IdlePolicy { spin_rounds: IDLE_SPIN_ROUNDS, max_pause_us: d.idle_pause_max_us }
+    }
+}
+
 /// Packets each worker's steering queue holds.
 const STEER_QUEUE: usize = 1024;
 
@@ -111,9 +136,10 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
         m.resolve(&initial.config.defaults).map_err(|ps| problems_error(&ps, &args.config))?;
     }
     let cfg = initial.config.clone();
-    let nworkers = count_lcores(&cfg.dpdk.lcores).saturating_sub(1);
-    if nworkers == 0 {
-        bail!("dpdk.lcores lists one core: list at least two (the first runs the control thread, the others workers)");
+    // One core: it runs the worker, the control runtime shares it.
+    let nworkers = count_lcores(&cfg.dpdk.lcores).saturating_sub(1).max(1);
+    if count_lcores(&cfg.dpdk.lcores) == 0 {
+        bail!("dpdk.lcores lists no core");
     }
     // Interfaces that DPDK reads through the kernel are DPDK's alone.
     for p in &cfg.ports {
@@ -135,7 +161,11 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
         .enable_all()
         .build()
         .context("starting the control runtime")?;
-    let lcores = eal.worker_lcores();
+    // With one lcore the worker polls on the main lcore itself.
+    let lcores = match eal.worker_lcores() {
+        w if w.is_empty() => vec![eal.main_lcore()],
+        w => w,
+    };
     let w16 = u16::try_from(lcores.len()).context("too many workers")?;
     let mut machine = bringup::start(&eal, &cfg, w16)?;
     let netlink = rt.block_on(async { crate::routing::connect() }).context("opening a netlink socket")?;
@@ -229,15 +259,30 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
         .start()
         .map_err(|ps| anyhow!("the first snapshot could not be built: {}", ps.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")))?;
 
-    let mut workers = workers::Workers::new(Arc::new(AtomicBool::new(false)));
+    let idle = idle_policy(&cfg.dpdk);
+    info!(busy_poll = cfg.dpdk.busy_poll, idle_pause_max_us = idle.max_pause_us, "worker idle policy");
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut workers = workers::Workers::new(Arc::clone(&stop));
+    let mut on_main = None;
     for (lcore, mut worker) in built {
-        workers.launch(&eal, lcore, move |stop| {
+        let task = move |stop: &AtomicBool| {
             let start = Instant::now();
-            worker.run(stop, || u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX), sluice_ffi::tsc);
+            worker.run_with(
+                stop,
+                || u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX),
+                sluice_ffi::tsc,
+                idle,
+                |us| std::thread::sleep(Duration::from_micros(u64::from(us))),
+            );
             0
-        })?;
+        };
+        if lcore == eal.main_lcore() {
+            on_main = Some(task);
+        } else {
+            workers.launch(&eal, lcore, task)?;
+        }
     }
-    info!(workers = workers.len(), "workers started");
+    info!(workers = workers.len() + usize::from(on_main.is_some()), on_main_lcore = on_main.is_some(), "workers started");
 
     let loss = loss::LossSampler::new(Arc::clone(&shared), &cfg.ports, netlink);
     let parts = control::Parts {
@@ -258,8 +303,31 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
         ifaces: cfg.ports.iter().map(|p| p.kernel_interface.clone()).collect(),
         loss,
     };
-    let control_result = rt.block_on(control::run(parts, CancellationToken::new()));
-    rt.shutdown_timeout(std::time::Duration::from_secs(2));
+    let control_result = match on_main {
+        None => {
+            let r = rt.block_on(control::run(parts, CancellationToken::new()));
+            rt.shutdown_timeout(Duration::from_secs(2));
+            r
+        }
+        Some(mut task) => {
+            // One core: the worker polls here, on the main lcore, and the
+            // control runtime runs on a thread of its own (not an EAL
+            // thread) on the same core; when it ends, for whatever reason,
+            // the worker is told to stop.
+            let guard = StopOnDrop(Arc::clone(&stop));
+            let control = std::thread::Builder::new()
+                .name("sluice-control".into())
+                .spawn(move || {
+                    let _guard = guard;
+                    let r = rt.block_on(control::run(parts, CancellationToken::new()));
+                    rt.shutdown_timeout(Duration::from_secs(2));
+                    r
+                })
+                .context("starting the control thread")?;
+            task(&stop);
+            control.join().unwrap_or_else(|_| Err(anyhow!("the control thread panicked")))
+        }
+    };
 
     let mut failed = !workers.stop();
     let forwarded: u64 = shared.workers.iter().map(|w| w.counters.balanced.get() + w.counters.returned.get()).sum();

@@ -41,6 +41,9 @@ pub mod bounds {
     pub const MBUF_BYTES: u64 = 128 + 2048 + 128 + 64;
     /// Descriptors per queue (`dpdk.descriptors`).
     pub const DESCRIPTORS: (i64, i64) = (64, 16384);
+    /// A worker's longest pause when idle, in microseconds
+    /// (`dpdk.idlePauseMaxMicros`): far below the liveness check's second.
+    pub const IDLE_PAUSE_MAX_MICROS: (i64, i64) = (1, 100_000);
     /// Flow-table entries per worker (`flowTable.entries`); an entry takes
     /// 64 bytes, so at most 1 GiB per worker.
     pub const FLOW_ENTRIES: (i64, i64) = (16, 1 << 24);
@@ -59,7 +62,8 @@ pub mod bounds {
 /// DPDK EAL settings.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DpdkConfig {
-    /// Cores (`-l`): the first runs the control thread, the others workers.
+    /// Cores (`-l`): the first runs the control thread, the others workers;
+    /// a single core runs one worker with the control runtime beside it.
     pub lcores: String,
     /// Memory in MB (`-m`).
     pub memory_mb: u32,
@@ -73,6 +77,11 @@ pub struct DpdkConfig {
     pub descriptors: u16,
     /// More EAL arguments, passed as they are.
     pub extra_args: Vec<String>,
+    /// Workers poll without ever pausing (`dpdk.busyPoll`): dedicated cores.
+    pub busy_poll: bool,
+    /// The longest pause of a worker that finds nothing, in microseconds
+    /// (`dpdk.idlePauseMaxMicros`).
+    pub idle_pause_max_us: u32,
 }
 
 /// An address of the appliance on a port, with its prefix length.
@@ -333,12 +342,17 @@ fn dpdk_defaults() -> DpdkConfig {
         mbufs: 8191,
         descriptors: 1024,
         extra_args: Vec::new(),
+        busy_poll: false,
+        idle_pause_max_us: 2000,
     }
 }
 
 fn dpdk(n: Node<'_>, p: &mut Problems) -> DpdkConfig {
     let mut d = dpdk_defaults();
-    n.mapping(p, &["lcores", "memoryMB", "hugepages", "filePrefix", "mbufs", "descriptors", "extraArgs"]);
+    n.mapping(
+        p,
+        &["lcores", "memoryMB", "hugepages", "filePrefix", "mbufs", "descriptors", "extraArgs", "busyPoll", "idlePauseMaxMicros"],
+    );
     n.field("lcores", |n| {
         if let Some(s) = n.string(p) {
             match cores(&s) {
@@ -356,12 +370,16 @@ fn dpdk(n: Node<'_>, p: &mut Problems) -> DpdkConfig {
     let (lo, hi) = bounds::DESCRIPTORS;
     n.field("descriptors", |n| n.int(p, lo, hi).map(|v| d.descriptors = v as u16));
     n.field("extraArgs", |n| n.each(p, |n, p| d.extra_args.extend(n.string(p))));
+    n.field("busyPoll", |n| n.boolean(p).map(|v| d.busy_poll = v));
+    let (lo, hi) = bounds::IDLE_PAUSE_MAX_MICROS;
+    n.field("idlePauseMaxMicros", |n| n.int(p, lo, hi).map(|v| d.idle_pause_max_us = v as u32));
     d
 }
 
 /// The cores of a core list (`0,1`, `0-3`, `0,2-5`), or why it is not a
-/// usable one: each core once, below DPDK's `RTE_MAX_LCORE`, at least two
-/// of them.
+/// usable one: each core once, below DPDK's `RTE_MAX_LCORE`. One core runs
+/// a worker with the control runtime beside it; with more, the first runs
+/// the control runtime and the others workers.
 fn cores(s: &str) -> Result<Vec<u32>, String> {
     let max = sluice_ffi::sys::RTE_MAX_LCORE;
     let mut cores: Vec<u32> = Vec::new();
@@ -383,9 +401,6 @@ fn cores(s: &str) -> Result<Vec<u32>, String> {
             cores.push(c);
         }
     }
-    if cores.len() < 2 {
-        return Err("list at least two cores: the first runs the control thread, the others workers".into());
-    }
     Ok(cores)
 }
 
@@ -399,7 +414,7 @@ fn dpdk_fits(p: &mut Problems, file: &str, at: Pos, d: &DpdkConfig, ports: usize
             d.mbufs, d.memory_mb
         ));
     }
-    let workers = cores(&d.lcores).map_or(0, |c| c.len() - 1) as u64;
+    let workers = cores(&d.lcores).map_or(0, |c| c.len().saturating_sub(1).max(1)) as u64;
     let rx = ports as u64 * workers * u64::from(d.descriptors);
     if rx > u64::from(d.mbufs) {
         p.add(file, Some(at), "dpdk.mbufs", format!(
@@ -668,6 +683,18 @@ gateways:
     }
 
     #[test]
+    fn idle_policy_fields() {
+        let port = "ports: [{name: a, device: net_null0}]\n";
+        let c = parse_str(&format!("dpdk: {{busyPoll: true, idlePauseMaxMicros: 50}}\n{port}"), Path::new("c.yaml")).unwrap();
+        assert!(c.dpdk.busy_poll);
+        assert_eq!(c.dpdk.idle_pause_max_us, 50);
+        let d = parse_str(port, Path::new("c.yaml")).unwrap();
+        assert_eq!((d.dpdk.busy_poll, d.dpdk.idle_pause_max_us), (false, 2000));
+        assert_eq!(problems(&format!("dpdk: {{busyPoll: 1, idlePauseMaxMicros: 0}}\n{port}")).len(), 2);
+        assert_eq!(problems(&format!("dpdk: {{idlePauseMaxMicros: 100001}}\n{port}")).len(), 1);
+    }
+
+    #[test]
     fn core_lists() {
         assert_eq!(cores("0,1"), Ok(vec![0, 1]));
         assert_eq!(cores(" 0-3, 8"), Ok(vec![0, 1, 2, 3, 8]));
@@ -675,7 +702,7 @@ gateways:
         assert_eq!(cores("0,1,1").unwrap_err(), "core 1 is listed twice");
         assert_eq!(cores("0-4294967295").unwrap_err(), "core 4294967295 is beyond DPDK's limit (cores are 0..127)");
         assert!(cores("0;1").unwrap_err().contains("not a core list"));
-        assert!(cores("5").unwrap_err().contains("at least two cores"));
+        assert_eq!(cores("5"), Ok(vec![5]), "one core: a worker, the control runtime beside it");
         // Defaults count too: 9 ports x 1 worker x 1024 descriptors > 8191 mbufs.
         let ports: String = (0..9).map(|i| format!("  - {{name: p{i}, device: net_null{i}}}\n")).collect();
         assert_eq!(problems(&format!("ports:\n{ports}")), [
