@@ -68,9 +68,26 @@ fn what_the_client_sent_is_received_or_counted_as_lost() {
         let l = t.link("client", "c0");
         u(&l["stats64"]["tx"]["packets"]) + u(&l["stats64"]["tx"]["dropped"])
     };
-    let (rx0, lost0, source) = front(&status());
+    // Both sides at one instant. Frames the test does not send cross the
+    // link too (the kernel keeps the gateway's neighbour entry fresh: ARP
+    // probes and replies); one sent just before the appliance's counters
+    // are read would count on one side only. So: the client's count, a
+    // pause longer than a worker's longest idle pause, the appliance's
+    // counters, the client's count again; retried until the client sent
+    // nothing in between.
+    let at_once = || {
+        for _ in 0..50 {
+            let before = client_sent(&topo);
+            std::thread::sleep(Duration::from_millis(50));
+            let (rx, lost, source) = front(&status());
+            if client_sent(&topo) == before {
+                return (before, rx, lost, source);
+            }
+        }
+        panic!("the client never stopped sending");
+    };
+    let (sent0, rx0, lost0, source) = at_once();
     assert_eq!(source, "kernel:lbf", "af_packet loss comes from the kernel interface's counters");
-    let sent0 = client_sent(&topo);
 
     let mac = status()["ports"][0]["mac"].as_str().unwrap().to_owned();
     let blast = root().join("scripts/udp_blast.py");
@@ -84,8 +101,7 @@ fn what_the_client_sent_is_received_or_counted_as_lost() {
     }
     // Let the ring drain and the loss sampler (once a second) catch up.
     std::thread::sleep(Duration::from_secs(3));
-    let (rx1, lost1, _) = front(&status());
-    let sent1 = client_sent(&topo);
+    let (sent1, rx1, lost1, _) = at_once();
     let (sent, rx, lost) = (sent1 - sent0, rx1 - rx0, lost1 - lost0);
     eprintln!("client sent {sent}; DPDK received {rx}; counted as lost below DPDK {lost} ({:.1} %)", 100.0 * lost as f64 / sent.max(1) as f64);
     assert!(sent >= 400_000, "the blast went out ({sent})");
