@@ -26,6 +26,7 @@ use crate::compile::{Compiled, Compiler, EndpointState, Topology};
 use crate::config::ApplianceConfig;
 use crate::model::{Defaults, Desired, Model, Resolved};
 use crate::problem::Problem;
+use crate::routing::bird::Servable;
 use crate::sources::{FileState, SourceMsg, FILE_SOURCE, MANIFESTS_SOURCE};
 
 pub use crate::routing::NeighMap;
@@ -55,6 +56,7 @@ pub struct Reconciler {
     hops: watch::Sender<Vec<(u8, Addr)>>,
     settings: watch::Sender<Settings>,
     shared: Arc<Shared>,
+    served: Option<watch::Sender<Servable>>,
 }
 
 /// The settings of the accepted configuration file that other control
@@ -65,12 +67,14 @@ pub struct Settings {
     pub defaults: Defaults,
     /// The xDS management server, when enabled.
     pub xds: Option<crate::sources::xds::XdsConfig>,
+    /// BIRD and the gateway routers (the BIRD driver follows them).
+    pub routing: crate::routing::router::RoutingConfig,
 }
 
 impl Settings {
     /// The settings of `config`.
     pub fn of(config: &ApplianceConfig) -> Settings {
-        Settings { defaults: config.defaults, xds: config.xds.clone() }
+        Settings { defaults: config.defaults, xds: config.xds.clone(), routing: config.routing.clone() }
     }
 }
 
@@ -116,6 +120,7 @@ impl Reconciler {
             hops,
             settings,
             shared,
+            served: None,
             started_with: cfg,
             file,
         }
@@ -128,6 +133,12 @@ impl Reconciler {
         let rebuilt = self.publish("start").map_err(|e| vec![compile_problem(e)])?;
         self.record(FILE_SOURCE, "start", Ok(rebuilt));
         Ok(())
+    }
+
+    /// Publishes, with every snapshot, which VIPs lead to services with a
+    /// ready endpoint (the BIRD driver announces those).
+    pub fn announce_to(&mut self, served: watch::Sender<Servable>) {
+        self.served = Some(served);
     }
 
     /// The publisher (for readers and tests).
@@ -286,6 +297,24 @@ impl Reconciler {
                 vips: r.matches.vips.iter().map(ToString::to_string).collect(),
             })
             .collect();
+        if let Some(tx) = &self.served {
+            let mut vips: std::collections::BTreeMap<std::net::IpAddr, Vec<(String, bool)>> = std::collections::BTreeMap::new();
+            for r in &self.resolved.routes {
+                let ready = st.services.iter().find(|s| s.name == r.service).is_some_and(|s| s.ready);
+                for v in &r.matches.vips {
+                    let e = vips.entry(v.to_ip()).or_default();
+                    if !e.iter().any(|(n, _)| *n == r.service) {
+                        e.push((r.service.clone(), ready));
+                    }
+                }
+            }
+            tx.send_if_modified(|s| {
+                let next = Servable(vips);
+                let changed = *s != next;
+                *s = next;
+                changed
+            });
+        }
         st.endpoints = c.endpoints;
         st.unresolved = c.unresolved.len();
         let generation = self.publisher.publish(snapshot);

@@ -225,6 +225,8 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
     let (hops_tx, hops_rx) = watch::channel(Vec::new());
     let (settings_tx, settings_rx) = watch::channel(Settings::of(&initial.config));
     let mut reconciler = Reconciler::new(initial.clone(), topo, publisher, Arc::clone(&shared), hops_tx, settings_tx);
+    let (served_tx, served_rx) = watch::channel(crate::routing::bird::Servable::default());
+    reconciler.announce_to(served_tx);
     reconciler
         .start()
         .map_err(|ps| anyhow!("the first snapshot could not be built: {}", ps.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")))?;
@@ -257,6 +259,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
         ),
         ifaces: cfg.ports.iter().map(|p| p.kernel_interface.clone()).collect(),
         loss,
+        served: served_rx,
     };
     let control_result = rt.block_on(control::run(parts, CancellationToken::new()));
     rt.shutdown_timeout(std::time::Duration::from_secs(2));
