@@ -81,6 +81,7 @@ pub fn render(router_id: Ipv4Addr, routers: &[RouterConfig], vips: &[IpAddr]) ->
         let _ = writeln!(o, "  interface \"{}\";", r.kernel_interface);
         let _ = writeln!(o, "  direct;");
         let _ = writeln!(o, "  hold time {};", b.hold_time.secs());
+        let _ = writeln!(o, "  connect delay time 1;");
         let _ = writeln!(o, "  connect retry time 5;");
         let _ = writeln!(o, "  error wait time 1, 30;");
         let _ = writeln!(o, "  bfd {};", if b.bfd.switch { "on" } else { "off" });
