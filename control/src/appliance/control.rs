@@ -56,12 +56,14 @@ pub struct Parts {
     pub loss: LossSampler,
     /// Which VIPs lead to a ready endpoint (the BIRD driver follows it).
     pub served: watch::Receiver<Servable>,
+    /// Where the BIRD driver tells the reconciler the gateways it learned.
+    pub learned: watch::Sender<Vec<crate::config::GatewayConfig>>,
 }
 
 /// Runs until SIGINT or SIGTERM (or `stop` is cancelled), then shuts the
 /// control side down in order.
 pub async fn run(p: Parts, stop: CancellationToken) -> Result<()> {
-    let Parts { shared, reconciler, mut hops, settings, config_path, initial, admin: (admin_addr, limits), ifaces, mut loss, served } = p;
+    let Parts { shared, reconciler, mut hops, settings, config_path, initial, admin: (admin_addr, limits), ifaces, mut loss, served, learned } = p;
     let listener = admin::bind(admin_addr)
         .await
         .with_context(|| format!("cannot listen on {admin_addr} for the admin endpoint (admin.listen)"))?;
@@ -126,7 +128,8 @@ pub async fn run(p: Parts, stop: CancellationToken) -> Result<()> {
     }
 
     let bird_settings = settings.clone();
-    let (driver, bird) = Driver::new(settings.clone(), served, Arc::clone(&shared));
+    let (mut driver, bird) = Driver::new(settings.clone(), served, Arc::clone(&shared));
+    driver.learn_gateways_to(learned);
     {
         let c = rest_cancel.clone();
         tasks.spawn(async move {
@@ -180,10 +183,11 @@ pub async fn run(p: Parts, stop: CancellationToken) -> Result<()> {
 
     // Routers drain the appliance first: every VIP is withdrawn, and the
     // withdrawal given time to reach them, while the workers still forward.
-    let wait = Duration::from_millis(bird_settings.borrow().routing.bird.withdraw_wait_ms);
+    let wait_ms = bird_settings.borrow().routing.bird.withdraw_wait_ms;
+    let wait = Duration::from_millis(wait_ms);
     match tokio::time::timeout(Duration::from_secs(10), bird.withdraw_all()).await {
         Ok(Ok(true)) => {
-            info!(wait_ms = wait.as_millis() as u64, "every VIP withdrawn; waiting for the routers to take it");
+            info!(wait_ms, "every VIP withdrawn; waiting for the routers to take it");
             tokio::time::sleep(wait).await;
         }
         Ok(Ok(false)) => info!("nothing was announced: no VIP to withdraw"),

@@ -227,6 +227,8 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
     let mut reconciler = Reconciler::new(initial.clone(), topo, publisher, Arc::clone(&shared), hops_tx, settings_tx);
     let (served_tx, served_rx) = watch::channel(crate::routing::bird::Servable::default());
     reconciler.announce_to(served_tx);
+    let (learned_tx, learned_rx) = watch::channel(Vec::new());
+    reconciler.follow_learned_gateways(learned_rx);
     reconciler
         .start()
         .map_err(|ps| anyhow!("the first snapshot could not be built: {}", ps.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")))?;
@@ -260,6 +262,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
         ifaces: cfg.ports.iter().map(|p| p.kernel_interface.clone()).collect(),
         loss,
         served: served_rx,
+        learned: learned_tx,
     };
     let control_result = rt.block_on(control::run(parts, CancellationToken::new()));
     rt.shutdown_timeout(std::time::Duration::from_secs(2));

@@ -27,6 +27,7 @@ use super::render::render;
 use super::supervisor::Supervisor;
 use super::{BirdError, BirdStatus, SessionStatus};
 use crate::admin::health;
+use crate::config::GatewayConfig;
 use crate::admin::state::{lock, now_epoch, Shared};
 use crate::reconcile::Settings;
 use crate::routing::router::{protocol_name, BirdConfig, BirdMode, RoutingConfig};
@@ -104,6 +105,7 @@ pub struct Driver {
     applied: Option<String>,
     withdrawing: bool,
     last_refresh: Option<Instant>,
+    learned: Option<watch::Sender<Vec<GatewayConfig>>>,
 }
 
 /// How often the driver looks at worker health.
@@ -128,8 +130,15 @@ impl Driver {
             applied: None,
             withdrawing: false,
             last_refresh: None,
+            learned: None,
         };
         (d, DriverHandle { tx })
+    }
+
+    /// Tells `learned` the gateways BIRD learned (each family's best
+    /// default route) as they change.
+    pub fn learn_gateways_to(&mut self, learned: watch::Sender<Vec<GatewayConfig>>) {
+        self.learned = Some(learned);
     }
 
     /// Runs until `cancel`; then stops a supervised `bird`.
@@ -314,8 +323,10 @@ impl Driver {
     /// Reads sessions and BFD from BIRD into the status.
     async fn refresh(&mut self, routing: &RoutingConfig) {
         self.last_refresh = Some(Instant::now());
+        let mut gateways = None;
         let (protocols, bfd) = match self.client.as_mut() {
             Some(c) => {
+                gateways = learned_gateways(c, routing).await.ok();
                 let p = c.protocols().await;
                 let b = match &p {
                     Ok(_) => c.bfd_sessions().await,
@@ -367,7 +378,38 @@ impl Driver {
         st.sessions = sessions;
         st.bfd = bfd;
         st.connected = self.client.is_some();
+        // Kept while BIRD does not answer: the data plane keeps its last return path.
+        if let Some(g) = gateways {
+            st.learned_gateways = g.iter().map(|g| format!("{} on port {}", g.address, g.port)).collect();
+            if let Some(tx) = &self.learned {
+                tx.send_if_modified(|old| {
+                    let changed = *old != g;
+                    if changed {
+                        info!(gateways = ?st.learned_gateways, "return-path gateways learned over BGP");
+                    }
+                    *old = g;
+                    changed
+                });
+            }
+        }
     }
+}
+
+/// Each family's best default route, as a gateway on the port its
+/// interface belongs to (families without a gateway router are not asked).
+async fn learned_gateways(c: &mut Client, routing: &RoutingConfig) -> Result<Vec<GatewayConfig>, BirdError> {
+    let mut out = Vec::new();
+    for (v4, net) in [(true, "0.0.0.0/0"), (false, "::/0")] {
+        if !routing.routers.iter().any(|r| r.is_v4() == v4) {
+            continue;
+        }
+        if let Some((hop, iface)) = c.best_next_hop(net).await? {
+            if let Some(r) = routing.routers.iter().find(|r| r.kernel_interface == iface && hop.is_ipv4() == v4) {
+                out.push(GatewayConfig { address: hop.into(), port: r.port.clone(), mac: None });
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// Writes `text` to `path` through a temporary file and a rename, so BIRD

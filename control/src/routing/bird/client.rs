@@ -186,6 +186,17 @@ impl Client {
         }
     }
 
+    /// The next hop and interface of BIRD's best route to `net` (such as
+    /// `0.0.0.0/0` or `::/0`), if it has one.
+    pub async fn best_next_hop(&mut self, net: &str) -> Result<Option<(IpAddr, String)>, BirdError> {
+        match self.command(&format!("show route {net} primary")).await {
+            Ok(r) => Ok(parse_next_hop(&r)),
+            // 8001 Network not found.
+            Err(BirdError::Refused { code: 8001, .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Asks BIRD to shut down (it closes its sessions first).
     pub async fn down(&mut self) -> Result<(), BirdError> {
         match self.command("down").await {
@@ -240,6 +251,18 @@ pub fn parse_protocols(r: &Reply) -> Vec<Protocol> {
             Some(Protocol { name, proto, state, since, info: rest.trim().to_owned() })
         })
         .collect()
+}
+
+/// The first `via ADDRESS on INTERFACE` of a `show route` reply.
+pub fn parse_next_hop(r: &Reply) -> Option<(IpAddr, String)> {
+    r.lines.iter().find_map(|l| {
+        let mut w = l.text.trim().strip_prefix("via ")?.split_whitespace();
+        let a: IpAddr = w.next()?.parse().ok()?;
+        if w.next()? != "on" {
+            return None;
+        }
+        Some((a, w.next()?.to_owned()))
+    })
 }
 
 /// A row of `show bfd sessions`.
@@ -315,6 +338,16 @@ mod tests {
         assert_eq!((p[4].bgp_state(), p[4].since.as_str()), ("Established", "18:04:01.002"));
         assert_eq!((p[5].bgp_state(), p[5].info.as_str()), ("Active", "Active        Socket: Connection refused"));
         assert_eq!(p[1].proto, "BFD");
+    }
+
+    #[test]
+    fn next_hop_of_the_best_route() {
+        // As BIRD 2.0.12 answered `show route 0.0.0.0/0 primary` and `show route ::/0`.
+        let r = reply("1007-Table master4:\n 0.0.0.0/0            unicast [st4 18:46:05.817] * (200)\n \tvia 10.9.0.2 on d0\n0000 ");
+        assert_eq!(parse_next_hop(&r), Some(("10.9.0.2".parse().unwrap(), "d0".to_owned())));
+        let r = reply("1007-Table master6:\n ::/0                 unicast [st6 18:46:05.817] * (200)\n \tvia fd00:9::2 on sl-front\n0000 ");
+        assert_eq!(parse_next_hop(&r), Some(("fd00:9::2".parse().unwrap(), "sl-front".to_owned())));
+        assert_eq!(parse_next_hop(&reply("1007-Table master4:\n 0.0.0.0/0  blackhole [s 18:00:00] * (200)\n0000 ")), None);
     }
 
     #[test]

@@ -144,4 +144,7 @@ pub struct BirdStatus {
     pub bfd: Vec<BfdSession>,
     /// Each VIP, announced or not, and why.
     pub vips: Vec<VipState>,
+    /// Return-path gateways learned over BGP (default routes), used for the
+    /// families the configuration names no gateway for.
+    pub learned_gateways: Vec<String>,
 }

@@ -70,7 +70,7 @@ impl Supervisor {
             self.backoff = BACKOFF_MIN;
         }
         self.not_before = Some(Instant::now() + self.backoff);
-        warn!(%status, ran_s = ran.as_secs_f64(), restart_in_ms = self.backoff.as_millis() as u64, "bird ended; restarting it");
+        warn!(%status, ran_s = ran.as_secs_f64(), restart_in_ms = u64::try_from(self.backoff.as_millis()).unwrap_or(u64::MAX), "bird ended; restarting it");
         self.backoff = (self.backoff * 2).min(BACKOFF_MAX);
         Some(status)
     }
