@@ -428,6 +428,116 @@ pub fn write_atomic(path: &Path, text: &str) -> Result<(), BirdError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::admin::state::{PoolProbe, WorkerEntry};
+
+    #[derive(Debug)]
+    struct Pool;
+    impl PoolProbe for Pool {
+        fn in_use(&self) -> u32 {
+            0
+        }
+        fn capacity(&self) -> u32 {
+            1
+        }
+    }
+
+    /// BIRD's routes ("" while it does not answer yet).
+    async fn routes(sock: &Path) -> String {
+        let Ok(mut c) = Client::connect(sock).await else { return String::new() };
+        let r = c.command("show route").await.unwrap();
+        r.lines.iter().map(|l| l.text.clone()).collect::<Vec<_>>().join("\n")
+    }
+
+    /// Kills the external bird when the test ends, also when it fails.
+    struct Bird(std::process::Child);
+    impl Drop for Bird {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
+    async fn eventually(what: &str, mut f: impl AsyncFnMut() -> bool) {
+        for _ in 0..100 {
+            if f().await {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("not within 5 s: {what}");
+    }
+
+    /// A `bird` started by someone else (mode external): the driver writes
+    /// the configuration, reconfigures it over the socket as VIPs become
+    /// servable or not, withdraws everything when asked, and leaves it
+    /// running when it stops.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn drives_an_external_bird() {
+        let dir = std::env::temp_dir().join(format!("sluice-ext-bird-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let (sock, conf) = (dir.join("bird.ctl"), dir.join("bird.conf"));
+        std::fs::write(&conf, "router id 10.0.0.1;\nprotocol device {}\n").unwrap();
+        let bird = std::process::Command::new("/usr/sbin/bird")
+            .arg("-f")
+            .arg("-c")
+            .arg(&conf)
+            .arg("-s")
+            .arg(&sock)
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("bird2 is installed (scripts/setup.sh)");
+        let _bird = Bird(bird);
+        let text = format!(
+            "ports: [{{name: p, device: net_null0, addresses: [10.0.0.1/24]}}]\nbird: {{mode: external, socket: {}, configFile: {}}}\ngatewayRouters: [{{name: gw, address: 10.0.0.2, interface: p, bgp: {{localASN: 1, remoteASN: 2}}}}]\n",
+            sock.display(),
+            conf.display()
+        );
+        let cfg = crate::config::parse_str(&text, &dir.join("c.yaml")).unwrap();
+        let (_settings_tx, settings) = watch::channel(Settings::of(&cfg));
+        let vip: IpAddr = "20.0.0.1".parse().unwrap();
+        let (served_tx, served) = watch::channel(Servable([(vip, vec![("web".to_owned(), true)])].into_iter().collect()));
+        let counters = Arc::new(sluice_dataplane::counters::WorkerCounters::new(4, 4));
+        let shared = Arc::new(Shared::new("c.yaml".into(), Vec::new(), Arc::new(Pool), vec![WorkerEntry { lcore: 1, counters: Arc::clone(&counters) }], 1));
+        let cancel = CancellationToken::new();
+        {
+            // A worker that keeps polling.
+            let (sh, c) = (Arc::clone(&shared), cancel.clone());
+            tokio::spawn(async move {
+                while !c.is_cancelled() {
+                    counters.busy_polls.add(1);
+                    health::sample(&sh, Instant::now());
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            });
+        }
+        let (driver, handle) = Driver::new(settings, served, Arc::clone(&shared));
+        let task = tokio::spawn(driver.run(cancel.clone()));
+
+        let status = || lock(&shared.bird).as_ref().map(|s| lock(s).clone()).unwrap_or_default();
+        eventually("the VIP is in BIRD", async || routes(&sock).await.contains("20.0.0.1/32")).await;
+        let st = status();
+        assert_eq!((st.mode.as_str(), st.connected, st.pid), ("external", true, None));
+        assert!(st.vips[0].announced, "{:?}", st.vips);
+        assert_eq!(st.sessions[0].protocol, "gw_gw");
+        assert!(std::fs::read_to_string(&conf).unwrap().contains("protocol bgp gw_gw"));
+
+        served_tx.send_replace(Servable([(vip, vec![("web".to_owned(), false)])].into_iter().collect()));
+        eventually("the VIP is withdrawn", async || !routes(&sock).await.contains("20.0.0.1/32")).await;
+        assert_eq!(status().vips[0].reason, "withdrawn: no ready endpoint in service web");
+
+        served_tx.send_replace(Servable([(vip, vec![("web".to_owned(), true)])].into_iter().collect()));
+        eventually("the VIP is back", async || routes(&sock).await.contains("20.0.0.1/32")).await;
+        // No session is up, so there is nothing to wait for after withdrawing.
+        assert_eq!(handle.withdraw_all().await, Ok(false));
+        assert!(!routes(&sock).await.contains("20.0.0.1/32"));
+        assert!(status().withdrawn_for_shutdown);
+
+        cancel.cancel();
+        task.await.unwrap();
+        assert!(Client::connect(&sock).await.is_ok(), "an external bird is left running");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     fn served(v: &[(&str, &[(&str, bool)])]) -> Servable {
         Servable(v.iter().map(|(a, s)| (a.parse().unwrap(), s.iter().map(|(n, r)| ((*n).to_owned(), *r)).collect())).collect())
