@@ -23,9 +23,10 @@ use tracing::{error, info, warn};
 
 use crate::admin::state::{lock, now_epoch, RouteMeta, ServiceMeta, Shared};
 use crate::compile::{Compiled, Compiler, EndpointState, Topology};
-use crate::config::ApplianceConfig;
+use crate::config::{ApplianceConfig, GatewayConfig};
 use crate::model::{Defaults, Desired, Model, Resolved};
 use crate::problem::Problem;
+use crate::routing::bird::Servable;
 use crate::sources::{FileState, SourceMsg, FILE_SOURCE, MANIFESTS_SOURCE};
 
 pub use crate::routing::NeighMap;
@@ -55,6 +56,10 @@ pub struct Reconciler {
     hops: watch::Sender<Vec<(u8, Addr)>>,
     settings: watch::Sender<Settings>,
     shared: Arc<Shared>,
+    served: Option<watch::Sender<Servable>>,
+    /// Gateways learned over BGP, and where they come from.
+    learned: Vec<GatewayConfig>,
+    learned_rx: Option<watch::Receiver<Vec<GatewayConfig>>>,
 }
 
 /// The settings of the accepted configuration file that other control
@@ -65,12 +70,14 @@ pub struct Settings {
     pub defaults: Defaults,
     /// The xDS management server, when enabled.
     pub xds: Option<crate::sources::xds::XdsConfig>,
+    /// BIRD and the gateway routers (the BIRD driver follows them).
+    pub routing: crate::routing::router::RoutingConfig,
 }
 
 impl Settings {
     /// The settings of `config`.
     pub fn of(config: &ApplianceConfig) -> Settings {
-        Settings { defaults: config.defaults, xds: config.xds.clone() }
+        Settings { defaults: config.defaults, xds: config.xds.clone(), routing: config.routing.clone() }
     }
 }
 
@@ -116,6 +123,9 @@ impl Reconciler {
             hops,
             settings,
             shared,
+            served: None,
+            learned: Vec::new(),
+            learned_rx: None,
             started_with: cfg,
             file,
         }
@@ -128,6 +138,33 @@ impl Reconciler {
         let rebuilt = self.publish("start").map_err(|e| vec![compile_problem(e)])?;
         self.record(FILE_SOURCE, "start", Ok(rebuilt));
         Ok(())
+    }
+
+    /// Publishes, with every snapshot, which VIPs lead to services with a
+    /// ready endpoint (the BIRD driver announces those).
+    pub fn announce_to(&mut self, served: watch::Sender<Servable>) {
+        self.served = Some(served);
+    }
+
+    /// Follows the gateways BIRD learns (default routes over BGP): each is
+    /// used for return traffic of a family the file names no gateway for.
+    pub fn follow_learned_gateways(&mut self, rx: watch::Receiver<Vec<GatewayConfig>>) {
+        self.learned_rx = Some(rx);
+    }
+
+    /// New gateways learned over BGP: republish if the effective ones change.
+    pub fn learned_gateways(&mut self, learned: Vec<GatewayConfig>) {
+        self.learned = learned;
+        let next = with_learned(&self.file.config.gateways, &self.learned);
+        if next == self.topo.gateways {
+            return;
+        }
+        info!(gateways = ?next.iter().map(|g| format!("{} on {}", g.address, g.port)).collect::<Vec<_>>(), "return-path gateways changed");
+        let saved = std::mem::replace(&mut self.topo.gateways, next);
+        if let Err(e) = self.publish("gateway learned over BGP") {
+            error!(error = %e, "publishing with the learned gateways failed; keeping the previous ones");
+            self.topo.gateways = saved;
+        }
     }
 
     /// The publisher (for readers and tests).
@@ -173,7 +210,7 @@ impl Reconciler {
         );
         state.set_into(&mut self.model);
         self.defaults = state.config.defaults;
-        self.topo.gateways = state.config.gateways.clone();
+        self.topo.gateways = with_learned(&state.config.gateways, &self.learned);
         let outcome = self.resolve_and_publish(trigger);
         if outcome.is_ok() {
             self.settings.send_if_modified(|s| {
@@ -286,6 +323,24 @@ impl Reconciler {
                 vips: r.matches.vips.iter().map(ToString::to_string).collect(),
             })
             .collect();
+        if let Some(tx) = &self.served {
+            let mut vips: std::collections::BTreeMap<std::net::IpAddr, Vec<(String, bool)>> = std::collections::BTreeMap::new();
+            for r in &self.resolved.routes {
+                let ready = st.services.iter().find(|s| s.name == r.service).is_some_and(|s| s.ready);
+                for v in &r.matches.vips {
+                    let e = vips.entry(v.to_ip()).or_default();
+                    if !e.iter().any(|(n, _)| *n == r.service) {
+                        e.push((r.service.clone(), ready));
+                    }
+                }
+            }
+            tx.send_if_modified(|s| {
+                let next = Servable(vips);
+                let changed = *s != next;
+                *s = next;
+                changed
+            });
+        }
         st.endpoints = c.endpoints;
         st.unresolved = c.unresolved.len();
         let generation = self.publisher.publish(snapshot);
@@ -335,8 +390,10 @@ impl Reconciler {
         let mut tick = tokio::time::interval(RECLAIM_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut neigh_open = true;
+        let mut learned = self.learned_rx.take();
         loop {
             tokio::select! {
+                Some(g) = next_value(&mut learned) => tokio::task::block_in_place(|| self.learned_gateways(g)),
                 () = cancel.cancelled() => break,
                 msg = rx.recv() => match msg {
                     Some(m) => {
@@ -357,6 +414,24 @@ impl Reconciler {
             }
         }
     }
+}
+
+/// The file's gateways, and a learned one for each family the file has none for.
+fn with_learned(file: &[GatewayConfig], learned: &[GatewayConfig]) -> Vec<GatewayConfig> {
+    let mut v = file.to_vec();
+    v.extend(learned.iter().filter(|l| !file.iter().any(|f| f.address.is_v4() == l.address.is_v4())).cloned());
+    v
+}
+
+/// The next value of a watched channel; never, without one or once its
+/// sender is gone.
+async fn next_value<T: Clone>(rx: &mut Option<watch::Receiver<T>>) -> Option<T> {
+    if let Some(r) = rx {
+        if r.changed().await.is_ok() {
+            return Some(r.borrow_and_update().clone());
+        }
+    }
+    std::future::pending().await
 }
 
 #[cfg(test)]
@@ -496,6 +571,27 @@ mod tests {
         let (tx, mut rx) = tokio::sync::oneshot::channel();
         r.apply(SourceMsg::Desired { source: "xds".into(), desired: svc("web", &[(0, "10.0.0.5")]), trigger: "t".into(), reply: Some(tx) });
         assert_eq!(rx.try_recv().unwrap(), Ok(()));
+    }
+
+    #[test]
+    fn a_gateway_learned_over_bgp_is_used_when_the_file_names_none() {
+        let (mut r, _shared, hops) = reconciler();
+        let gw = |a: &str| GatewayConfig { address: a.parse().unwrap(), port: "p".into(), mac: None };
+        let g = r.publisher().generation();
+        r.learned_gateways(vec![gw("10.0.0.254"), gw("fd00::254")]);
+        assert_eq!(r.topo.gateways, [gw("10.0.0.254"), gw("fd00::254")]);
+        assert_eq!(r.publisher().generation(), g + 1, "republished");
+        assert!(hops.borrow().contains(&(0, "10.0.0.254".parse().unwrap())), "the learned next hop is resolved: {:?}", hops.borrow());
+        r.learned_gateways(vec![gw("10.0.0.254"), gw("fd00::254")]);
+        assert_eq!(r.publisher().generation(), g + 1, "nothing changed, nothing published");
+
+        // A gateway the file names wins over a learned one of its family.
+        let mut st = r.file.clone();
+        st.config.gateways = vec![gw("10.0.0.9")];
+        r.apply(SourceMsg::File { state: Box::new(st), trigger: "edit".into() });
+        assert_eq!(r.topo.gateways, [gw("10.0.0.9"), gw("fd00::254")]);
+        r.learned_gateways(Vec::new());
+        assert_eq!(r.topo.gateways, [gw("10.0.0.9")]);
     }
 
     #[test]

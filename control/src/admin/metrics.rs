@@ -258,6 +258,41 @@ impl Collector for SluiceCollector {
                 ],
             )?;
         }
+        if let Some(b) = lock(&sh.bird).as_ref().map(|x| lock(x).clone()) {
+            family(&mut e, "sluice_bird_up", "1 while BIRD answers on its control socket.", Kind::Gauge, one(f(u64::from(b.connected))))?;
+            family(&mut e, "sluice_bird_restarts", "Times the supervised bird was started again after it ended.", Kind::Counter, one(f(b.restarts)))?;
+            family(&mut e, "sluice_bird_configurations", "BIRD configurations applied.", Kind::Counter, one(f(b.configured)))?;
+            family(&mut e, "sluice_bird_configuration_failures", "BIRD configurations that could not be applied.", Kind::Counter, one(f(b.configure_failures)))?;
+            let router = |x: &crate::routing::bird::SessionStatus| -> Labels {
+                vec![("router", s(x.router.clone())), ("neighbor", s(x.neighbor.clone()))]
+            };
+            family(&mut e, "sluice_bgp_session_up", "1 while the BGP session with a gateway router is Established.", Kind::Gauge, b.sessions.iter().map(|x| (router(x), f(u64::from(x.bgp_state == "Established")))))?;
+            family(
+                &mut e,
+                "sluice_bgp_session_state",
+                "1 for the BGP session state of a gateway router (from BIRD's show protocols).",
+                Kind::Gauge,
+                b.sessions.iter().map(|x| {
+                    let mut l = router(x);
+                    l.push(("state", s(x.bgp_state.clone())));
+                    (l, f(1))
+                }),
+            )?;
+            family(
+                &mut e,
+                "sluice_bfd_session_up",
+                "1 while the BFD session with a gateway router is Up (routers with BFD only).",
+                Kind::Gauge,
+                b.sessions.iter().filter(|x| x.bfd).map(|x| (router(x), f(u64::from(x.bfd_state.as_deref() == Some("Up"))))),
+            )?;
+            family(
+                &mut e,
+                "sluice_vip_announced",
+                "1 while a VIP is announced to the gateway routers, 0 while it is withdrawn; the reason is a label.",
+                Kind::Gauge,
+                b.vips.iter().map(|v| (vec![("vip", s(v.vip.to_string())), ("reason", s(v.reason.clone()))], f(u64::from(v.announced)))),
+            )?;
+        }
         let worker = |w: &super::state::WorkerEntry| vec![("worker", s(w.lcore.to_string()))];
         for (name, help, get) in WORKER_COUNTERS {
             let full = format!("sluice_worker_{name}");

@@ -218,6 +218,8 @@ pub struct Shared {
     pub liveness: Mutex<Vec<WorkerLiveness>>,
     /// The xDS source's status, while it runs.
     pub xds: Mutex<Option<Arc<Mutex<crate::sources::xds::XdsStatus>>>>,
+    /// The BIRD driver's status, while gateway routers are configured.
+    pub bird: Mutex<Option<Arc<Mutex<crate::routing::bird::BirdStatus>>>>,
 }
 
 /// Locks, recovering from a poisoned lock (the data is plain records).
@@ -249,6 +251,7 @@ impl Shared {
             state: Mutex::new(ControlState::default()),
             liveness: Mutex::new(liveness),
             xds: Mutex::new(None),
+            bird: Mutex::new(None),
         }
     }
 

@@ -28,6 +28,7 @@ use crate::admin::state::{lock, Shared};
 use crate::admin::{self, health, AdminCounters, Limits};
 use crate::model::Desired;
 use crate::reconcile::{Reconciler, Settings};
+use crate::routing::bird::{Driver, Servable};
 use crate::routing::Neighbours;
 use crate::sources::xds::{self, XdsStatus};
 use crate::sources::{self, FileState, SourceMsg};
@@ -53,12 +54,16 @@ pub struct Parts {
     pub ifaces: Vec<String>,
     /// Loss accounting below DPDK.
     pub loss: LossSampler,
+    /// Which VIPs lead to a ready endpoint (the BIRD driver follows it).
+    pub served: watch::Receiver<Servable>,
+    /// Where the BIRD driver tells the reconciler the gateways it learned.
+    pub learned: watch::Sender<Vec<crate::config::GatewayConfig>>,
 }
 
 /// Runs until SIGINT or SIGTERM (or `stop` is cancelled), then shuts the
 /// control side down in order.
 pub async fn run(p: Parts, stop: CancellationToken) -> Result<()> {
-    let Parts { shared, reconciler, mut hops, settings, config_path, initial, admin: (admin_addr, limits), ifaces, mut loss } = p;
+    let Parts { shared, reconciler, mut hops, settings, config_path, initial, admin: (admin_addr, limits), ifaces, mut loss, served, learned } = p;
     let listener = admin::bind(admin_addr)
         .await
         .with_context(|| format!("cannot listen on {admin_addr} for the admin endpoint (admin.listen)"))?;
@@ -122,6 +127,17 @@ pub async fn run(p: Parts, stop: CancellationToken) -> Result<()> {
         });
     }
 
+    let bird_settings = settings.clone();
+    let (mut driver, bird) = Driver::new(settings.clone(), served, Arc::clone(&shared));
+    driver.learn_gateways_to(learned);
+    {
+        let c = rest_cancel.clone();
+        tasks.spawn(async move {
+            driver.run(c).await;
+            "BIRD driver"
+        });
+    }
+
     let (src_tx, src_rx) = mpsc::channel(16);
     let (hup_tx, hup_rx) = mpsc::channel(1);
     {
@@ -163,6 +179,20 @@ pub async fn run(p: Parts, stop: CancellationToken) -> Result<()> {
                 report(&shared, done);
             }
         }
+    }
+
+    // Routers drain the appliance first: every VIP is withdrawn, and the
+    // withdrawal given time to reach them, while the workers still forward.
+    let wait_ms = bird_settings.borrow().routing.bird.withdraw_wait_ms;
+    let wait = Duration::from_millis(wait_ms);
+    match tokio::time::timeout(Duration::from_secs(10), bird.withdraw_all()).await {
+        Ok(Ok(true)) => {
+            info!(wait_ms, "every VIP withdrawn; waiting for the routers to take it");
+            tokio::time::sleep(wait).await;
+        }
+        Ok(Ok(false)) => info!("nothing was announced: no VIP to withdraw"),
+        Ok(Err(e)) => error!(error = %e, "could not withdraw the VIPs before stopping"),
+        Err(_) => error!("withdrawing the VIPs took more than 10 s; stopping anyway"),
     }
 
     // Ordered shutdown of the control side: admin first, then the rest.

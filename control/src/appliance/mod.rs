@@ -255,6 +255,10 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
     let (hops_tx, hops_rx) = watch::channel(Vec::new());
     let (settings_tx, settings_rx) = watch::channel(Settings::of(&initial.config));
     let mut reconciler = Reconciler::new(initial.clone(), topo, publisher, Arc::clone(&shared), hops_tx, settings_tx);
+    let (served_tx, served_rx) = watch::channel(crate::routing::bird::Servable::default());
+    reconciler.announce_to(served_tx);
+    let (learned_tx, learned_rx) = watch::channel(Vec::new());
+    reconciler.follow_learned_gateways(learned_rx);
     reconciler
         .start()
         .map_err(|ps| anyhow!("the first snapshot could not be built: {}", ps.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")))?;
@@ -302,6 +306,8 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
         ),
         ifaces: cfg.ports.iter().map(|p| p.kernel_interface.clone()).collect(),
         loss,
+        served: served_rx,
+        learned: learned_tx,
     };
     let control_result = match on_main {
         None => {

@@ -63,10 +63,39 @@ pub fn problems(path: &std::path::Path) -> Result<sources::Loaded, Vec<Problem>>
             }
         }
     }
+    out.extend(bird_problems(&loaded));
     if out.is_empty() {
         Ok(loaded)
     } else {
         Err(out)
+    }
+}
+
+/// Has BIRD parse the configuration Sluice would give it (every VIP
+/// announced), when gateway routers are configured and Sluice runs `bird`.
+fn bird_problems(l: &sources::Loaded) -> Vec<Problem> {
+    use crate::routing::router::BirdMode;
+    let r = &l.config.routing;
+    let file = l.config.path.display().to_string();
+    let (Some(id), false) = (r.router_id, r.routers.is_empty()) else { return Vec::new() };
+    if r.bird.mode == BirdMode::External {
+        return Vec::new();
+    }
+    if !r.bird.binary.is_file() {
+        return vec![Problem::new(file, "bird.binary", format!("{} does not exist: install bird2 or set bird.binary", r.bird.binary.display()))];
+    }
+    let vips: Vec<std::net::IpAddr> = l.resolved.routes.iter().flat_map(|x| x.matches.vips.iter().map(|v| v.to_ip())).collect();
+    let text = crate::routing::bird::render::render(id, &r.routers, &vips);
+    let tmp = std::env::temp_dir().join(format!("sluice-check-{}.conf", std::process::id()));
+    if let Err(e) = std::fs::write(&tmp, &text) {
+        return vec![Problem::new(file, "gatewayRouters", format!("cannot write {} to have BIRD check it: {e}", tmp.display()))];
+    }
+    let out = std::process::Command::new(&r.bird.binary).arg("-p").arg("-c").arg(&tmp).output();
+    let _ = std::fs::remove_file(&tmp);
+    match out {
+        Ok(o) if o.status.success() => Vec::new(),
+        Ok(o) => vec![Problem::new(file, "gatewayRouters", format!("BIRD refuses the configuration Sluice generates: {}", String::from_utf8_lossy(&o.stderr).trim()))],
+        Err(e) => vec![Problem::new(file, "bird.binary", format!("cannot run {}: {e}", r.bird.binary.display()))],
     }
 }
 
@@ -95,6 +124,19 @@ pub fn run(args: &CheckArgs) -> ExitCode {
                         Some(_) => "TLS",
                     },
                     x.node_id
+                );
+            }
+            let r = &l.config.routing;
+            if !r.routers.is_empty() {
+                let names: Vec<String> = r.routers.iter().map(|x| format!("{} ({} via {}{})", x.router.name, x.router.address, x.kernel_interface, if x.router.bgp.bfd.switch { ", BFD" } else { "" })).collect();
+                println!(
+                    "{}: BGP: {} gateway router(s): {}; router ID {}; bird {:?} ({}), its configuration parses",
+                    args.config.display(),
+                    r.routers.len(),
+                    names.join(", "),
+                    r.router_id.map_or_else(|| "-".to_owned(), |i| i.to_string()),
+                    r.bird.mode,
+                    r.bird.socket.display()
                 );
             }
             ExitCode::SUCCESS

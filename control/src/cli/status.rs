@@ -64,6 +64,49 @@ fn s(v: &Value) -> String {
     }
 }
 
+/// The BIRD driver's part: BIRD itself, each BGP session and each VIP.
+fn bird(o: &mut String, b: &Value) {
+    if !b.is_object() {
+        return;
+    }
+    let _ = writeln!(
+        o,
+        "bird: {} ({}, pid {}) | {} | configured {} time(s), {} failure(s) | restarts {}{}",
+        if b["connected"].as_bool().unwrap_or(false) { "answering" } else { "NOT ANSWERING" },
+        s(&b["mode"]),
+        s(&b["pid"]),
+        s(&b["version"]),
+        b["configured"],
+        b["configure_failures"],
+        b["restarts"],
+        b["last_exit"].as_str().map(|x| format!(" (last exit: {x})")).unwrap_or_default()
+    );
+    if let Some(e) = b["error"].as_str() {
+        let _ = writeln!(o, "  error: {e}");
+    }
+    let rows: Vec<Vec<String>> = b["sessions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|x| {
+            let bfd = if x["bfd"].as_bool().unwrap_or(false) { x["bfd_state"].as_str().unwrap_or("?").to_owned() } else { "off".into() };
+            vec![s(&x["router"]), s(&x["neighbor"]), s(&x["interface"]), s(&x["bgp_state"]), bfd, s(&x["since"]), s(&x["info"])]
+        })
+        .collect();
+    if !rows.is_empty() {
+        table(o, &["ROUTER", "NEIGHBOR", "INTERFACE", "BGP", "BFD", "SINCE", "INFO"], &rows);
+    }
+    let rows: Vec<Vec<String>> = b["vips"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|v| vec![s(&v["vip"]), if v["announced"].as_bool().unwrap_or(false) { "announced".into() } else { "withdrawn".into() }, s(&v["reason"])])
+        .collect();
+    if !rows.is_empty() {
+        table(o, &["VIP", "STATE", "REASON"], &rows);
+    }
+}
+
 /// Renders a `/status` document.
 pub fn render(st: &Value) -> String {
     let mut o = String::new();
@@ -125,6 +168,7 @@ pub fn render(st: &Value) -> String {
             let _ = writeln!(o, "  last error ({}): {e}", ago(&x["last_error_at"]));
         }
     }
+    bird(&mut o, &st["bird"]);
     let _ = writeln!(o, "mbufs in use: {} of {}\n\nPORTS", st["mbufs_in_use"], st["mbufs"]);
     let rows: Vec<Vec<String>> = st["ports"]
         .as_array()

@@ -194,6 +194,9 @@ pub struct ApplianceConfig {
     /// The xDS management server to follow (`xds-control-plane`), when
     /// enabled.
     pub xds: Option<XdsConfig>,
+    /// BIRD and the DC gateways to announce VIPs to (`bird`,
+    /// `gatewayRouters`; manifests add theirs in [`crate::sources::read`]).
+    pub routing: crate::routing::router::RoutingConfig,
 }
 
 impl ApplianceConfig {
@@ -206,7 +209,7 @@ impl ApplianceConfig {
 
 const TOP: &[&str] = &[
     "dpdk", "ports", "gateways", "defaults", "flowTable", "admin", "capacity", "services", "routes", "manifests",
-    "xds-control-plane",
+    "xds-control-plane", "bird", "gatewayRouters",
 ];
 
 /// Reads and checks the file (not the manifests it points to).
@@ -310,6 +313,7 @@ pub fn parse(v: &Value, path: &Path) -> Result<ApplianceConfig, Vec<Problem>> {
         Some(ManifestsConfig { directory: base.join(dir?), gateway })
     });
     let xds = root.field("xds-control-plane", |n| xds::config::parse(n, &mut p, path.parent().unwrap_or(Path::new(".")))).flatten();
+    let routing = routing(&root, &mut p, &dpdk.file_prefix, &ports, path);
 
     if !p.is_empty() {
         return Err(p.0);
@@ -330,7 +334,18 @@ pub fn parse(v: &Value, path: &Path) -> Result<ApplianceConfig, Vec<Problem>> {
         inline,
         manifests: manifests.flatten(),
         xds,
+        routing,
     })
+}
+
+/// The `bird:` section and the `gatewayRouters:` list, checked against the ports.
+fn routing(root: &Node<'_>, p: &mut Problems, prefix: &str, ports: &[PortConfig], path: &Path) -> crate::routing::router::RoutingConfig {
+    use crate::routing::router;
+    let base = path.parent().unwrap_or(Path::new("."));
+    let bird = router::parse_bird(root, p, prefix, base);
+    let list = root.field("gatewayRouters", |n| router::parse_list(n, p)).unwrap_or_default();
+    let (router_id, routers) = router::resolve(list, ports, bird.router_id, p);
+    router::RoutingConfig { bird, router_id, routers }
 }
 
 fn dpdk_defaults() -> DpdkConfig {

@@ -14,8 +14,10 @@
 //! (re-opened sockets use the thread the task then runs on; the appliance
 //! lives in one namespace, so that is the same one).
 
+pub mod bird;
 pub mod links;
 pub mod neighbours;
+pub mod router;
 
 use std::net::IpAddr;
 

@@ -71,11 +71,12 @@ pub struct FileState {
 
 /// Reads the file at `path` and its manifests, each checked on its own.
 pub fn read(path: &Path) -> Result<FileState, Vec<Problem>> {
-    let config = config::load(path)?;
+    let mut config = config::load(path)?;
     let manifests = match &config.manifests {
         Some(m) => Some(manifests::load(&m.directory, &m.gateway)?),
         None => None,
     };
+    crate::routing::router::add_manifest_routers(&mut config)?;
     Ok(FileState { config, manifests })
 }
 

@@ -1,0 +1,561 @@
+//! Which VIPs are announced, and the driver that makes BIRD announce them.
+//!
+//! A VIP is announced while the workers forward and at least one service
+//! it routes to has a ready endpoint ([`decide`]); otherwise it is withdrawn
+//! and the reason is kept. The driver renders BIRD's configuration from the
+//! accepted GatewayRouters and the announced VIPs, writes it atomically and
+//! applies it (`configure check`, then `configure`) whenever it changes: on
+//! every publish of the reconciler, on settings changes, and on a 200 ms
+//! tick that notices workers that stopped forwarding, so a VIP is withdrawn
+//! well within a second of losing its last ready endpoint. Before a
+//! graceful shutdown, [`DriverHandle::withdraw_all`] withdraws everything
+//! and says when BIRD has taken it.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, warn};
+
+use super::client::Client;
+use super::render::render;
+use super::supervisor::Supervisor;
+use super::{BirdError, BirdStatus, SessionStatus};
+use crate::admin::health;
+use crate::config::GatewayConfig;
+use crate::admin::state::{lock, now_epoch, Shared};
+use crate::reconcile::Settings;
+use crate::routing::router::{protocol_name, BirdConfig, BirdMode, RoutingConfig};
+
+/// For each VIP, the services it routes to and whether each has a ready
+/// endpoint (the reconciler publishes this with every snapshot).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Servable(pub BTreeMap<IpAddr, Vec<(String, bool)>>);
+
+/// A VIP, announced or not, and why.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct VipState {
+    /// The VIP.
+    pub vip: IpAddr,
+    /// Exported to the gateways.
+    pub announced: bool,
+    /// Why (or why not).
+    pub reason: String,
+    /// Since when it has been so (seconds since the epoch; 0 from [`decide`]).
+    pub since: u64,
+}
+
+/// Decides each VIP: `not_forwarding` lists why the workers do not forward
+/// (empty when they do); `withdrawing` is set for a graceful shutdown.
+pub fn decide(s: &Servable, not_forwarding: &[String], withdrawing: bool) -> Vec<VipState> {
+    s.0.iter()
+        .map(|(vip, services)| {
+            let ready: Vec<&str> = services.iter().filter(|(_, r)| *r).map(|(n, _)| n.as_str()).collect();
+            let (announced, reason) = if withdrawing {
+                (false, "withdrawn: the appliance is shutting down".to_owned())
+            } else if let Some(why) = not_forwarding.first() {
+                (false, format!("withdrawn: the workers do not forward ({why})"))
+            } else if ready.is_empty() {
+                let names: Vec<&str> = services.iter().map(|(n, _)| n.as_str()).collect();
+                (false, format!("withdrawn: no ready endpoint in service {}", names.join(", ")))
+            } else {
+                (true, format!("announced: service {} has a ready endpoint", ready.join(", ")))
+            };
+            VipState { vip: *vip, announced, reason, since: 0 }
+        })
+        .collect()
+}
+
+type WithdrawReply = oneshot::Sender<Result<bool, String>>;
+
+/// Talks to a running driver.
+#[derive(Clone, Debug)]
+pub struct DriverHandle {
+    tx: mpsc::Sender<WithdrawReply>,
+}
+
+impl DriverHandle {
+    /// Withdraws every VIP and waits until BIRD has applied that. `Ok(true)`
+    /// when something was being announced through a BGP session (so the
+    /// caller should give the withdrawal time to propagate).
+    pub async fn withdraw_all(&self) -> Result<bool, String> {
+        let (tx, rx) = oneshot::channel();
+        self.tx.send(tx).await.map_err(|_| "the BIRD driver has stopped".to_owned())?;
+        rx.await.map_err(|_| "the BIRD driver has stopped".to_owned())?
+    }
+}
+
+/// The driver task's state.
+#[derive(Debug)]
+pub struct Driver {
+    settings: watch::Receiver<Settings>,
+    served: watch::Receiver<Servable>,
+    shared: Arc<Shared>,
+    cmds: mpsc::Receiver<WithdrawReply>,
+    status: Arc<Mutex<BirdStatus>>,
+    routing: Option<RoutingConfig>,
+    supervisor: Option<Supervisor>,
+    client: Option<Client>,
+    /// The text BIRD runs with.
+    applied: Option<String>,
+    withdrawing: bool,
+    last_refresh: Option<Instant>,
+    learned: Option<watch::Sender<Vec<GatewayConfig>>>,
+}
+
+/// How often the driver looks at worker health.
+const TICK: Duration = Duration::from_millis(200);
+/// How often sessions and BFD are read from BIRD.
+const REFRESH: Duration = Duration::from_secs(1);
+
+impl Driver {
+    /// A driver following `settings` and `served`; its status is shown in
+    /// `shared.bird` while routers are configured.
+    pub fn new(settings: watch::Receiver<Settings>, served: watch::Receiver<Servable>, shared: Arc<Shared>) -> (Driver, DriverHandle) {
+        let (tx, cmds) = mpsc::channel(1);
+        let d = Driver {
+            settings,
+            served,
+            shared,
+            cmds,
+            status: Arc::new(Mutex::new(BirdStatus::default())),
+            routing: None,
+            supervisor: None,
+            client: None,
+            applied: None,
+            withdrawing: false,
+            last_refresh: None,
+            learned: None,
+        };
+        (d, DriverHandle { tx })
+    }
+
+    /// Tells `learned` the gateways BIRD learned (each family's best
+    /// default route) as they change.
+    pub fn learn_gateways_to(&mut self, learned: watch::Sender<Vec<GatewayConfig>>) {
+        self.learned = Some(learned);
+    }
+
+    /// Runs until `cancel`; then stops a supervised `bird`.
+    pub async fn run(mut self, cancel: CancellationToken) {
+        let mut tick = tokio::time::interval(TICK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let (mut settings_open, mut served_open) = (true, true);
+        loop {
+            self.step().await;
+            tokio::select! {
+                () = cancel.cancelled() => break,
+                r = self.settings.changed(), if settings_open => settings_open = r.is_ok(),
+                r = self.served.changed(), if served_open => served_open = r.is_ok(),
+                Some(reply) = self.cmds.recv() => {
+                    let had = self.applied.as_deref().is_some_and(|t| t.contains(" blackhole;"));
+                    self.withdrawing = true;
+                    self.step().await;
+                    let done = self.applied.as_deref().is_some_and(|t| !t.contains(" blackhole;"));
+                    let answer = {
+                        let mut st = lock(&self.status);
+                        st.withdrawn_for_shutdown = done;
+                        let sessions_up = st.sessions.iter().any(|s| s.bgp_state == "Established");
+                        if done || !had {
+                            Ok(had && sessions_up)
+                        } else {
+                            Err(st.error.clone().unwrap_or_else(|| "BIRD has not taken the withdrawal".into()))
+                        }
+                    };
+                    let _ = reply.send(answer);
+                }
+                _ = tick.tick() => {}
+            }
+        }
+        self.shutdown().await;
+    }
+
+    async fn shutdown(&mut self) {
+        if let Some(mut s) = self.supervisor.take() {
+            s.stop(self.client.as_mut()).await;
+        }
+        self.client = None;
+        *lock(&self.shared.bird) = None;
+    }
+
+    /// One pass: follow the settings, decide, apply, refresh the status.
+    async fn step(&mut self) {
+        let routing = self.settings.borrow().routing.clone();
+        if routing.routers.is_empty() {
+            if self.routing.take().is_some() {
+                info!("no gateway routers configured: BIRD is no longer driven");
+                self.shutdown().await;
+                self.applied = None;
+            }
+            return;
+        }
+        if self.routing.as_ref().map(|r| &r.bird) != Some(&routing.bird) {
+            if self.routing.is_some() {
+                info!("the bird settings changed: starting over with them");
+            }
+            self.shutdown().await;
+            self.applied = None;
+            *lock(&self.status) = BirdStatus {
+                mode: match routing.bird.mode {
+                    BirdMode::Supervised => "supervised".into(),
+                    BirdMode::External => "external".into(),
+                },
+                socket: routing.bird.socket.display().to_string(),
+                config_file: routing.bird.config_file.display().to_string(),
+                ..BirdStatus::default()
+            };
+            *lock(&self.shared.bird) = Some(Arc::clone(&self.status));
+            if routing.bird.mode == BirdMode::Supervised {
+                self.supervisor = Some(Supervisor::new(routing.bird.clone()));
+            }
+        }
+        self.routing = Some(routing.clone());
+
+        let not_forwarding = if self.shared.workers.is_empty() {
+            vec!["no workers".to_owned()]
+        } else {
+            health::unhealthy(&self.shared, Instant::now())
+        };
+        let served = self.served.borrow().clone();
+        let vips = decide(&served, &not_forwarding, self.withdrawing);
+        let announced: Vec<IpAddr> = vips.iter().filter(|v| v.announced).map(|v| v.vip).collect();
+        let Some(router_id) = routing.router_id else { return };
+        let text = render(router_id, &routing.routers, &announced);
+
+        let result = self.apply(&routing.bird, &text).await;
+        self.record(result, vips, &text);
+        if self.last_refresh.is_none_or(|t| t.elapsed() >= REFRESH) {
+            self.refresh(&routing).await;
+        }
+    }
+
+    /// Records the outcome of applying `text` and the VIPs' states.
+    fn record(&mut self, result: Result<bool, BirdError>, mut vips: Vec<VipState>, text: &str) {
+        let mut st = lock(&self.status);
+        match result {
+            Ok(changed) => {
+                st.error = None;
+                if changed {
+                    st.configured += 1;
+                    st.configured_at = Some(now_epoch());
+                }
+            }
+            Err(e) => {
+                let msg = e.to_string();
+                if st.error.as_deref() != Some(msg.as_str()) {
+                    error!(error = %msg, "BIRD");
+                }
+                st.error = Some(msg);
+                st.configure_failures += u64::from(self.applied.as_deref() != Some(text));
+            }
+        }
+        // What BIRD runs with decides what is announced.
+        let running = self.applied.as_deref() == Some(text);
+        let now = now_epoch();
+        for v in &mut vips {
+            if v.announced && !running {
+                v.announced = false;
+                v.reason = format!("not yet announced: BIRD has not taken the configuration ({})", st.error.as_deref().unwrap_or("not running"));
+            }
+            v.since = st.vips.iter().find(|o| o.vip == v.vip && o.announced == v.announced).map_or(now, |o| o.since);
+            if !st.vips.iter().any(|o| o.vip == v.vip && o.announced == v.announced) {
+                info!(vip = %v.vip, announced = v.announced, reason = %v.reason, "VIP");
+            }
+        }
+        st.vips = vips;
+        st.pid = self.supervisor.as_ref().and_then(Supervisor::pid);
+        st.starts = self.supervisor.as_ref().map_or(0, |s| s.starts);
+        st.restarts = st.starts.saturating_sub(1);
+        st.connected = self.client.is_some();
+        if let Some(c) = &self.client {
+            st.version.clone_from(&c.hello);
+        }
+    }
+
+    /// Makes BIRD run with `text`; `Ok(true)` when it was applied now.
+    async fn apply(&mut self, bird: &BirdConfig, text: &str) -> Result<bool, BirdError> {
+        if let Some(s) = self.supervisor.as_mut() {
+            if let Some(status) = s.reap() {
+                self.client = None;
+                self.applied = None;
+                lock(&self.status).last_exit = Some(status);
+            }
+            if !s.running() {
+                if !s.may_start() {
+                    return Err(BirdError::Protocol("bird is not running; waiting to restart it".into()));
+                }
+                write_atomic(&bird.config_file, text)?;
+                let c = s.start().await?;
+                self.client = Some(c);
+                self.applied = Some(text.to_owned());
+                return Ok(true);
+            }
+        }
+        if self.client.is_none() {
+            self.client = Some(Client::connect(&bird.socket).await?);
+            // An external BIRD (or one we reconnect to) may run anything.
+            self.applied = None;
+        }
+        if self.applied.as_deref() == Some(text) {
+            return Ok(false);
+        }
+        write_atomic(&bird.config_file, text)?;
+        let Some(c) = self.client.as_mut() else { return Ok(false) };
+        match c.configure(&bird.config_file).await {
+            Ok(_) => {
+                self.applied = Some(text.to_owned());
+                Ok(true)
+            }
+            Err(e) => {
+                if !matches!(e, BirdError::Refused { .. }) {
+                    self.client = None;
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Reads sessions and BFD from BIRD into the status.
+    async fn refresh(&mut self, routing: &RoutingConfig) {
+        self.last_refresh = Some(Instant::now());
+        let mut gateways = None;
+        let (protocols, bfd) = match self.client.as_mut() {
+            Some(c) => {
+                gateways = learned_gateways(c, routing).await.ok();
+                let p = c.protocols().await;
+                let b = match &p {
+                    Ok(_) => c.bfd_sessions().await,
+                    Err(_) => Ok(Vec::new()),
+                };
+                match (p, b) {
+                    (Ok(p), Ok(b)) => (p, b),
+                    (Err(e), _) | (_, Err(e)) => {
+                        warn!(error = %e, "cannot read BIRD's sessions");
+                        self.client = None;
+                        (Vec::new(), Vec::new())
+                    }
+                }
+            }
+            None => (Vec::new(), Vec::new()),
+        };
+        let sessions = routing
+            .routers
+            .iter()
+            .map(|r| {
+                let name = protocol_name(&r.router.name);
+                let p = protocols.iter().find(|p| p.name == name);
+                let bfd_state = bfd
+                    .iter()
+                    .find(|b| b.address == r.router.address && r.router.bgp.bfd.switch)
+                    .map(|b| b.state.clone());
+                SessionStatus {
+                    router: r.router.name.clone(),
+                    protocol: name,
+                    neighbor: r.router.address.to_string(),
+                    interface: r.kernel_interface.clone(),
+                    state: p.map(|p| p.state.clone()).unwrap_or_default(),
+                    bgp_state: p.map_or_else(|| "Unknown".to_owned(), |p| p.bgp_state().to_owned()),
+                    info: p.map(|p| p.info.clone()).unwrap_or_default(),
+                    since: p.map(|p| p.since.clone()).unwrap_or_default(),
+                    bfd: r.router.bgp.bfd.switch,
+                    bfd_state,
+                }
+            })
+            .collect::<Vec<_>>();
+        let mut st = lock(&self.status);
+        for s in &sessions {
+            if let Some(old) = st.sessions.iter().find(|o| o.router == s.router) {
+                if old.bgp_state != s.bgp_state || old.bfd_state != s.bfd_state {
+                    info!(router = %s.router, bgp = %s.bgp_state, bfd = ?s.bfd_state, info = %s.info, "BGP session");
+                }
+            }
+        }
+        st.sessions = sessions;
+        st.bfd = bfd;
+        st.connected = self.client.is_some();
+        // Kept while BIRD does not answer: the data plane keeps its last return path.
+        if let Some(g) = gateways {
+            st.learned_gateways = g.iter().map(|g| format!("{} on port {}", g.address, g.port)).collect();
+            if let Some(tx) = &self.learned {
+                tx.send_if_modified(|old| {
+                    let changed = *old != g;
+                    if changed {
+                        info!(gateways = ?st.learned_gateways, "return-path gateways learned over BGP");
+                    }
+                    *old = g;
+                    changed
+                });
+            }
+        }
+    }
+}
+
+/// Each family's best default route, as a gateway on the port its
+/// interface belongs to (families without a gateway router are not asked).
+async fn learned_gateways(c: &mut Client, routing: &RoutingConfig) -> Result<Vec<GatewayConfig>, BirdError> {
+    let mut out = Vec::new();
+    for (v4, net) in [(true, "0.0.0.0/0"), (false, "::/0")] {
+        if !routing.routers.iter().any(|r| r.is_v4() == v4) {
+            continue;
+        }
+        if let Some((hop, iface)) = c.best_next_hop(net).await? {
+            if let Some(r) = routing.routers.iter().find(|r| r.kernel_interface == iface && hop.is_ipv4() == v4) {
+                out.push(GatewayConfig { address: hop.into(), port: r.port.clone(), mac: None });
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Writes `text` to `path` through a temporary file and a rename, so BIRD
+/// never reads half a file.
+pub fn write_atomic(path: &Path, text: &str) -> Result<(), BirdError> {
+    let err = |e| BirdError::Write { path: path.display().to_string(), source: e };
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(err)?;
+    }
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(format!(".tmp-{}", std::process::id()));
+    std::fs::write(&tmp, text).map_err(err)?;
+    std::fs::rename(&tmp, path).map_err(err)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::admin::state::{PoolProbe, WorkerEntry};
+
+    #[derive(Debug)]
+    struct Pool;
+    impl PoolProbe for Pool {
+        fn in_use(&self) -> u32 {
+            0
+        }
+        fn capacity(&self) -> u32 {
+            1
+        }
+    }
+
+    /// BIRD's routes ("" while it does not answer yet).
+    async fn routes(sock: &Path) -> String {
+        let Ok(mut c) = Client::connect(sock).await else { return String::new() };
+        let r = c.command("show route").await.unwrap();
+        r.lines.iter().map(|l| l.text.clone()).collect::<Vec<_>>().join("\n")
+    }
+
+    /// Kills the external bird when the test ends, also when it fails.
+    struct Bird(std::process::Child);
+    impl Drop for Bird {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
+    async fn eventually(what: &str, mut f: impl AsyncFnMut() -> bool) {
+        for _ in 0..100 {
+            if f().await {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("not within 5 s: {what}");
+    }
+
+    /// A `bird` started by someone else (mode external): the driver writes
+    /// the configuration, reconfigures it over the socket as VIPs become
+    /// servable or not, withdraws everything when asked, and leaves it
+    /// running when it stops.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn drives_an_external_bird() {
+        let dir = std::env::temp_dir().join(format!("sluice-ext-bird-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let (sock, conf) = (dir.join("bird.ctl"), dir.join("bird.conf"));
+        std::fs::write(&conf, "router id 10.0.0.1;\nprotocol device {}\n").unwrap();
+        let bird = std::process::Command::new("/usr/sbin/bird")
+            .arg("-f")
+            .arg("-c")
+            .arg(&conf)
+            .arg("-s")
+            .arg(&sock)
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("bird2 is installed (scripts/setup.sh)");
+        let _bird = Bird(bird);
+        let text = format!(
+            "ports: [{{name: p, device: net_null0, addresses: [10.0.0.1/24]}}]\nbird: {{mode: external, socket: {}, configFile: {}}}\ngatewayRouters: [{{name: gw, address: 10.0.0.2, interface: p, bgp: {{localASN: 1, remoteASN: 2}}}}]\n",
+            sock.display(),
+            conf.display()
+        );
+        let cfg = crate::config::parse_str(&text, &dir.join("c.yaml")).unwrap();
+        let (_settings_tx, settings) = watch::channel(Settings::of(&cfg));
+        let vip: IpAddr = "20.0.0.1".parse().unwrap();
+        let (served_tx, served) = watch::channel(Servable([(vip, vec![("web".to_owned(), true)])].into_iter().collect()));
+        let counters = Arc::new(sluice_dataplane::counters::WorkerCounters::new(4, 4));
+        let shared = Arc::new(Shared::new("c.yaml".into(), Vec::new(), Arc::new(Pool), vec![WorkerEntry { lcore: 1, counters: Arc::clone(&counters) }], 1));
+        let cancel = CancellationToken::new();
+        {
+            // A worker that keeps polling.
+            let (sh, c) = (Arc::clone(&shared), cancel.clone());
+            tokio::spawn(async move {
+                while !c.is_cancelled() {
+                    counters.busy_polls.add(1);
+                    health::sample(&sh, Instant::now());
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            });
+        }
+        let (driver, handle) = Driver::new(settings, served, Arc::clone(&shared));
+        let task = tokio::spawn(driver.run(cancel.clone()));
+
+        let status = || lock(&shared.bird).as_ref().map(|s| lock(s).clone()).unwrap_or_default();
+        eventually("the VIP is in BIRD", async || routes(&sock).await.contains("20.0.0.1/32")).await;
+        let st = status();
+        assert_eq!((st.mode.as_str(), st.connected, st.pid), ("external", true, None));
+        assert!(st.vips[0].announced, "{:?}", st.vips);
+        assert_eq!(st.sessions[0].protocol, "gw_gw");
+        assert!(std::fs::read_to_string(&conf).unwrap().contains("protocol bgp gw_gw"));
+
+        served_tx.send_replace(Servable([(vip, vec![("web".to_owned(), false)])].into_iter().collect()));
+        eventually("the VIP is withdrawn", async || !routes(&sock).await.contains("20.0.0.1/32")).await;
+        assert_eq!(status().vips[0].reason, "withdrawn: no ready endpoint in service web");
+
+        served_tx.send_replace(Servable([(vip, vec![("web".to_owned(), true)])].into_iter().collect()));
+        eventually("the VIP is back", async || routes(&sock).await.contains("20.0.0.1/32")).await;
+        // No session is up, so there is nothing to wait for after withdrawing.
+        assert_eq!(handle.withdraw_all().await, Ok(false));
+        assert!(!routes(&sock).await.contains("20.0.0.1/32"));
+        assert!(status().withdrawn_for_shutdown);
+
+        cancel.cancel();
+        task.await.unwrap();
+        assert!(Client::connect(&sock).await.is_ok(), "an external bird is left running");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    fn served(v: &[(&str, &[(&str, bool)])]) -> Servable {
+        Servable(v.iter().map(|(a, s)| (a.parse().unwrap(), s.iter().map(|(n, r)| ((*n).to_owned(), *r)).collect())).collect())
+    }
+
+    #[test]
+    fn only_what_can_be_served_is_announced() {
+        let s = served(&[("20.0.0.1", &[("web", true)]), ("20.0.0.2", &[("db", false)]), ("2001:db8::1", &[("a", false), ("b", true)])]);
+        let d = decide(&s, &[], false);
+        let got: Vec<(String, bool, &str)> = d.iter().map(|v| (v.vip.to_string(), v.announced, v.reason.as_str())).collect();
+        assert_eq!(got, [
+            ("20.0.0.1".to_owned(), true, "announced: service web has a ready endpoint"),
+            ("20.0.0.2".to_owned(), false, "withdrawn: no ready endpoint in service db"),
+            ("2001:db8::1".to_owned(), true, "announced: service b has a ready endpoint"),
+        ]);
+        let stalled = decide(&s, &["worker on lcore 1 has not polled for 1.2 s".into()], false);
+        assert!(stalled.iter().all(|v| !v.announced && v.reason.contains("do not forward (worker on lcore 1")));
+        let stopping = decide(&s, &[], true);
+        assert!(stopping.iter().all(|v| !v.announced && v.reason.contains("shutting down")));
+    }
+}

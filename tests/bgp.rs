@@ -1,0 +1,511 @@
+//! Attracting traffic with BGP and BFD, end to end in network namespaces.
+//!
+//! A second BIRD plays the DC gateway (`gw`): it peers with each
+//! appliance's BIRD over the appliance's exception path (the DPDK tap),
+//! with BFD, installs what it learns in its kernel with ECMP
+//! (`merge paths on`, `fib_multipath_hash_policy=1`), and routes the
+//! client's traffic to the VIPs through the appliances.
+//!
+//! ```text
+//!  [client] c0 ── gc [gw] gbr 10.100.0.2 ─┬─ lbf [lb0] 10.100.0.1 ── lbb ─┐
+//!                                          └─ lbf [lb1] 10.100.0.3 ── lbb ─┤ br0 [net] ── be1..be3 (VIP on lo)
+//!                      gb 10.200.0.254 (ECMP test: the backends' return path) ┘
+//! ```
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use sluice_tests::{privileged, sluice_bin, veth, wait_until, Netns, Proc};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_owned()
+}
+
+/// One appliance: its namespace, process and configuration file.
+struct Appliance {
+    ns: Netns,
+    proc: Option<Proc>,
+    config: PathBuf,
+    front: (String, String),
+}
+
+struct Rig {
+    dir: PathBuf,
+    v6: bool,
+    gw: Netns,
+    client: Netns,
+    _net: Netns,
+    _backends: Vec<Netns>,
+    lbs: Vec<Appliance>,
+    _procs: Vec<Proc>,
+}
+
+const VIP4: &str = "20.0.0.1";
+const VIP6: &str = "fd00:20::1";
+
+fn front4(k: usize) -> String {
+    format!("10.100.0.{}", 1 + 2 * k)
+}
+fn front6(k: usize) -> String {
+    format!("fd00:100::{}", 1 + 2 * k)
+}
+
+fn no_dad_or_no_v6(ns: &Netns, v6: bool) {
+    if v6 {
+        ns.sysctl("net.ipv6.conf.all.accept_dad", "0");
+        ns.sysctl("net.ipv6.conf.default.accept_dad", "0");
+    } else {
+        ns.sysctl("net.ipv6.conf.all.disable_ipv6", "1");
+        ns.sysctl("net.ipv6.conf.default.disable_ipv6", "1");
+    }
+}
+
+/// The endpoints of the IPv4 service.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Eps {
+    /// Three, identified as on every appliance.
+    Same,
+    /// The same three, but each with another identifier: the tables disagree.
+    Rotated,
+    /// None.
+    Gone,
+}
+
+/// With `learn`, the configuration names no gateway: the return path's
+/// next hop is the default route the DC gateway announces over BGP.
+fn appliance_config(prefix: &str, k: usize, v6: bool, dir: &Path, eps: Eps, learn: bool) -> String {
+    let (f4, f6) = (front4(k), front6(k));
+    let eps4 = match eps {
+        Eps::Same => "[{id: 0, address: 10.200.0.11}, {id: 1, address: 10.200.0.12}, {id: 2, address: 10.200.0.13}]",
+        Eps::Rotated => "[{id: 0, address: 10.200.0.12}, {id: 1, address: 10.200.0.13}, {id: 2, address: 10.200.0.11}]",
+        Eps::Gone => "[]",
+    };
+    let mut s = format!(
+        r#"dpdk: {{lcores: "0,1", memoryMB: 512, hugepages: false, filePrefix: {prefix}l{k}, mbufs: 8191, descriptors: 512}}
+ports:
+  - {{name: front, device: "net_af_packet0,iface=lbf", addresses: [{f4}/24{a6f}], kernelInterface: sl-front}}
+  - {{name: back, device: "net_af_packet1,iface=lbb", addresses: [10.200.0.{b}/24{a6b}], kernelInterface: sl-back}}
+{g4}{g6}bird: {{socket: {dir}/lb{k}/bird.ctl, configFile: {dir}/lb{k}/bird.conf, withdrawWaitMs: 1000}}
+gatewayRouters:
+  - name: dc-gw-v4
+    address: 10.100.0.2
+    interface: front
+    bgp: {{localASN: 8103, remoteASN: 65001, holdTime: 9s, bfd: {{switch: true, minTx: 100ms, minRx: 100ms, multiplier: 3}}}}
+{r6}services:
+  - name: web4
+    endpoints: {eps4}
+{s6}routes:
+  - {{name: web4, service: web4, vips: [{VIP4}], protocols: [TCP, UDP], destinationPorts: ["80", "53"]}}
+{rt6}"#,
+        b = 1 + k,
+        dir = dir.display(),
+        a6f = if v6 { format!(", \"{f6}/64\"") } else { String::new() },
+        a6b = if v6 { format!(", \"fd00:200::{}/64\"", 1 + k) } else { String::new() },
+        g4 = if learn { "" } else { "gateways:\n  - {address: 10.100.0.2, port: front}\n" },
+        g6 = if v6 && !learn { "  - {address: \"fd00:100::2\", port: front}\n" } else { "" },
+        r6 = if v6 {
+            "  - name: dc-gw-v6\n    address: \"fd00:100::2\"\n    interface: sl-front\n    bgp: {localASN: 8103, remoteASN: 65001, holdTime: 9s, bfd: {switch: true, minTx: 100ms, minRx: 100ms, multiplier: 3}}\n"
+        } else {
+            ""
+        },
+        s6 = if v6 {
+            "  - name: web6\n    endpoints: [{id: 0, address: \"fd00:200::11\"}, {id: 1, address: \"fd00:200::12\"}, {id: 2, address: \"fd00:200::13\"}]\n"
+        } else {
+            ""
+        },
+        rt6 = if v6 {
+            format!("  - {{name: web6, service: web6, vips: [\"{VIP6}\"], protocols: [TCP, UDP], destinationPorts: [\"80\", \"53\"]}}\n")
+        } else {
+            String::new()
+        },
+    );
+    s.push('\n');
+    s
+}
+
+fn gw_config(n: usize, v6: bool, export_default: bool) -> String {
+    let mut s = String::from(
+        "router id 10.100.0.2;\nlog stderr all;\nprotocol device { scan time 2; }\n\
+         protocol bfd { interface \"gbr\" { min rx interval 100 ms; min tx interval 100 ms; multiplier 3; }; }\n\
+         protocol kernel { ipv4 { export all; }; merge paths on; }\n",
+    );
+    if v6 {
+        s.push_str("protocol kernel { ipv6 { export all; }; merge paths on; }\n");
+    }
+    let (export4, export6) = if export_default {
+        s.push_str("protocol static { ipv4; route 0.0.0.0/0 via 10.50.0.2; }\nprotocol static { ipv6; route ::/0 via fd00:50::2; }\n");
+        ("where net = 0.0.0.0/0", "where net = ::/0")
+    } else {
+        ("none", "none")
+    };
+    for k in 0..n {
+        s.push_str(&format!(
+            "protocol bgp lb{k} {{ local 10.100.0.2 as 65001; neighbor {} as 8103; bfd on; connect retry time 1; error wait time 1, 5; ipv4 {{ import all; export {export4}; }}; }}\n",
+            front4(k)
+        ));
+        if v6 {
+            s.push_str(&format!(
+                "protocol bgp lb{k}v6 {{ local fd00:100::2 as 65001; neighbor {} as 8103; bfd on; connect retry time 1; error wait time 1, 5; ipv6 {{ import all; export {export6}; }}; }}\n",
+                front6(k)
+            ));
+        }
+    }
+    s
+}
+
+impl Rig {
+    /// `n` appliances; with `dsr` the backends answer through the gateway
+    /// directly (so replies do not depend on the appliance that is stopped).
+    fn new(tag: &str, n: usize, v6: bool, dsr: bool, last: Eps) -> Rig {
+        let dir = std::env::temp_dir().join(format!("sluice-bgp-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let gw = Netns::new(&format!("{tag}gw"));
+        let client = Netns::new(&format!("{tag}cl"));
+        let net = Netns::new(&format!("{tag}net"));
+        for ns in [&gw, &client, &net] {
+            no_dad_or_no_v6(ns, v6);
+        }
+        gw.run(&["ip", "link", "add", "gbr", "type", "bridge"]);
+        gw.run(&["ip", "link", "set", "gbr", "up"]);
+        gw.run(&["ip", "addr", "add", "10.100.0.2/24", "dev", "gbr"]);
+        for (k, v) in [
+            ("net.ipv4.ip_forward", "1"),
+            ("net.ipv4.fib_multipath_hash_policy", "1"),
+            ("net.ipv4.conf.all.rp_filter", "0"),
+            ("net.ipv4.conf.default.rp_filter", "0"),
+        ] {
+            gw.sysctl(k, v);
+        }
+        veth(&gw, "gc", &client, "c0");
+        gw.run(&["ip", "addr", "add", "10.50.0.1/24", "dev", "gc"]);
+        client.run(&["ip", "addr", "add", "10.50.0.2/24", "dev", "c0"]);
+        client.run(&["ip", "route", "add", "default", "via", "10.50.0.1"]);
+        if v6 {
+            gw.sysctl("net.ipv6.conf.all.forwarding", "1");
+            gw.sysctl("net.ipv6.fib_multipath_hash_policy", "1");
+            gw.run(&["ip", "addr", "add", "fd00:100::2/64", "dev", "gbr", "nodad"]);
+            gw.run(&["ip", "addr", "add", "fd00:50::1/64", "dev", "gc", "nodad"]);
+            client.run(&["ip", "addr", "add", "fd00:50::2/64", "dev", "c0", "nodad"]);
+            client.run(&["ip", "-6", "route", "add", "default", "via", "fd00:50::1"]);
+        }
+        net.run(&["ip", "link", "add", "br0", "type", "bridge"]);
+        net.run(&["ip", "link", "set", "br0", "up"]);
+        if dsr {
+            veth(&gw, "gb", &net, "ngw");
+            net.run(&["ip", "link", "set", "ngw", "master", "br0"]);
+            gw.run(&["ip", "addr", "add", "10.200.0.254/24", "dev", "gb"]);
+        }
+        let mut lbs = Vec::new();
+        for k in 0..n {
+            let ns = Netns::new(&format!("{tag}lb{k}"));
+            no_dad_or_no_v6(&ns, v6);
+            veth(&gw, &format!("ga{k}"), &ns, "lbf");
+            gw.run(&["ip", "link", "set", &format!("ga{k}"), "master", "gbr"]);
+            veth(&net, &format!("na{k}"), &ns, "lbb");
+            net.run(&["ip", "link", "set", &format!("na{k}"), "master", "br0"]);
+            let config = dir.join(format!("lb{k}.yaml"));
+            let eps = if k + 1 == n { last } else { Eps::Same };
+            std::fs::write(&config, appliance_config(&format!("bgp{}{tag}", std::process::id()), k, v6, &dir, eps, !dsr)).unwrap();
+            lbs.push(Appliance { ns, proc: None, config, front: (front4(k), front6(k)) });
+        }
+        let mut procs = Vec::new();
+        let mut backends = Vec::new();
+        for i in 1..=3 {
+            let be = Netns::new(&format!("{tag}be{i}"));
+            no_dad_or_no_v6(&be, v6);
+            veth(&net, &format!("nb{i}"), &be, "b0");
+            net.run(&["ip", "link", "set", &format!("nb{i}"), "master", "br0"]);
+            be.run(&["ip", "addr", "add", &format!("10.200.0.1{i}/24"), "dev", "b0"]);
+            be.run(&["ip", "addr", "add", &format!("{VIP4}/32"), "dev", "lo"]);
+            be.run(&["ip", "route", "add", "default", "via", if dsr { "10.200.0.254" } else { "10.200.0.1" }]);
+            for (k, v) in [("net.ipv4.conf.all.arp_ignore", "1"), ("net.ipv4.conf.all.arp_announce", "2"), ("net.ipv4.conf.all.rp_filter", "0"), ("net.ipv4.conf.b0.rp_filter", "0")] {
+                be.sysctl(k, v);
+            }
+            let mut vips = vec![VIP4];
+            if v6 {
+                be.run(&["ip", "addr", "add", &format!("fd00:200::1{i}/64"), "dev", "b0", "nodad"]);
+                be.run(&["ip", "addr", "add", &format!("{VIP6}/128"), "dev", "lo"]);
+                be.run(&["ip", "-6", "route", "add", "default", "via", "fd00:200::1"]);
+                vips.push(VIP6);
+            }
+            let backend = root().join("scripts/backend.py");
+            let name = format!("be{i}");
+            let mut cmd = vec!["python3", backend.to_str().unwrap(), name.as_str()];
+            cmd.extend_from_slice(&vips);
+            procs.push(be.spawn(&cmd));
+            backends.push(be);
+        }
+        let gw_conf = dir.join("gw.conf");
+        std::fs::write(&gw_conf, gw_config(n, v6, !dsr)).unwrap();
+        let sock = dir.join("gw.ctl");
+        procs.push(gw.spawn(&["bird", "-f", "-c", gw_conf.to_str().unwrap(), "-s", sock.to_str().unwrap()]));
+        Rig { dir, v6, gw, client, _net: net, _backends: backends, lbs, _procs: procs }
+    }
+
+    fn start(&mut self, k: usize) {
+        let bin = sluice_bin();
+        let lb = &mut self.lbs[k];
+        lb.proc = Some(lb.ns.spawn(&[bin.to_str().unwrap(), "run", "--config", lb.config.to_str().unwrap()]));
+    }
+
+    fn birdc(&self, cmd: &str) -> String {
+        let sock = self.dir.join("gw.ctl");
+        let mut args = vec!["birdc", "-s", sock.to_str().unwrap()];
+        args.extend(cmd.split(' '));
+        String::from_utf8_lossy(&self.gw.output(&args).stdout).into_owned()
+    }
+
+    /// The gateway's kernel route to `vip` ("" when there is none).
+    fn gw_route(&self, vip: &str) -> String {
+        let fam = if vip.contains(':') { "-6" } else { "-4" };
+        String::from_utf8_lossy(&self.gw.output(&["ip", fam, "route", "show", vip]).stdout).trim().to_owned()
+    }
+
+    fn status(&self, k: usize) -> Value {
+        let bin = sluice_bin();
+        let out = self.lbs[k].ns.output(&[bin.to_str().unwrap(), "status", "--json"]);
+        serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
+    }
+
+    /// Every session of appliance `k` Established with BFD Up, as Sluice
+    /// reports it and as the gateway sees it, and its VIPs in the gateway's FIB.
+    fn peered(&self, k: usize) -> bool {
+        let st = self.status(k);
+        let sessions = st["bird"]["sessions"].as_array().cloned().unwrap_or_default();
+        let want = if self.v6 { 2 } else { 1 };
+        let ours = sessions.len() == want && sessions.iter().all(|s| s["bgp_state"] == "Established" && s["bfd_state"] == "Up");
+        let bfd = self.birdc("show bfd sessions");
+        let (f4, f6) = &self.lbs[k].front;
+        let theirs = bfd.lines().any(|l| l.starts_with(f4.as_str()) && l.contains(" Up ")) && (!self.v6 || bfd.lines().any(|l| l.starts_with(f6.as_str()) && l.contains(" Up ")));
+        let routes = self.gw_route(VIP4).contains(f4.as_str()) && (!self.v6 || self.gw_route(VIP6).contains(f6.as_str()));
+        ours && theirs && routes
+    }
+
+    fn client(&self, args: &[&str]) -> Value {
+        let script = root().join("scripts/client.py");
+        let mut cmd = vec!["python3", script.to_str().unwrap()];
+        cmd.extend_from_slice(args);
+        let out = self.client.output(&cmd);
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("client {args:?}: {}", String::from_utf8_lossy(&out.stderr)))
+    }
+
+    fn fail(&mut self, what: &str) -> ! {
+        let mut logs = String::new();
+        for (k, lb) in self.lbs.iter_mut().enumerate() {
+            if let Some(mut p) = lb.proc.take() {
+                let (code, _, err) = p.stop("INT", Duration::from_secs(10));
+                logs.push_str(&format!("--- appliance {k} (exit {code:?}):\n{err}\n"));
+            }
+        }
+        panic!("{what}\n--- gateway:\n{}{}\n{logs}", self.birdc("show protocols"), self.birdc("show route"));
+    }
+
+    /// Replaces appliance `k`'s configuration file (atomically, as an editor would).
+    fn rewrite(&self, k: usize, text: &str) {
+        let tmp = self.lbs[k].config.with_extension("tmp");
+        std::fs::write(&tmp, text).unwrap();
+        std::fs::rename(&tmp, &self.lbs[k].config).unwrap();
+    }
+}
+
+impl Drop for Rig {
+    fn drop(&mut self) {
+        for lb in &mut self.lbs {
+            if let Some(mut p) = lb.proc.take() {
+                let _ = p.stop("INT", Duration::from_secs(10));
+            }
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn no_failures(v: &Value, what: &str) {
+    let m = v.as_object().unwrap_or_else(|| panic!("{what}: {v}"));
+    assert!(m.get("failed").is_none(), "{what}: {v}");
+    assert!(m.len() >= 2, "{what}: spread over the backends: {v}");
+}
+
+/// One dual-stack appliance whose file names no gateway (the return
+/// path follows the default routes the DC gateway announces): peering with
+/// BFD up, both VIPs learned and
+/// reachable through it; a VIP whose service loses its last endpoint is
+/// withdrawn; a killed `bird` is restarted and peers again; SIGTERM
+/// withdraws every VIP before the data plane stops.
+#[test]
+fn announce_withdraw_recover_and_drain_dual_stack() {
+    if !privileged() {
+        return;
+    }
+    let mut rig = Rig::new("b1", 1, true, false, Eps::Same);
+    rig.start(0);
+    if !wait_until(Duration::from_secs(60), || rig.peered(0)) {
+        rig.fail("no BGP session with BFD up, or the VIPs were not learned");
+    }
+    eprintln!("gateway FIB: {} | {}", rig.gw_route(VIP4), rig.gw_route(VIP6));
+    // No gateway in the file: the return path's next hops come from BGP.
+    let learned = wait_until(Duration::from_secs(10), || rig.status(0)["bird"]["learned_gateways"].as_array().is_some_and(|g| g.len() == 2));
+    if !learned {
+        rig.fail("the default routes announced by the gateway were not taken as return-path gateways");
+    }
+    eprintln!("learned gateways: {}", rig.status(0)["bird"]["learned_gateways"]);
+    for vip in [VIP4, VIP6] {
+        let r = rig.client(&["short", vip, "100", "8"]);
+        no_failures(&r, vip);
+        let u = rig.client(&["udp", vip, "30"]);
+        assert!(u.get("failed").is_none(), "{vip} UDP: {u}");
+    }
+    let st = rig.status(0);
+    let balanced: u64 = st["workers"].as_array().unwrap().iter().map(|w| w["balanced"].as_u64().unwrap()).sum();
+    assert!(balanced >= 200, "the client's traffic went through the appliance: {balanced}");
+    let returned: u64 = st["workers"].as_array().unwrap().iter().map(|w| w["returned"].as_u64().unwrap()).sum();
+    assert!(returned >= 200, "replies went back through the appliance to the learned gateways: {returned}");
+
+    // The IPv4 service loses its last endpoint: only its VIP is withdrawn.
+    let prefix = format!("bgp{}b1", std::process::id());
+    let t0 = Instant::now();
+    rig.rewrite(0, &appliance_config(&prefix, 0, true, &rig.dir, Eps::Gone, true));
+    if !wait_until(Duration::from_secs(5), || rig.gw_route(VIP4).is_empty()) {
+        rig.fail("the VIP of a service without endpoints was not withdrawn");
+    }
+    eprintln!("withdrawn from the gateway's FIB {} ms after the configuration lost the last endpoint", t0.elapsed().as_millis());
+    assert!(!rig.gw_route(VIP6).is_empty(), "the other VIP stays");
+    let st = rig.status(0);
+    let v4 = st["bird"]["vips"].as_array().unwrap().iter().find(|v| v["vip"] == VIP4).cloned().unwrap();
+    assert_eq!(v4["announced"], false);
+    assert_eq!(v4["reason"], "withdrawn: no ready endpoint in service web4");
+    rig.rewrite(0, &appliance_config(&prefix, 0, true, &rig.dir, Eps::Same, true));
+    if !wait_until(Duration::from_secs(10), || !rig.gw_route(VIP4).is_empty()) {
+        rig.fail("the VIP was not announced again");
+    }
+
+    // bird is killed: Sluice notices, restarts it, and it peers again.
+    let pid = rig.status(0)["bird"]["pid"].as_u64().expect("the supervised bird's pid");
+    let t0 = Instant::now();
+    sluice_tests::run(&["kill", "-9", &pid.to_string()]);
+    let recovered = wait_until(Duration::from_secs(60), || {
+        let st = rig.status(0);
+        st["bird"]["restarts"].as_u64().unwrap_or(0) >= 1 && st["bird"]["pid"].as_u64().is_some_and(|p| p != pid) && rig.peered(0)
+    });
+    if !recovered {
+        rig.fail("a killed bird was not restarted and peered again");
+    }
+    eprintln!("bird killed: restarted and peered again, VIPs back, after {} ms", t0.elapsed().as_millis());
+    let st = rig.status(0);
+    assert!(st["bird"]["last_exit"].as_str().unwrap().contains("SIGKILL"), "{}", st["bird"]);
+
+    // SIGTERM: the gateway loses the VIPs while the appliance still runs.
+    let gone = Arc::new(AtomicBool::new(false));
+    let withdrawn_at = {
+        let gone = Arc::clone(&gone);
+        let gw = rig.gw.name.clone();
+        std::thread::spawn(move || {
+            let t0 = Instant::now();
+            while t0.elapsed() < Duration::from_secs(20) {
+                let r4 = Command::new("ip").args(["netns", "exec", &gw, "ip", "-4", "route", "show", VIP4]).output().unwrap();
+                let r6 = Command::new("ip").args(["netns", "exec", &gw, "ip", "-6", "route", "show", VIP6]).output().unwrap();
+                if r4.stdout.is_empty() && r6.stdout.is_empty() {
+                    gone.store(true, Ordering::SeqCst);
+                    return Some(t0.elapsed());
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            None
+        })
+    };
+    let t0 = Instant::now();
+    let (code, _, err) = rig.lbs[0].proc.take().unwrap().stop("TERM", Duration::from_secs(30));
+    let exited = t0.elapsed();
+    let withdrawn = withdrawn_at.join().unwrap().expect("the VIPs left the gateway's FIB");
+    eprintln!("SIGTERM: VIPs gone from the gateway after {} ms, appliance exited after {} ms", withdrawn.as_millis(), exited.as_millis());
+    assert_eq!(code, Some(0), "{err}");
+    assert!(withdrawn < exited, "withdrawn before the appliance stopped");
+    let at = |s: &str| err.find(s).unwrap_or_else(|| panic!("{s:?} not in the log:\n{err}"));
+    assert!(at("every VIP withdrawn; waiting for the routers") < at("bird stopped"));
+    assert!(at("bird stopped") < at("stopped forwarded="), "the workers stop last:\n{err}");
+    assert!(err.contains("mbufs_in_use=0"));
+    assert!(rig.birdc("show protocols").contains("Administrative shutdown"), "{}", rig.birdc("show protocols"));
+}
+
+/// Two appliances announce the same VIP and the gateway spreads `N`
+/// long-lived TCP connections over both with ECMP; the second appliance
+/// (whose endpoints are `second`) is stopped gracefully while they run.
+/// Returns how many connections survived and how many broke.
+fn ecmp_graceful_stop(tag: &str, second: Eps) -> (u64, u64) {
+    let mut rig = Rig::new(tag, 2, false, true, second);
+    rig.start(0);
+    rig.start(1);
+    let both = wait_until(Duration::from_secs(90), || {
+        let r = rig.gw_route(VIP4);
+        rig.peered(0) && rig.peered(1) && r.contains("nexthop via 10.100.0.1") && r.contains("nexthop via 10.100.0.3")
+    });
+    if !both {
+        rig.fail("the gateway has no ECMP route over both appliances");
+    }
+    eprintln!("gateway FIB: {}", rig.gw_route(VIP4).replace('\n', " "));
+    let out = rig.dir.join("hold.json");
+    let script = root().join("scripts/client.py");
+    let mut hold = rig.client.spawn(&["python3", script.to_str().unwrap(), "hold", VIP4, &N.to_string(), "15", out.to_str().unwrap()]);
+    let ready = PathBuf::from(format!("{}.ready", out.display()));
+    if !wait_until(Duration::from_secs(20), || ready.exists()) {
+        let (_, o, e) = hold.stop("KILL", Duration::from_secs(1));
+        rig.fail(&format!("the connections could not be opened: {o}{e}"));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    let balanced = |rig: &Rig, k: usize| -> u64 {
+        rig.status(k)["workers"].as_array().map_or(0, |w| w.iter().map(|w| w["balanced"].as_u64().unwrap_or(0)).sum())
+    };
+    let (a, b) = (balanced(&rig, 0), balanced(&rig, 1));
+    eprintln!("packets balanced before the stop: appliance 0: {a}, appliance 1: {b}");
+    assert!(a > 0 && b > 0, "ECMP uses both appliances: {a} / {b}");
+
+    let (code, _, err) = rig.lbs[1].proc.take().unwrap().stop("TERM", Duration::from_secs(30));
+    assert_eq!(code, Some(0), "{err}");
+    let r = rig.gw_route(VIP4);
+    assert!(r.contains("10.100.0.1") && !r.contains("10.100.0.3"), "only appliance 0 is left: {r}");
+
+    // The client holds its connections for 15 s in all, then reports.
+    let done = wait_until(Duration::from_secs(40), || out.exists() && !hold.running());
+    assert!(done, "the client did not finish");
+    let res: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let (mut ok, mut broken) = (0u64, 0u64);
+    for v in res.as_object().unwrap().values() {
+        ok += v[0].as_u64().unwrap();
+        broken += v[1].as_u64().unwrap();
+    }
+    eprintln!("long-lived connections: {ok} survived, {broken} broke (of {N}); per backend [ok, broken]: {res}");
+    assert_eq!(ok + broken, N as u64);
+    (ok, broken)
+}
+
+/// Long-lived connections held open over both appliances.
+const N: usize = 64;
+
+/// Identical tables: the flows that move land on the same backend, so
+/// every connection survives the graceful stop of one appliance.
+#[test]
+fn ecmp_two_appliances_long_lived_tcp_survives_a_graceful_stop() {
+    if !privileged() {
+        return;
+    }
+    let (_, broken) = ecmp_graceful_stop("b2", Eps::Same);
+    assert_eq!(broken, 0, "every connection survives");
+}
+
+/// The control: the second appliance identifies the same endpoints
+/// differently, so its table disagrees; the flows that move from it break,
+/// the others do not. (This is what the test above would see if tables
+/// were not built from endpoint identifiers alone.)
+#[test]
+fn ecmp_with_disagreeing_tables_breaks_the_flows_that_move() {
+    if !privileged() {
+        return;
+    }
+    let (ok, broken) = ecmp_graceful_stop("b3", Eps::Rotated);
+    assert!(broken > 0 && ok > 0, "{ok} survived, {broken} broke");
+}
