@@ -451,7 +451,7 @@ fn port(n: Node<'_>, p: &mut Problems, before: &[PortConfig]) -> Option<PortConf
     let mtu = n.field("mtu", |n| n.int(p, lo, hi)).flatten().unwrap_or(1500) as u16;
     if mtu < limits::MTU_MIN_IPV6 {
         if let Some(a) = addresses.iter().find(|a| !a.addr.is_v4()) {
-            let at = n.v.get("mtu").map_or(n.pos(), Value::pos);
+            let at = n.v.get("mtu").map_or(n.v.pos(), Value::pos);
             p.add(n.file(), Some(at), &child(n.path(), "mtu"), format!(
                 "MTU {mtu} is below {}, the least IPv6 allows, and the port has IPv6 address {a}",
                 limits::MTU_MIN_IPV6
@@ -500,7 +500,7 @@ fn defaults(n: Node<'_>, p: &mut Problems) -> Defaults {
 }
 
 fn origin(n: &Node<'_>) -> Origin {
-    Origin { file: n.file().to_owned(), pos: Some(n.pos()), path: n.path().to_owned() }
+    Origin { file: n.file().to_owned(), pos: n.pos(), path: n.path().to_owned() }
 }
 
 /// Service settings shared by the inline form and manifests' annotations
