@@ -13,6 +13,7 @@
 #![allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
 
 pub mod fields;
+pub mod kubernetes;
 pub mod manifests;
 pub mod node;
 pub mod yaml;
@@ -181,6 +182,8 @@ pub struct ApplianceConfig {
     pub inline: Desired,
     /// Manifests, if any.
     pub manifests: Option<ManifestsConfig>,
+    /// The Kubernetes API as a source, if set (`kubernetes:`).
+    pub kubernetes: Option<kubernetes::KubeConfig>,
 }
 
 impl ApplianceConfig {
@@ -193,6 +196,7 @@ impl ApplianceConfig {
 
 const TOP: &[&str] = &[
     "dpdk", "ports", "gateways", "defaults", "flowTable", "admin", "capacity", "services", "routes", "manifests",
+    "kubernetes",
 ];
 
 /// Reads and checks the file (not the manifests it points to).
@@ -296,6 +300,8 @@ pub fn parse(v: &Value, path: &Path) -> Result<ApplianceConfig, Vec<Problem>> {
         Some(ManifestsConfig { directory: base.join(dir?), gateway })
     });
 
+    let kubernetes = root.field("kubernetes", |n| kubernetes::parse(n, &mut p, path)).flatten();
+
     if !p.is_empty() {
         return Err(p.0);
     }
@@ -314,6 +320,7 @@ pub fn parse(v: &Value, path: &Path) -> Result<ApplianceConfig, Vec<Problem>> {
         max_endpoints,
         inline,
         manifests: manifests.flatten(),
+        kubernetes,
     })
 }
 
