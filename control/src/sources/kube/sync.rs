@@ -1,0 +1,373 @@
+//! From the watched objects to a desired state and back to their status,
+//! without a cluster: the part of the Kubernetes source that decides.
+//!
+//! [`Sync::plan`] maps the objects through the one mapping of
+//! [`crate::config::manifests`] (objects whose own fields are wrong, and
+//! what depends on them, are left out), applies the algorithm rules
+//! (`global` or `annotation`; a live Service keeps its algorithm unless
+//! changes are allowed) and gives the desired state to send. When the
+//! reconciler refuses it, [`Sync::refused`] finds the objects the problems
+//! are about by their origin (`kubernetes: Kind/namespace/name`) and
+//! leaves them out for the next try; the caller tries again a bounded
+//! number of times. [`Sync::status`] gives the status of the Gateway and
+//! of each of its routes from the outcome.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde_json::{json, Value as Json};
+use sluice_dataplane::service::Algorithm;
+
+use crate::config::kubernetes::{AlgorithmConfiguration, KubeConfig};
+use crate::config::manifests::{self, Kind, Mapping, Object, Reason, Refusal, Scope};
+use crate::model::{Defaults, Desired};
+use crate::problem::Problem;
+
+/// The controller name written in route status (the design's GatewayClass
+/// controller).
+pub const CONTROLLER: &str = "meridio-experiment/stateless-load-balancer";
+/// Longest condition message (the API's limit).
+const MESSAGE_MAX: usize = 32768;
+/// How a condition says the algorithm of a live Service was kept.
+pub const SETTINGS_CONDITION: &str = "sluice.io/ServiceSettings";
+
+/// The kinds watched, in the order they are listed in status.
+pub const KINDS: [&str; 5] = ["Gateway", "L34Route", "Service", "EndpointSlice", "GatewayRouter"];
+
+/// The objects watched, by kind then name, as the API gave them (with
+/// `apiVersion` and `kind` set).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Objects {
+    /// Kind → name → object.
+    pub by_kind: BTreeMap<&'static str, BTreeMap<String, Json>>,
+}
+
+impl Objects {
+    /// Adds or replaces an object of `kind`.
+    pub fn apply(&mut self, kind: &'static str, obj: Json) {
+        let name = obj.pointer("/metadata/name").and_then(Json::as_str).unwrap_or("").to_owned();
+        self.by_kind.entry(kind).or_default().insert(name, obj);
+    }
+
+    /// Removes an object of `kind`.
+    pub fn delete(&mut self, kind: &'static str, name: &str) {
+        if let Some(m) = self.by_kind.get_mut(kind) {
+            m.remove(name);
+        }
+    }
+
+    /// Replaces every object of `kind` (after a list).
+    pub fn replace(&mut self, kind: &'static str, objs: BTreeMap<String, Json>) {
+        self.by_kind.insert(kind, objs);
+    }
+
+    /// The objects of `kind`.
+    pub fn of(&self, kind: &str) -> impl Iterator<Item = &Json> {
+        self.by_kind.get(kind).into_iter().flat_map(BTreeMap::values)
+    }
+
+    /// How many objects of `kind`.
+    pub fn count(&self, kind: &str) -> usize {
+        self.by_kind.get(kind).map_or(0, BTreeMap::len)
+    }
+
+    /// The objects as the mapping reads them.
+    pub fn for_mapping(&self) -> Vec<Object> {
+        KINDS.iter().flat_map(|k| self.of(k)).map(Object::from_api).collect()
+    }
+}
+
+/// What became of the last state sent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Nothing sent yet.
+    Pending(String),
+    /// Served.
+    Applied,
+    /// Not sent or refused as a whole (the last served state stays): why.
+    Refused(Vec<Problem>),
+}
+
+/// One attempt: the mapping and what it sends.
+#[derive(Debug)]
+pub struct Plan {
+    /// The objects, mapped.
+    pub mapping: Mapping,
+    /// What to send (the objects not left out).
+    pub desired: Desired,
+    /// Services whose algorithm was kept, by origin: why.
+    pub kept: BTreeMap<String, String>,
+}
+
+/// The decisions of the Kubernetes source, kept between changes.
+#[derive(Debug)]
+pub struct Sync {
+    cfg: KubeConfig,
+    defaults: Defaults,
+    /// The algorithm each live Service was first served with, by uid
+    /// (then name): a change is refused unless allowed.
+    pins: BTreeMap<String, Algorithm>,
+    /// Objects the reconciler refused in this round of tries.
+    excluded: BTreeMap<String, Refusal>,
+    /// What is being served (the last state the reconciler applied).
+    served: Desired,
+    /// Routes served, by origin.
+    served_routes: BTreeSet<String>,
+    /// What became of the last state.
+    pub outcome: Outcome,
+}
+
+impl Sync {
+    /// Nothing served yet.
+    pub fn new(cfg: KubeConfig, defaults: Defaults) -> Sync {
+        Sync {
+            cfg,
+            defaults,
+            pins: BTreeMap::new(),
+            excluded: BTreeMap::new(),
+            served: Desired::default(),
+            served_routes: BTreeSet::new(),
+            outcome: Outcome::Pending("nothing listed from the API yet".into()),
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &KubeConfig {
+        &self.cfg
+    }
+
+    /// What is being served.
+    pub fn served(&self) -> &Desired {
+        &self.served
+    }
+
+    /// Starts a new round of tries (the objects changed): every object is
+    /// given its chance again.
+    pub fn new_round(&mut self) {
+        self.excluded.clear();
+    }
+
+    /// Maps `objects` with what the reconciler refused in this round left out.
+    pub fn plan(&self, objects: &Objects) -> Plan {
+        let scope = Scope {
+            gateway: &self.cfg.gateway,
+            gateway_class: Some(&self.cfg.gateway_class),
+            algorithm_annotations: self.cfg.algorithm_configuration == AlgorithmConfiguration::Annotation,
+        };
+        let whole = format!("kubernetes: namespace {}", self.cfg.namespace);
+        let among = format!("the Gateways of namespace {:?}", self.cfg.namespace);
+        let mapping = manifests::map(&objects.for_mapping(), &scope, &self.excluded, &whole, &among);
+        let mut desired = mapping.desired();
+        let mut kept = BTreeMap::new();
+        if !self.cfg.allow_algorithm_change {
+            let uids = uids(objects);
+            for s in &mut desired.services {
+                let now = s.algorithm.unwrap_or(self.defaults.algorithm);
+                let Some(&pinned) = pin_key(&uids, &s.name).and_then(|k| self.pins.get(&k)) else { continue };
+                if pinned != now {
+                    kept.insert(s.origin.file.clone(), format!(
+                        "the load-balancing algorithm of a live Service does not change: still {pinned}, not {now} \
+                         (recreate the Service to change it, or set kubernetes.allowAlgorithmChange)"
+                    ));
+                    s.algorithm = Some(pinned);
+                }
+            }
+        }
+        Plan { mapping, desired, kept }
+    }
+
+    /// The reconciler refused `plan` with `problems`: leaves out the
+    /// objects they are about. False when none of them is one of ours
+    /// (trying again would not help).
+    pub fn refused(&mut self, plan: &Plan, problems: &[Problem]) -> bool {
+        let mut by_origin: BTreeMap<&str, Vec<Problem>> = BTreeMap::new();
+        for p in problems {
+            if plan.mapping.get(&p.file).is_some_and(|m| m.refusal.is_none()) {
+                by_origin.entry(p.file.as_str()).or_default().push(p.clone());
+            }
+        }
+        if by_origin.is_empty() {
+            return false;
+        }
+        for (origin, problems) in by_origin {
+            self.excluded.insert(origin.to_owned(), Refusal { reason: reason_of(&problems), problems });
+        }
+        true
+    }
+
+    /// `plan` was applied: it is what is served now.
+    pub fn applied(&mut self, plan: &Plan, objects: &Objects) {
+        self.served = plan.desired.clone();
+        self.served_routes = plan
+            .mapping
+            .objects
+            .iter()
+            .filter(|m| m.kind == Kind::Route && m.refusal.is_none())
+            .map(|m| m.origin.clone())
+            .collect();
+        let uids = uids(objects);
+        let mut pins = BTreeMap::new();
+        for s in &plan.desired.services {
+            if let Some(k) = pin_key(&uids, &s.name) {
+                let first = self.pins.get(&k).copied().unwrap_or(s.algorithm.unwrap_or(self.defaults.algorithm));
+                pins.insert(k, if self.cfg.allow_algorithm_change { s.algorithm.unwrap_or(self.defaults.algorithm) } else { first });
+            }
+        }
+        self.pins = pins;
+        self.outcome = Outcome::Applied;
+    }
+
+    /// The status of the Gateway (when it is this appliance's) and of each
+    /// of its routes, by object name, as of `now` (RFC 3339).
+    pub fn status(&self, objects: &Objects, plan: &Plan, now: &str) -> Statuses {
+        let mut out = Statuses::default();
+        let Some(gw) = objects.by_kind.get("Gateway").and_then(|m| m.get(&self.cfg.gateway)) else { return out };
+        if gw.pointer("/spec/gatewayClassName").and_then(Json::as_str) != Some(self.cfg.gateway_class.as_str()) {
+            return out; // another class: not ours to speak for
+        }
+        let mut vips: Vec<String> = self.served.routes.iter().flat_map(|r| r.matches.vips.iter().map(ToString::to_string)).collect();
+        vips.sort();
+        vips.dedup();
+        let routes: Vec<_> = plan.mapping.objects.iter().filter(|m| m.kind == Kind::Route && !m.name.is_empty()).collect();
+        let refused: Vec<String> = routes.iter().filter(|m| !self.served_routes.contains(&m.origin)).map(|m| m.name.clone()).collect();
+        let generation = gw.pointer("/metadata/generation").cloned().unwrap_or(Json::Null);
+        let observed = gw.pointer("/status/conditions").cloned().unwrap_or(Json::Null);
+        let cond = |t: &str, ok: bool, reason: &str, message: String| condition(&observed, t, ok, reason, &message, &generation, now);
+        let programmed = match &self.outcome {
+            Outcome::Applied if refused.is_empty() => cond("Programmed", true, "Programmed", format!("{} L34Route(s) served", self.served_routes.len())),
+            Outcome::Applied => cond("Programmed", true, "Programmed", format!(
+                "{} L34Route(s) served; left out (see their status): {}",
+                self.served_routes.len(),
+                refused.join(", ")
+            )),
+            Outcome::Pending(why) => cond("Programmed", false, "Pending", why.clone()),
+            Outcome::Refused(ps) => cond("Programmed", false, "Invalid", format!(
+                "the appliance refused the Gateway's objects and serves what it served before: {}",
+                join(ps)
+            )),
+        };
+        out.gateway = Some(json!({
+            "addresses": vips.iter().map(|v| json!({"type": "IPAddress", "value": v})).collect::<Vec<_>>(),
+            "conditions": [cond("Accepted", true, "Accepted", "served by Sluice".into()), programmed],
+        }));
+        for m in routes {
+            let Some(obj) = objects.by_kind.get("L34Route").and_then(|r| r.get(&m.name)) else { continue };
+            let generation = obj.pointer("/metadata/generation").cloned().unwrap_or(Json::Null);
+            let observed = our_parent(obj).and_then(|p| p.get("conditions").cloned()).unwrap_or(Json::Null);
+            let mut conditions = vec![if self.served_routes.contains(&m.origin) {
+                condition(&observed, "Accepted", true, "Accepted", "served", &generation, now)
+            } else if let Some(r) = &m.refusal {
+                condition(&observed, "Accepted", false, r.reason.as_str(), &r.message(), &generation, now)
+            } else {
+                let why = match &self.outcome {
+                    Outcome::Refused(ps) => format!("the appliance refused the state it is part of: {}", join(ps)),
+                    Outcome::Pending(why) => why.clone(),
+                    Outcome::Applied => "not served yet".to_owned(),
+                };
+                condition(&observed, "Accepted", false, "Pending", &why, &generation, now)
+            }];
+            if let Some(why) = m.service.as_ref().and_then(|s| plan.kept.iter().find(|(o, _)| service_name(o) == Some(s))).map(|(_, w)| w) {
+                conditions.push(condition(&observed, SETTINGS_CONDITION, false, "AlgorithmChangeRefused", why, &generation, now));
+            }
+            out.routes.insert(m.name.clone(), json!({"parents": [{
+                "parentRef": {"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": self.cfg.gateway},
+                "controllerName": CONTROLLER,
+                "conditions": conditions,
+            }]}));
+        }
+        out
+    }
+}
+
+/// The status to write: the Gateway's (addresses and conditions) and each
+/// route's, by name.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Statuses {
+    /// The Gateway's, when it is this appliance's.
+    pub gateway: Option<Json>,
+    /// Each route's.
+    pub routes: BTreeMap<String, Json>,
+}
+
+/// The part of an object's observed status that [`Sync::status`] writes,
+/// to tell whether writing would change anything.
+pub fn observed_part(kind: &str, obj: &Json) -> Json {
+    match kind {
+        "Gateway" => {
+            let conds: Vec<Json> = obj
+                .pointer("/status/conditions")
+                .and_then(Json::as_array)
+                .map(|c| c.iter().filter(|c| matches!(c["type"].as_str(), Some("Accepted" | "Programmed"))).cloned().collect())
+                .unwrap_or_default();
+            json!({"addresses": obj.pointer("/status/addresses").cloned().unwrap_or(json!([])), "conditions": conds})
+        }
+        _ => match our_parent(obj) {
+            Some(p) => json!({"parents": [p]}),
+            None => Json::Null,
+        },
+    }
+}
+
+fn our_parent(route: &Json) -> Option<Json> {
+    route.pointer("/status/parents")?.as_array()?.iter().find(|p| p["controllerName"] == CONTROLLER).cloned()
+}
+
+/// A condition; its transition time is the observed one when nothing
+/// but the time would change, so that replicas writing the same status
+/// write the same bytes.
+fn condition(observed: &Json, t: &str, ok: bool, reason: &str, message: &str, generation: &Json, now: &str) -> Json {
+    let status = if ok { "True" } else { "False" };
+    let mut message = message.to_owned();
+    if message.len() > MESSAGE_MAX {
+        let mut cut = MESSAGE_MAX - 3;
+        while !message.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        message.truncate(cut);
+        message.push_str("...");
+    }
+    let before = observed.as_array().and_then(|c| c.iter().find(|c| c["type"] == t));
+    let since = match before {
+        Some(b) if b["status"] == status && b["reason"] == reason && b["message"] == message.as_str() => {
+            b["lastTransitionTime"].as_str().unwrap_or(now).to_owned()
+        }
+        _ => now.to_owned(),
+    };
+    let mut c = json!({"type": t, "status": status, "reason": reason, "message": message, "lastTransitionTime": since});
+    if !generation.is_null() {
+        c["observedGeneration"] = generation.clone();
+    }
+    c
+}
+
+fn join(ps: &[Problem]) -> String {
+    ps.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
+}
+
+fn reason_of(problems: &[Problem]) -> Reason {
+    if problems.iter().any(|p| p.message.starts_with("route to ")) {
+        Reason::BackendRefused
+    } else {
+        Reason::Refused
+    }
+}
+
+/// Service name → uid.
+fn uids(objects: &Objects) -> BTreeMap<String, String> {
+    objects
+        .of("Service")
+        .filter_map(|s| {
+            let name = s.pointer("/metadata/name")?.as_str()?.to_owned();
+            let uid = s.pointer("/metadata/uid").and_then(Json::as_str).unwrap_or("").to_owned();
+            Some((name, uid))
+        })
+        .collect()
+}
+
+fn pin_key(uids: &BTreeMap<String, String>, name: &str) -> Option<String> {
+    uids.get(name).map(|uid| format!("{name}/{uid}"))
+}
+
+/// The name of the Service whose origin is `origin`.
+fn service_name(origin: &str) -> Option<&str> {
+    origin.strip_prefix("kubernetes: Service/")?.split_once('/').map(|(_, n)| n)
+}
