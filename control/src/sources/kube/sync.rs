@@ -371,3 +371,280 @@ fn pin_key(uids: &BTreeMap<String, String>, name: &str) -> Option<String> {
 fn service_name(origin: &str) -> Option<&str> {
     origin.strip_prefix("kubernetes: Service/")?.split_once('/').map(|(_, n)| n)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::config::kubernetes::DEFAULT_GATEWAY_CLASS;
+    use crate::model::{Model, Origin};
+
+    fn fixtures() -> std::path::PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("src/sources/kube/testdata")
+    }
+
+    fn manifests_dir() -> std::path::PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/manifests")
+    }
+
+    fn cfg() -> KubeConfig {
+        KubeConfig {
+            gateway: "sllb-a".into(),
+            namespace: "tenant-a".into(),
+            kubeconfig: None,
+            gateway_class: DEFAULT_GATEWAY_CLASS.into(),
+            algorithm_configuration: AlgorithmConfiguration::Annotation,
+            allow_algorithm_change: false,
+        }
+    }
+
+    /// The objects of manifest files as the API would give them: in the
+    /// namespace, with a uid.
+    fn from_files(files: &[&Path]) -> Objects {
+        let mut out = Objects::default();
+        for f in files {
+            let objs = if f.is_dir() {
+                manifests::read_dir(f).unwrap()
+            } else {
+                let dir = tempdir(f);
+                manifests::read_dir(&dir).unwrap()
+            };
+            for o in objs {
+                let mut v = o.value.to_json();
+                let Some(kind) = KINDS.iter().find(|k| v["kind"] == **k) else { continue };
+                let name = v["metadata"]["name"].as_str().unwrap().to_owned();
+                v["metadata"]["namespace"] = json!("tenant-a");
+                v["metadata"]["uid"] = json!(format!("uid-{name}"));
+                out.apply(kind, v);
+            }
+        }
+        out
+    }
+
+    /// A directory holding only `file`.
+    fn tempdir(file: &Path) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("sluice-kube-{}-{}", std::process::id(), file.file_stem().unwrap().to_string_lossy()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::copy(file, dir.join(file.file_name().unwrap())).unwrap();
+        dir
+    }
+
+    /// `d` without where its parts came from, in a fixed order.
+    fn normal(mut d: Desired) -> Desired {
+        for r in &mut d.routes {
+            r.origin = Origin::default();
+        }
+        for s in &mut d.services {
+            s.origin = Origin::default();
+        }
+        for e in &mut d.endpoints {
+            e.origin = Origin::default();
+        }
+        d.routes.sort_by(|a, b| a.name.cmp(&b.name));
+        d.services.sort_by(|a, b| a.name.cmp(&b.name));
+        d.endpoints.sort_by(|a, b| (&a.service, a.id).cmp(&(&b.service, b.id)));
+        d
+    }
+
+    /// Tries `sync`'s plan with the model's checks as the reconciler would,
+    /// leaving out what they refuse, until a state is accepted.
+    fn settle(sync: &mut Sync, objects: &Objects) -> Plan {
+        sync.new_round();
+        let mut plan = sync.plan(objects);
+        for _ in 0..8 {
+            let mut m = Model::default();
+            m.set("kubernetes", plan.desired.clone());
+            match m.resolve(&Defaults::default()) {
+                Ok(_) => {
+                    sync.applied(&plan, objects);
+                    return plan;
+                }
+                Err(ps) => {
+                    assert!(sync.refused(&plan, &ps), "problems about no object of ours: {ps:?}");
+                    plan = sync.plan(objects);
+                }
+            }
+        }
+        panic!("no state accepted after 8 tries");
+    }
+
+    fn accepted(st: &Statuses, route: &str) -> (String, String, String) {
+        let c = &st.routes[route]["parents"][0]["conditions"][0];
+        assert_eq!(c["type"], "Accepted");
+        (c["status"].as_str().unwrap().into(), c["reason"].as_str().unwrap().into(), c["message"].as_str().unwrap().into())
+    }
+
+    const NOW: &str = "2025-06-01T12:00:00Z";
+
+    #[test]
+    fn the_same_objects_give_the_same_model_from_files_and_from_the_api() {
+        let from_dir = manifests::load(&manifests_dir(), "sllb-a").unwrap();
+        assert_eq!((from_dir.routes.len(), from_dir.services.len(), from_dir.endpoints.len()), (2, 1, 3));
+        let objects = from_files(&[&manifests_dir()]);
+        let mut sync = Sync::new(cfg(), Defaults::default());
+        let plan = settle(&mut sync, &objects);
+        assert_eq!(normal(plan.desired.clone()), normal(from_dir));
+        assert!(plan.desired.routes[0].origin.file.starts_with("kubernetes: L34Route/tenant-a/"), "{:?}", plan.desired.routes[0].origin);
+    }
+
+    #[test]
+    fn wrong_objects_are_left_out_and_the_others_served() {
+        // A directory holding the bad objects is refused whole, every problem listed...
+        let bad = fixtures().join("bad.yaml");
+        let problems = manifests::load(&tempdir(&bad), "sllb-a").unwrap_err();
+        let text: Vec<String> = problems.iter().map(ToString::to_string).collect();
+        assert!(text.iter().any(|p| p.contains("VIP 20.0.0.0/24 is not a /32")), "{text:#?}");
+        assert!(text.iter().any(|p| p.contains("endpoint-limit: 0 is out of range")), "{text:#?}");
+
+        // ...while from the API the same objects are left out one by one and
+        // the rest gives exactly the model of the good objects alone.
+        let objects = from_files(&[&manifests_dir(), &bad]);
+        let mut sync = Sync::new(cfg(), Defaults::default());
+        let plan = settle(&mut sync, &objects);
+        assert_eq!(normal(plan.desired.clone()), normal(manifests::load(&manifests_dir(), "sllb-a").unwrap()));
+
+        let st = sync.status(&objects, &plan, NOW);
+        assert_eq!(accepted(&st, "vip-20-0-0-1-web"), ("True".into(), "Accepted".into(), "served".into()));
+        assert_eq!(accepted(&st, "vip-20-0-0-2-syn-only").0, "True");
+        let (s, reason, msg) = accepted(&st, "bad-cidr");
+        assert_eq!((s.as_str(), reason.as_str()), ("False", "UnsupportedValue"));
+        assert_eq!(msg, "kubernetes: L34Route/tenant-a/bad-cidr: spec.destinationCIDRs[0]: VIP 20.0.0.0/24 is not a /32 or /128: a route's destinations are single addresses");
+        let (s, reason, msg) = accepted(&st, "unknown-backend");
+        assert_eq!((s.as_str(), reason.as_str()), ("False", "BackendNotFound"));
+        assert!(msg.contains("route to an unknown service \"nope\""), "{msg}");
+        let (s, reason, msg) = accepted(&st, "to-service-b");
+        assert_eq!((s.as_str(), reason.as_str()), ("False", "BackendNotFound"));
+        assert!(msg.contains("\"service-b\", is left out") && msg.contains("endpoint-limit: 0 is out of range"), "{msg}");
+        assert!(!st.routes.contains_key("other-gateway"), "another Gateway's route gets no status from us");
+
+        let slice = plan.mapping.get("kubernetes: EndpointSlice/tenant-a/service-a-dup").unwrap();
+        let r = slice.refusal.as_ref().unwrap();
+        assert_eq!(r.reason, Reason::Refused);
+        assert!(r.message().contains("duplicate endpoint identifier 0 in service \"service-a\""), "{}", r.message());
+        assert_eq!(plan.mapping.get("kubernetes: EndpointSlice/tenant-a/service-b-1").unwrap().refusal.as_ref().unwrap().reason, Reason::BackendRefused);
+
+        let gw = st.gateway.unwrap();
+        assert_eq!(gw["addresses"], json!([{"type": "IPAddress", "value": "20.0.0.1"}, {"type": "IPAddress", "value": "20.0.0.2"}]));
+        assert_eq!(gw["conditions"][0]["type"], "Accepted");
+        assert_eq!(gw["conditions"][1]["status"], "True");
+        assert_eq!(gw["conditions"][1]["message"], "2 L34Route(s) served; left out (see their status): bad-cidr, to-service-b, unknown-backend");
+    }
+
+    fn service(objects: &mut Objects, uid: &str, algorithm: Option<&str>) {
+        let mut s = objects.by_kind["Service"]["service-a"].clone();
+        s["metadata"]["uid"] = json!(uid);
+        match algorithm {
+            Some(a) => s["metadata"]["annotations"]["service.cilium.io/lb-algorithm"] = json!(a),
+            None => {
+                s["metadata"]["annotations"].as_object_mut().unwrap().remove("service.cilium.io/lb-algorithm");
+            }
+        }
+        objects.apply("Service", s);
+    }
+
+    #[test]
+    fn a_live_service_keeps_its_algorithm_unless_changes_are_allowed() {
+        let mut objects = from_files(&[&manifests_dir()]);
+        let mut sync = Sync::new(cfg(), Defaults::default());
+        let algo = |p: &Plan| p.desired.services[0].algorithm;
+        assert_eq!(algo(&settle(&mut sync, &objects)), Some(Algorithm::Maglev));
+
+        service(&mut objects, "uid-service-a", Some("random"));
+        let plan = settle(&mut sync, &objects);
+        assert_eq!(algo(&plan), Some(Algorithm::Maglev), "the change is refused: still maglev");
+        let st = sync.status(&objects, &plan, NOW);
+        let c = &st.routes["vip-20-0-0-1-web"]["parents"][0]["conditions"];
+        assert_eq!((c[0]["status"].as_str(), c[1]["type"].as_str(), c[1]["reason"].as_str()), (Some("True"), Some(SETTINGS_CONDITION), Some("AlgorithmChangeRefused")));
+        assert!(c[1]["message"].as_str().unwrap().contains("still maglev, not random"));
+        // Removing the annotation leaves the default, maglev: no change.
+        service(&mut objects, "uid-service-a", None);
+        assert_eq!(algo(&settle(&mut sync, &objects)), None);
+
+        // A recreated Service (a new uid) takes the annotation it has.
+        service(&mut objects, "uid-2", Some("random"));
+        let plan = settle(&mut sync, &objects);
+        assert_eq!(algo(&plan), Some(Algorithm::Random));
+        assert!(plan.kept.is_empty());
+
+        // Allowed: the change goes through.
+        let mut sync = Sync::new(KubeConfig { allow_algorithm_change: true, ..cfg() }, Defaults::default());
+        settle(&mut sync, &objects);
+        service(&mut objects, "uid-2", Some("maglev"));
+        assert_eq!(algo(&settle(&mut sync, &objects)), Some(Algorithm::Maglev));
+
+        // Global: annotations are ignored, every Service takes the default.
+        let mut sync = Sync::new(KubeConfig { algorithm_configuration: AlgorithmConfiguration::Global, ..cfg() }, Defaults::default());
+        service(&mut objects, "uid-3", Some("random"));
+        assert_eq!(algo(&settle(&mut sync, &objects)), None);
+    }
+
+    #[test]
+    fn of_two_conflicting_routes_the_older_wins() {
+        let mut objects = from_files(&[&manifests_dir()]);
+        let mut svc = objects.by_kind["Service"]["service-a"].clone();
+        svc["metadata"]["name"] = json!("service-c");
+        objects.apply("Service", svc);
+        let mut newer = objects.by_kind["L34Route"]["vip-20-0-0-1-web"].clone();
+        newer["metadata"]["name"] = json!("a-newer-route");
+        newer["metadata"]["creationTimestamp"] = json!("2030-01-01T00:00:00Z");
+        newer["spec"]["backendRefs"][0]["name"] = json!("service-c");
+        newer["spec"]["destinationPorts"] = json!(["70-90"]);
+        objects.apply("L34Route", newer.clone());
+        let mut sync = Sync::new(cfg(), Defaults::default());
+        let plan = settle(&mut sync, &objects);
+        let st = sync.status(&objects, &plan, NOW);
+        let (s, reason, msg) = accepted(&st, "a-newer-route");
+        assert_eq!((s.as_str(), reason.as_str()), ("False", "Conflicted"));
+        assert!(msg.contains("conflicts with L34Route \"vip-20-0-0-1-web\": same priority 10"), "{msg}");
+        assert_eq!(accepted(&st, "vip-20-0-0-1-web").0, "True");
+
+        // Disjoint traffic (other ports, or another priority) is no conflict.
+        for change in [json!({"destinationPorts": ["81"]}), json!({"priority": 11})] {
+            let mut r = newer.clone();
+            for (k, v) in change.as_object().unwrap() {
+                r["spec"][k] = v.clone();
+            }
+            objects.apply("L34Route", r);
+            let plan = settle(&mut sync, &objects);
+            assert!(plan.mapping.objects.iter().all(|m| m.refusal.is_none()), "{change}");
+        }
+    }
+
+    #[test]
+    fn status_is_only_ours_and_keeps_its_transition_times() {
+        let mut objects = from_files(&[&manifests_dir()]);
+        let mut sync = Sync::new(cfg(), Defaults::default());
+        let plan = sync.plan(&objects);
+        let st = sync.status(&objects, &plan, NOW);
+        let gw = st.gateway.clone().unwrap();
+        assert_eq!((gw["conditions"][1]["status"].as_str(), gw["conditions"][1]["reason"].as_str()), (Some("False"), Some("Pending")));
+        assert_eq!(gw["addresses"], json!([]), "nothing served yet");
+
+        let plan = settle(&mut sync, &objects);
+        let st = sync.status(&objects, &plan, NOW);
+        // The objects now show what was written: nothing differs, even later.
+        let mut gw = objects.by_kind["Gateway"]["sllb-a"].clone();
+        gw["status"] = st.gateway.clone().unwrap();
+        objects.apply("Gateway", gw.clone());
+        for (name, s) in &st.routes {
+            let mut r = objects.by_kind["L34Route"][name].clone();
+            r["status"] = s.clone();
+            objects.apply("L34Route", r);
+        }
+        let later = sync.status(&objects, &plan, "2025-06-01T13:00:00Z");
+        assert_eq!(observed_part("Gateway", &objects.by_kind["Gateway"]["sllb-a"]), later.gateway.unwrap());
+        for (name, s) in &later.routes {
+            assert_eq!(&observed_part("L34Route", &objects.by_kind["L34Route"][name]), s, "{name}");
+        }
+
+        // Another class: not ours, no status at all, and nothing served.
+        gw["spec"]["gatewayClassName"] = json!("someone-else");
+        objects.apply("Gateway", gw);
+        let plan = sync.plan(&objects);
+        assert!(plan.mapping.whole[0].message.contains("has class \"someone-else\", not \"meridio-experiment/stateless-load-balancer\""));
+        assert_eq!(sync.status(&objects, &plan, NOW), Statuses::default());
+        objects.delete("Gateway", "sllb-a");
+        assert!(sync.plan(&objects).mapping.whole[0].message.contains("no Gateway named \"sllb-a\""));
+    }
+}
