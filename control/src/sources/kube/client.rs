@@ -41,6 +41,8 @@ const MAX_TRIES: usize = 8;
 /// How often status is written again when a write failed, and the client
 /// made again when it could not be.
 const RETRY: Duration = Duration::from_secs(5);
+/// How often the API server is asked whether it is there.
+const PROBE: Duration = Duration::from_secs(3);
 
 fn lock(m: &Mutex<KubeStatus>) -> std::sync::MutexGuard<'_, KubeStatus> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -176,10 +178,11 @@ pub async fn run(
             Ok(c) => break c,
             Err(e) => {
                 warn!(error = %e, "Kubernetes source cannot start; trying again");
-                let mut st = lock(&status);
-                st.last_error = Some(e.to_string());
-                st.last_error_at = Some(now_epoch());
-                drop(st);
+                {
+                    let mut st = lock(&status);
+                    st.last_error = Some(e.to_string());
+                    st.last_error_at = Some(now_epoch());
+                }
                 tokio::select! {
                     () = cancel.cancelled() => return,
                     () = tokio::time::sleep(RETRY) => {}
@@ -201,6 +204,8 @@ pub async fn run(
         written: HashMap::new(),
         write_failed: false,
     };
+    let probe = tokio::spawn(probe(client.clone(), Arc::clone(&task.status), cancel.clone()));
+    let _stop_probe = AbortOnDrop(probe);
     let mut events = watches(&client, &task.cfg);
     let mut dirty = false;
     let deadline = tokio::time::sleep(DEBOUNCE);
@@ -225,6 +230,47 @@ pub async fn run(
             }
             _ = retry.tick(), if task.write_failed => task.write_status(&client).await,
         }
+    }
+}
+
+/// Asks the API server its version every [`PROBE`]: whether it can be
+/// reached (a watch that resumed quietly says nothing until something
+/// changes). A watch error marks the source disconnected until the next
+/// probe that succeeds.
+async fn probe(client: Client, status: Arc<Mutex<KubeStatus>>, cancel: CancellationToken) {
+    let mut tick = tokio::time::interval(PROBE);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let res = tokio::time::timeout(PROBE, client.apiserver_version()).await;
+        let mut st = lock(&status);
+        match res {
+            Ok(Ok(v)) => {
+                st.connected = true;
+                st.server_version = Some(v.git_version);
+            }
+            Ok(Err(e)) => {
+                st.connected = false;
+                st.last_error = Some(format!("reaching the API server: {e}"));
+                st.last_error_at = Some(now_epoch());
+            }
+            Err(_) => {
+                st.connected = false;
+                st.last_error = Some(format!("reaching the API server: no answer in {}s", PROBE.as_secs()));
+                st.last_error_at = Some(now_epoch());
+            }
+        }
+    }
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
@@ -269,9 +315,11 @@ impl Task {
                 true
             }
         };
-        self.errors[i] = None;
+        let recovered = self.errors[i].take().is_some();
         let mut st = lock(&self.status);
-        st.connected = self.errors.iter().all(Option::is_none);
+        if recovered && self.errors.iter().all(Option::is_none) {
+            st.connected = true;
+        }
         st.synced = self.listed.iter().all(|l| *l);
         st.waiting_for = KINDS.iter().zip(self.listed).filter(|(_, l)| !l).map(|(k, _)| (*k).to_owned()).collect();
         st.watched = KINDS.iter().map(|k| ((*k).to_owned(), self.objects.count(k))).collect();
@@ -420,8 +468,7 @@ impl Task {
                 "status": st,
             });
             let res = api.patch_status(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&body)).await;
-            let mut s = lock(&self.status);
-            s.status_writes += 1;
+            lock(&self.status).status_writes += 1;
             match res {
                 Ok(_) => {
                     debug!(%origin, "status written");
@@ -429,6 +476,7 @@ impl Task {
                 }
                 Err(e) => {
                     warn!(%origin, error = %e, "writing status failed; trying again");
+                    let mut s = lock(&self.status);
                     s.status_write_errors += 1;
                     s.last_error = Some(format!("writing the status of {origin}: {e}"));
                     s.last_error_at = Some(now_epoch());

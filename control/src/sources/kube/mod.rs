@@ -53,8 +53,11 @@ pub struct KubeStatus {
     pub gateway: String,
     /// The namespace watched.
     pub namespace: String,
-    /// Every watch is up (the last thing each one said was not an error).
+    /// The API server answers (asked every few seconds; a watch error
+    /// clears it until the next answer).
     pub connected: bool,
+    /// Its version, as it last answered.
+    pub server_version: Option<String>,
     /// Every kind has been listed at least once (before that, nothing is sent).
     pub synced: bool,
     /// Kinds not listed yet.
