@@ -647,4 +647,27 @@ mod tests {
         objects.delete("Gateway", "sllb-a");
         assert!(sync.plan(&objects).mapping.whole[0].message.contains("no Gateway named \"sllb-a\""));
     }
+    #[test]
+    fn the_k8s_examples_are_what_the_appliance_serves() {
+        let k8s = Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/k8s");
+        let objects = from_files(&[&k8s.join("examples")]);
+        let route: crate::sources::kube::crd::L34Route = serde_json::from_value(objects.by_kind["L34Route"]["vip-20-0-0-1-multi-ports-a"].clone()).unwrap();
+        assert_eq!(route.spec.priority, 10);
+        let router: crate::sources::kube::crd::GatewayRouter = serde_json::from_value(objects.by_kind["GatewayRouter"]["gateway-a-v4"].clone()).unwrap();
+        assert_eq!(router.spec.interface, "vlan-100");
+        let mut sync = Sync::new(cfg(), Defaults::default());
+        let plan = settle(&mut sync, &objects);
+        assert!(plan.mapping.whole.is_empty(), "{:?}", plan.mapping.whole);
+        assert_eq!((plan.desired.routes.len(), plan.desired.services.len()), (1, 1));
+        assert_eq!(sync.status(&objects, &plan, NOW).gateway.unwrap()["addresses"], json!([{"type": "IPAddress", "value": "20.0.0.1"}]));
+
+        // The appliance configuration of the Deployment checks.
+        let deployment = std::fs::read_to_string(k8s.join("deployment.yaml")).unwrap();
+        let (docs, err) = crate::config::yaml::documents(&deployment, &mut crate::config::yaml::Budget::default());
+        assert!(err.is_none());
+        let text = docs[0].get("data").unwrap().get("sluice.yaml").unwrap().as_str().unwrap().to_owned();
+        let c = crate::config::parse_str(&text, Path::new("sluice.yaml")).unwrap();
+        assert_eq!(c.kubernetes.unwrap().gateway, "sllb-a");
+    }
+
 }
