@@ -349,9 +349,10 @@ async fn against_a_real_api_server() {
     let k8s = root().join("configs/k8s");
     kubectl(&["apply", "-f", k8s.join("crds").to_str().unwrap()]);
     kubectl(&["wait", "--for=condition=Established", "crd/l34routes.meridio.experiment.gateway.api.poc", "--timeout=60s"]);
-    kubectl(&["create", "namespace", NS, "--dry-run=client", "-o", "yaml"]);
     let _ = std::process::Command::new("kubectl").arg("--kubeconfig").arg(&kc).args(["create", "namespace", NS]).output();
     kubectl(&["apply", "-n", NS, "-f", k8s.join("examples").to_str().unwrap()]);
+    // The design's GatewayClass name is refused by the API server (see
+    // configs/k8s/examples/gatewayclass.yaml); the Gateway still refers to it.
     let (tx, rx) = mpsc::channel(16);
     let seen = reconciler(rx);
     let status = Arc::new(Mutex::new(KubeStatus::default()));
@@ -369,5 +370,51 @@ async fn against_a_real_api_server() {
     let route = kubectl(&["get", "l34route", "vip-20-0-0-1-multi-ports-a", "-n", NS, "-o", "jsonpath={.status.parents[0].conditions[0].status}"]);
     assert_eq!(route, "True");
     assert!(!seen.lock().unwrap().accepted.is_empty());
+    cancel.cancel();
+}
+
+/// The `sluice-fake-apiserver` binary serves a directory and follows its
+/// edits: the source sees a file edit as a change of the object.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fake_apiserver_binary_follows_its_directory() {
+    use std::io::{BufRead, BufReader};
+    let dir = tempdir("bin");
+    let manifests = dir.0.join("manifests");
+    std::fs::create_dir_all(&manifests).unwrap();
+    for f in std::fs::read_dir(root().join("configs/manifests")).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, manifests.join(f.file_name().unwrap())).unwrap();
+    }
+    let kc = dir.0.join("kubeconfig");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_sluice-fake-apiserver"))
+        .args(["--dir", manifests.to_str().unwrap(), "--namespace", NS, "--kubeconfig-out", kc.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let _child = Kill(child);
+    assert!(line.starts_with("listening on http://127.0.0.1:"), "{line}");
+
+    let (tx, rx) = mpsc::channel(16);
+    let seen = reconciler(rx);
+    let status = Arc::new(Mutex::new(KubeStatus::default()));
+    let cancel = CancellationToken::new();
+    tokio::spawn(kube::run(cfg(kc), Defaults::default(), tx, Arc::clone(&status), cancel.clone()));
+    let last = || seen.lock().unwrap().accepted.last().cloned();
+    until("a first state", || last().is_some()).await;
+    assert_eq!(normal(last().unwrap()), normal(manifests::load(&root().join("configs/manifests"), "sllb-a").unwrap()));
+
+    let slice = manifests.join("endpointslice.yaml");
+    let text = std::fs::read_to_string(&slice).unwrap().replace("- addresses: [10.200.0.12]\n  conditions: {ready: true}\n", "");
+    std::fs::write(&slice, text).unwrap();
+    until("the edit served", || last().is_some_and(|d| d.endpoints.len() == 2)).await;
     cancel.cancel();
 }
