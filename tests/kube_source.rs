@@ -332,9 +332,10 @@ async fn losing_the_api_never_flushes_and_a_restart_without_it_says_why() {
     r.cancel.cancel();
 }
 
-/// Against a real cluster, when `SLUICE_TEST_KUBECONFIG` names one: applies
-/// the CRDs and the example objects of configs/k8s with kubectl, runs the
-/// source, and waits for its status on the Gateway and the routes.
+/// Against a real cluster, when `SLUICE_TEST_KUBECONFIG` names one (with
+/// the Gateway API CRDs installed and kubectl on the PATH): applies the CRDs
+/// and the example objects of configs/k8s, runs the source, and waits for
+/// its status on the Gateway and the routes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn against_a_real_api_server() {
     let Ok(kc) = std::env::var("SLUICE_TEST_KUBECONFIG") else {
@@ -351,8 +352,8 @@ async fn against_a_real_api_server() {
     kubectl(&["wait", "--for=condition=Established", "crd/l34routes.meridio.experiment.gateway.api.poc", "--timeout=60s"]);
     let _ = std::process::Command::new("kubectl").arg("--kubeconfig").arg(&kc).args(["create", "namespace", NS]).output();
     kubectl(&["apply", "-n", NS, "-f", k8s.join("examples").to_str().unwrap()]);
-    // The design's GatewayClass name is refused by the API server (see
-    // configs/k8s/examples/gatewayclass.yaml); the Gateway still refers to it.
+    // (The example GatewayClass has a valid name, not the design's, which
+    // the API server refuses: see configs/k8s/examples/gatewayclass.yaml.)
     let (tx, rx) = mpsc::channel(16);
     let seen = reconciler(rx);
     let status = Arc::new(Mutex::new(KubeStatus::default()));
