@@ -448,6 +448,9 @@ impl Task {
             writes.push((0, self.cfg.gateway.clone(), st));
         }
         writes.extend(routes.into_iter().map(|(name, st)| (1, name, st)));
+        let live: std::collections::HashSet<String> =
+            writes.iter().map(|(i, name, _)| api_origin(KINDS[*i], &self.cfg.namespace, name)).collect();
+        self.written.retain(|origin, _| live.contains(origin));
         let mut failed = false;
         for (i, name, st) in writes {
             let kind = KINDS[i];

@@ -27,6 +27,8 @@ use crate::problem::Problem;
 pub const CONTROLLER: &str = "meridio-experiment/stateless-load-balancer";
 /// Longest condition message (the API's limit).
 const MESSAGE_MAX: usize = 32768;
+/// Most entries of a Gateway's `status.addresses` (Gateway API's limit).
+pub const MAX_ADDRESSES: usize = 16;
 /// How a condition says the algorithm of a live Service was kept.
 pub const SETTINGS_CONDITION: &str = "sluice.io/ServiceSettings";
 
@@ -224,18 +226,23 @@ impl Sync {
         if gw.pointer("/spec/gatewayClassName").and_then(Json::as_str) != Some(self.cfg.gateway_class.as_str()) {
             return out; // another class: not ours to speak for
         }
-        let mut vips: Vec<String> = self.served.routes.iter().flat_map(|r| r.matches.vips.iter().map(ToString::to_string)).collect();
-        vips.sort();
+        let mut vips: Vec<sluice_dataplane::addr::Addr> = self.served.routes.iter().flat_map(|r| r.matches.vips.iter().copied()).collect();
+        vips.sort_unstable_by_key(|a| (!a.is_v4(), a.0));
         vips.dedup();
+        let more = match vips.len().checked_sub(MAX_ADDRESSES) {
+            Some(n) if n > 0 => format!(" ({} VIPs: status.addresses lists the first {MAX_ADDRESSES})", vips.len()),
+            _ => String::new(),
+        };
+        vips.truncate(MAX_ADDRESSES);
         let routes: Vec<_> = plan.mapping.objects.iter().filter(|m| m.kind == Kind::Route && !m.name.is_empty()).collect();
         let refused: Vec<String> = routes.iter().filter(|m| !self.served_routes.contains(&m.origin)).map(|m| m.name.clone()).collect();
         let generation = gw.pointer("/metadata/generation").cloned().unwrap_or(Json::Null);
         let observed = gw.pointer("/status/conditions").cloned().unwrap_or(Json::Null);
         let cond = |t: &str, ok: bool, reason: &str, message: String| condition(&observed, t, ok, reason, &message, &generation, now);
         let programmed = match &self.outcome {
-            Outcome::Applied if refused.is_empty() => cond("Programmed", true, "Programmed", format!("{} L34Route(s) served", self.served_routes.len())),
+            Outcome::Applied if refused.is_empty() => cond("Programmed", true, "Programmed", format!("{} L34Route(s) served{more}", self.served_routes.len())),
             Outcome::Applied => cond("Programmed", true, "Programmed", format!(
-                "{} L34Route(s) served; left out (see their status): {}",
+                "{} L34Route(s) served{more}; left out (see their status): {}",
                 self.served_routes.len(),
                 refused.join(", ")
             )),
@@ -246,7 +253,7 @@ impl Sync {
             )),
         };
         out.gateway = Some(json!({
-            "addresses": vips.iter().map(|v| json!({"type": "IPAddress", "value": v})).collect::<Vec<_>>(),
+            "addresses": vips.iter().map(|v| json!({"type": "IPAddress", "value": v.to_string()})).collect::<Vec<_>>(),
             "conditions": [cond("Accepted", true, "Accepted", "served by Sluice".into()), programmed],
         }));
         for m in routes {
@@ -668,6 +675,25 @@ mod tests {
         let text = docs[0].get("data").unwrap().get("sluice.yaml").unwrap().as_str().unwrap().to_owned();
         let c = crate::config::parse_str(&text, Path::new("sluice.yaml")).unwrap();
         assert_eq!(c.kubernetes.unwrap().gateway, "sllb-a");
+    }
+
+    #[test]
+    fn a_gateway_lists_at_most_16_addresses_and_says_so() {
+        let mut objects = from_files(&[&manifests_dir()]);
+        let route = objects.by_kind["L34Route"]["vip-20-0-0-1-web"].clone();
+        for i in 0..20 {
+            let mut r = route.clone();
+            r["metadata"]["name"] = json!(format!("r{i:02}"));
+            r["spec"]["destinationCIDRs"] = json!([format!("21.0.0.{i}/32")]);
+            objects.apply("L34Route", r);
+        }
+        let mut sync = Sync::new(cfg(), Defaults::default());
+        let plan = settle(&mut sync, &objects);
+        let gw = sync.status(&objects, &plan, NOW).gateway.unwrap();
+        let addrs = gw["addresses"].as_array().unwrap();
+        assert_eq!(addrs.len(), MAX_ADDRESSES);
+        assert_eq!((addrs[0]["value"].as_str(), addrs[15]["value"].as_str()), (Some("20.0.0.1"), Some("21.0.0.13")), "in address order");
+        assert_eq!(gw["conditions"][1]["message"], "22 L34Route(s) served (22 VIPs: status.addresses lists the first 16)");
     }
 
 }
