@@ -148,7 +148,7 @@ fn hostile_input_is_refused() {
 
 #[test]
 fn the_example_configurations_are_valid() {
-    for name in ["configs/demo.yaml", "configs/manifests.yaml"] {
+    for name in ["configs/demo.yaml", "configs/manifests.yaml", "configs/xds.yaml"] {
         let out = Command::new(sluice_bin()).args(["check", "--config"]).arg(root().join(name)).output().unwrap();
         assert!(out.status.success(), "{name}: {}", String::from_utf8_lossy(&out.stderr));
         assert!(String::from_utf8_lossy(&out.stdout).contains(": ok: "));

@@ -53,7 +53,25 @@ pub struct Reconciler {
     macs: NeighMap,
     next_hops: Vec<(u8, Addr)>,
     hops: watch::Sender<Vec<(u8, Addr)>>,
+    settings: watch::Sender<Settings>,
     shared: Arc<Shared>,
+}
+
+/// The settings of the accepted configuration file that other control
+/// tasks follow (the xDS source restarts when they change).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Settings {
+    /// Service defaults.
+    pub defaults: Defaults,
+    /// The xDS management server, when enabled.
+    pub xds: Option<crate::sources::xds::XdsConfig>,
+}
+
+impl Settings {
+    /// The settings of `config`.
+    pub fn of(config: &ApplianceConfig) -> Settings {
+        Settings { defaults: config.defaults, xds: config.xds.clone() }
+    }
 }
 
 impl std::fmt::Debug for Reconciler {
@@ -80,6 +98,7 @@ impl Reconciler {
         publisher: Publisher<Snapshot>,
         shared: Arc<Shared>,
         hops: watch::Sender<Vec<(u8, Addr)>>,
+        settings: watch::Sender<Settings>,
     ) -> Reconciler {
         let mut model = Model::default();
         initial.set_into(&mut model);
@@ -95,6 +114,7 @@ impl Reconciler {
             macs: NeighMap::new(),
             next_hops: Vec::new(),
             hops,
+            settings,
             shared,
             started_with: cfg,
             file,
@@ -156,6 +176,12 @@ impl Reconciler {
         self.topo.gateways = state.config.gateways.clone();
         let outcome = self.resolve_and_publish(trigger);
         if outcome.is_ok() {
+            self.settings.send_if_modified(|s| {
+                let next = Settings::of(&state.config);
+                let changed = *s != next;
+                *s = next;
+                changed
+            });
             self.file = state;
         } else {
             let (file, manifests, defaults, gateways) = saved;
@@ -401,7 +427,8 @@ mod tests {
             gateways: vec![],
         };
         let (tx, rx) = watch::channel(Vec::new());
-        let mut r = Reconciler::new(state, topo, Publisher::new(Snapshot::default()), Arc::clone(&shared), tx);
+        let (settings, _) = watch::channel(Settings::of(&state.config));
+        let mut r = Reconciler::new(state, topo, Publisher::new(Snapshot::default()), Arc::clone(&shared), tx, settings);
         r.start().unwrap();
         (r, shared, rx)
     }

@@ -157,6 +157,7 @@ impl Collector for SluiceCollector {
             family(&mut e, "sluice_snapshot_generation", "Generation of the snapshot published last.", Kind::Gauge, one(f(st.generation)))?;
             family(&mut e, "sluice_snapshot_publish_seconds", "Time the last compile and publish took.", Kind::Gauge, one(V::F(st.publish_seconds)))?;
             family(&mut e, "sluice_snapshot_publishes", "Snapshots published.", Kind::Counter, one(f(st.publishes)))?;
+            family(&mut e, "sluice_services", "Services in the published snapshot.", Kind::Gauge, one(f(st.services.len() as u64)))?;
             family(&mut e, "sluice_snapshots_pending", "Replaced snapshots waiting for every worker to move on.", Kind::Gauge, one(f(st.snapshots_pending as u64)))?;
             family(&mut e, "sluice_next_hops_unresolved", "Next hops whose MAC the kernel has not resolved.", Kind::Gauge, one(f(st.unresolved as u64)))?;
             let (ok, rejected) = st.reload_totals();
@@ -227,6 +228,35 @@ impl Collector for SluiceCollector {
             )?;
         }
 
+        if let Some(x) = lock(&sh.xds).as_ref().map(|x| lock(x).clone()) {
+            use crate::sources::xds::status::ConnectionState;
+            family(&mut e, "sluice_xds_connected", "1 while the ADS stream to the xDS management server is open.", Kind::Gauge, one(f(u64::from(x.state == ConnectionState::Connected))))?;
+            family(&mut e, "sluice_xds_reconnects", "ADS streams opened after the first.", Kind::Counter, one(f(x.reconnects)))?;
+            family(&mut e, "sluice_xds_nacks", "xDS responses refused (NACK), by type.", Kind::Counter, x.types.iter().map(|(t, v)| (vec![("type_url", s(t.clone()))], f(v.nacks))))?;
+            family(&mut e, "sluice_xds_acks", "xDS responses accepted (ACK), by type.", Kind::Counter, x.types.iter().map(|(t, v)| (vec![("type_url", s(t.clone()))], f(v.acks))))?;
+            family(
+                &mut e,
+                "sluice_xds_accepted_version",
+                "The version of each type last accepted (as a label).",
+                Kind::Gauge,
+                x.types.iter().map(|(t, v)| (vec![("type_url", s(t.clone())), ("version", s(v.version.clone()))], f(1))),
+            )?;
+            family(&mut e, "sluice_xds_last_update_timestamp_seconds", "When the last accepted xDS change was applied.", Kind::Gauge, one(f(x.last_update.unwrap_or(0))))?;
+            family(&mut e, "sluice_xds_services", "L4 services the xDS source defines.", Kind::Gauge, one(f(x.services as u64)))?;
+            #[allow(clippy::cast_precision_loss)]
+            let secs = |us: u64| V::F(us as f64 / 1e6);
+            family(
+                &mut e,
+                "sluice_xds_to_live_seconds",
+                "From an xDS response's arrival to its state being published, by quantile.",
+                Kind::Gauge,
+                vec![
+                    (vec![("quantile", s("0.5"))], secs(x.to_live.p50_us)),
+                    (vec![("quantile", s("0.99"))], secs(x.to_live.p99_us)),
+                    (vec![("quantile", s("1"))], secs(x.to_live.max_us)),
+                ],
+            )?;
+        }
         let worker = |w: &super::state::WorkerEntry| vec![("worker", s(w.lcore.to_string()))];
         for (name, help, get) in WORKER_COUNTERS {
             let full = format!("sluice_worker_{name}");

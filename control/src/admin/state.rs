@@ -216,6 +216,8 @@ pub struct Shared {
     pub state: Mutex<ControlState>,
     /// Per worker, what the health sampler saw last.
     pub liveness: Mutex<Vec<WorkerLiveness>>,
+    /// The xDS source's status, while it runs.
+    pub xds: Mutex<Option<Arc<Mutex<crate::sources::xds::XdsStatus>>>>,
 }
 
 /// Locks, recovering from a poisoned lock (the data is plain records).
@@ -246,6 +248,7 @@ impl Shared {
             cycles_hz,
             state: Mutex::new(ControlState::default()),
             liveness: Mutex::new(liveness),
+            xds: Mutex::new(None),
         }
     }
 

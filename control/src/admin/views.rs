@@ -83,6 +83,7 @@ struct StatusView {
     snapshots_pending: usize,
     next_hops_unresolved: usize,
     sources: BTreeMap<String, SourceStatus>,
+    xds: Option<crate::sources::xds::XdsStatus>,
     mbufs_in_use: u32,
     mbufs: u32,
     ports: Vec<PortView>,
@@ -152,8 +153,10 @@ pub fn status(sh: &Shared) -> String {
             }
         })
         .collect();
+    let xds = lock(&sh.xds).as_ref().map(|x| lock(x).clone());
     let st = lock(&sh.state);
     let view = StatusView {
+        xds,
         version: env!("CARGO_PKG_VERSION").to_owned(),
         dpdk: sluice_ffi::dpdk_version(),
         config: sh.config_path.clone(),

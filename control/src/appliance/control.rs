@@ -12,7 +12,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
@@ -26,9 +26,11 @@ use tracing::{error, info};
 use super::loss::LossSampler;
 use crate::admin::state::{lock, Shared};
 use crate::admin::{self, health, AdminCounters, Limits};
-use crate::reconcile::Reconciler;
+use crate::model::Desired;
+use crate::reconcile::{Reconciler, Settings};
 use crate::routing::Neighbours;
-use crate::sources::{self, FileState};
+use crate::sources::xds::{self, XdsStatus};
+use crate::sources::{self, FileState, SourceMsg};
 
 /// What the control runtime needs.
 #[derive(Debug)]
@@ -39,6 +41,8 @@ pub struct Parts {
     pub reconciler: Reconciler,
     /// The next hops the reconciler wants resolved.
     pub hops: watch::Receiver<Vec<(u8, Addr)>>,
+    /// The accepted file's settings (the xDS source follows them).
+    pub settings: watch::Receiver<Settings>,
     /// The configuration file.
     pub config_path: PathBuf,
     /// Its state at start.
@@ -54,7 +58,7 @@ pub struct Parts {
 /// Runs until SIGINT or SIGTERM (or `stop` is cancelled), then shuts the
 /// control side down in order.
 pub async fn run(p: Parts, stop: CancellationToken) -> Result<()> {
-    let Parts { shared, reconciler, mut hops, config_path, initial, admin: (admin_addr, limits), ifaces, mut loss } = p;
+    let Parts { shared, reconciler, mut hops, settings, config_path, initial, admin: (admin_addr, limits), ifaces, mut loss } = p;
     let listener = admin::bind(admin_addr)
         .await
         .with_context(|| format!("cannot listen on {admin_addr} for the admin endpoint (admin.listen)"))?;
@@ -121,6 +125,13 @@ pub async fn run(p: Parts, stop: CancellationToken) -> Result<()> {
     let (src_tx, src_rx) = mpsc::channel(16);
     let (hup_tx, hup_rx) = mpsc::channel(1);
     {
+        let (c, tx, sh) = (rest_cancel.clone(), src_tx.clone(), Arc::clone(&shared));
+        tasks.spawn(async move {
+            follow_xds(settings, tx, sh, c).await;
+            "xDS supervisor"
+        });
+    }
+    {
         let c = rest_cancel.clone();
         tasks.spawn(async move {
             sources::file::run(config_path, initial, src_tx, hup_rx, c).await;
@@ -174,6 +185,53 @@ pub async fn run(p: Parts, stop: CancellationToken) -> Result<()> {
         error!(faults, "control tasks ended early during this run");
     }
     Ok(())
+}
+
+/// Runs the xDS source while the accepted configuration enables it, and
+/// restarts it when its settings (server, TLS, node, mode, or the service
+/// defaults it maps with) change. When xDS is turned off, its objects are
+/// withdrawn from the model.
+async fn follow_xds(mut settings: watch::Receiver<Settings>, tx: mpsc::Sender<SourceMsg>, shared: Arc<Shared>, cancel: CancellationToken) {
+    loop {
+        let now = settings.borrow_and_update().clone();
+        let child = cancel.child_token();
+        let running = match now.xds.clone() {
+            Some(cfg) => {
+                let status = Arc::new(Mutex::new(XdsStatus::default()));
+                *lock(&shared.xds) = Some(Arc::clone(&status));
+                info!(server = %cfg.server, mode = ?cfg.mode, "following the xDS management server");
+                Some(tokio::spawn(xds::run(cfg, now.defaults, tx.clone(), status, child.clone())))
+            }
+            None => None,
+        };
+        tokio::select! {
+            () = cancel.cancelled() => {
+                if let Some(t) = running { let _ = t.await; }
+                return;
+            }
+            r = settings.changed() => {
+                child.cancel();
+                if let Some(t) = running { let _ = t.await; }
+                if r.is_err() {
+                    return;
+                }
+                let next = settings.borrow().clone();
+                if next.xds.is_none() && now.xds.is_some() {
+                    info!("xDS turned off: its services leave the model");
+                    *lock(&shared.xds) = None;
+                    let msg = SourceMsg::Desired {
+                        source: xds::SOURCE.to_owned(),
+                        desired: Desired::default(),
+                        trigger: "xds-control-plane disabled".into(),
+                        reply: None,
+                    };
+                    if tx.send(msg).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// A control task ended before shutdown: say which and why.

@@ -41,7 +41,7 @@ use crate::admin::Limits;
 use crate::compile::{TopoPort, Topology};
 use crate::problem::Problem;
 use crate::model::Model;
-use crate::reconcile::Reconciler;
+use crate::reconcile::{Reconciler, Settings};
 use crate::sources;
 pub use eal::{count_lcores, eal_args};
 use bringup::Machine;
@@ -223,7 +223,8 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
         gateways: cfg.gateways.clone(),
     };
     let (hops_tx, hops_rx) = watch::channel(Vec::new());
-    let mut reconciler = Reconciler::new(initial.clone(), topo, publisher, Arc::clone(&shared), hops_tx);
+    let (settings_tx, settings_rx) = watch::channel(Settings::of(&initial.config));
+    let mut reconciler = Reconciler::new(initial.clone(), topo, publisher, Arc::clone(&shared), hops_tx, settings_tx);
     reconciler
         .start()
         .map_err(|ps| anyhow!("the first snapshot could not be built: {}", ps.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")))?;
@@ -243,6 +244,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
         shared: Arc::clone(&shared),
         reconciler,
         hops: hops_rx,
+        settings: settings_rx,
         config_path: args.config.clone(),
         initial,
         admin: (

@@ -83,6 +83,20 @@ pub fn run(args: &CheckArgs) -> ExitCode {
                 l.config.ports.len(),
                 if l.config.manifests.is_some() { ", manifests included" } else { "" }
             );
+            if let Some(x) = &l.config.xds {
+                println!(
+                    "{}: xDS: services also from {} ({}, {}, node {:?}), not contacted by check",
+                    args.config.display(),
+                    x.server,
+                    x.mode,
+                    match &x.tls {
+                        None => "plaintext",
+                        Some(t) if t.client.is_some() => "mutual TLS",
+                        Some(_) => "TLS",
+                    },
+                    x.node_id
+                );
+            }
             ExitCode::SUCCESS
         }
         Err(ps) => {

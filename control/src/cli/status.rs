@@ -96,6 +96,35 @@ pub fn render(st: &Value) -> String {
             }
         }
     }
+    let x = &st["xds"];
+    if x.is_object() {
+        let ago = |t: &Value| t.as_u64().map_or_else(|| "never".to_owned(), |t| format!("{}s ago", crate::admin::state::now_epoch().saturating_sub(t)));
+        let versions: Vec<String> = x["types"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .map(|(t, v)| format!("{} {} ({} resources)", t.rsplit('.').next().unwrap_or(t), s(&v["version"]), v["resources"]))
+            .collect();
+        let _ = writeln!(
+            o,
+            "xds: {} {} ({}, {}) | {} services, {} endpoints | accepted: {} | last update {} | NACKs {}",
+            s(&x["state"]),
+            s(&x["server"]),
+            s(&x["mode"]),
+            s(&x["transport"]),
+            x["services"],
+            x["endpoints"],
+            versions.join(", "),
+            ago(&x["last_update"]),
+            x["nacks"]
+        );
+        if let Some(n) = x["last_nack"].as_object() {
+            let _ = writeln!(o, "  last NACK ({}): {}", ago(&n["at"]), n["error"].as_str().unwrap_or(""));
+        }
+        if let Some(e) = x["last_error"].as_str() {
+            let _ = writeln!(o, "  last error ({}): {e}", ago(&x["last_error_at"]));
+        }
+    }
     if st["kubernetes"].is_object() {
         kubernetes(&mut o, &st["kubernetes"]);
     }

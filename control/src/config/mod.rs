@@ -26,6 +26,7 @@ use sluice_dataplane::classify::RouteMatch;
 
 use crate::model::{limits, Defaults, DeliveryMode, Desired, EndpointDef, Origin, RouteDef, ServiceDef};
 use crate::problem::{Pos, Problem, Problems};
+use crate::sources::xds::{self, XdsConfig};
 use node::Node;
 use yaml::Value;
 
@@ -182,6 +183,9 @@ pub struct ApplianceConfig {
     pub inline: Desired,
     /// Manifests, if any.
     pub manifests: Option<ManifestsConfig>,
+    /// The xDS management server to follow (`xds-control-plane`), when
+    /// enabled.
+    pub xds: Option<XdsConfig>,
     /// The Kubernetes API as a source, if set (`kubernetes:`).
     pub kubernetes: Option<kubernetes::KubeConfig>,
 }
@@ -196,7 +200,7 @@ impl ApplianceConfig {
 
 const TOP: &[&str] = &[
     "dpdk", "ports", "gateways", "defaults", "flowTable", "admin", "capacity", "services", "routes", "manifests",
-    "kubernetes",
+    "xds-control-plane", "kubernetes",
 ];
 
 /// Reads and checks the file (not the manifests it points to).
@@ -299,7 +303,7 @@ pub fn parse(v: &Value, path: &Path) -> Result<ApplianceConfig, Vec<Problem>> {
         let base = path.parent().unwrap_or(Path::new("."));
         Some(ManifestsConfig { directory: base.join(dir?), gateway })
     });
-
+    let xds = root.field("xds-control-plane", |n| xds::config::parse(n, &mut p, path.parent().unwrap_or(Path::new(".")))).flatten();
     let kubernetes = root.field("kubernetes", |n| kubernetes::parse(n, &mut p, path)).flatten();
 
     if !p.is_empty() {
@@ -320,6 +324,7 @@ pub fn parse(v: &Value, path: &Path) -> Result<ApplianceConfig, Vec<Problem>> {
         max_endpoints,
         inline,
         manifests: manifests.flatten(),
+        xds,
         kubernetes,
     })
 }

@@ -10,6 +10,7 @@
 
 pub mod file;
 pub mod kube;
+pub mod xds;
 
 use std::path::Path;
 

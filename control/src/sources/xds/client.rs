@@ -1,0 +1,961 @@
+//! The ADS client: one `AggregatedDiscoveryService` stream, state of the
+//! world or incremental, subscribed to every Cluster (wildcard) and to the
+//! ClusterLoadAssignments the L4 clusters name.
+//!
+//! Each response is decoded, mapped ([`super::mapping`]) together with
+//! what is held of the other type, and sent to the reconciler as the
+//! source's whole desired state; it is acknowledged only when the
+//! reconciler answers that the state is served. A response that cannot be
+//! decoded or mapped, or that the reconciler refuses, is NACKed with every
+//! reason in `error_detail`, and what was held before stays (the
+//! reconciler keeps serving it). A state identical to the one served is
+//! not sent again (nothing is rebuilt), only acknowledged.
+//!
+//! Conventions followed (xDS protocol; go-control-plane and
+//! java-control-plane behave so):
+//! - SotW: the first request of a type on a stream carries the last
+//!   accepted `version_info` and no nonce; every later request echoes the
+//!   latest nonce of its type; an ACK carries the response's version, a
+//!   NACK the previous accepted version and `error_detail`. Clusters are
+//!   a wildcard subscription (empty `resource_names`, never changed);
+//!   assignments are requested by name, the list re-sent whenever the
+//!   clusters change it. As Envoy, the client asks for the assignment of
+//!   every EDS cluster, L4 service or not (go-control-plane's snapshot
+//!   cache in ADS mode answers a named EDS request only when it names
+//!   every assignment of the snapshot); only the L4 services' assignments
+//!   are decoded and checked. Assignments not asked for are ignored; a
+//!   response naming a resource twice is NACKed.
+//! - Delta: the first request of a type carries
+//!   `initial_resource_versions` (every resource held, with its version);
+//!   ACK and NACK carry only the nonce (and `error_detail`);
+//!   subscription changes carry `resource_names_subscribe` /
+//!   `_unsubscribe` and no nonce. `removed_resources` deletes a cluster,
+//!   or marks an assignment as not existing (its cluster then has no
+//!   endpoints); removals of what is not held are ignored, so they may
+//!   come before or after their cluster's removal.
+//! - The node (`id`, `cluster`, user agent, client feature
+//!   `envoy.lb.does_not_support_overprovisioning`) is sent in every
+//!   request.
+//!
+//! Losing the server never changes what is served: nothing is sent to the
+//! reconciler until a new response is accepted. The client reconnects with
+//! capped exponential backoff and full jitter, and resubscribes with what
+//! it holds, so a server with the same state sends nothing new (or the
+//! same state, which is acknowledged without a rebuild).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::hash::{BuildHasher, Hasher};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use envoy_types::pb::envoy::config::cluster::v3::Cluster;
+use envoy_types::pb::envoy::config::core::v3::node::UserAgentVersionType;
+use envoy_types::pb::envoy::config::core::v3::Node;
+use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
+use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
+use envoy_types::pb::envoy::service::discovery::v3::{
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse, Resource,
+};
+use envoy_types::pb::google::protobuf::Any;
+use envoy_types::pb::google::rpc::Status as RpcStatus;
+use prost::Message;
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::{Channel, Endpoint};
+use tracing::{debug, info, warn};
+
+use super::config::{Mode, XdsConfig};
+use super::mapping::{self, ClaState, L4Cluster, MappedService};
+use super::status::{self, ConnectionState, Nack, XdsStatus};
+use super::{tls, SOURCE};
+use crate::model::{Defaults, Desired};
+use crate::sources::SourceMsg;
+
+/// Type URL of clusters.
+pub const CLUSTER_TYPE: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
+/// Type URL of cluster load assignments.
+pub const CLA_TYPE: &str = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
+/// Type URL of the `Resource` wrapper (TTL, SotW with resources wrapped).
+const RESOURCE_TYPE: &str = "type.googleapis.com/envoy.service.discovery.v3.Resource";
+
+/// The client feature that tells the server locality overprovisioning is
+/// not applied.
+pub const CLIENT_FEATURES: &[&str] = &["envoy.lb.does_not_support_overprovisioning"];
+
+/// First reconnection delay bound (full jitter: the delay is drawn below it).
+pub const BACKOFF_MIN: Duration = Duration::from_millis(500);
+/// Largest reconnection delay.
+pub const BACKOFF_MAX: Duration = Duration::from_secs(30);
+/// How long a connection attempt may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// TCP keep-alive: a server that vanished without closing the connection
+/// is noticed within idle + interval x retries. (Not HTTP/2 pings: gRPC
+/// servers refuse pings more often than their enforcement policy allows,
+/// five minutes by default in grpc-go, with GOAWAY "too_many_pings".)
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(30);
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+const KEEPALIVE_RETRIES: u32 = 3;
+/// How long an assignment is waited for before its cluster is applied
+/// without endpoints (the protocol's recommended 15 s, as Envoy's
+/// `initial_fetch_timeout`).
+pub const WARMING_TIMEOUT: Duration = Duration::from_secs(15);
+/// Largest response accepted.
+pub const MAX_MESSAGE_BYTES: usize = 64 << 20;
+/// Longest `error_detail` message sent back.
+const MAX_ERROR_DETAIL: usize = 16 << 10;
+/// `google.rpc.Code.INVALID_ARGUMENT`.
+const INVALID_ARGUMENT: i32 = 3;
+
+/// The delay before reconnection attempt `attempt` (0 for the first after
+/// a failure): drawn uniformly below `min(BACKOFF_MAX, BACKOFF_MIN * 2^attempt)`.
+pub fn backoff(attempt: u32) -> Duration {
+    let cap = BACKOFF_MIN.saturating_mul(1u32 << attempt.min(16)).min(BACKOFF_MAX);
+    let r = std::collections::hash_map::RandomState::new().build_hasher().finish();
+    let nanos = u64::try_from(cap.as_nanos()).unwrap_or(u64::MAX);
+    Duration::from_nanos(if nanos == 0 { 0 } else { r % nanos })
+}
+
+/// An error and its causes, on one line.
+pub fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let t = c.to_string();
+        if !s.contains(&t) {
+            s.push_str(": ");
+            s.push_str(&t);
+        }
+        cur = c.source();
+    }
+    s
+}
+
+/// An accepted cluster.
+#[derive(Clone, Debug)]
+struct HeldCluster {
+    /// Its L4 service, when it has the metadata.
+    l4: Option<L4Cluster>,
+    /// The assignment it names, when it is an EDS cluster (L4 or not).
+    eds: Option<String>,
+}
+
+/// Every accepted resource.
+#[derive(Clone, Debug, Default)]
+struct Resources {
+    /// Every cluster by name.
+    clusters: BTreeMap<String, HeldCluster>,
+    /// Delta: each cluster's version.
+    cluster_versions: BTreeMap<String, String>,
+    /// The assignments L4 clusters use, by EDS name.
+    clas: BTreeMap<String, ClaState>,
+    /// Delta: each assignment's version (every assignment subscribed to).
+    cla_versions: BTreeMap<String, String>,
+}
+
+impl Resources {
+    fn l4(&self) -> BTreeMap<String, L4Cluster> {
+        self.clusters.iter().filter_map(|(n, c)| c.l4.clone().map(|c| (n.clone(), c))).collect()
+    }
+
+    /// Every assignment the clusters name, L4 or not: the subscription is
+    /// Envoy's, so a server that answers an EDS request only when it names
+    /// every assignment of the snapshot (go-control-plane's ADS mode) answers.
+    fn eds_names(&self) -> BTreeSet<String> {
+        self.clusters.values().filter_map(|c| c.eds.clone()).collect()
+    }
+
+    /// The assignments the L4 services use (decoded, checked, waited for).
+    fn l4_eds_names(&self) -> BTreeSet<String> {
+        self.clusters.values().filter_map(|c| c.l4.as_ref().and_then(|l| l.eds_name().map(str::to_owned))).collect()
+    }
+
+    /// Drops the assignments no cluster needs.
+    fn prune(&mut self) {
+        let (all, l4) = (self.eds_names(), self.l4_eds_names());
+        self.clas.retain(|n, _| l4.contains(n));
+        self.cla_versions.retain(|n, _| all.contains(n));
+    }
+}
+
+/// Why a state was not applied.
+enum Refused {
+    /// Its problems.
+    Problems(Vec<String>),
+    /// The reconciler is gone (shutting down).
+    Stopped,
+}
+
+/// How a session ended.
+enum End {
+    /// The reconciler is gone: stop.
+    Stopped,
+    /// The connection or stream failed.
+    Failed {
+        /// Why.
+        error: String,
+        /// Whether the server answered anything (resets the backoff).
+        answered: bool,
+    },
+}
+
+/// The source's state, kept across streams.
+struct Client {
+    cfg: XdsConfig,
+    defaults: Defaults,
+    tx: mpsc::Sender<SourceMsg>,
+    status: Arc<Mutex<XdsStatus>>,
+    held: Resources,
+    /// SotW: the last accepted `version_info` per type.
+    versions: HashMap<&'static str, String>,
+    /// The services served, by cluster name.
+    applied: BTreeMap<String, MappedService>,
+    /// The desired state the reconciler accepted last.
+    desired: Desired,
+    /// Assignments subscribed to and not received, since when.
+    waiting: BTreeMap<String, Instant>,
+    /// When the response being handled arrived.
+    received: Instant,
+    /// From a response's arrival to its state being published, in
+    /// microseconds (changes that were published only).
+    to_live: Option<hdrhistogram::Histogram<u64>>,
+}
+
+/// Per-stream protocol state.
+#[derive(Default)]
+struct Stream {
+    /// The latest nonce per type.
+    nonces: HashMap<&'static str, String>,
+    /// The assignment names subscribed on this stream, once any request
+    /// for assignments was sent.
+    eds: Option<BTreeSet<String>>,
+    /// Whether any response came.
+    answered: bool,
+}
+
+fn lock(s: &Mutex<XdsStatus>) -> std::sync::MutexGuard<'_, XdsStatus> {
+    s.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn type_key(t: &str) -> Option<&'static str> {
+    match t {
+        CLUSTER_TYPE => Some(CLUSTER_TYPE),
+        CLA_TYPE => Some(CLA_TYPE),
+        _ => None,
+    }
+}
+
+/// The `error_detail` of a NACK: every problem, bounded.
+fn error_detail(problems: &[String]) -> RpcStatus {
+    let mut message = String::new();
+    for (i, p) in problems.iter().enumerate() {
+        if message.len() + p.len() + 2 > MAX_ERROR_DETAIL {
+            message.push_str(&format!("; and {} more", problems.len() - i));
+            break;
+        }
+        if i > 0 {
+            message.push_str("; ");
+        }
+        message.push_str(p);
+    }
+    RpcStatus { code: INVALID_ARGUMENT, message, details: Vec::new() }
+}
+
+fn decode_cluster_any(any: &Any) -> Result<Cluster, String> {
+    Cluster::decode(any.value.as_slice()).map_err(|e| format!("cannot decode a Cluster: {e}"))
+}
+
+fn decode_cla_any(any: &Any) -> Result<ClusterLoadAssignment, String> {
+    ClusterLoadAssignment::decode(any.value.as_slice()).map_err(|e| format!("cannot decode a ClusterLoadAssignment: {e}"))
+}
+
+/// The SotW resources of a response, unwrapped (`Resource` wrappers with a
+/// resource inside are opened; heartbeats without one are skipped).
+fn sotw_resources(resp: &DiscoveryResponse, type_url: &str) -> Result<Vec<Any>, Vec<String>> {
+    let mut out = Vec::new();
+    let mut errors = Vec::new();
+    for (i, any) in resp.resources.iter().enumerate() {
+        if any.type_url == RESOURCE_TYPE {
+            match Resource::decode(any.value.as_slice()) {
+                Ok(r) => match r.resource {
+                    Some(inner) if inner.type_url == type_url => out.push(inner),
+                    Some(inner) => errors.push(format!("resources[{i}]: a resource of type {:?} in a response of type {type_url:?}", inner.type_url)),
+                    None => {}
+                },
+                Err(e) => errors.push(format!("resources[{i}]: cannot decode a Resource: {e}")),
+            }
+            continue;
+        }
+        if any.type_url == type_url {
+            out.push(any.clone());
+        } else {
+            errors.push(format!("resources[{i}]: a resource of type {:?} in a response of type {type_url:?}", any.type_url));
+        }
+    }
+    if errors.is_empty() {
+        Ok(out)
+    } else {
+        Err(errors)
+    }
+}
+
+/// Decodes clusters, by name.
+fn clusters_of(items: Vec<(String, Cluster)>, errors: &mut Vec<String>) -> BTreeMap<String, HeldCluster> {
+    let mut out = BTreeMap::new();
+    for (name, c) in items {
+        if out.contains_key(&name) {
+            errors.push(format!("Cluster {name:?} appears twice in the response"));
+            continue;
+        }
+        match mapping::decode_cluster(&c) {
+            Ok(l4) => {
+                out.insert(name, HeldCluster { l4, eds: mapping::eds_name(&c) });
+            }
+            Err(es) => errors.extend(es.into_iter().map(|e| format!("Cluster {name:?}: {e}"))),
+        }
+    }
+    out
+}
+
+impl Client {
+    fn node(&self) -> Node {
+        Node {
+            id: self.cfg.node_id.clone(),
+            cluster: self.cfg.node_cluster.clone(),
+            user_agent_name: "sluice".into(),
+            user_agent_version_type: Some(UserAgentVersionType::UserAgentVersion(env!("CARGO_PKG_VERSION").into())),
+            client_features: CLIENT_FEATURES.iter().map(|s| (*s).to_owned()).collect(),
+            ..Node::default()
+        }
+    }
+
+    fn status(&self) -> std::sync::MutexGuard<'_, XdsStatus> {
+        lock(&self.status)
+    }
+
+    /// Publishes what is held to the status.
+    fn held_to_status(&self, warming: &[String]) {
+        let mut st = self.status();
+        st.services = self.applied.len();
+        st.endpoints = self.applied.values().map(|s| s.endpoints.len()).sum();
+        st.warming = warming.to_vec();
+        st.ignored_clusters = self.held.clusters.values().filter(|c| c.l4.is_none()).count();
+        st.types.entry(CLUSTER_TYPE.into()).or_default().resources = self.held.clusters.len();
+        st.types.entry(CLA_TYPE.into()).or_default().resources =
+            self.held.clas.values().filter(|c| matches!(c, ClaState::Known(_))).count();
+    }
+
+    /// Maps `next`, has the reconciler serve it, and holds it.
+    async fn apply(&mut self, mut next: Resources, trigger: &str) -> Result<(), Refused> {
+        next.prune();
+        let built = mapping::build(&next.l4(), &next.clas, &self.applied, &self.defaults).map_err(Refused::Problems)?;
+        let desired = built.desired();
+        if desired == self.desired {
+            debug!(trigger, "xDS state unchanged: nothing to rebuild");
+        } else {
+            let (reply, answer) = oneshot::channel();
+            let msg = SourceMsg::Desired { source: SOURCE.into(), desired: desired.clone(), trigger: trigger.into(), reply: Some(reply) };
+            if self.tx.send(msg).await.is_err() {
+                return Err(Refused::Stopped);
+            }
+            match answer.await {
+                Ok(Ok(())) => {}
+                Ok(Err(problems)) => return Err(Refused::Problems(problems.iter().map(ToString::to_string).collect())),
+                Err(_) => return Err(Refused::Stopped),
+            }
+            self.desired = desired;
+            let us = u64::try_from(self.received.elapsed().as_micros()).unwrap_or(u64::MAX);
+            let summary = self.to_live.as_mut().map(|h| {
+                h.saturating_record(us.max(1));
+                status::Latency::of(h)
+            });
+            let mut st = self.status();
+            st.last_update = Some(status::now());
+            if let Some(l) = summary {
+                st.to_live = l;
+            }
+            drop(st);
+            info!(trigger, services = built.services.len(), warming = built.warming.len(), "xDS state applied");
+        }
+        let now = Instant::now();
+        let names = next.l4_eds_names();
+        self.waiting.retain(|n, _| names.contains(n) && !next.clas.contains_key(n));
+        for n in names {
+            if !next.clas.contains_key(&n) {
+                self.waiting.entry(n).or_insert(now);
+            }
+        }
+        self.held = next;
+        self.applied = built.services;
+        self.held_to_status(&built.warming);
+        Ok(())
+    }
+
+    fn record_ack(&self, type_url: &'static str, version: &str, nonce: &str) {
+        let mut st = self.status();
+        let t = st.types.entry(type_url.into()).or_default();
+        t.version = version.to_owned();
+        t.nonce = nonce.to_owned();
+        t.acks += 1;
+    }
+
+    fn record_nack(&self, type_url: &'static str, version: &str, nonce: &str, problems: &[String]) -> RpcStatus {
+        let detail = error_detail(problems);
+        warn!(type_url, version, nonce, error = %detail.message, "xDS response refused (NACK); the last good state stays");
+        let mut st = self.status();
+        let t = st.types.entry(type_url.into()).or_default();
+        t.nonce = nonce.to_owned();
+        t.nacks += 1;
+        st.nacks += 1;
+        st.last_nack = Some(Nack {
+            type_url: type_url.into(),
+            version: version.into(),
+            nonce: nonce.into(),
+            error: detail.message.clone(),
+            at: status::now(),
+        });
+        detail
+    }
+
+    /// Assignments not received within [`WARMING_TIMEOUT`] count as absent.
+    async fn expire_warming(&mut self) -> Result<(), Refused> {
+        let now = Instant::now();
+        let expired: Vec<String> =
+            self.waiting.iter().filter(|(_, t)| now.duration_since(**t) >= WARMING_TIMEOUT).map(|(n, _)| n.clone()).collect();
+        if expired.is_empty() {
+            return Ok(());
+        }
+        for n in &expired {
+            self.waiting.remove(n);
+        }
+        warn!(assignments = ?expired, "no ClusterLoadAssignment within {}s: their clusters are applied without endpoints", WARMING_TIMEOUT.as_secs());
+        let mut next = self.held.clone();
+        for n in expired {
+            next.clas.insert(n, ClaState::Absent);
+        }
+        match self.apply(next, "warming timeout").await {
+            Ok(()) => Ok(()),
+            Err(Refused::Problems(p)) => {
+                warn!(problems = ?p, "applying clusters without endpoints after the warming timeout was refused");
+                Ok(())
+            }
+            Err(Refused::Stopped) => Err(Refused::Stopped),
+        }
+    }
+
+    fn next_warming_deadline(&self) -> Option<Instant> {
+        self.waiting.values().min().map(|t| *t + WARMING_TIMEOUT)
+    }
+
+    async fn connect(&self) -> Result<Channel, String> {
+        let tls = match &self.cfg.tls {
+            Some(paths) => Some(tls::client_config(paths, &self.cfg.server.host).map_err(|e| e.to_string())?),
+            None => None,
+        };
+        let uri = self.cfg.server.uri(tls.is_some());
+        let mut ep = Endpoint::from_shared(uri.clone())
+            .map_err(|e| format!("{uri}: {}", chain(&e)))?
+            .connect_timeout(CONNECT_TIMEOUT)
+            .tcp_nodelay(true)
+            .tcp_keepalive(Some(KEEPALIVE_IDLE))
+            .tcp_keepalive_interval(Some(KEEPALIVE_INTERVAL))
+            .tcp_keepalive_retries(Some(KEEPALIVE_RETRIES));
+        if let Some(t) = tls {
+            ep = ep.tls_config(t).map_err(|e| format!("TLS settings: {}", chain(&e)))?;
+        }
+        ep.connect().await.map_err(|e| {
+            let why = chain(&e);
+            format!("cannot connect to {}: {why}{}", self.cfg.server, tls_hint(&why, &self.cfg.server.host))
+        })
+    }
+
+    /// One connection and stream, until it fails or the reconciler stops.
+    async fn session(&mut self, first: &mut bool) -> End {
+        {
+            let mut st = self.status();
+            st.state = ConnectionState::Connecting;
+        }
+        let channel = match self.connect().await {
+            Ok(c) => c,
+            Err(error) => return End::Failed { error, answered: false },
+        };
+        {
+            let mut st = self.status();
+            st.state = ConnectionState::Connected;
+            st.connected_since = Some(status::now());
+            if !*first {
+                st.reconnects += 1;
+            }
+        }
+        *first = false;
+        // Assignments still awaited are asked for again on this stream: the
+        // warming timeout counts from now, not from before the outage.
+        let now = Instant::now();
+        for t in self.waiting.values_mut() {
+            *t = now;
+        }
+        info!(server = %self.cfg.server, mode = %self.cfg.mode, "connected to the xDS server");
+        let client = AggregatedDiscoveryServiceClient::new(channel).max_decoding_message_size(MAX_MESSAGE_BYTES);
+        match self.cfg.mode {
+            Mode::Sotw => self.sotw(client).await,
+            Mode::Delta => self.delta(client).await,
+        }
+    }
+
+    /// With mutual TLS, a server that refuses the client certificate
+    /// closes the connection once the handshake looked done to the client.
+    fn refused_hint(&self) -> &'static str {
+        match &self.cfg.tls {
+            Some(t) if t.client.is_some() => " (with mutual TLS this is how a server refuses a client certificate it does not trust)",
+            _ => "",
+        }
+    }
+
+    // ---- state of the world -------------------------------------------
+
+    fn sotw_request(&self, type_url: &'static str, s: &Stream, names: Vec<String>) -> DiscoveryRequest {
+        DiscoveryRequest {
+            version_info: self.versions.get(type_url).cloned().unwrap_or_default(),
+            node: Some(self.node()),
+            resource_names: names,
+            type_url: type_url.into(),
+            response_nonce: s.nonces.get(type_url).cloned().unwrap_or_default(),
+            ..DiscoveryRequest::default()
+        }
+    }
+
+    /// Sends the assignment names the clusters need, if they changed.
+    async fn sotw_subscribe(&self, s: &mut Stream, out: &mpsc::Sender<DiscoveryRequest>) -> bool {
+        let names = self.held.eds_names();
+        let sent = s.eds.as_ref();
+        if sent == Some(&names) || (sent.is_none() && names.is_empty()) {
+            return true;
+        }
+        let req = self.sotw_request(CLA_TYPE, s, names.iter().cloned().collect());
+        debug!(names = ?names, "subscribing to assignments");
+        s.eds = Some(names);
+        out.send(req).await.is_ok()
+    }
+
+    async fn sotw(&mut self, mut client: AggregatedDiscoveryServiceClient<Channel>) -> End {
+        let (out, rx) = mpsc::channel::<DiscoveryRequest>(64);
+        let mut s = Stream::default();
+        let _ = out.send(self.sotw_request(CLUSTER_TYPE, &s, Vec::new())).await;
+        self.sotw_subscribe(&mut s, &out).await;
+        let requests = futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|r| (r, rx)) });
+        let mut inbound = match client.stream_aggregated_resources(requests).await {
+            Ok(r) => r.into_inner(),
+            Err(e) => return End::Failed { error: format!("opening the ADS stream: {}{}", status_text(&e), self.refused_hint()), answered: false },
+        };
+        loop {
+            let deadline = self.next_warming_deadline();
+            let msg = tokio::select! {
+                m = inbound.message() => m,
+                () = sleep_until(deadline) => {
+                    if let Err(Refused::Stopped) = self.expire_warming().await {
+                        return End::Stopped;
+                    }
+                    continue;
+                }
+            };
+            let resp = match msg {
+                Ok(Some(r)) => r,
+                Ok(None) => return End::Failed { error: "the server closed the ADS stream".into(), answered: s.answered },
+                Err(e) => return End::Failed { error: format!("ADS stream: {}", status_text(&e)), answered: s.answered },
+            };
+            s.answered = true;
+            self.received = Instant::now();
+            let Some(t) = type_key(&resp.type_url) else {
+                let nonce = resp.nonce.clone();
+                warn!(type_url = %resp.type_url, "response of a type not subscribed to");
+                let req = DiscoveryRequest {
+                    node: Some(self.node()),
+                    type_url: resp.type_url.clone(),
+                    response_nonce: nonce,
+                    error_detail: Some(error_detail(&[format!("Sluice does not subscribe to {}", resp.type_url)])),
+                    ..DiscoveryRequest::default()
+                };
+                if out.send(req).await.is_err() {
+                    return End::Failed { error: "the ADS stream closed".into(), answered: true };
+                }
+                continue;
+            };
+            s.nonces.insert(t, resp.nonce.clone());
+            let trigger = format!("xDS {} version {:?}", short(t), resp.version_info);
+            let outcome = match self.sotw_next(t, &resp) {
+                Ok(next) => self.apply(next, &trigger).await,
+                Err(p) => Err(Refused::Problems(p)),
+            };
+            let reply = match outcome {
+                Ok(()) => {
+                    self.versions.insert(t, resp.version_info.clone());
+                    self.record_ack(t, &resp.version_info, &resp.nonce);
+                    let names = if t == CLA_TYPE { s.eds.clone().unwrap_or_default().into_iter().collect() } else { Vec::new() };
+                    self.sotw_request(t, &s, names)
+                }
+                Err(Refused::Stopped) => return End::Stopped,
+                Err(Refused::Problems(p)) => {
+                    let previous = self.versions.get(t).cloned().unwrap_or_default();
+                    let detail = self.record_nack(t, &resp.version_info, &resp.nonce, &p);
+                    let names = if t == CLA_TYPE { s.eds.clone().unwrap_or_default().into_iter().collect() } else { Vec::new() };
+                    DiscoveryRequest { version_info: previous, error_detail: Some(detail), ..self.sotw_request(t, &s, names) }
+                }
+            };
+            if out.send(reply).await.is_err() || !self.sotw_subscribe(&mut s, &out).await {
+                return End::Failed { error: "the ADS stream closed".into(), answered: true };
+            }
+        }
+    }
+
+    /// What would be held after SotW response `resp` of type `t`.
+    fn sotw_next(&self, t: &'static str, resp: &DiscoveryResponse) -> Result<Resources, Vec<String>> {
+        let anys = sotw_resources(resp, t)?;
+        let mut errors = Vec::new();
+        let mut next = self.held.clone();
+        if t == CLUSTER_TYPE {
+            let mut items = Vec::new();
+            for a in &anys {
+                match decode_cluster_any(a) {
+                    Ok(c) => items.push((c.name.clone(), c)),
+                    Err(e) => errors.push(e),
+                }
+            }
+            next.clusters = clusters_of(items, &mut errors);
+        } else {
+            let wanted = self.held.eds_names();
+            let used = self.held.l4_eds_names();
+            let mut seen = BTreeSet::new();
+            for a in &anys {
+                match decode_cla_any(a) {
+                    Ok(c) => {
+                        if !seen.insert(c.cluster_name.clone()) {
+                            errors.push(format!("ClusterLoadAssignment {:?} appears twice in the response", c.cluster_name));
+                            continue;
+                        }
+                        if !wanted.contains(&c.cluster_name) {
+                            debug!(name = %c.cluster_name, "assignment not subscribed to: ignored");
+                            continue;
+                        }
+                        if !used.contains(&c.cluster_name) {
+                            continue; // an assignment of a cluster that is not an L4 service
+                        }
+                        match mapping::decode_cla(&c) {
+                            Ok(cla) => {
+                                next.clas.insert(c.cluster_name.clone(), ClaState::Known(cla));
+                            }
+                            Err(es) => errors.extend(es.into_iter().map(|e| format!("ClusterLoadAssignment {:?}: {e}", c.cluster_name))),
+                        }
+                    }
+                    Err(e) => errors.push(e),
+                }
+            }
+        }
+        if errors.is_empty() {
+            Ok(next)
+        } else {
+            Err(errors)
+        }
+    }
+
+    // ---- incremental ---------------------------------------------------
+
+    fn delta_request(&self, type_url: &'static str) -> DeltaDiscoveryRequest {
+        DeltaDiscoveryRequest { node: Some(self.node()), type_url: type_url.into(), ..DeltaDiscoveryRequest::default() }
+    }
+
+    /// Subscribes to the assignment names the clusters now need and
+    /// unsubscribes from the others.
+    async fn delta_subscribe(&self, s: &mut Stream, out: &mpsc::Sender<DeltaDiscoveryRequest>) -> bool {
+        let names = self.held.eds_names();
+        let sent = s.eds.clone().unwrap_or_default();
+        if sent == names {
+            return true;
+        }
+        let req = DeltaDiscoveryRequest {
+            resource_names_subscribe: names.difference(&sent).cloned().collect(),
+            resource_names_unsubscribe: sent.difference(&names).cloned().collect(),
+            ..self.delta_request(CLA_TYPE)
+        };
+        debug!(subscribe = ?req.resource_names_subscribe, unsubscribe = ?req.resource_names_unsubscribe, "assignment subscriptions");
+        s.eds = Some(names);
+        out.send(req).await.is_ok()
+    }
+
+    async fn delta(&mut self, mut client: AggregatedDiscoveryServiceClient<Channel>) -> End {
+        let (out, rx) = mpsc::channel::<DeltaDiscoveryRequest>(64);
+        let mut s = Stream::default();
+        let first = DeltaDiscoveryRequest {
+            initial_resource_versions: self.held.cluster_versions.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+            ..self.delta_request(CLUSTER_TYPE)
+        };
+        let _ = out.send(first).await;
+        let names = self.held.eds_names();
+        if !names.is_empty() {
+            let req = DeltaDiscoveryRequest {
+                resource_names_subscribe: names.iter().cloned().collect(),
+                initial_resource_versions: self
+                    .held
+                    .cla_versions
+                    .iter()
+                    .filter(|(k, _)| names.contains(*k))
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect(),
+                ..self.delta_request(CLA_TYPE)
+            };
+            let _ = out.send(req).await;
+            s.eds = Some(names);
+        }
+        let requests = futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|r| (r, rx)) });
+        let mut inbound = match client.delta_aggregated_resources(requests).await {
+            Ok(r) => r.into_inner(),
+            Err(e) => return End::Failed { error: format!("opening the delta ADS stream: {}{}", status_text(&e), self.refused_hint()), answered: false },
+        };
+        loop {
+            let deadline = self.next_warming_deadline();
+            let msg = tokio::select! {
+                m = inbound.message() => m,
+                () = sleep_until(deadline) => {
+                    if let Err(Refused::Stopped) = self.expire_warming().await {
+                        return End::Stopped;
+                    }
+                    continue;
+                }
+            };
+            let resp = match msg {
+                Ok(Some(r)) => r,
+                Ok(None) => return End::Failed { error: "the server closed the delta ADS stream".into(), answered: s.answered },
+                Err(e) => return End::Failed { error: format!("delta ADS stream: {}", status_text(&e)), answered: s.answered },
+            };
+            s.answered = true;
+            self.received = Instant::now();
+            let Some(t) = type_key(&resp.type_url) else {
+                warn!(type_url = %resp.type_url, "response of a type not subscribed to");
+                let req = DeltaDiscoveryRequest {
+                    node: Some(self.node()),
+                    type_url: resp.type_url.clone(),
+                    response_nonce: resp.nonce.clone(),
+                    error_detail: Some(error_detail(&[format!("Sluice does not subscribe to {}", resp.type_url)])),
+                    ..DeltaDiscoveryRequest::default()
+                };
+                if out.send(req).await.is_err() {
+                    return End::Failed { error: "the delta ADS stream closed".into(), answered: true };
+                }
+                continue;
+            };
+            s.nonces.insert(t, resp.nonce.clone());
+            let trigger = format!("xDS delta {} {:?}", short(t), resp.system_version_info);
+            let outcome = match self.delta_next(t, &resp, &s) {
+                Ok(next) => self.apply(next, &trigger).await,
+                Err(p) => Err(Refused::Problems(p)),
+            };
+            let reply = match outcome {
+                Ok(()) => {
+                    self.versions.insert(t, resp.system_version_info.clone());
+                    self.record_ack(t, &resp.system_version_info, &resp.nonce);
+                    DeltaDiscoveryRequest { response_nonce: resp.nonce.clone(), ..self.delta_request(t) }
+                }
+                Err(Refused::Stopped) => return End::Stopped,
+                Err(Refused::Problems(p)) => {
+                    let detail = self.record_nack(t, &resp.system_version_info, &resp.nonce, &p);
+                    DeltaDiscoveryRequest { response_nonce: resp.nonce.clone(), error_detail: Some(detail), ..self.delta_request(t) }
+                }
+            };
+            if out.send(reply).await.is_err() || !self.delta_subscribe(&mut s, &out).await {
+                return End::Failed { error: "the delta ADS stream closed".into(), answered: true };
+            }
+        }
+    }
+
+    /// What would be held after delta response `resp` of type `t`.
+    fn delta_next(&self, t: &'static str, resp: &DeltaDiscoveryResponse, s: &Stream) -> Result<Resources, Vec<String>> {
+        let mut errors = Vec::new();
+        let mut next = self.held.clone();
+        let mut seen = BTreeSet::new();
+        let mut items: Vec<(String, String, Any)> = Vec::new();
+        for (i, r) in resp.resources.iter().enumerate() {
+            if !seen.insert(r.name.clone()) {
+                errors.push(format!("{} {:?} appears twice in the response", short(t), r.name));
+                continue;
+            }
+            match &r.resource {
+                Some(any) if any.type_url == t => items.push((r.name.clone(), r.version.clone(), any.clone())),
+                Some(any) => errors.push(format!("resources[{i}] ({:?}): a resource of type {:?} in a response of type {t:?}", r.name, any.type_url)),
+                None => {} // a TTL heartbeat
+            }
+        }
+        if t == CLUSTER_TYPE {
+            let mut decoded = Vec::new();
+            let mut versions = Vec::new();
+            for (name, version, any) in items {
+                match decode_cluster_any(&any) {
+                    Ok(c) if c.name == name || c.name.is_empty() => {
+                        versions.push((name.clone(), version));
+                        decoded.push((name, c));
+                    }
+                    Ok(c) => errors.push(format!("Cluster {:?} is sent under the name {name:?}", c.name)),
+                    Err(e) => errors.push(format!("{name:?}: {e}")),
+                }
+            }
+            let changed = clusters_of(decoded, &mut errors);
+            for (name, c) in changed {
+                next.clusters.insert(name, c);
+            }
+            for (name, v) in versions {
+                next.cluster_versions.insert(name, v);
+            }
+            for name in &resp.removed_resources {
+                next.clusters.remove(name);
+                next.cluster_versions.remove(name);
+            }
+        } else {
+            let subscribed = s.eds.clone().unwrap_or_default();
+            let used = self.held.l4_eds_names();
+            for (name, version, any) in items {
+                if !subscribed.contains(&name) {
+                    debug!(%name, "assignment not subscribed to: ignored");
+                    continue;
+                }
+                if !used.contains(&name) {
+                    // An assignment of a cluster that is not an L4 service:
+                    // held by version only (for initial_resource_versions).
+                    next.cla_versions.insert(name, version);
+                    continue;
+                }
+                match decode_cla_any(&any) {
+                    Ok(c) if c.cluster_name == name || c.cluster_name.is_empty() => match mapping::decode_cla(&c) {
+                        Ok(cla) => {
+                            next.clas.insert(name.clone(), ClaState::Known(cla));
+                            next.cla_versions.insert(name, version);
+                        }
+                        Err(es) => errors.extend(es.into_iter().map(|e| format!("ClusterLoadAssignment {name:?}: {e}"))),
+                    },
+                    Ok(c) => errors.push(format!("ClusterLoadAssignment {:?} is sent under the name {name:?}", c.cluster_name)),
+                    Err(e) => errors.push(format!("{name:?}: {e}")),
+                }
+            }
+            for name in &resp.removed_resources {
+                if used.contains(name) {
+                    next.clas.insert(name.clone(), ClaState::Absent);
+                }
+                next.cla_versions.remove(name);
+            }
+        }
+        if errors.is_empty() {
+            Ok(next)
+        } else {
+            Err(errors)
+        }
+    }
+}
+
+/// What a rustls verification error means for the operator.
+fn tls_hint(why: &str, host: &str) -> String {
+    if why.contains("UnknownIssuer") {
+        " (the server's certificate is not signed by the CA of ca-cert-path)".into()
+    } else if why.contains("NotValidForName") {
+        format!(" (the server's certificate is not valid for {host:?}, the host of server-address)")
+    } else if why.contains("Expired") || why.contains("NotValidYet") {
+        " (the server's certificate is outside its validity period)".into()
+    } else {
+        String::new()
+    }
+}
+
+fn short(t: &str) -> &'static str {
+    if t == CLUSTER_TYPE {
+        "Cluster"
+    } else {
+        "ClusterLoadAssignment"
+    }
+}
+
+fn status_text(s: &tonic::Status) -> String {
+    use std::error::Error;
+    let mut out = format!("{:?}: {}", s.code(), s.message());
+    let mut cur = s.source();
+    while let Some(c) = cur {
+        let t = c.to_string();
+        if !out.contains(&t) {
+            out.push_str(": ");
+            out.push_str(&t);
+        }
+        cur = c.source();
+    }
+    out
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Runs the source until `cancel` (see [`super::run`]).
+pub async fn run(
+    cfg: XdsConfig,
+    defaults: Defaults,
+    tx: mpsc::Sender<SourceMsg>,
+    status: Arc<Mutex<XdsStatus>>,
+    cancel: CancellationToken,
+) {
+    {
+        let mut st = lock(&status);
+        st.server = cfg.server.to_string();
+        st.mode = cfg.mode;
+        st.node_id = cfg.node_id.clone();
+        st.transport = match &cfg.tls {
+            None => "plaintext".into(),
+            Some(t) if t.client.is_some() => "mutual TLS".into(),
+            Some(_) => "TLS".into(),
+        };
+        st.state = ConnectionState::Connecting;
+    }
+    let mut c = Client {
+        cfg,
+        defaults,
+        tx,
+        status: Arc::clone(&status),
+        held: Resources::default(),
+        versions: HashMap::new(),
+        applied: BTreeMap::new(),
+        desired: Desired::default(),
+        waiting: BTreeMap::new(),
+        received: Instant::now(),
+        // Up to an hour, three significant digits (valid bounds: never None).
+        to_live: hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000, 3).ok(),
+    };
+    let mut attempt = 0u32;
+    let mut first = true;
+    loop {
+        let end = tokio::select! {
+            () = cancel.cancelled() => break,
+            e = c.session(&mut first) => e,
+        };
+        match end {
+            End::Stopped => break,
+            End::Failed { error, answered } => {
+                if answered {
+                    attempt = 0;
+                }
+                let delay = backoff(attempt);
+                attempt = attempt.saturating_add(1);
+                warn!(server = %c.cfg.server, %error, retry_in_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX), "xDS server unreachable; serving the last good state");
+                {
+                    let mut st = lock(&status);
+                    st.state = ConnectionState::Backoff;
+                    st.connected_since = None;
+                    st.last_error = Some(error);
+                    st.last_error_at = Some(status::now());
+                }
+                tokio::select! {
+                    () = cancel.cancelled() => break,
+                    () = tokio::time::sleep(delay) => {}
+                }
+            }
+        }
+    }
+    let mut st = lock(&status);
+    st.state = ConnectionState::Stopped;
+    st.connected_since = None;
+}

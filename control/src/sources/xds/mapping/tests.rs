@@ -1,0 +1,315 @@
+use std::collections::{BTreeSet, HashMap};
+
+use envoy_types::pb::envoy::config::cluster::v3::cluster::{EdsClusterConfig, MaglevLbConfig};
+use envoy_types::pb::envoy::config::cluster::v3::load_balancing_policy::Policy;
+use envoy_types::pb::envoy::config::cluster::v3::LoadBalancingPolicy;
+use envoy_types::pb::envoy::config::core::v3::{Address, SocketAddress, TypedExtensionConfig};
+use envoy_types::pb::envoy::config::endpoint::v3::{Endpoint, LbEndpoint as PbLbEndpoint, LocalityLbEndpoints};
+use envoy_types::pb::google::protobuf::{UInt32Value, UInt64Value};
+
+use super::*;
+
+fn num(n: f64) -> Value {
+    Value { kind: Some(Kind::NumberValue(n)) }
+}
+
+fn s(v: &str) -> Value {
+    Value { kind: Some(Kind::StringValue(v.into())) }
+}
+
+fn md(fields: &[(&str, Value)]) -> Option<Metadata> {
+    let st = Struct { fields: fields.iter().map(|(k, v)| ((*k).to_owned(), v.clone())).collect() };
+    Some(Metadata { filter_metadata: HashMap::from([(METADATA_KEY.to_owned(), st)]), ..Metadata::default() })
+}
+
+fn cluster(name: &str, vip: &str, port: f64, proto: &str) -> Cluster {
+    Cluster {
+        name: name.into(),
+        metadata: md(&[("vip", s(vip)), ("port", num(port)), ("protocol", s(proto))]),
+        cluster_discovery_type: Some(ClusterDiscoveryType::Type(DiscoveryType::Eds as i32)),
+        eds_cluster_config: Some(EdsClusterConfig { service_name: name.into(), ..EdsClusterConfig::default() }),
+        ..Cluster::default()
+    }
+}
+
+/// (address, port, health, priority, weight)
+type Ep<'a> = (&'a str, u32, HealthStatus, u32, Option<u32>);
+
+fn cla(name: &str, eps: &[Ep<'_>]) -> ClusterLoadAssignment {
+    let mut by_prio: BTreeMap<u32, Vec<PbLbEndpoint>> = BTreeMap::new();
+    for (a, port, h, prio, w) in eps {
+        by_prio.entry(*prio).or_default().push(PbLbEndpoint {
+            host_identifier: Some(HostIdentifier::Endpoint(Endpoint {
+                address: Some(Address {
+                    address: Some(address::Address::SocketAddress(SocketAddress {
+                        address: (*a).into(),
+                        port_specifier: Some(PortSpecifier::PortValue(*port)),
+                        ..SocketAddress::default()
+                    })),
+                }),
+                ..Endpoint::default()
+            })),
+            health_status: *h as i32,
+            load_balancing_weight: w.map(|value| UInt32Value { value }),
+            ..PbLbEndpoint::default()
+        });
+    }
+    ClusterLoadAssignment {
+        cluster_name: name.into(),
+        endpoints: by_prio
+            .into_iter()
+            .map(|(priority, lb_endpoints)| LocalityLbEndpoints { priority, lb_endpoints, ..LocalityLbEndpoints::default() })
+            .collect(),
+        ..ClusterLoadAssignment::default()
+    }
+}
+
+fn healthy(a: &str) -> Ep<'_> {
+    (a, 3306, HealthStatus::Healthy, 0, None)
+}
+
+fn l4(c: &Cluster) -> L4Cluster {
+    decode_cluster(c).unwrap().unwrap()
+}
+
+fn errs(c: &Cluster) -> String {
+    decode_cluster(c).err().map(|e| e.join("\n")).unwrap_or_default()
+}
+
+fn one(c: &Cluster, a: &ClusterLoadAssignment) -> MappedService {
+    map_service(&l4(c), &decode_cla(a).unwrap(), &Defaults::default()).unwrap()
+}
+
+#[test]
+fn the_seed_example_maps_to_a_service_a_route_and_endpoints() {
+    let c = cluster("my-database-service", "10.1.2.3", 3306.0, "TCP");
+    let a = cla("my-database-service", &[healthy("192.168.1.10"), healthy("192.168.1.11")]);
+    let m = one(&c, &a);
+    assert_eq!(m.service.name, "my-database-service");
+    assert_eq!(m.service.limit, Some(Defaults::default().limit));
+    assert_eq!(m.service.algorithm, None, "no lb_policy: the appliance default");
+    assert_eq!(m.route.name, "my-database-service");
+    assert_eq!(m.route.matches.vips, vec!["10.1.2.3".parse::<Addr>().unwrap()]);
+    assert_eq!(m.route.matches.dst_ports, vec![PortRange::single(3306)]);
+    assert_eq!(m.route.matches.protocols, vec![proto::TCP]);
+    let addrs: BTreeSet<String> = m.endpoints.iter().map(|e| e.address.to_string()).collect();
+    assert_eq!(addrs, BTreeSet::from(["192.168.1.10".to_owned(), "192.168.1.11".to_owned()]));
+    assert!(m.endpoints.iter().all(|e| e.weight == 1 && !e.draining && e.service == "my-database-service"));
+    assert_eq!(m.service.origin.to_string(), "xds: Cluster \"my-database-service\"");
+}
+
+#[test]
+fn clusters_without_the_metadata_are_ignored_and_envoy_names_accepted() {
+    let mut c = cluster("outbound|80||web.default", "2001:db8::10", 80.0, "udp");
+    assert_eq!(l4(&c).protocol, proto::UDP);
+    assert!(!l4(&c).vip.is_v4());
+    c.metadata = None;
+    assert_eq!(decode_cluster(&c).unwrap(), None);
+    let mut other = cluster("x", "10.0.0.1", 1.0, "TCP");
+    other.metadata.as_mut().unwrap().filter_metadata.insert("envoy.lb".into(), Struct::default());
+    other.metadata.as_mut().unwrap().filter_metadata.remove(METADATA_KEY);
+    assert_eq!(decode_cluster(&other).unwrap(), None);
+    let mut sp = cluster("web tier", "10.0.0.1", 80.0, "TCP");
+    assert!(errs(&sp).contains("\"web tier\" is not a usable service name"));
+    sp.name = "a".repeat(254);
+    assert!(errs(&sp).contains("is not a usable service name"));
+}
+
+#[test]
+fn bad_metadata_is_refused_with_its_reason() {
+    let bad = |vip: Value, port: Value, proto: Value| {
+        let mut c = cluster("c", "10.0.0.1", 1.0, "TCP");
+        c.metadata = md(&[("vip", vip), ("port", port), ("protocol", proto)]);
+        errs(&c)
+    };
+    assert!(bad(s("10.0.0.300"), num(80.0), s("TCP")).contains("io.cilium.l4lb.vip: \"10.0.0.300\" is not an IP address"));
+    assert!(bad(s("10.0.0.0/24"), num(80.0), s("TCP")).contains("is not a single address"));
+    assert!(bad(s("2001:db8::/64"), num(80.0), s("TCP")).contains("is not a single address"));
+    assert!(bad(s("::ffff:10.0.0.1"), num(80.0), s("TCP")).contains("IPv4-mapped"));
+    let list = Value { kind: Some(Kind::ListValue(envoy_types::pb::google::protobuf::ListValue { values: vec![s("10.0.0.1")] })) };
+    assert!(bad(list, num(80.0), s("TCP")).contains("vip: expected a string, found a list"));
+    assert!(bad(s("10.0.0.1"), num(0.0), s("TCP")).contains("io.cilium.l4lb.port: 0 is out of range 1..=65535"));
+    assert!(bad(s("10.0.0.1"), num(65536.0), s("TCP")).contains("port: 65536 is out of range"));
+    assert!(bad(s("10.0.0.1"), num(80.5), s("TCP")).contains("port: 80.5 is not a whole number"));
+    assert!(bad(s("10.0.0.1"), s("http"), s("TCP")).contains("port: \"http\" is not a whole number"));
+    assert!(bad(s("10.0.0.1"), num(80.0), s("ICMP")).contains("unknown protocol \"ICMP\" (expected TCP, UDP or SCTP)"));
+    assert_eq!(l4(&cluster("c", "10.0.0.1/32", 80.0, "sctp")).protocol, proto::SCTP);
+    assert_eq!(bad(s("10.0.0.1"), s("80"), s("tcp")), "", "numbers may be strings, protocols any case");
+
+    let mut typo = cluster("c", "10.0.0.1", 80.0, "TCP");
+    let f = &mut typo.metadata.as_mut().unwrap().filter_metadata.get_mut(METADATA_KEY).unwrap().fields;
+    f.insert("endpointlimit".into(), num(8.0));
+    f.remove("protocol");
+    let e = errs(&typo);
+    assert!(e.contains("unknown key \"endpointlimit\" (did you mean \"endpointLimit\"?)"), "{e}");
+    assert!(e.contains("missing key \"protocol\""), "{e}");
+}
+
+#[test]
+fn optional_keys_and_native_lb_settings() {
+    let mut c = cluster("c", "10.0.0.1", 80.0, "TCP");
+    let f = &mut c.metadata.as_mut().unwrap().filter_metadata.get_mut(METADATA_KEY).unwrap().fields;
+    f.insert("endpointLimit".into(), num(64.0));
+    f.insert("flowTable".into(), Value { kind: Some(Kind::BoolValue(true)) });
+    f.insert("delivery".into(), s("ipip"));
+    c.lb_policy = LbPolicy::Maglev as i32;
+    c.lb_config = Some(LbConfig::MaglevLbConfig(MaglevLbConfig { table_size: Some(UInt64Value { value: 65537 }) }));
+    let m = l4(&c);
+    assert_eq!((m.limit, m.flow_table, m.delivery), (Some(64), Some(true), Some(DeliveryMode::IpIp)));
+    assert_eq!((m.algorithm, m.table_size), (Some(Algorithm::Maglev), Some(65537)));
+
+    c.lb_config = Some(LbConfig::MaglevLbConfig(MaglevLbConfig { table_size: Some(UInt64Value { value: 65536 }) }));
+    assert!(errs(&c).contains("Maglev table size 65536 is not a prime (the next prime is 65537)"));
+    c.lb_config = Some(LbConfig::MaglevLbConfig(MaglevLbConfig { table_size: Some(UInt64Value { value: 1 << 40 }) }));
+    assert!(errs(&c).contains("is above the largest, 16777213"));
+    c.lb_config = None;
+    c.lb_policy = LbPolicy::Random as i32;
+    assert_eq!(l4(&c).algorithm, Some(Algorithm::Random));
+    c.lb_policy = LbPolicy::LeastRequest as i32;
+    assert_eq!(l4(&c).algorithm, None, "other policies take the default");
+
+    // The typed-extension form of the same policies.
+    let maglev = Maglev { table_size: Some(UInt64Value { value: 251 }), ..Maglev::default() };
+    c.lb_policy = LbPolicy::LoadBalancingPolicyConfig as i32;
+    c.load_balancing_policy = Some(LoadBalancingPolicy {
+        policies: vec![Policy {
+            typed_extension_config: Some(TypedExtensionConfig {
+                name: "maglev".into(),
+                typed_config: Some(envoy_types::pb::google::protobuf::Any {
+                    type_url: Maglev::type_url(),
+                    value: maglev.encode_to_vec(),
+                }),
+            }),
+        }],
+    });
+    assert_eq!((l4(&c).algorithm, l4(&c).table_size), (Some(Algorithm::Maglev), Some(251)));
+
+    let mut dns = cluster("c", "10.0.0.1", 80.0, "TCP");
+    dns.cluster_discovery_type = Some(ClusterDiscoveryType::Type(DiscoveryType::StrictDns as i32));
+    assert!(errs(&dns).contains("cluster type STRICT_DNS is not supported for an L4 service: use EDS or STATIC"));
+    let mut st = cluster("s", "10.0.0.1", 80.0, "TCP");
+    st.cluster_discovery_type = None;
+    st.load_assignment = Some(cla("s", &[("10.0.0.9", 80, HealthStatus::Unknown, 0, Some(3))]));
+    let m = l4(&st);
+    assert_eq!(m.eds_name(), None);
+    let EndpointsFrom::Inline(inline) = &m.endpoints else { panic!("inline") };
+    assert_eq!(inline.endpoints[0].weight, 3);
+}
+
+#[test]
+fn health_and_priority_choose_who_takes_new_flows() {
+    use HealthStatus::*;
+    let c = cluster("c", "10.0.0.1", 3306.0, "TCP");
+    let get = |eps: &[Ep<'_>]| -> Vec<(String, bool)> {
+        let m = one(&c, &cla("c", eps));
+        let mut v: Vec<(String, bool)> = m.endpoints.iter().map(|e| (e.address.to_string(), e.draining)).collect();
+        v.sort();
+        v
+    };
+    let e = |a: &str, d: bool| (a.to_owned(), d);
+    // Priority 0 serves; priority 1 waits; unhealthy and timed-out are out.
+    assert_eq!(
+        get(&[("10.0.0.2", 0, Healthy, 0, None), ("10.0.0.3", 0, Unknown, 0, None), ("10.0.0.4", 0, Unhealthy, 0, None), ("10.0.0.5", 0, Healthy, 1, None), ("10.0.0.6", 0, Timeout, 0, None)]),
+        [e("10.0.0.2", false), e("10.0.0.3", false)]
+    );
+    // Priority 0 has no serving endpoint: priority 1 takes over.
+    assert_eq!(get(&[("10.0.0.4", 0, Unhealthy, 0, None), ("10.0.0.5", 0, Healthy, 1, None), ("10.0.0.7", 0, Healthy, 2, None)]), [e("10.0.0.5", false)]);
+    // Draining endpoints stay as draining, at any priority.
+    assert_eq!(get(&[("10.0.0.2", 0, Healthy, 0, None), ("10.0.0.8", 0, Draining, 0, None), ("10.0.0.9", 0, Draining, 1, None)]), [
+        e("10.0.0.2", false),
+        e("10.0.0.8", true),
+        e("10.0.0.9", true)
+    ]);
+    // Degraded: only when nothing serves anywhere, lowest priority first.
+    assert_eq!(get(&[("10.0.0.2", 0, Degraded, 0, None), ("10.0.0.5", 0, Healthy, 1, None)]), [e("10.0.0.5", false)]);
+    assert_eq!(get(&[("10.0.0.2", 0, Degraded, 1, None), ("10.0.0.3", 0, Degraded, 2, None), ("10.0.0.4", 0, Unhealthy, 0, None)]), [e("10.0.0.2", false)]);
+    assert_eq!(get(&[("10.0.0.4", 0, Unhealthy, 0, None)]), []);
+}
+
+#[test]
+fn identifiers_do_not_move_with_health_or_order() {
+    use HealthStatus::*;
+    let c = cluster("c", "10.0.0.1", 3306.0, "TCP");
+    let eps: Vec<Ep<'_>> = (2..12).map(|i| (["10.0.0.2", "10.0.0.3", "10.0.0.4", "10.0.0.5", "10.0.0.6", "10.0.0.7", "10.0.0.8", "10.0.0.9", "10.0.0.10", "10.0.0.11"][i - 2], 0, Healthy, 0, None)).collect();
+    let ids = |eps: &[Ep<'_>]| -> BTreeMap<String, u32> { one(&c, &cla("c", eps)).endpoints.iter().map(|e| (e.address.to_string(), e.id)).collect() };
+    let all = ids(&eps);
+    let mut rev = eps.clone();
+    rev.reverse();
+    assert_eq!(ids(&rev), all, "order does not matter");
+    let mut sick = eps.clone();
+    sick[3].2 = Unhealthy;
+    sick[5].3 = 1;
+    let some = ids(&sick);
+    assert_eq!(some.len(), 8);
+    assert!(some.iter().all(|(a, id)| all[a] == *id), "an unhealthy or standby endpoint moves no one");
+}
+
+#[test]
+fn endpoints_are_checked() {
+    let c = cluster("c", "10.0.0.1", 3306.0, "TCP");
+    let fail = |eps: &[Ep<'_>]| match decode_cla(&cla("c", eps)) {
+        Err(e) => e.join("\n"),
+        Ok(cla) => map_service(&l4(&c), &cla, &Defaults::default()).unwrap_err().join("\n"),
+    };
+    assert!(fail(&[("db.example", 3306, HealthStatus::Healthy, 0, None)]).contains("\"db.example\" is not an IP address (host names are not resolved)"));
+    assert!(fail(&[("10.0.0.2", 8080, HealthStatus::Healthy, 0, None)]).contains("port 8080 is not the service's port 3306"));
+    assert!(fail(&[("10.0.0.2", 70000, HealthStatus::Healthy, 0, None)]).contains("port 70000 is out of range"));
+    assert!(fail(&[("10.0.0.2", 3306, HealthStatus::Healthy, 0, Some(limits::WEIGHT_MAX + 1))]).contains("load_balancing_weight 1048577 is above the largest"));
+    assert!(fail(&[("10.0.0.2", 3306, HealthStatus::Healthy, 0, None), ("10.0.0.2", 0, HealthStatus::Healthy, 1, None)])
+        .contains("address 10.0.0.2 is also at endpoints[0].lb_endpoints[0]"));
+    let many: Vec<String> = (0..33).map(|i| format!("10.0.1.{i}")).collect();
+    let eps: Vec<Ep<'_>> = many.iter().map(|a| (a.as_str(), 0, HealthStatus::Unhealthy, 0, None)).collect();
+    let e = fail(&eps);
+    assert!(e.contains("33 endpoints are more than the service's endpoint limit of 32"), "unhealthy ones count too: {e}");
+    let ok = one(&c, &cla("c", &[("2001:db8::2", 0, HealthStatus::Healthy, 0, Some(0)), ("10.0.0.2", 3306, HealthStatus::Healthy, 0, Some(7))]));
+    let w: BTreeMap<String, u32> = ok.endpoints.iter().map(|e| (e.address.to_string(), e.weight)).collect();
+    assert_eq!(w["10.0.0.2"], 7);
+    assert_eq!(w.len(), 2, "IPv6 endpoints of an IPv4 VIP are the dataplane's business");
+
+    // An identifier given in the endpoint's metadata.
+    let mut a = cla("c", &[healthy("10.0.0.2"), healthy("10.0.0.3")]);
+    a.endpoints[0].lb_endpoints[1].metadata = md(&[("id", num(17.0))]);
+    let m = one(&c, &a);
+    assert_eq!(m.endpoints.iter().find(|e| e.address.to_string() == "10.0.0.3").unwrap().id, 17);
+    a.endpoints[0].lb_endpoints[1].metadata = md(&[("id", num(32.0))]);
+    assert!(map_service(&l4(&c), &decode_cla(&a).unwrap(), &Defaults::default()).unwrap_err()[0].contains("identifier 32 is beyond the limit 32"));
+    a.endpoints[0].lb_endpoints[1].metadata = md(&[("ident", num(3.0))]);
+    assert!(decode_cla(&a).unwrap_err()[0].contains("unknown key \"ident\""));
+}
+
+#[test]
+fn build_warms_clusters_and_refuses_shared_vips() {
+    let d = Defaults::default();
+    let mut clusters = BTreeMap::new();
+    clusters.insert("a".to_owned(), l4(&cluster("a", "10.0.0.1", 80.0, "TCP")));
+    let mut clas = BTreeMap::new();
+    let b = build(&clusters, &clas, &BTreeMap::new(), &d).unwrap();
+    assert!(b.services.is_empty(), "a new cluster waits for its endpoints");
+    assert_eq!(b.warming, ["a"]);
+    clas.insert("a".to_owned(), ClaState::Known(decode_cla(&cla("a", &[("10.0.0.5", 80, HealthStatus::Healthy, 0, None)])).unwrap()));
+    let served = build(&clusters, &clas, &BTreeMap::new(), &d).unwrap();
+    assert_eq!(served.services["a"].endpoints.len(), 1);
+    assert!(served.warming.is_empty());
+
+    // The cluster now names another assignment: the old definition stays
+    // until the new one arrives.
+    let mut moved = cluster("a", "10.0.0.1", 81.0, "TCP");
+    moved.eds_cluster_config.as_mut().unwrap().service_name = "a2".into();
+    clusters.insert("a".to_owned(), l4(&moved));
+    let kept = build(&clusters, &clas, &served.services, &d).unwrap();
+    assert_eq!(kept.services["a"], served.services["a"]);
+    assert_eq!(kept.warming, ["a"]);
+    // The server says it does not exist: the cluster goes in without endpoints.
+    clas.insert("a2".to_owned(), ClaState::Absent);
+    let empty = build(&clusters, &clas, &served.services, &d).unwrap();
+    assert!(empty.services["a"].endpoints.is_empty());
+    assert_eq!(empty.services["a"].key.1, 81);
+
+    // Two clusters on one VIP, port and protocol.
+    clusters.insert("b".to_owned(), l4(&cluster("b", "10.0.0.1", 81.0, "TCP")));
+    clas.insert("b".to_owned(), ClaState::Absent);
+    let e = build(&clusters, &clas, &served.services, &d).unwrap_err();
+    assert_eq!(e, ["Cluster \"b\": 10.0.0.1:81/TCP is already claimed by cluster \"a\""]);
+    clusters.insert("b".to_owned(), l4(&cluster("b", "10.0.0.1", 81.0, "UDP")));
+    assert_eq!(build(&clusters, &clas, &served.services, &d).unwrap().services.len(), 2, "another protocol is another service");
+}

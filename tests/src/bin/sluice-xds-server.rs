@@ -1,0 +1,135 @@
+//! `sluice-xds-server`: the test xDS management server as a program, to
+//! drive appliances by hand or from scripts (inside a network namespace,
+//! say). It serves the resources of one YAML or JSON file over ADS, state
+//! of the world and delta on the same port, and reads the file again when
+//! it changes (a new version for the nodes whose snapshot changed).
+//!
+//! ```text
+//! sluice-xds-server --listen 127.0.0.1:18000 --file resources.yaml \
+//!     [--tls-cert server.crt --tls-key server.key [--client-ca ca.crt]]
+//! ```
+//!
+//! The file: `{version, clusters: [...], assignments: [...], nodes: {<node
+//! id>: {version, clusters, assignments}}}`, resources in Envoy's JSON
+//! field names (see `sluice_tests::xds_server::cluster` and `assignment`).
+//! As with go-control-plane, state-of-the-world clients are sent a change
+//! only when `version` changes: bump it with every edit (delta clients
+//! get changed resources whatever the version says).
+//! It prints `listening on <address>` once ready; SIGINT or SIGTERM stop it.
+#![forbid(unsafe_code)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use sluice_tests::xds_server::{document, ServerTls, Snapshot, XdsServer};
+
+const USAGE: &str = "usage: sluice-xds-server --listen ADDR:PORT --file RESOURCES.yaml [--tls-cert CRT --tls-key KEY [--client-ca CA]]";
+
+struct Args {
+    listen: SocketAddr,
+    file: PathBuf,
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
+    client_ca: Option<PathBuf>,
+}
+
+fn args() -> Result<Args, String> {
+    let mut it = std::env::args().skip(1);
+    let (mut listen, mut file, mut cert, mut key, mut client_ca) = (None, None, None, None, None);
+    while let Some(a) = it.next() {
+        let mut val = || it.next().ok_or_else(|| format!("{a} needs a value"));
+        match a.as_str() {
+            "--listen" => listen = Some(val()?.parse::<SocketAddr>().map_err(|e| format!("--listen: {e}"))?),
+            "--file" => file = Some(PathBuf::from(val()?)),
+            "--tls-cert" => cert = Some(PathBuf::from(val()?)),
+            "--tls-key" => key = Some(PathBuf::from(val()?)),
+            "--client-ca" => client_ca = Some(PathBuf::from(val()?)),
+            "-h" | "--help" => return Err(USAGE.into()),
+            other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
+        }
+    }
+    Ok(Args {
+        listen: listen.ok_or_else(|| format!("--listen is required\n{USAGE}"))?,
+        file: file.ok_or_else(|| format!("--file is required\n{USAGE}"))?,
+        cert,
+        key,
+        client_ca,
+    })
+}
+
+/// The file as JSON (compared to see changes) and its snapshots.
+fn load(path: &PathBuf) -> Result<(serde_json::Value, std::collections::BTreeMap<String, Snapshot>), String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let doc = document(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    let snaps = Snapshot::from_document(&doc).map_err(|e| format!("{}: {e}", path.display()))?;
+    Ok((doc, snaps))
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    let a = match args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    let tls = match (&a.cert, &a.key) {
+        (Some(c), Some(k)) => {
+            let read = |p: &PathBuf| std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()));
+            match (read(c), read(k), a.client_ca.as_ref().map(read).transpose()) {
+                (Ok(cert_pem), Ok(key_pem), Ok(client_ca_pem)) => Some(ServerTls { cert_pem, key_pem, client_ca_pem }),
+                (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
+                    eprintln!("{e}");
+                    return ExitCode::from(2);
+                }
+            }
+        }
+        (None, None) if a.client_ca.is_none() => None,
+        _ => {
+            eprintln!("--tls-cert and --tls-key go together (and --client-ca needs them)");
+            return ExitCode::from(2);
+        }
+    };
+    let server = XdsServer::new();
+    let mut last = match load(&a.file) {
+        Ok((doc, snaps)) => {
+            server.set_all(snaps);
+            doc
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(1);
+        }
+    };
+    let running = match server.serve(a.listen, tls).await {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("cannot listen on {}: {e}", a.listen);
+            return ExitCode::from(1);
+        }
+    };
+    println!("listening on {}", running.addr);
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("signal handler");
+    let mut poll = tokio::time::interval(Duration::from_millis(300));
+    loop {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => break,
+            _ = term.recv() => break,
+            _ = poll.tick() => match load(&a.file) {
+                Ok((doc, snaps)) if doc != last => {
+                    eprintln!("{}: changed, serving it", a.file.display());
+                    server.set_all(snaps);
+                    last = doc;
+                }
+                Ok(_) => {}
+                Err(e) => eprintln!("{e} (still serving the previous content)"),
+            },
+        }
+    }
+    running.stop().await;
+    ExitCode::SUCCESS
+}
