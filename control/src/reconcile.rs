@@ -58,19 +58,21 @@ pub struct Reconciler {
 }
 
 /// The settings of the accepted configuration file that other control
-/// tasks follow (the xDS source restarts when they change).
+/// tasks follow (the xDS and Kubernetes sources restart when theirs change).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Settings {
     /// Service defaults.
     pub defaults: Defaults,
     /// The xDS management server, when enabled.
     pub xds: Option<crate::sources::xds::XdsConfig>,
+    /// The Kubernetes API, when enabled (`kubernetes:`).
+    pub kube: Option<crate::sources::kube::KubeConfig>,
 }
 
 impl Settings {
     /// The settings of `config`.
     pub fn of(config: &ApplianceConfig) -> Settings {
-        Settings { defaults: config.defaults, xds: config.xds.clone() }
+        Settings { defaults: config.defaults, xds: config.xds.clone(), kube: config.kubernetes.clone() }
     }
 }
 

@@ -218,6 +218,8 @@ pub struct Shared {
     pub liveness: Mutex<Vec<WorkerLiveness>>,
     /// The xDS source's status, while it runs.
     pub xds: Mutex<Option<Arc<Mutex<crate::sources::xds::XdsStatus>>>>,
+    /// The Kubernetes source's status, while it runs.
+    pub kube: Mutex<Option<Arc<Mutex<crate::sources::kube::KubeStatus>>>>,
 }
 
 /// Locks, recovering from a poisoned lock (the data is plain records).
@@ -249,6 +251,7 @@ impl Shared {
             state: Mutex::new(ControlState::default()),
             liveness: Mutex::new(liveness),
             xds: Mutex::new(None),
+            kube: Mutex::new(None),
         }
     }
 
