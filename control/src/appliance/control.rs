@@ -209,12 +209,19 @@ struct Follower<C, S> {
     /// The section in the accepted settings.
     settings: fn(&Settings) -> Option<C>,
     /// Where the admin endpoint finds its status.
-    slot: fn(&Shared) -> &Mutex<Option<Arc<Mutex<S>>>>,
+    slot: fn(&Shared) -> &StatusSlot<S>,
     /// What it follows, for the log.
     describe: fn(&C) -> String,
     /// Runs it until its token is cancelled.
-    run: fn(C, Defaults, mpsc::Sender<SourceMsg>, Arc<Mutex<S>>, CancellationToken) -> BoxFuture<'static, ()>,
+    run: RunSource<C, S>,
 }
+
+/// Where the admin endpoint finds a source's status while it runs.
+type StatusSlot<S> = Mutex<Option<Arc<Mutex<S>>>>;
+
+/// Runs a source: its settings, the service defaults, the channel to the
+/// reconciler, its status, and the token that stops it.
+type RunSource<C, S> = fn(C, Defaults, mpsc::Sender<SourceMsg>, Arc<Mutex<S>>, CancellationToken) -> BoxFuture<'static, ()>;
 
 /// The xDS source (`xds-control-plane`).
 const XDS: Follower<xds::XdsConfig, XdsStatus> = Follower {
