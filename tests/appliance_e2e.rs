@@ -11,68 +11,11 @@
 //! - no namespace is left behind.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::collections::HashMap;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::PathBuf;
 use std::time::Duration;
 
-use serde_json::Value;
-use sluice_tests::{privileged, run, sluice_bin, wait_until, Proc};
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_owned()
-}
-
-/// The topology of scripts/topology.sh under a prefix; torn down on drop.
-struct Topology {
-    prefix: String,
-}
-
-impl Topology {
-    fn up(prefix: &str) -> Topology {
-        run(&[root().join("scripts/topology.sh").to_str().unwrap(), "up", prefix]);
-        Topology { prefix: prefix.to_owned() }
-    }
-
-    fn ns(&self, n: &str) -> String {
-        format!("{}-{n}", self.prefix)
-    }
-
-    fn spawn(&self, n: &str, cmd: &[&str]) -> Proc {
-        let ns = self.ns(n);
-        let mut args = vec!["ip", "netns", "exec", ns.as_str()];
-        args.extend_from_slice(cmd);
-        Proc::spawn(&args)
-    }
-
-    fn output(&self, n: &str, cmd: &[&str]) -> std::process::Output {
-        Command::new("ip").args(["netns", "exec", &self.ns(n)]).args(cmd).output().unwrap()
-    }
-
-    fn json(&self, n: &str, cmd: &[&str]) -> Value {
-        let out = self.output(n, cmd);
-        serde_json::from_slice(&out.stdout)
-            .unwrap_or_else(|e| panic!("{cmd:?}: {e}: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
-    }
-}
-
-impl Drop for Topology {
-    fn drop(&mut self) {
-        let _ = Command::new(root().join("scripts/topology.sh")).args(["down", &self.prefix]).output();
-    }
-}
-
-fn client(t: &Topology, args: &[&str]) -> HashMap<String, u64> {
-    let script = root().join("scripts/client.py");
-    let mut cmd = vec!["python3", script.to_str().unwrap()];
-    cmd.extend_from_slice(args);
-    let v = t.json("client", &cmd);
-    v.as_object().unwrap().iter().map(|(k, v)| (k.clone(), v.as_u64().unwrap())).collect()
-}
-
-fn status(t: &Topology) -> Value {
-    t.json("lb", &[sluice_bin().to_str().unwrap(), "status", "--json"])
-}
+use sluice_tests::topology::{root, stop_cleanly, Topology};
+use sluice_tests::{privileged, sluice_bin, wait_until, Proc};
 
 #[test]
 fn load_balances_real_traffic_and_reloads_without_disturbing_other_flows() {
@@ -97,7 +40,7 @@ fn load_balances_real_traffic_and_reloads_without_disturbing_other_flows() {
 
     let ready = wait_until(Duration::from_secs(30), || {
         topo.output("lb", &[bin.to_str().unwrap(), "status", "--json"]).status.success()
-            && status(&topo)["endpoints"].as_array().is_some_and(|e| e.len() == 6 && e.iter().all(|e| e["state"] == "ready"))
+            && topo.status()["endpoints"].as_array().is_some_and(|e| e.len() == 6 && e.iter().all(|e| e["state"] == "ready"))
     });
     if !ready {
         let (code, out, err) = lb.stop("INT", Duration::from_secs(5));
@@ -105,61 +48,45 @@ fn load_balances_real_traffic_and_reloads_without_disturbing_other_flows() {
     }
 
     // Hundreds of real TCP connections, all complete, spread over the backends.
-    let counts = client(&topo, &["short", "20.0.0.1", "450", "16"]);
+    let counts = topo.client(&["short", "20.0.0.1", "450", "16"]);
     assert_eq!(counts.get("failed"), None, "{counts:?}");
     for b in ["be1", "be2", "be3"] {
         let n = counts.get(b).copied().unwrap_or(0);
         assert!(n >= 90, "{b} got {n} of 450 connections: {counts:?}");
     }
     // UDP too (each query from the same socket: one flow, one backend).
-    let udp = client(&topo, &["udp", "20.0.0.1", "100"]);
+    let udp = topo.client(&["udp", "20.0.0.1", "100"]);
     assert_eq!(udp.values().sum::<u64>(), 100);
     assert_eq!(udp.get("failed"), None, "{udp:?}");
 
     // Long-lived connections; then endpoint 2 (be3) leaves the web service.
-    let hold_out = dir.join("hold.json");
-    let script = root().join("scripts/client.py");
-    let _hold = topo.spawn(
-        "client",
-        &["python3", script.to_str().unwrap(), "hold", "20.0.0.1", "60", "10", hold_out.to_str().unwrap()],
-    );
-    let ready_file = PathBuf::from(format!("{}.ready", hold_out.display()));
-    assert!(wait_until(Duration::from_secs(20), || ready_file.exists()), "long-lived connections opened");
-    let generation = status(&topo)["generation"].as_u64().unwrap();
+    let held = topo.hold("20.0.0.1", &dir.join("hold.json"));
+    let generation = topo.status()["generation"].as_u64().unwrap();
     let without_be3 = base.replacen("      - {id: 2, address: 10.200.0.13}\n  - name: dns", "  - name: dns", 1);
     assert_ne!(without_be3, base);
     std::fs::write(&cfg, &without_be3).unwrap();
     assert!(
-        wait_until(Duration::from_secs(10), || status(&topo)["generation"].as_u64().unwrap() > generation),
+        wait_until(Duration::from_secs(10), || topo.status()["generation"].as_u64().unwrap() > generation),
         "the file change was picked up"
     );
-    let st = status(&topo);
+    let st = topo.status();
     assert_eq!(st["sources"]["file"]["accepted"], true);
     assert_eq!(st["sources"]["file"]["rebuilt"], serde_json::json!(["web"]), "only the changed service was rebuilt");
 
-    assert!(wait_until(Duration::from_secs(30), || hold_out.exists()), "long-lived connections finished");
-    let held: HashMap<String, [u64; 2]> = serde_json::from_str(&std::fs::read_to_string(&hold_out).unwrap()).unwrap();
-    for (b, [ok, broken]) in &held {
-        if b == "be3" {
-            assert_eq!(*ok, 0, "flows of the removed endpoint moved");
-        } else {
-            assert_eq!(*broken, 0, "{b}: {broken} established connections were disturbed: {held:?}");
-            assert!(*ok > 0);
-        }
-    }
-    let after = client(&topo, &["short", "20.0.0.1", "120", "16"]);
+    held.only_moved("be3");
+    let after = topo.client(&["short", "20.0.0.1", "120", "16"]);
     assert_eq!(after.get("failed"), None, "{after:?}");
     assert_eq!(after.get("be3"), None, "no new connection to the removed endpoint: {after:?}");
 
     // A broken configuration is rejected; traffic goes on.
     std::fs::write(&cfg, without_be3.replace("vips: [20.0.0.1]", "vips: [20.0.0.0/24]")).unwrap();
     assert!(
-        wait_until(Duration::from_secs(10), || status(&topo)["sources"]["file"]["accepted"] == false),
+        wait_until(Duration::from_secs(10), || topo.status()["sources"]["file"]["accepted"] == false),
         "the broken file was noticed"
     );
-    let problems = status(&topo)["sources"]["file"]["problems"].to_string();
+    let problems = topo.status()["sources"]["file"]["problems"].to_string();
     assert!(problems.contains("is not a /32 or /128"), "{problems}");
-    let still = client(&topo, &["short", "20.0.0.1", "30", "8"]);
+    let still = topo.client(&["short", "20.0.0.1", "30", "8"]);
     assert_eq!(still.values().sum::<u64>(), 30);
     assert_eq!(still.get("failed"), None);
 
@@ -173,12 +100,8 @@ fn load_balances_real_traffic_and_reloads_without_disturbing_other_flows() {
         .unwrap();
     assert!(web > 3000, "web packets counted: {web}");
 
-    let (code, _out, err) = lb.stop("INT", Duration::from_secs(15));
-    assert_eq!(code, Some(0), "clean exit on SIGINT:\n{err}");
-    assert!(err.contains("mbufs_in_use=0"), "every mbuf back in the pool:\n{err}");
-    drop(topo);
-    let left = String::from_utf8(Command::new("ip").args(["netns", "list"]).output().unwrap().stdout).unwrap();
-    assert!(!left.contains(&prefix), "namespaces left behind:\n{left}");
+    stop_cleanly(&mut lb);
+    topo.remove();
     let _ = std::fs::remove_dir_all(&dir);
 }
 

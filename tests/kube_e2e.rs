@@ -16,60 +16,15 @@
 //! - SIGINT stops the appliance cleanly; no namespace is left behind.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use serde_json::Value;
-use sluice_tests::{privileged, run, sluice_bin, wait_until, Proc};
+use sluice_tests::topology::{root, stop_cleanly, Topology};
+use sluice_tests::{privileged, sluice_bin, wait_until, Proc};
 
 const NS: &str = "tenant-e2e";
 const GATEWAY: &str = "sllb-e2e";
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_owned()
-}
-
-/// The topology of scripts/topology.sh under a prefix; torn down on drop
-/// (also when an assertion fails).
-struct Topology {
-    prefix: String,
-}
-
-impl Topology {
-    fn up(prefix: &str) -> Topology {
-        run(&[root().join("scripts/topology.sh").to_str().unwrap(), "up", prefix]);
-        Topology { prefix: prefix.to_owned() }
-    }
-
-    fn ns(&self, n: &str) -> String {
-        format!("{}-{n}", self.prefix)
-    }
-
-    fn spawn(&self, n: &str, cmd: &[&str]) -> Proc {
-        let ns = self.ns(n);
-        let mut args = vec!["ip", "netns", "exec", ns.as_str()];
-        args.extend_from_slice(cmd);
-        Proc::spawn(&args)
-    }
-
-    fn output(&self, n: &str, cmd: &[&str]) -> std::process::Output {
-        Command::new("ip").args(["netns", "exec", &self.ns(n)]).args(cmd).output().unwrap()
-    }
-
-    fn json(&self, n: &str, cmd: &[&str]) -> Value {
-        let out = self.output(n, cmd);
-        serde_json::from_slice(&out.stdout)
-            .unwrap_or_else(|e| panic!("{cmd:?}: {e}: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
-    }
-}
-
-impl Drop for Topology {
-    fn drop(&mut self) {
-        let _ = Command::new(root().join("scripts/topology.sh")).args(["down", &self.prefix]).output();
-    }
-}
 
 /// A directory removed on drop.
 struct TempDir(PathBuf);
@@ -78,18 +33,6 @@ impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
-}
-
-fn client(t: &Topology, args: &[&str]) -> HashMap<String, u64> {
-    let script = root().join("scripts/client.py");
-    let mut cmd = vec!["python3", script.to_str().unwrap()];
-    cmd.extend_from_slice(args);
-    let v = t.json("client", &cmd);
-    v.as_object().unwrap().iter().map(|(k, v)| (k.clone(), v.as_u64().unwrap())).collect()
-}
-
-fn status(t: &Topology) -> Value {
-    t.json("lb", &[sluice_bin().to_str().unwrap(), "status", "--json"])
 }
 
 const GATEWAY_YAML: &str = "\
@@ -223,13 +166,13 @@ fn endpointslice_changes_move_real_traffic_and_losing_the_api_keeps_it_flowing()
 
     let ready = wait_until(Duration::from_secs(45), || {
         topo.output("lb", &[bin.to_str().unwrap(), "status", "--json"]).status.success()
-            && status(&topo)["endpoints"].as_array().is_some_and(|e| e.len() == 3 && e.iter().all(|e| e["state"] == "ready"))
+            && topo.status()["endpoints"].as_array().is_some_and(|e| e.len() == 3 && e.iter().all(|e| e["state"] == "ready"))
     });
     if !ready {
         let (code, out, err) = lb.stop("INT", Duration::from_secs(5));
         panic!("the appliance did not serve the Kubernetes objects (exit {code:?}):\n{out}\n{err}");
     }
-    let st = status(&topo);
+    let st = topo.status();
     let k = &st["kubernetes"];
     assert_eq!(k["connected"], true, "{k}");
     assert_eq!(k["synced"], true, "{k}");
@@ -246,7 +189,7 @@ fn endpointslice_changes_move_real_traffic_and_losing_the_api_keeps_it_flowing()
     );
 
     // Real TCP connections, all complete, spread over the slice's endpoints.
-    let counts = client(&topo, &["short", "20.0.0.1", "300", "16"]);
+    let counts = topo.client(&["short", "20.0.0.1", "300", "16"]);
     assert_eq!(counts.get("failed"), None, "{counts:?}");
     for b in ["be1", "be2", "be3"] {
         let n = counts.get(b).copied().unwrap_or(0);
@@ -254,53 +197,40 @@ fn endpointslice_changes_move_real_traffic_and_losing_the_api_keeps_it_flowing()
     }
 
     // Long-lived connections; then 10.200.0.13 (be3) leaves the EndpointSlice.
-    let hold_out = dir.0.join("hold.json");
-    let script = root().join("scripts/client.py");
-    let _hold = topo.spawn("client", &["python3", script.to_str().unwrap(), "hold", "20.0.0.1", "60", "10", hold_out.to_str().unwrap()]);
-    let ready_file = PathBuf::from(format!("{}.ready", hold_out.display()));
-    assert!(wait_until(Duration::from_secs(20), || ready_file.exists()), "long-lived connections opened");
-    let generation = status(&topo)["generation"].as_u64().unwrap();
+    let held = topo.hold("20.0.0.1", &dir.0.join("hold.json"));
+    let generation = topo.status()["generation"].as_u64().unwrap();
     let without_be3 = SLICE_YAML.replacen("- addresses: [10.200.0.13]\n  conditions: {ready: true}\n", "", 1);
     assert_ne!(without_be3, SLICE_YAML);
     std::fs::write(manifests.join("slice.yaml"), &without_be3).unwrap();
     assert!(
-        wait_until(Duration::from_secs(10), || status(&topo)["generation"].as_u64().unwrap() > generation),
+        wait_until(Duration::from_secs(10), || topo.status()["generation"].as_u64().unwrap() > generation),
         "the EndpointSlice change came through the watch"
     );
-    let st = status(&topo);
+    let st = topo.status();
     assert_eq!(st["sources"]["kubernetes"]["accepted"], true, "{st}");
     assert_eq!(st["sources"]["kubernetes"]["rebuilt"], serde_json::json!(["web"]), "only the changed service was rebuilt");
     assert_eq!(st["endpoints"].as_array().unwrap().len(), 2, "{st}");
 
-    assert!(wait_until(Duration::from_secs(30), || hold_out.exists()), "long-lived connections finished");
-    let held: HashMap<String, [u64; 2]> = serde_json::from_str(&std::fs::read_to_string(&hold_out).unwrap()).unwrap();
-    for (b, [ok, broken]) in &held {
-        if b == "be3" {
-            assert_eq!(*ok, 0, "flows of the removed endpoint moved");
-        } else {
-            assert_eq!(*broken, 0, "{b}: {broken} established connections were disturbed: {held:?}");
-            assert!(*ok > 0);
-        }
-    }
-    let after = client(&topo, &["short", "20.0.0.1", "120", "16"]);
+    held.only_moved("be3");
+    let after = topo.client(&["short", "20.0.0.1", "120", "16"]);
     assert_eq!(after.get("failed"), None, "{after:?}");
     assert_eq!(after.get("be3"), None, "no new connection to the removed endpoint: {after:?}");
 
     // The API server goes away: the source says so, nothing is flushed.
     let (_, _, api_err) = api.stop("TERM", Duration::from_secs(10));
     assert!(
-        wait_until(Duration::from_secs(20), || status(&topo)["kubernetes"]["connected"] == false),
+        wait_until(Duration::from_secs(20), || topo.status()["kubernetes"]["connected"] == false),
         "the source noticed the API server is gone: {}\n{api_err}",
-        status(&topo)["kubernetes"]
+        topo.status()["kubernetes"]
     );
-    let st = status(&topo);
+    let st = topo.status();
     let last_error = st["kubernetes"]["last_error"].as_str().unwrap_or("").to_owned();
     assert!(!last_error.is_empty(), "{}", st["kubernetes"]);
     assert_eq!(st["endpoints"].as_array().unwrap().len(), 2, "what was served stays: {st}");
     let text = String::from_utf8(topo.output("lb", &[bin.to_str().unwrap(), "status"]).stdout).unwrap();
     assert!(text.contains(&format!("kubernetes: Gateway {NS}/{GATEWAY} | NOT CONNECTED")), "{text}");
     assert!(text.contains("  last error at "), "{text}");
-    let still = client(&topo, &["short", "20.0.0.1", "120", "16"]);
+    let still = topo.client(&["short", "20.0.0.1", "120", "16"]);
     assert_eq!(still.get("failed"), None, "traffic keeps flowing without the API: {still:?}");
     assert_eq!(still.get("be3"), None, "{still:?}");
     assert_eq!(still.values().sum::<u64>(), 120);
@@ -316,10 +246,6 @@ fn endpointslice_changes_move_real_traffic_and_losing_the_api_keeps_it_flowing()
         .unwrap();
     assert!(writes >= 2, "the Gateway's and the route's status were written: {writes}");
 
-    let (code, _out, err) = lb.stop("INT", Duration::from_secs(15));
-    assert_eq!(code, Some(0), "clean exit on SIGINT:\n{err}");
-    assert!(err.contains("mbufs_in_use=0"), "every mbuf back in the pool:\n{err}");
-    drop(topo);
-    let left = String::from_utf8(Command::new("ip").args(["netns", "list"]).output().unwrap().stdout).unwrap();
-    assert!(!left.contains(&prefix), "namespaces left behind:\n{left}");
+    stop_cleanly(&mut lb);
+    topo.remove();
 }

@@ -10,41 +10,15 @@
 //! Bounded: `SOAK_SECONDS` (default 45) of churn.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use sluice_tests::{privileged, run, sluice_bin, wait_until, Proc};
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_owned()
-}
-
-struct Topology(String);
-
-impl Topology {
-    fn ns(&self, n: &str) -> String {
-        format!("{}-{n}", self.0)
-    }
-    fn spawn(&self, n: &str, cmd: &[&str]) -> Proc {
-        let ns = self.ns(n);
-        let mut args = vec!["ip", "netns", "exec", ns.as_str()];
-        args.extend_from_slice(cmd);
-        Proc::spawn(&args)
-    }
-    fn output(&self, n: &str, cmd: &[&str]) -> std::process::Output {
-        Command::new("ip").args(["netns", "exec", &self.ns(n)]).args(cmd).output().unwrap()
-    }
-}
-
-impl Drop for Topology {
-    fn drop(&mut self) {
-        let _ = Command::new(root().join("scripts/topology.sh")).args(["down", &self.0]).output();
-    }
-}
+use sluice_tests::topology::{root, Topology};
+use sluice_tests::{privileged, sluice_bin, wait_until, Proc};
 
 /// One edit of the configuration: its text and, for an invalid one, a
 /// piece of the reason it must be rejected with.
@@ -162,8 +136,7 @@ fn traffic_admin_attacks_and_config_churn_do_not_stop_the_appliance() {
     }
     let secs: u64 = std::env::var("SOAK_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(45);
     let prefix = format!("sk{}", std::process::id());
-    run(&[root().join("scripts/topology.sh").to_str().unwrap(), "up", &prefix]);
-    let topo = Topology(prefix.clone());
+    let topo = Topology::up(&prefix);
     let backend = root().join("scripts/backend.py");
     let _backends: Vec<Proc> = (1..=3)
         .map(|i| topo.spawn(&format!("be{i}"), &["python3", backend.to_str().unwrap(), &format!("be{i}"), "20.0.0.1", "20.0.0.2"]))
