@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use sluice_tests::topology::{root, Topology};
-use sluice_tests::{privileged, sluice_bin, wait_until};
+use sluice_tests::{privileged, sluice_bin, wait_until, Proc};
 
 /// One edit of the configuration: its text and, for an invalid one, a
 /// piece of the reason it must be rejected with.
@@ -137,7 +137,10 @@ fn traffic_admin_attacks_and_config_churn_do_not_stop_the_appliance() {
     let secs: u64 = std::env::var("SOAK_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(45);
     let prefix = format!("sk{}", std::process::id());
     let topo = Topology::up(&prefix);
-    let _backends = topo.backends(&["20.0.0.1", "20.0.0.2"]);
+    let backend = root().join("scripts/backend.py");
+    let _backends: Vec<Proc> = (1..=3)
+        .map(|i| topo.spawn(&format!("be{i}"), &["python3", backend.to_str().unwrap(), &format!("be{i}"), "20.0.0.1", "20.0.0.2"]))
+        .collect();
 
     let dir = std::env::temp_dir().join(format!("sluice-{prefix}"));
     let _ = std::fs::remove_dir_all(&dir);

@@ -190,7 +190,7 @@ fn tcp_follows_what_the_management_server_announces() {
         .into_iter()
         .map(|(vip, f)| (vip, rig.dir.join(f)))
         .collect();
-    let _holds: Vec<Proc> = outs.iter().map(|(vip, out)| rig.topo.hold(vip, 48, 25, out)).collect();
+    let _holds: Vec<Proc> = outs.iter().map(|(vip, out)| rig.topo.hold_for(vip, 48, 25, out)).collect();
     let opened = wait_until(Duration::from_secs(20), || {
         outs.iter().all(|(_, o)| PathBuf::from(format!("{}.ready", o.display())).exists())
     });

@@ -58,7 +58,7 @@ fn cla(name: &str, eps: &[(String, u32)]) -> Value {
 }
 
 fn v4(n: usize) -> Vec<(String, u32)> {
-    (1..=n).map(|i| (format!("10.50.{}.{}", i / 200, i % 200 + 1), 1 + (i % 3) as u32)).collect()
+    (1..=n).map(|i| (format!("10.50.{}.{}", i / 200, i % 200 + 1), 1 + u32::try_from(i % 3).unwrap())).collect()
 }
 
 fn v6(n: usize) -> Vec<(String, u32)> {

@@ -63,7 +63,7 @@ pub struct Reconciler {
 }
 
 /// The settings of the accepted configuration file that other control
-/// tasks follow (the xDS source restarts when they change).
+/// tasks follow (the xDS and Kubernetes sources restart when theirs change).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Settings {
     /// Service defaults.
@@ -72,12 +72,14 @@ pub struct Settings {
     pub xds: Option<crate::sources::xds::XdsConfig>,
     /// BIRD and the gateway routers (the BIRD driver follows them).
     pub routing: crate::routing::router::RoutingConfig,
+    /// The Kubernetes API, when enabled (`kubernetes:`).
+    pub kube: Option<crate::sources::kube::KubeConfig>,
 }
 
 impl Settings {
     /// The settings of `config`.
     pub fn of(config: &ApplianceConfig) -> Settings {
-        Settings { defaults: config.defaults, xds: config.xds.clone(), routing: config.routing.clone() }
+        Settings { defaults: config.defaults, xds: config.xds.clone(), routing: config.routing.clone(), kube: config.kubernetes.clone() }
     }
 }
 

@@ -6,6 +6,7 @@
 #![forbid(unsafe_code)]
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test harness: failing loudly is the point
 
+pub mod fake_apiserver;
 pub mod topology;
 pub mod xds_server;
 

@@ -293,6 +293,21 @@ impl Collector for SluiceCollector {
                 b.vips.iter().map(|v| (vec![("vip", s(v.vip.to_string())), ("reason", s(v.reason.clone()))], f(u64::from(v.announced)))),
             )?;
         }
+        if let Some(k) = lock(&sh.kube).as_ref().map(|k| lock(k).clone()) {
+            family(&mut e, "sluice_kube_connected", "1 while the Kubernetes API server answers.", Kind::Gauge, one(f(u64::from(k.connected))))?;
+            family(&mut e, "sluice_kube_synced", "1 once every watched kind has been listed (nothing is served from Kubernetes before).", Kind::Gauge, one(f(u64::from(k.synced))))?;
+            family(
+                &mut e,
+                "sluice_kube_objects_watched",
+                "Objects the Kubernetes source sees, by kind.",
+                Kind::Gauge,
+                k.watched.iter().map(|(kind, n)| (vec![("kind", s(kind.clone()))], f(*n as u64))),
+            )?;
+            family(&mut e, "sluice_kube_status_writes", "Status writes sent to the API server.", Kind::Counter, one(f(k.status_writes)))?;
+            family(&mut e, "sluice_kube_status_write_errors", "Status writes that failed.", Kind::Counter, one(f(k.status_write_errors)))?;
+            family(&mut e, "sluice_kube_refused_objects", "Objects left out (or served with a setting kept), with a reason in their status.", Kind::Gauge, one(f(k.refused.len() as u64)))?;
+            family(&mut e, "sluice_kube_last_applied_timestamp_seconds", "When a state from Kubernetes was last served (0: never).", Kind::Gauge, one(f(k.last_applied_at.unwrap_or(0))))?;
+        }
         let worker = |w: &super::state::WorkerEntry| vec![("worker", s(w.lcore.to_string()))];
         for (name, help, get) in WORKER_COUNTERS {
             let full = format!("sluice_worker_{name}");

@@ -220,6 +220,8 @@ pub struct Shared {
     pub xds: Mutex<Option<Arc<Mutex<crate::sources::xds::XdsStatus>>>>,
     /// The BIRD driver's status, while gateway routers are configured.
     pub bird: Mutex<Option<Arc<Mutex<crate::routing::bird::BirdStatus>>>>,
+    /// The Kubernetes source's status, while it runs.
+    pub kube: Mutex<Option<Arc<Mutex<crate::sources::kube::KubeStatus>>>>,
 }
 
 /// Locks, recovering from a poisoned lock (the data is plain records).
@@ -252,6 +254,7 @@ impl Shared {
             liveness: Mutex::new(liveness),
             xds: Mutex::new(None),
             bird: Mutex::new(None),
+            kube: Mutex::new(None),
         }
     }
 

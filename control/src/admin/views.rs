@@ -85,6 +85,7 @@ struct StatusView {
     sources: BTreeMap<String, SourceStatus>,
     xds: Option<crate::sources::xds::XdsStatus>,
     bird: Option<crate::routing::bird::BirdStatus>,
+    kubernetes: Option<crate::sources::kube::KubeStatus>,
     mbufs_in_use: u32,
     mbufs: u32,
     ports: Vec<PortView>,
@@ -156,10 +157,12 @@ pub fn status(sh: &Shared) -> String {
         .collect();
     let xds = lock(&sh.xds).as_ref().map(|x| lock(x).clone());
     let bird = lock(&sh.bird).as_ref().map(|x| lock(x).clone());
+    let kubernetes = lock(&sh.kube).as_ref().map(|k| lock(k).clone());
     let st = lock(&sh.state);
     let view = StatusView {
         xds,
         bird,
+        kubernetes,
         version: env!("CARGO_PKG_VERSION").to_owned(),
         dpdk: sluice_ffi::dpdk_version(),
         config: sh.config_path.clone(),

@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
+use futures_util::future::BoxFuture;
 use sluice_dataplane::addr::Addr;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::{mpsc, watch};
@@ -26,10 +27,11 @@ use tracing::{error, info};
 use super::loss::LossSampler;
 use crate::admin::state::{lock, Shared};
 use crate::admin::{self, health, AdminCounters, Limits};
-use crate::model::Desired;
+use crate::model::{Defaults, Desired};
 use crate::reconcile::{Reconciler, Settings};
 use crate::routing::bird::{Driver, Servable};
 use crate::routing::Neighbours;
+use crate::sources::kube::{self, KubeStatus};
 use crate::sources::xds::{self, XdsStatus};
 use crate::sources::{self, FileState, SourceMsg};
 
@@ -42,7 +44,7 @@ pub struct Parts {
     pub reconciler: Reconciler,
     /// The next hops the reconciler wants resolved.
     pub hops: watch::Receiver<Vec<(u8, Addr)>>,
-    /// The accepted file's settings (the xDS source follows them).
+    /// The accepted file's settings (the xDS and Kubernetes sources follow them).
     pub settings: watch::Receiver<Settings>,
     /// The configuration file.
     pub config_path: PathBuf,
@@ -141,10 +143,17 @@ pub async fn run(p: Parts, stop: CancellationToken) -> Result<()> {
     let (src_tx, src_rx) = mpsc::channel(16);
     let (hup_tx, hup_rx) = mpsc::channel(1);
     {
+        let (c, tx, sh, st) = (rest_cancel.clone(), src_tx.clone(), Arc::clone(&shared), settings.clone());
+        tasks.spawn(async move {
+            follow(XDS, st, tx, sh, c).await;
+            "xDS supervisor"
+        });
+    }
+    {
         let (c, tx, sh) = (rest_cancel.clone(), src_tx.clone(), Arc::clone(&shared));
         tasks.spawn(async move {
-            follow_xds(settings, tx, sh, c).await;
-            "xDS supervisor"
+            follow(KUBE, settings, tx, sh, c).await;
+            "Kubernetes supervisor"
         });
     }
     {
@@ -217,48 +226,101 @@ pub async fn run(p: Parts, stop: CancellationToken) -> Result<()> {
     Ok(())
 }
 
-/// Runs the xDS source while the accepted configuration enables it, and
-/// restarts it when its settings (server, TLS, node, mode, or the service
-/// defaults it maps with) change. When xDS is turned off, its objects are
-/// withdrawn from the model.
-async fn follow_xds(mut settings: watch::Receiver<Settings>, tx: mpsc::Sender<SourceMsg>, shared: Arc<Shared>, cancel: CancellationToken) {
+/// A source that follows one section of the accepted configuration: it
+/// runs while the section is set, restarts when the section (or the
+/// service defaults it maps with) changes, and its objects leave the
+/// model when the section is removed. Nothing else withdraws them: a
+/// source that loses its server keeps what it last sent.
+struct Follower<C, S> {
+    /// Its source name in the model.
+    source: &'static str,
+    /// The section of the configuration file.
+    section: &'static str,
+    /// The section in the accepted settings.
+    settings: fn(&Settings) -> Option<C>,
+    /// Where the admin endpoint finds its status.
+    slot: fn(&Shared) -> &StatusSlot<S>,
+    /// What it follows, for the log.
+    describe: fn(&C) -> String,
+    /// Runs it until its token is cancelled.
+    run: RunSource<C, S>,
+}
+
+/// Where the admin endpoint finds a source's status while it runs.
+type StatusSlot<S> = Mutex<Option<Arc<Mutex<S>>>>;
+
+/// Runs a source: its settings, the service defaults, the channel to the
+/// reconciler, its status, and the token that stops it.
+type RunSource<C, S> = fn(C, Defaults, mpsc::Sender<SourceMsg>, Arc<Mutex<S>>, CancellationToken) -> BoxFuture<'static, ()>;
+
+/// The xDS source (`xds-control-plane`).
+const XDS: Follower<xds::XdsConfig, XdsStatus> = Follower {
+    source: xds::SOURCE,
+    section: "xds-control-plane",
+    settings: |s| s.xds.clone(),
+    slot: |sh| &sh.xds,
+    describe: |c| format!("the xDS management server {} ({:?})", c.server, c.mode),
+    run: |c, d, tx, st, cancel| Box::pin(xds::run(c, d, tx, st, cancel)),
+};
+
+/// The Kubernetes source (`kubernetes`).
+const KUBE: Follower<kube::KubeConfig, KubeStatus> = Follower {
+    source: kube::SOURCE,
+    section: "kubernetes",
+    settings: |s| s.kube.clone(),
+    slot: |sh| &sh.kube,
+    describe: |c| format!("the Kubernetes Gateway {}/{}", c.namespace, c.gateway),
+    run: |c, d, tx, st, cancel| Box::pin(kube::run(c, d, tx, st, cancel)),
+};
+
+/// Runs `f`'s source as the accepted configuration says, until `cancel`.
+async fn follow<C, S>(f: Follower<C, S>, mut settings: watch::Receiver<Settings>, tx: mpsc::Sender<SourceMsg>, shared: Arc<Shared>, cancel: CancellationToken)
+where
+    C: Clone + PartialEq,
+    S: Default,
+{
     loop {
         let now = settings.borrow_and_update().clone();
+        let current = (f.settings)(&now).map(|c| (c, now.defaults));
         let child = cancel.child_token();
-        let running = match now.xds.clone() {
-            Some(cfg) => {
-                let status = Arc::new(Mutex::new(XdsStatus::default()));
-                *lock(&shared.xds) = Some(Arc::clone(&status));
-                info!(server = %cfg.server, mode = ?cfg.mode, "following the xDS management server");
-                Some(tokio::spawn(xds::run(cfg, now.defaults, tx.clone(), status, child.clone())))
-            }
-            None => None,
-        };
-        tokio::select! {
-            () = cancel.cancelled() => {
-                if let Some(t) = running { let _ = t.await; }
-                return;
-            }
-            r = settings.changed() => {
-                child.cancel();
-                if let Some(t) = running { let _ = t.await; }
-                if r.is_err() {
-                    return;
-                }
-                let next = settings.borrow().clone();
-                if next.xds.is_none() && now.xds.is_some() {
-                    info!("xDS turned off: its services leave the model");
-                    *lock(&shared.xds) = None;
-                    let msg = SourceMsg::Desired {
-                        source: xds::SOURCE.to_owned(),
-                        desired: Desired::default(),
-                        trigger: "xds-control-plane disabled".into(),
-                        reply: None,
-                    };
-                    if tx.send(msg).await.is_err() {
-                        return;
+        let running = current.clone().map(|(cfg, defaults)| {
+            let status = Arc::new(Mutex::new(S::default()));
+            *lock((f.slot)(&shared)) = Some(Arc::clone(&status));
+            info!("following {}", (f.describe)(&cfg));
+            tokio::spawn((f.run)(cfg, defaults, tx.clone(), status, child.clone()))
+        });
+        // Until this source's settings change (another section's do not restart it).
+        let next = loop {
+            tokio::select! {
+                () = cancel.cancelled() => break None,
+                r = settings.changed() => {
+                    if r.is_err() {
+                        break None;
+                    }
+                    let s = settings.borrow_and_update().clone();
+                    let next = (f.settings)(&s).map(|c| (c, s.defaults));
+                    if next != current {
+                        break Some(next);
                     }
                 }
+            }
+        };
+        child.cancel();
+        if let Some(t) = running {
+            let _ = t.await;
+        }
+        let Some(next) = next else { return };
+        if next.is_none() && current.is_some() {
+            info!("{} removed from the configuration: its services leave the model", f.section);
+            *lock((f.slot)(&shared)) = None;
+            let msg = SourceMsg::Desired {
+                source: f.source.to_owned(),
+                desired: Desired::default(),
+                trigger: format!("{} disabled", f.section),
+                reply: None,
+            };
+            if tx.send(msg).await.is_err() {
+                return;
             }
         }
     }
@@ -273,4 +335,105 @@ fn report(shared: &Shared, done: Result<&'static str, tokio::task::JoinError>) {
     };
     error!(%why, "the workers keep forwarding with the last published snapshot");
     lock(&shared.state).faults.push(why);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::admin::state::PoolProbe;
+    use crate::config::kubernetes::{AlgorithmConfiguration, DEFAULT_GATEWAY_CLASS};
+
+    #[derive(Debug)]
+    struct Pool;
+    impl PoolProbe for Pool {
+        fn in_use(&self) -> u32 {
+            0
+        }
+        fn capacity(&self) -> u32 {
+            1
+        }
+    }
+
+    fn kube(gateway: &str) -> kube::KubeConfig {
+        kube::KubeConfig {
+            gateway: gateway.into(),
+            namespace: "tenant-a".into(),
+            kubeconfig: None,
+            gateway_class: DEFAULT_GATEWAY_CLASS.into(),
+            algorithm_configuration: AlgorithmConfiguration::Annotation,
+            allow_algorithm_change: false,
+        }
+    }
+
+    /// The Kubernetes follower, running a stand-in that says when it starts.
+    const STAND_IN: Follower<kube::KubeConfig, KubeStatus> = Follower {
+        run: |c, d, tx, _st, cancel| {
+            Box::pin(async move {
+                let trigger = format!("started {} limit {}", c.gateway, d.limit);
+                let _ = tx.send(SourceMsg::Rejected { source: "stand-in".into(), problems: Vec::new(), trigger }).await;
+                cancel.cancelled().await;
+            })
+        },
+        ..KUBE
+    };
+
+    async fn next(rx: &mut mpsc::Receiver<SourceMsg>) -> String {
+        match tokio::time::timeout(Duration::from_secs(5), rx.recv()).await {
+            Ok(Some(SourceMsg::Rejected { trigger, .. })) => trigger,
+            Ok(Some(SourceMsg::Desired { source, desired, trigger, .. })) => {
+                format!("{source}: {} services, {} routes ({trigger})", desired.services.len(), desired.routes.len())
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    async fn quiet(rx: &mut mpsc::Receiver<SourceMsg>) {
+        if let Ok(m) = tokio::time::timeout(Duration::from_millis(300), rx.recv()).await {
+            panic!("nothing expected, got {m:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_source_follows_its_own_section_only_and_leaves_when_it_is_removed() {
+        let shared = Arc::new(Shared::new("t.yaml".into(), Vec::new(), Arc::new(Pool), Vec::new(), 1));
+        let machine = "dpdk: {lcores: \"0,1\"}\nports:\n  - {name: front, device: net_null0, addresses: [10.0.0.1/24]}\n";
+        let config = crate::config::parse_str(machine, std::path::Path::new("t.yaml")).unwrap();
+        let (set, settings) = watch::channel(Settings::of(&config));
+        let (tx, mut rx) = mpsc::channel(8);
+        let cancel = CancellationToken::new();
+        let task = tokio::spawn(follow(STAND_IN, settings, tx, Arc::clone(&shared), cancel.clone()));
+        quiet(&mut rx).await;
+        assert!(lock(&shared.kube).is_none());
+
+        let limit = Defaults::default().limit;
+        set.send_modify(|s| s.kube = Some(kube("a")));
+        assert_eq!(next(&mut rx).await, format!("started a limit {limit}"));
+        assert!(lock(&shared.kube).is_some(), "its status is shown while it runs");
+
+        // Another source's section changing does not restart it.
+        let xds = xds::XdsConfig {
+            server: "127.0.0.1:18000".parse().unwrap(),
+            tls: None,
+            node_id: "n".into(),
+            node_cluster: "c".into(),
+            mode: xds::Mode::Sotw,
+        };
+        set.send_modify(|s| s.xds = Some(xds));
+        quiet(&mut rx).await;
+
+        // Its section or the defaults it maps with changing restarts it.
+        set.send_modify(|s| s.kube = Some(kube("b")));
+        assert_eq!(next(&mut rx).await, format!("started b limit {limit}"));
+        set.send_modify(|s| s.defaults.limit = 64);
+        assert_eq!(next(&mut rx).await, "started b limit 64");
+
+        // Removed: its objects leave the model, its status goes.
+        set.send_modify(|s| s.kube = None);
+        assert_eq!(next(&mut rx).await, "kubernetes: 0 services, 0 routes (kubernetes disabled)");
+        assert!(lock(&shared.kube).is_none());
+        quiet(&mut rx).await;
+
+        cancel.cancel();
+        tokio::time::timeout(Duration::from_secs(5), task).await.unwrap().unwrap();
+    }
 }

@@ -139,6 +139,16 @@ pub fn run(args: &CheckArgs) -> ExitCode {
                     r.bird.socket.display()
                 );
             }
+            if let Some(k) = &l.config.kubernetes {
+                println!(
+                    "{}: Kubernetes: services also from Gateway {}/{} (class {}, {}), not contacted by check",
+                    args.config.display(),
+                    k.namespace,
+                    k.gateway,
+                    k.gateway_class,
+                    k.kubeconfig.as_ref().map_or_else(|| "in-cluster".to_owned(), |p| format!("kubeconfig {}", p.display()))
+                );
+            }
             ExitCode::SUCCESS
         }
         Err(ps) => {

@@ -169,6 +169,9 @@ pub fn render(st: &Value) -> String {
         }
     }
     bird(&mut o, &st["bird"]);
+    if st["kubernetes"].is_object() {
+        kubernetes(&mut o, &st["kubernetes"]);
+    }
     let _ = writeln!(o, "mbufs in use: {} of {}\n\nPORTS", st["mbufs_in_use"], st["mbufs"]);
     let rows: Vec<Vec<String>> = st["ports"]
         .as_array()
@@ -266,6 +269,32 @@ pub fn render(st: &Value) -> String {
     o
 }
 
+/// The Kubernetes source ([`crate::sources::kube::KubeStatus`]): whether
+/// it reaches the API, what it watches, what it serves or why not, and
+/// the objects it left out.
+fn kubernetes(o: &mut String, k: &Value) {
+    let when = |v: &Value| v.as_u64().map_or_else(|| "never".to_owned(), |t| format!("at {t} (epoch s)"));
+    let conn = if k["connected"].as_bool().unwrap_or(false) {
+        format!("connected to {}", s(&k["server_version"]))
+    } else {
+        "NOT CONNECTED".to_owned()
+    };
+    let _ = writeln!(o, "kubernetes: Gateway {}/{} | {conn} | last change {}", s(&k["namespace"]), s(&k["gateway"]), when(&k["last_sync_at"]));
+    if !k["synced"].as_bool().unwrap_or(false) {
+        let waiting: Vec<String> = k["waiting_for"].as_array().into_iter().flatten().map(s).collect();
+        let _ = writeln!(o, "  not listed yet: {} (nothing from Kubernetes is served before)", waiting.join(", "));
+    }
+    let watched: Vec<String> = k["watched"].as_object().into_iter().flatten().map(|(kind, n)| format!("{n} {kind}")).collect();
+    let _ = writeln!(o, "  watching: {}", watched.join(", "));
+    let _ = writeln!(o, "  serving: {}", s(&k["serving"]));
+    if !k["last_error"].is_null() {
+        let _ = writeln!(o, "  last error {}: {}", when(&k["last_error_at"]), s(&k["last_error"]));
+    }
+    for r in k["refused"].as_array().into_iter().flatten() {
+        let _ = writeln!(o, "  left out {} ({}): {}", s(&r["object"]), s(&r["reason"]), s(&r["message"]));
+    }
+}
+
 /// Runs `sluice status`.
 pub fn run(args: &StatusArgs) -> Result<ExitCode> {
     let body = http_get(args.admin, "/status")?;
@@ -276,4 +305,36 @@ pub fn run(args: &StatusArgs) -> Result<ExitCode> {
     let v: Value = serde_json::from_str(&body).context("the admin endpoint answered something that is not JSON")?;
     print!("{}", render(&v));
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sources::kube::{KubeStatus, RefusedObject};
+
+    #[test]
+    fn the_kubernetes_source_is_shown_with_why_nothing_is_served() {
+        let mut k = KubeStatus { gateway: "sllb-a".into(), namespace: "tenant-a".into(), ..Default::default() };
+        k.waiting_for = vec!["Gateway".into(), "L34Route".into()];
+        k.last_error = Some("reaching the API server: connection refused".into());
+        k.last_error_at = Some(1_700_000_000);
+        k.serving = "nothing from Kubernetes yet: waiting for the first list of every kind".into();
+        let mut o = String::new();
+        kubernetes(&mut o, &serde_json::to_value(&k).unwrap());
+        assert_eq!(o, "kubernetes: Gateway tenant-a/sllb-a | NOT CONNECTED | last change never\n  \
+                       not listed yet: Gateway, L34Route (nothing from Kubernetes is served before)\n  \
+                       watching: \n  \
+                       serving: nothing from Kubernetes yet: waiting for the first list of every kind\n  \
+                       last error at 1700000000 (epoch s): reaching the API server: connection refused\n");
+        k.connected = true;
+        k.synced = true;
+        k.server_version = Some("v1.32.0".into());
+        k.watched = [("Gateway".to_owned(), 1), ("L34Route".to_owned(), 3)].into_iter().collect();
+        k.last_error = None;
+        k.refused = vec![RefusedObject { object: "kubernetes: L34Route/tenant-a/r".into(), reason: "Conflicted".into(), message: "why".into() }];
+        let mut o = String::new();
+        kubernetes(&mut o, &serde_json::to_value(&k).unwrap());
+        assert!(o.starts_with("kubernetes: Gateway tenant-a/sllb-a | connected to v1.32.0 |"), "{o}");
+        assert!(o.contains("  watching: 1 Gateway, 3 L34Route\n") && o.contains("  left out kubernetes: L34Route/tenant-a/r (Conflicted): why\n"), "{o}");
+    }
 }

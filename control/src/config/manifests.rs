@@ -11,6 +11,15 @@
 //! bounded as the same settings written inline (annotation values are
 //! strings, as in Kubernetes).
 //!
+//! The mapping ([`map`]) is the one way from these objects to the model,
+//! whichever way they arrive: read from a directory here, or watched from
+//! the Kubernetes API ([`crate::sources::kube`], whose objects are
+//! converted to the same value tree without positions). It works object
+//! by object: each object's definitions and problems are kept apart, so
+//! that a directory is taken whole or not at all ([`Mapping::into_result`])
+//! while the API source leaves out only the objects that are wrong
+//! ([`Mapping::desired`]).
+//!
 //! The directory holds at most [`MAX_FILES`] files of [`MAX_TOTAL_BYTES`]
 //! together; all of them share one [`yaml::Budget`] (values, aliases,
 //! documents).
@@ -22,12 +31,18 @@ use super::node::Node;
 use crate::problem::{Problem, Problems};
 use super::yaml::{self, Budget, Value};
 use super::{fields, route_fields};
-use crate::model::{DeliveryMode, Desired, EndpointDef, Origin, ServiceDef};
+use crate::model::{DeliveryMode, Desired, EndpointDef, Origin, RouteDef, ServiceDef};
+use sluice_dataplane::classify::RouteMatch;
+use sluice_dataplane::parse::proto;
 
 /// Label naming the Gateway a Service runs in.
 pub const PROXY_NAME_LABEL: &str = "service.kubernetes.io/service-proxy-name";
 /// Label naming an EndpointSlice's Service.
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+/// Sluice's per-service algorithm annotation.
+pub const SLUICE_ALGORITHM: &str = "sluice.io/lb-algorithm";
+/// Cilium's per-service algorithm annotation (wins over Sluice's).
+pub const CILIUM_ALGORITHM: &str = "service.cilium.io/lb-algorithm";
 /// Annotation mapping endpoint addresses to identifiers (a JSON object).
 pub const ENDPOINT_IDS: &str = "sluice.io/endpoint-ids";
 /// Most manifest files in the directory.
@@ -60,10 +75,60 @@ pub fn files(dir: &Path) -> Result<Vec<PathBuf>, Problem> {
     Ok(v)
 }
 
-struct Doc {
-    file: String,
-    path: String,
-    value: Value,
+/// One object as the mapping reads it: a document of a manifest file, or
+/// an object watched from the Kubernetes API (converted with
+/// [`Value::from_json`], so it has no positions).
+#[derive(Clone, Debug)]
+pub struct Object {
+    /// Where it came from: the file, or `kubernetes: Kind/namespace/name`
+    /// for an API object (unique per object: problems carry it, so a
+    /// source can tell which of its objects a refusal is about).
+    pub file: String,
+    /// Its path in that origin (`[doc 2] Service/web`; empty for an API
+    /// object).
+    pub path: String,
+    /// The object.
+    pub value: Value,
+}
+
+impl Object {
+    /// An object read from the Kubernetes API.
+    pub fn from_api(value: &serde_json::Value) -> Object {
+        let kind = value.get("kind").and_then(serde_json::Value::as_str).unwrap_or("?");
+        let meta = value.get("metadata");
+        let field = |k: &str| meta.and_then(|m| m.get(k)).and_then(serde_json::Value::as_str).unwrap_or("?");
+        Object { file: api_origin(kind, field("namespace"), field("name")), path: String::new(), value: Value::from_json(value) }
+    }
+
+    fn kind(&self) -> &str {
+        self.value.get("kind").and_then(Value::as_str).unwrap_or("")
+    }
+
+    fn name(&self) -> Option<&str> {
+        meta(&self.value, "name").and_then(Value::as_str)
+    }
+
+    fn created(&self) -> String {
+        meta(&self.value, "creationTimestamp").and_then(Value::as_str).unwrap_or("").to_owned()
+    }
+
+    fn node(&self) -> Node<'_> {
+        Node::at(&self.value, &self.file, &self.path)
+    }
+
+    /// The path of `rest` inside the object.
+    fn sub(&self, rest: &str) -> String {
+        if self.path.is_empty() {
+            rest.to_owned()
+        } else {
+            format!("{}.{rest}", self.path)
+        }
+    }
+}
+
+/// The origin of an API object: `kubernetes: Kind/namespace/name`.
+pub fn api_origin(kind: &str, namespace: &str, name: &str) -> String {
+    format!("kubernetes: {kind}/{namespace}/{name}")
 }
 
 fn meta<'v>(v: &'v Value, key: &str) -> Option<&'v Value> {
@@ -76,16 +141,41 @@ fn label<'v>(v: &'v Value, key: &str) -> Option<&'v str> {
 
 /// The documents of `file` but empty ones, each with its path: its index
 /// in the file, kind and name (`[doc 2] Service/web`).
-fn named(file: &str, values: Vec<Value>) -> impl Iterator<Item = Doc> + '_ {
+fn named(file: &str, values: Vec<Value>) -> impl Iterator<Item = Object> + '_ {
     values.into_iter().enumerate().filter(|(_, v)| !v.is_null()).map(move |(i, value)| {
         let kind = value.get("kind").and_then(Value::as_str).unwrap_or("?");
         let name = meta(&value, "name").and_then(Value::as_str).unwrap_or("?");
-        Doc { file: file.to_owned(), path: format!("[doc {i}] {kind}/{name}"), value }
+        Object { file: file.to_owned(), path: format!("[doc {i}] {kind}/{name}"), value }
     })
+}
+
+/// Which objects are this appliance's, and how they are read.
+#[derive(Clone, Copy, Debug)]
+pub struct Scope<'a> {
+    /// The Gateway served.
+    pub gateway: &'a str,
+    /// The class the Gateway must have (`None`: any).
+    pub gateway_class: Option<&'a str>,
+    /// Honour the per-service algorithm annotations (`annotation`), or
+    /// leave every service to the default (`global`).
+    pub algorithm_annotations: bool,
+}
+
+impl<'a> Scope<'a> {
+    /// The scope of a manifests directory: any class, annotations honoured.
+    pub fn manifests(gateway: &'a str) -> Scope<'a> {
+        Scope { gateway, gateway_class: None, algorithm_annotations: true }
+    }
 }
 
 /// Reads every manifest in `dir` and keeps what belongs to `gateway`.
 pub fn load(dir: &Path, gateway: &str) -> Result<Desired, Vec<Problem>> {
+    let objects = read_dir(dir)?;
+    map(&objects, &Scope::manifests(gateway), &BTreeMap::new(), &dir.display().to_string(), "the manifests").into_result()
+}
+
+/// The objects of every manifest in `dir`, in file order.
+pub fn read_dir(dir: &Path) -> Result<Vec<Object>, Vec<Problem>> {
     let mut p = Problems::default();
     let mut docs = Vec::new();
     let mut budget = Budget::default();
@@ -117,22 +207,142 @@ pub fn load(dir: &Path, gateway: &str) -> Result<Desired, Vec<Problem>> {
             }
         }
     }
-    if !p.is_empty() {
-        return Err(p.0);
-    }
-    let out = from_docs(&docs, &dir.display().to_string(), gateway, &mut p);
     if p.is_empty() {
-        Ok(out)
+        Ok(docs)
     } else {
         Err(p.0)
     }
 }
 
-/// The annotation `key` of a document as a node, when it is there and is a
+/// The kinds of object that give the model something.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Kind {
+    /// `L34Route`: a route.
+    Route,
+    /// `Service`: a service's settings.
+    Service,
+    /// `EndpointSlice`: endpoints of a service.
+    Slice,
+}
+
+/// Why an object is left out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reason {
+    /// Its own fields are wrong (a bad CIDR, a bad annotation...).
+    Invalid,
+    /// A route matching the same traffic with the same priority sends it
+    /// elsewhere; the older route (then the first by name) wins.
+    Conflicted,
+    /// The Service it belongs to, or sends to, is left out.
+    BackendRefused,
+    /// The appliance refused it (the problems the reconciler gave).
+    Refused,
+}
+
+impl Reason {
+    /// The reason as a condition states it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::Invalid => "UnsupportedValue",
+            Reason::Conflicted => "Conflicted",
+            Reason::BackendRefused => "BackendNotFound",
+            Reason::Refused => "Refused",
+        }
+    }
+}
+
+/// Why an object is left out, and every problem about it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    /// The kind of reason.
+    pub reason: Reason,
+    /// The problems.
+    pub problems: Vec<Problem>,
+}
+
+impl Refusal {
+    /// The problems as one message.
+    pub fn message(&self) -> String {
+        self.problems.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
+    }
+}
+
+/// What one object of this Gateway gives.
+#[derive(Clone, Debug)]
+pub struct Mapped {
+    /// Its kind.
+    pub kind: Kind,
+    /// Its name.
+    pub name: String,
+    /// Its origin ([`Object::file`]).
+    pub origin: String,
+    /// Its creation time as the API wrote it (empty in files).
+    pub created: String,
+    /// The Service it belongs to (a slice) or sends to (a route).
+    pub service: Option<String>,
+    /// What it defines.
+    pub desired: Desired,
+    /// Why it is left out, if it is.
+    pub refusal: Option<Refusal>,
+}
+
+/// What the objects define for a Gateway, object by object.
+#[derive(Clone, Debug, Default)]
+pub struct Mapping {
+    /// Problems about the whole (no such Gateway, another class): nothing
+    /// is served.
+    pub whole: Vec<Problem>,
+    /// This Gateway's objects.
+    pub objects: Vec<Mapped>,
+}
+
+impl Mapping {
+    /// Everything or nothing (a manifests directory): the objects'
+    /// definitions when no object has a problem of its own, else every
+    /// problem.
+    pub fn into_result(self) -> Result<Desired, Vec<Problem>> {
+        let mut problems = self.whole.clone();
+        for m in &self.objects {
+            if let Some(r) = &m.refusal {
+                if matches!(r.reason, Reason::Invalid | Reason::Conflicted | Reason::Refused) {
+                    problems.extend(r.problems.iter().cloned());
+                }
+            }
+        }
+        if problems.is_empty() {
+            Ok(self.desired())
+        } else {
+            Err(problems)
+        }
+    }
+
+    /// The definitions of the objects that are not left out.
+    pub fn desired(&self) -> Desired {
+        let mut out = Desired::default();
+        for m in self.objects.iter().filter(|m| m.refusal.is_none()) {
+            out.routes.extend(m.desired.routes.iter().cloned());
+            out.services.extend(m.desired.services.iter().cloned());
+            out.endpoints.extend(m.desired.endpoints.iter().cloned());
+        }
+        out
+    }
+
+    /// The object from `origin`.
+    pub fn get(&self, origin: &str) -> Option<&Mapped> {
+        self.objects.iter().find(|m| m.origin == origin)
+    }
+
+    /// The object from `origin`, to change.
+    pub fn get_mut(&mut self, origin: &str) -> Option<&mut Mapped> {
+        self.objects.iter_mut().find(|m| m.origin == origin)
+    }
+}
+
+/// The annotation `key` of an object as a node, when it is there and is a
 /// string (as Kubernetes requires).
-fn annotation<'d>(d: &'d Doc, key: &str, path: &'d mut String, p: &mut Problems) -> Option<Node<'d>> {
+fn annotation<'d>(d: &'d Object, key: &str, path: &'d mut String, p: &mut Problems) -> Option<Node<'d>> {
     let v = meta(&d.value, "annotations")?.get(key)?;
-    *path = format!("{}.metadata.annotations.{key}", d.path);
+    *path = d.sub(&format!("metadata.annotations.{key}"));
     let n = Node::at(v, &d.file, path);
     if v.as_str().is_none() {
         n.bad(p, format!("annotation values are strings: quote it (found {})", v.kind()));
@@ -141,108 +351,289 @@ fn annotation<'d>(d: &'d Doc, key: &str, path: &'d mut String, p: &mut Problems)
     Some(n)
 }
 
-/// What the documents read from directory `dir` define for `gateway`.
-fn from_docs(docs: &[Doc], dir: &str, gateway: &str, p: &mut Problems) -> Desired {
-    let mut out = Desired::default();
-    let kind = |d: &Doc| d.value.get("kind").and_then(Value::as_str).unwrap_or("").to_owned();
-    let name_of = |d: &Doc| meta(&d.value, "name").and_then(Value::as_str).map(str::to_owned);
-
-    if !docs.iter().any(|d| kind(d) == "Gateway" && name_of(d).as_deref() == Some(gateway)) {
-        p.add(dir, None, "", format!("no Gateway named {gateway:?} among the manifests"));
+/// What `objects` define for the Gateway of `scope`: the one mapping from
+/// objects to the model, whichever way they arrived. Objects in `excluded`
+/// (by origin) are left out with the refusal given; Services left out take
+/// their EndpointSlices and routes with them; of two routes that conflict,
+/// the newer is left out. `whole` names the collection in problems about
+/// it (the directory, or the API) and `among` says what it holds.
+pub fn map(objects: &[Object], scope: &Scope<'_>, excluded: &BTreeMap<String, Refusal>, whole: &str, among: &str) -> Mapping {
+    let mut out = Mapping::default();
+    let gateway = scope.gateway;
+    let gw = objects.iter().find(|d| d.kind() == "Gateway" && d.name() == Some(gateway));
+    match gw {
+        None => out.whole.push(Problem::new(whole, "", format!("no Gateway named {gateway:?} among {among}"))),
+        Some(g) => {
+            if let Some(class) = scope.gateway_class {
+                let have = g.value.get("spec").and_then(|s| s.get("gatewayClassName")).and_then(Value::as_str);
+                if have != Some(class) {
+                    let mut p = Problems::default();
+                    g.node().bad(&mut p, format!(
+                        "Gateway {gateway:?} has class {:?}, not {class:?}: it is not this appliance's",
+                        have.unwrap_or("")
+                    ));
+                    out.whole.extend(p.0);
+                }
+            }
+        }
     }
 
     // Services of this Gateway first: EndpointSlices are kept only for them.
-    let mut ours: BTreeMap<String, ()> = BTreeMap::new();
-    for d in docs.iter().filter(|d| kind(d) == "Service") {
+    for d in objects.iter().filter(|d| d.kind() == "Service") {
         if label(&d.value, PROXY_NAME_LABEL) != Some(gateway) {
             continue;
         }
-        let n = Node::at(&d.value, &d.file, &d.path);
-        let Some(name) = n.required(p, "metadata", |n, p| n.required(p, "name", fields::name)).flatten().flatten()
-        else {
-            continue;
-        };
-        let origin = Origin { file: d.file.clone(), pos: Some(n.pos()), path: d.path.clone() };
-        let mut s = ServiceDef { name: name.clone(), origin, ..Default::default() };
-        let mut path = String::new();
-        for key in ["sluice.io/lb-algorithm", "service.cilium.io/lb-algorithm"] {
-            if let Some(a) = annotation(d, key, &mut path, p) {
-                s.algorithm = a.parse(p, "an algorithm").or(s.algorithm);
-            }
-        }
-        if let Some(n) = annotation(d, "sluice.io/endpoint-limit", &mut path, p) {
-            s.limit = fields::endpoint_limit(n, p);
-        }
-        if let Some(n) = annotation(d, "sluice.io/table-size", &mut path, p) {
-            s.table_size = fields::table_size(n, p);
-        }
-        if let Some(n) = annotation(d, "sluice.io/flow-table", &mut path, p) {
-            s.flow_table = n.boolean(p);
-        }
-        if let Some(n) = annotation(d, "sluice.io/delivery", &mut path, p) {
-            s.delivery = n.parse::<DeliveryMode>(p, "a delivery");
-        }
-        ours.insert(name, ());
-        out.services.push(s);
+        out.objects.push(service(d, scope));
     }
+    let ours: BTreeMap<String, ()> = out.objects.iter().map(|m| (m.name.clone(), ())).collect();
 
-    for d in docs {
-        let n = Node::at(&d.value, &d.file, &d.path);
-        match kind(d).as_str() {
+    for d in objects {
+        let mut p = Problems::default();
+        let n = d.node();
+        match d.kind() {
             "L34Route" => {
-                let Some(name) = name_of(d) else {
-                    n.bad(p, "missing metadata.name");
-                    continue;
-                };
-                n.required(p, "spec", |spec, p| {
-                    spec.mapping(
-                        p,
-                        &[
-                            "parentRefs", "backendRefs", "priority", "destinationCIDRs", "sourceCIDRs", "sourcePorts",
-                            "destinationPorts", "protocols", "byteMatches",
-                        ],
-                    );
-                    let mut parents = Vec::new();
-                    spec.field("parentRefs", |n| {
-                        n.each(p, |n, p| parents.extend(n.required(p, "name", |n, p| n.string(p)).flatten()))
-                    });
-                    if !parents.iter().any(|x| x == gateway) {
-                        return; // another Gateway's route
-                    }
-                    if parents.len() != 1 {
-                        spec.bad(p, "an L34Route has exactly one parentRef");
-                    }
-                    let mut backends = Vec::new();
-                    spec.required(p, "backendRefs", |n, p| {
-                        n.each(p, |n, p| backends.extend(n.required(p, "name", fields::name).flatten()))
-                    });
-                    if backends.len() != 1 {
-                        spec.bad(p, format!("an L34Route has exactly one backendRef (found {})", backends.len()));
-                        return;
-                    }
-                    if let Some(r) = route_fields(spec, p, name.clone(), backends[0].clone()) {
-                        out.routes.push(r);
-                    }
-                });
+                if let Some(m) = route(d, gateway) {
+                    out.objects.push(m);
+                }
             }
             "EndpointSlice" => {
                 let Some(svc) = label(&d.value, SERVICE_NAME_LABEL) else { continue };
                 if !ours.contains_key(svc) {
                     continue;
                 }
-                endpoint_slice(d, n, svc, p, &mut out);
+                let mut desired = Desired::default();
+                endpoint_slice(d, n, svc, &mut p, &mut desired);
+                out.objects.push(Mapped {
+                    kind: Kind::Slice,
+                    name: d.name().unwrap_or("").to_owned(),
+                    origin: d.file.clone(),
+                    created: d.created(),
+                    service: Some(svc.to_owned()),
+                    desired,
+                    refusal: refusal(Reason::Invalid, p),
+                });
             }
             "Gateway" | "GatewayClass" | "Service" | "GatewayRouter" => {}
             k if d.value.get("apiVersion").and_then(Value::as_str).is_some_and(|a| a.contains("meridio") || a.contains("gateway.networking")) => {
-                n.bad(p, format!("unknown kind {k:?} (Gateway, GatewayClass, L34Route, GatewayRouter)"));
+                n.bad(&mut p, format!("unknown kind {k:?} (Gateway, GatewayClass, L34Route, GatewayRouter)"));
+                out.whole.extend(p.0);
             }
             _ => {}
         }
     }
+
+    for m in &mut out.objects {
+        if m.refusal.is_none() {
+            if let Some(r) = excluded.get(&m.origin) {
+                m.refusal = Some(r.clone());
+            }
+        }
+    }
+    cascade(&mut out);
+    conflicts(&mut out);
     out
 }
 
-fn endpoint_slice(d: &Doc, n: Node<'_>, svc: &str, p: &mut Problems, out: &mut Desired) {
+fn refusal(reason: Reason, p: Problems) -> Option<Refusal> {
+    (!p.is_empty()).then_some(Refusal { reason, problems: p.0 })
+}
+
+fn service(d: &Object, scope: &Scope<'_>) -> Mapped {
+    let mut p = Problems::default();
+    let n = d.node();
+    let name = n.required(&mut p, "metadata", |n, p| n.required(p, "name", fields::name)).flatten().flatten();
+    let origin = Origin { file: d.file.clone(), pos: n.pos(), path: d.path.clone() };
+    let mut s = ServiceDef { name: name.clone().unwrap_or_default(), origin, ..Default::default() };
+    let mut path = String::new();
+    if scope.algorithm_annotations {
+        for key in [SLUICE_ALGORITHM, CILIUM_ALGORITHM] {
+            if let Some(a) = annotation(d, key, &mut path, &mut p) {
+                s.algorithm = a.parse(&mut p, "an algorithm").or(s.algorithm);
+            }
+        }
+    }
+    if let Some(n) = annotation(d, "sluice.io/endpoint-limit", &mut path, &mut p) {
+        s.limit = fields::endpoint_limit(n, &mut p);
+    }
+    if let Some(n) = annotation(d, "sluice.io/table-size", &mut path, &mut p) {
+        s.table_size = fields::table_size(n, &mut p);
+    }
+    if let Some(n) = annotation(d, "sluice.io/flow-table", &mut path, &mut p) {
+        s.flow_table = n.boolean(&mut p);
+    }
+    if let Some(n) = annotation(d, "sluice.io/delivery", &mut path, &mut p) {
+        s.delivery = n.parse::<DeliveryMode>(&mut p, "a delivery");
+    }
+    let desired = Desired { services: name.is_some().then_some(s).into_iter().collect(), ..Default::default() };
+    Mapped {
+        kind: Kind::Service,
+        name: name.unwrap_or_else(|| d.name().unwrap_or("").to_owned()),
+        origin: d.file.clone(),
+        created: d.created(),
+        service: None,
+        desired,
+        refusal: refusal(Reason::Invalid, p),
+    }
+}
+
+/// An L34Route, when its parent is `gateway`.
+fn route(d: &Object, gateway: &str) -> Option<Mapped> {
+    let mut p = Problems::default();
+    let n = d.node();
+    let Some(name) = d.name() else {
+        // Whose it is cannot be told without a name only when it has no
+        // parent of ours either: then it is not ours.
+        let ours = n.v.get("spec").and_then(|s| s.get("parentRefs")).is_some_and(|refs| parent_names(refs).iter().any(|x| x == gateway));
+        if !ours {
+            return None;
+        }
+        n.bad(&mut p, "missing metadata.name");
+        return Some(Mapped {
+            kind: Kind::Route,
+            name: String::new(),
+            origin: d.file.clone(),
+            created: d.created(),
+            service: None,
+            desired: Desired::default(),
+            refusal: refusal(Reason::Invalid, p),
+        });
+    };
+    let mut desired = Desired::default();
+    let mut backend = None;
+    let mut mine = true;
+    n.required(&mut p, "spec", |spec, p| {
+        spec.mapping(
+            p,
+            &[
+                "parentRefs", "backendRefs", "priority", "destinationCIDRs", "sourceCIDRs", "sourcePorts",
+                "destinationPorts", "protocols", "byteMatches",
+            ],
+        );
+        let mut parents = Vec::new();
+        spec.field("parentRefs", |n| n.each(p, |n, p| parents.extend(n.required(p, "name", |n, p| n.string(p)).flatten())));
+        if !parents.iter().any(|x| x == gateway) {
+            mine = false; // another Gateway's route
+            return;
+        }
+        if parents.len() != 1 {
+            spec.bad(p, "an L34Route has exactly one parentRef");
+        }
+        let mut backends = Vec::new();
+        spec.required(p, "backendRefs", |n, p| n.each(p, |n, p| backends.extend(n.required(p, "name", fields::name).flatten())));
+        if backends.len() != 1 {
+            spec.bad(p, format!("an L34Route has exactly one backendRef (found {})", backends.len()));
+            return;
+        }
+        backend = Some(backends[0].clone());
+        if let Some(r) = route_fields(spec, p, name.to_owned(), backends[0].clone()) {
+            desired.routes.push(r);
+        }
+    });
+    if !mine {
+        return None;
+    }
+    Some(Mapped {
+        kind: Kind::Route,
+        name: name.to_owned(),
+        origin: d.file.clone(),
+        created: d.created(),
+        service: backend,
+        desired,
+        refusal: refusal(Reason::Invalid, p),
+    })
+}
+
+fn parent_names(refs: &Value) -> Vec<String> {
+    match refs.data() {
+        yaml::Data::Seq(items) => items.iter().filter_map(|r| r.get("name")?.as_str().map(str::to_owned)).collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// Services left out take their slices and the routes to them along.
+fn cascade(out: &mut Mapping) {
+    let refused: BTreeMap<String, String> = out
+        .objects
+        .iter()
+        .filter(|m| m.kind == Kind::Service)
+        .filter_map(|m| Some((m.name.clone(), m.refusal.as_ref()?.message())))
+        .collect();
+    for m in &mut out.objects {
+        if m.refusal.is_some() || m.kind == Kind::Service {
+            continue;
+        }
+        let Some(why) = m.service.as_ref().and_then(|s| refused.get(s).map(|w| (s, w))) else { continue };
+        let what = if m.kind == Kind::Route { "the Service it sends to" } else { "its Service" };
+        m.refusal = Some(Refusal {
+            reason: Reason::BackendRefused,
+            problems: vec![Problem::new(m.origin.clone(), "", format!("{what}, {:?}, is left out: {}", why.0, why.1))],
+        });
+    }
+}
+
+/// Of two routes with the same priority that match common traffic and
+/// send it to different services, the older (then the first by name)
+/// wins and the other is left out: which one a packet takes would
+/// otherwise depend on their names.
+fn conflicts(out: &mut Mapping) {
+    let routes: Vec<(usize, &RouteDef, &str)> = out
+        .objects
+        .iter()
+        .enumerate()
+        .filter(|(_, m)| m.kind == Kind::Route && m.refusal.is_none())
+        .filter_map(|(i, m)| Some((i, m.desired.routes.first()?, m.created.as_str())))
+        .collect();
+    let mut losers: Vec<(usize, Problem)> = Vec::new();
+    for (a, ra, ca) in &routes {
+        for (b, rb, cb) in &routes {
+            if a == b || ra.priority != rb.priority || ra.service == rb.service || !overlap(&ra.matches, &rb.matches) {
+                continue;
+            }
+            // `b` wins over `a` when it is older, or as old and first by name.
+            if (*cb, rb.name.as_str()) < (*ca, ra.name.as_str()) {
+                losers.push((*a, ra.origin.problem(format!(
+                    "conflicts with L34Route {:?}: same priority {} and common traffic, sent to {:?} there and {:?} here; \
+                     the older route wins (give them different priorities)",
+                    rb.name, ra.priority, rb.service, ra.service
+                ))));
+                break;
+            }
+        }
+    }
+    for (i, problem) in losers {
+        out.objects[i].refusal = Some(Refusal { reason: Reason::Conflicted, problems: vec![problem] });
+    }
+}
+
+/// True when some packet could match both.
+pub fn overlap(a: &RouteMatch, b: &RouteMatch) -> bool {
+    fn any_or<T>(x: &[T], y: &[T], f: impl Fn(&T, &T) -> bool) -> bool {
+        x.is_empty() || y.is_empty() || x.iter().any(|p| y.iter().any(|q| f(p, q)))
+    }
+    if !a.vips.iter().any(|v| b.vips.contains(v)) {
+        return false;
+    }
+    if !any_or(&a.src_cidrs, &b.src_cidrs, |x, y| x.overlaps(y))
+        || !any_or(&a.src_ports, &b.src_ports, |x, y| x.lo <= y.hi && y.lo <= x.hi)
+        || !any_or(&a.dst_ports, &b.dst_ports, |x, y| x.lo <= y.hi && y.lo <= x.hi)
+        || !any_or(&a.protocols, &b.protocols, |x, y| x == y)
+    {
+        return false;
+    }
+    // Common protocols; a byte match only speaks of its own protocol.
+    let all = [proto::TCP, proto::UDP, proto::SCTP];
+    let pick = |l: &[u8]| if l.is_empty() { all.to_vec() } else { l.to_vec() };
+    let common: Vec<u8> = pick(&a.protocols).into_iter().filter(|p| pick(&b.protocols).contains(p)).collect();
+    let other = a.protocols.is_empty() && b.protocols.is_empty(); // ICMP and the like: no byte match applies
+    let disjoint_on = |p: u8| {
+        a.byte_matches.iter().filter(|x| x.proto == p).any(|x| {
+            b.byte_matches.iter().filter(|y| y.proto == p && y.offset == x.offset && y.len == x.len).any(|y| (x.value ^ y.value) & x.mask & y.mask != 0)
+        })
+    };
+    other || common.iter().any(|&p| !disjoint_on(p))
+}
+
+fn endpoint_slice(d: &Object, n: Node<'_>, svc: &str, p: &mut Problems, out: &mut Desired) {
     let mut path = String::new();
     let ids: BTreeMap<String, u32> = match annotation(d, ENDPOINT_IDS, &mut path, p) {
         Some(a) => match serde_json::from_str::<BTreeMap<String, u32>>(a.v.as_str().unwrap_or_default()) {
@@ -284,7 +675,7 @@ fn endpoint_slice(d: &Doc, n: Node<'_>, svc: &str, p: &mut Problems, out: &mut D
                 weight: 1,
                 draining,
                 mac: None,
-                origin: Origin { file: e.file().to_owned(), pos: Some(e.pos()), path: e.path().to_owned() },
+                origin: Origin { file: e.file().to_owned(), pos: e.pos(), path: e.path().to_owned() },
             });
         })
     });
@@ -342,7 +733,18 @@ endpoints:
   conditions: {ready: false}
 "#;
 
-    fn docs(text: &str) -> Vec<Doc> {
+    /// The mapping of a manifests directory: the definitions, or every problem.
+    fn from_docs(docs: &[Object], gateway: &str, p: &mut Problems) -> Desired {
+        match map(docs, &Scope::manifests(gateway), &BTreeMap::new(), "d", "the manifests").into_result() {
+            Ok(d) => d,
+            Err(e) => {
+                p.0.extend(e);
+                Desired::default()
+            }
+        }
+    }
+
+    fn docs(text: &str) -> Vec<Object> {
         let (values, err) = yaml::documents(text, &mut Budget::default());
         assert!(err.is_none(), "{err:?}");
         named("m.yaml", values).collect()
@@ -351,7 +753,7 @@ endpoints:
     #[test]
     fn the_seed_example_becomes_a_route_a_service_and_endpoints() {
         let mut p = Problems::default();
-        let d = from_docs(&docs(DOCS), "d", "sllb-a", &mut p);
+        let d = from_docs(&docs(DOCS), "sllb-a", &mut p);
         assert!(p.is_empty(), "{:?}", p.0);
         assert_eq!(d.routes.len(), 1, "the other Gateway's route is not ours");
         let r = &d.routes[0];
@@ -365,10 +767,10 @@ endpoints:
     fn missing_gateway_and_identifiers_are_reported() {
         let mut p = Problems::default();
         let text = DOCS.replace(r#"'{"169.111.100.2": 0, "169.111.100.3": 1, "169.111.100.4": 2}'"#, r#"'{"169.111.100.3": 1}'"#);
-        from_docs(&docs(&text), "d", "sllb-z", &mut p);
+        from_docs(&docs(&text), "sllb-z", &mut p);
         assert!(p.0.iter().any(|e| e.message.contains("no Gateway named \"sllb-z\"")));
         let mut p = Problems::default();
-        from_docs(&docs(&text), "d", "sllb-a", &mut p);
+        from_docs(&docs(&text), "sllb-a", &mut p);
         assert!(p.0.iter().any(|e| e.message.contains("169.111.100.2 has no identifier")), "{:?}", p.0);
     }
 
@@ -399,7 +801,7 @@ metadata:
   annotations: {sluice.io/endpoint-limit: 32, sluice.io/table-size: "6400"}
 "#;
         let mut p = Problems::default();
-        from_docs(&docs(text), "d", "g", &mut p);
+        from_docs(&docs(text), "g", &mut p);
         let got: Vec<String> = p.0.iter().map(ToString::to_string).collect();
         let a = "m.yaml:{}: [doc 1] Service/s.metadata.annotations.sluice.io";
         let at = |pos: &str, rest: &str| format!("{}/{rest}", a.replace("{}", pos));

@@ -13,6 +13,7 @@
 #![allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
 
 pub mod fields;
+pub mod kubernetes;
 pub mod manifests;
 pub mod node;
 pub mod yaml;
@@ -197,6 +198,8 @@ pub struct ApplianceConfig {
     /// BIRD and the DC gateways to announce VIPs to (`bird`,
     /// `gatewayRouters`; manifests add theirs in [`crate::sources::read`]).
     pub routing: crate::routing::router::RoutingConfig,
+    /// The Kubernetes API as a source, if set (`kubernetes:`).
+    pub kubernetes: Option<kubernetes::KubeConfig>,
 }
 
 impl ApplianceConfig {
@@ -209,7 +212,7 @@ impl ApplianceConfig {
 
 const TOP: &[&str] = &[
     "dpdk", "ports", "gateways", "defaults", "flowTable", "admin", "capacity", "services", "routes", "manifests",
-    "xds-control-plane", "bird", "gatewayRouters",
+    "xds-control-plane", "bird", "gatewayRouters", "kubernetes",
 ];
 
 /// Reads and checks the file (not the manifests it points to).
@@ -314,6 +317,7 @@ pub fn parse(v: &Value, path: &Path) -> Result<ApplianceConfig, Vec<Problem>> {
     });
     let xds = root.field("xds-control-plane", |n| xds::config::parse(n, &mut p, path.parent().unwrap_or(Path::new(".")))).flatten();
     let routing = routing(&root, &mut p, &dpdk.file_prefix, &ports, path);
+    let kubernetes = root.field("kubernetes", |n| kubernetes::parse(n, &mut p, path)).flatten();
 
     if !p.is_empty() {
         return Err(p.0);
@@ -335,6 +339,7 @@ pub fn parse(v: &Value, path: &Path) -> Result<ApplianceConfig, Vec<Problem>> {
         manifests: manifests.flatten(),
         xds,
         routing,
+        kubernetes,
     })
 }
 
@@ -488,7 +493,7 @@ fn port(n: Node<'_>, p: &mut Problems, before: &[PortConfig]) -> Option<PortConf
     let mtu = n.field("mtu", |n| n.int(p, lo, hi)).flatten().unwrap_or(1500) as u16;
     if mtu < limits::MTU_MIN_IPV6 {
         if let Some(a) = addresses.iter().find(|a| !a.addr.is_v4()) {
-            let at = n.v.get("mtu").map_or(n.pos(), Value::pos);
+            let at = n.v.get("mtu").map_or(n.v.pos(), Value::pos);
             p.add(n.file(), Some(at), &child(n.path(), "mtu"), format!(
                 "MTU {mtu} is below {}, the least IPv6 allows, and the port has IPv6 address {a}",
                 limits::MTU_MIN_IPV6
@@ -537,7 +542,7 @@ fn defaults(n: Node<'_>, p: &mut Problems) -> Defaults {
 }
 
 fn origin(n: &Node<'_>) -> Origin {
-    Origin { file: n.file().to_owned(), pos: Some(n.pos()), path: n.path().to_owned() }
+    Origin { file: n.file().to_owned(), pos: n.pos(), path: n.path().to_owned() }
 }
 
 /// Service settings shared by the inline form and manifests' annotations

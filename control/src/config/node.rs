@@ -38,14 +38,15 @@ impl<'a> Node<'a> {
         self.file
     }
 
-    /// Where it starts.
-    pub fn pos(&self) -> Pos {
-        self.v.pos()
+    /// Where it starts, when it was read from text (an object from the
+    /// Kubernetes API has no position).
+    pub fn pos(&self) -> Option<Pos> {
+        self.v.at()
     }
 
     /// Reports a problem at this node.
     pub fn bad(&self, p: &mut Problems, message: impl Into<String>) {
-        p.add(self.file, Some(self.v.pos()), self.path, message);
+        p.add(self.file, self.v.at(), self.path, message);
     }
 
     fn child_path(&self, key: &str) -> String {
@@ -92,9 +93,9 @@ impl<'a> Node<'a> {
                         Some(c) => format!(" (did you mean {c:?}?)"),
                         None => format!(" (known: {})", known.join(", ")),
                     };
-                    p.add(self.file, Some(k.pos()), &self.child_path(name), format!("unknown field{hint}"));
+                    p.add(self.file, k.at(), &self.child_path(name), format!("unknown field{hint}"));
                 }
-                None => p.add(self.file, Some(k.pos()), self.path, "keys must be strings"),
+                None => p.add(self.file, k.at(), self.path, "keys must be strings"),
             }
         }
         true

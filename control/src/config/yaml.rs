@@ -69,9 +69,75 @@ impl Value {
         Value { pos, data: Rc::new(data) }
     }
 
-    /// Where it starts.
+    /// Where it starts (line 0 for a value that comes from no text, see
+    /// [`Value::from_json`]).
     pub fn pos(&self) -> Pos {
         self.pos
+    }
+
+    /// Where it starts, when it was read from text.
+    pub fn at(&self) -> Option<Pos> {
+        (self.pos.line != 0).then_some(self.pos)
+    }
+
+    /// A value read from JSON (an object from the Kubernetes API): it has
+    /// no position, so problems about it name only its origin and path.
+    /// Depth is bounded by [`MAX_DEPTH`]: deeper values become null (what
+    /// reads them then reports a missing or wrong field).
+    pub fn from_json(v: &serde_json::Value) -> Value {
+        Self::from_json_at(v, 0)
+    }
+
+    fn from_json_at(v: &serde_json::Value, depth: usize) -> Value {
+        use serde_json::Value as J;
+        let data = match v {
+            J::Null => Data::Null,
+            J::Bool(b) => Data::Bool(*b),
+            J::Number(n) => match n.as_i64() {
+                Some(i) => Data::Int(i),
+                None => Data::Number(n.to_string()),
+            },
+            J::String(s) => Data::Str(s.clone()),
+            _ if depth >= MAX_DEPTH => Data::Null,
+            J::Array(a) => Data::Seq(a.iter().map(|x| Self::from_json_at(x, depth + 1)).collect()),
+            J::Object(m) => Data::Map(
+                m.iter()
+                    .map(|(k, x)| (Value::new(Pos::default(), Data::Str(k.clone())), Self::from_json_at(x, depth + 1)))
+                    .collect(),
+            ),
+        };
+        Value::new(Pos::default(), data)
+    }
+
+    /// The value as JSON (tags are dropped; numbers that fit neither `i64`
+    /// nor `f64` become strings; non-string keys are written as text).
+    pub fn to_json(&self) -> serde_json::Value {
+        use serde_json::Value as J;
+        match &*self.data {
+            Data::Null => J::Null,
+            Data::Bool(b) => J::Bool(*b),
+            Data::Int(i) => J::from(*i),
+            Data::Number(s) => s
+                .parse::<f64>()
+                .ok()
+                .and_then(serde_json::Number::from_f64)
+                .map_or_else(|| J::String(s.clone()), J::Number),
+            Data::Str(s) => J::String(s.clone()),
+            Data::Seq(items) => J::Array(items.iter().map(Value::to_json).collect()),
+            Data::Map(pairs) => J::Object(
+                pairs
+                    .iter()
+                    .map(|(k, v)| {
+                        let key = match k.to_json() {
+                            J::String(s) => s,
+                            other => other.to_string(),
+                        };
+                        (key, v.to_json())
+                    })
+                    .collect(),
+            ),
+            Data::Tagged(_, v) => v.to_json(),
+        }
     }
 
     /// What it holds.

@@ -272,8 +272,8 @@ fn bgp(n: Node<'_>, p: &mut Problems) -> Option<Bgp> {
     let remote_asn = n.required(p, "remoteASN", |n, p| n.int(p, lo, hi)).flatten();
     let hold_time = n.field("holdTime", |n| interval(n, p, bounds::HOLD_MS)).unwrap_or(Some(Interval::ms(90_000)));
     if let Some(h) = hold_time.filter(|h| h.ms % 1000 != 0) {
-        let at = n.v.get("holdTime").map_or(n.pos(), Value::pos);
-        p.add(n.file(), Some(at), &format!("{}.holdTime", n.path()), format!("hold time {h} is not whole seconds"));
+        let at = n.v.get("holdTime").map(Value::pos).or(n.pos());
+        p.add(n.file(), at, &format!("{}.holdTime", n.path()), format!("hold time {h} is not whole seconds"));
     }
     let (lo, hi) = bounds::PORT;
     let local_port = n.field("localPort", |n| n.int(p, lo, hi)).unwrap_or(Some(179));
@@ -302,7 +302,7 @@ fn router_inline(n: Node<'_>, p: &mut Problems) -> Option<(GatewayRouter, Origin
     // The same fields as a manifest's spec, with the name beside them.
     let spec = router_spec_fields(n, p, name.clone().unwrap_or_default());
     name?;
-    Some((spec?, Origin { file: n.file().to_owned(), pos: Some(n.pos()), path: n.path().to_owned() }))
+    Some((spec?, Origin { file: n.file().to_owned(), pos: n.pos(), path: n.path().to_owned() }))
 }
 
 fn router_spec_fields(n: Node<'_>, p: &mut Problems, name: String) -> Option<GatewayRouter> {
@@ -519,7 +519,7 @@ pub fn from_manifests(dir: &Path, gateway: &str, p: &mut Problems) -> Vec<(Gatew
                 n.bad(p, "missing or invalid metadata.name");
                 continue;
             }
-            let origin = Origin { file: file.clone(), pos: Some(n.pos()), path: path.clone() };
+            let origin = Origin { file: file.clone(), pos: n.pos(), path: path.clone() };
             if let Some(r) = n.required(p, "spec", |spec, p| router_spec(spec, p, name.clone())).flatten() {
                 out.push((r, origin));
             }

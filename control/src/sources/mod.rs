@@ -9,6 +9,7 @@
 //!   one transaction: settings, inline definitions and manifests together.
 
 pub mod file;
+pub mod kube;
 pub mod xds;
 
 use std::path::Path;

@@ -1,0 +1,421 @@
+//! The Kubernetes source against a fake API server started by the test
+//! (`sluice_tests::fake_apiserver`) that speaks the list and watch
+//! protocol: lists with resourceVersion, ADDED/MODIFIED/DELETED, bookmarks,
+//! 410 Gone, dropped connections, the server going away, and the status
+//! PATCHes the source sends. The reconciler is stood in for by the model's
+//! own checks, as the real one makes them.
+//!
+//! With `SLUICE_TEST_KUBECONFIG` set, `against_a_real_api_server` also
+//! applies the CRDs and the example objects to that cluster and waits for
+//! the appliance's status on them.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::{json, Value as Json};
+use sluice::config::kubernetes::{AlgorithmConfiguration, KubeConfig, DEFAULT_GATEWAY_CLASS};
+use sluice::config::manifests;
+use sluice::model::{Defaults, Desired, Model, Origin};
+use sluice::sources::kube::{self, KubeStatus};
+use sluice::sources::SourceMsg;
+use sluice_tests::fake_apiserver::{read_manifests, FakeApi};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+const NS: &str = "tenant-a";
+/// Longest wait for something the source does promptly (a guard against
+/// hangs, not a performance claim).
+const PROMPT: Duration = Duration::from_secs(20);
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap()
+}
+
+fn normal(mut d: Desired) -> Desired {
+    for r in &mut d.routes {
+        r.origin = Origin::default();
+    }
+    for s in &mut d.services {
+        s.origin = Origin::default();
+    }
+    for e in &mut d.endpoints {
+        e.origin = Origin::default();
+    }
+    d.routes.sort_by(|a, b| a.name.cmp(&b.name));
+    d.services.sort_by(|a, b| a.name.cmp(&b.name));
+    d.endpoints.sort_by(|a, b| (&a.service, a.id).cmp(&(&b.service, b.id)));
+    d
+}
+
+/// What the stand-in reconciler saw: each state it accepted, and every message.
+#[derive(Debug, Default)]
+struct Seen {
+    accepted: Vec<Desired>,
+    messages: usize,
+}
+
+/// A reconciler stand-in: checks each state as the model does and answers.
+fn reconciler(mut rx: mpsc::Receiver<SourceMsg>) -> Arc<Mutex<Seen>> {
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let s = Arc::clone(&seen);
+    tokio::spawn(async move {
+        while let Some(m) = rx.recv().await {
+            s.lock().unwrap().messages += 1;
+            if let SourceMsg::Desired { source, desired, reply, .. } = m {
+                assert_eq!(source, kube::SOURCE);
+                let mut model = Model::default();
+                model.set(&source, desired.clone());
+                let outcome = model.resolve(&Defaults::default()).map(|_| ());
+                if outcome.is_ok() {
+                    s.lock().unwrap().accepted.push(desired);
+                }
+                if let Some(r) = reply {
+                    let _ = r.send(outcome);
+                }
+            }
+        }
+    });
+    seen
+}
+
+struct Running {
+    api: FakeApi,
+    seen: Arc<Mutex<Seen>>,
+    status: Arc<Mutex<KubeStatus>>,
+    cancel: CancellationToken,
+    _dir: TempDir,
+}
+
+struct TempDir(PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn tempdir(tag: &str) -> TempDir {
+    let d = std::env::temp_dir().join(format!("sluice-kubetest-{}-{tag}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    TempDir(d)
+}
+
+fn cfg(kubeconfig: PathBuf) -> KubeConfig {
+    KubeConfig {
+        gateway: "sllb-a".into(),
+        namespace: NS.into(),
+        kubeconfig: Some(kubeconfig),
+        gateway_class: DEFAULT_GATEWAY_CLASS.into(),
+        algorithm_configuration: AlgorithmConfiguration::Annotation,
+        allow_algorithm_change: false,
+    }
+}
+
+/// The fake server holding `configs/manifests` (and the same objects in
+/// another namespace, which must never be seen), and the source running
+/// against it.
+async fn start(tag: &str) -> Running {
+    let api = FakeApi::start_new().await;
+    api.set_bookmark_every(Duration::from_millis(200));
+    for o in read_manifests(&root().join("configs/manifests"), NS).unwrap() {
+        api.apply(o.clone());
+        let mut other = o;
+        other["metadata"]["namespace"] = json!("tenant-b");
+        other["spec"]["destinationCIDRs"] = json!(["40.0.0.1/32"]);
+        if other["kind"] == "L34Route" || other["kind"] == "Gateway" || other["kind"] == "Service" {
+            api.apply(other);
+        }
+    }
+    run_against(api, tag)
+}
+
+fn run_against(api: FakeApi, tag: &str) -> Running {
+    let dir = tempdir(tag);
+    let kc = dir.0.join("kubeconfig");
+    std::fs::write(&kc, api.kubeconfig(NS)).unwrap();
+    let (tx, rx) = mpsc::channel(16);
+    let seen = reconciler(rx);
+    let status = Arc::new(Mutex::new(KubeStatus::default()));
+    let cancel = CancellationToken::new();
+    tokio::spawn(kube::run(cfg(kc), Defaults::default(), tx, Arc::clone(&status), cancel.clone()));
+    Running { api, seen, status, cancel, _dir: dir }
+}
+
+async fn until(what: &str, mut f: impl FnMut() -> bool) {
+    let t0 = tokio::time::Instant::now();
+    while !f() {
+        assert!(t0.elapsed() < PROMPT, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+impl Running {
+    fn last(&self) -> Option<Desired> {
+        self.seen.lock().unwrap().accepted.last().cloned()
+    }
+
+    fn accepted(&self) -> usize {
+        self.seen.lock().unwrap().accepted.len()
+    }
+
+    fn status(&self) -> KubeStatus {
+        self.status.lock().unwrap().clone()
+    }
+
+    fn lists(&self, plural: &str) -> usize {
+        self.api.seen().iter().filter(|s| s.method == "GET" && !s.is_watch() && s.path.ends_with(plural)).count()
+    }
+
+    fn route_condition(&self, name: &str) -> Option<Json> {
+        let r = self.api.get("L34Route", NS, name)?;
+        r.pointer("/status/parents/0/conditions/0").cloned()
+    }
+
+    fn service_a_slice(&self) -> Json {
+        self.api.get("EndpointSlice", NS, "service-a-abc12").unwrap()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_source_serves_the_gateway_follows_changes_and_writes_status() {
+    let r = start("follow").await;
+    // The first state is what the same objects give from a directory.
+    until("a first state", || r.accepted() >= 1).await;
+    let from_dir = manifests::load(&root().join("configs/manifests"), "sllb-a").unwrap();
+    assert_eq!(normal(r.last().unwrap()), normal(from_dir.clone()));
+    let st = r.status();
+    assert!(st.connected && st.synced, "{st:?}");
+    assert_eq!(st.watched["L34Route"], 2, "only its namespace: {st:?}");
+    assert_eq!(st.serving, "2 route(s), 1 service(s), 3 endpoint(s)");
+
+    // Status: the Gateway's addresses and conditions, each route Accepted,
+    // written with server-side apply under one field manager.
+    until("the Gateway's status", || {
+        r.api.get("Gateway", NS, "sllb-a").and_then(|g| g.pointer("/status/addresses").cloned())
+            == Some(json!([{"type": "IPAddress", "value": "20.0.0.1"}, {"type": "IPAddress", "value": "20.0.0.2"}]))
+    })
+    .await;
+    until("route status", || r.route_condition("vip-20-0-0-2-syn-only").is_some_and(|c| c["status"] == "True")).await;
+    let gw = r.api.get("Gateway", NS, "sllb-a").unwrap();
+    let conds = gw.pointer("/status/conditions").unwrap();
+    assert_eq!((conds[0]["type"].as_str(), conds[0]["status"].as_str()), (Some("Accepted"), Some("True")));
+    assert_eq!((conds[1]["type"].as_str(), conds[1]["status"].as_str()), (Some("Programmed"), Some("True")));
+    let patches: Vec<_> = r.api.seen().into_iter().filter(|s| s.method == "PATCH").collect();
+    assert!(patches.iter().all(|p| p.content_type == "application/apply-patch+yaml"
+        && p.query.get("fieldManager").map(String::as_str) == Some("sluice")
+        && p.query.get("force").map(String::as_str) == Some("true")), "{patches:#?}");
+    assert!(patches.iter().all(|p| p.path.ends_with("/status") && p.path.contains("/namespaces/tenant-a/")));
+    assert!(r.api.get("Gateway", "tenant-b", "sllb-a").unwrap().get("status").is_none_or(Json::is_null), "never another namespace's");
+
+    // Written only when it changes: bookmarks and our own writes coming
+    // back through the watch write nothing more.
+    let writes = |r: &Running| r.api.seen().iter().filter(|s| s.method == "PATCH").count();
+    let n = writes(&r);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(writes(&r), n, "status is written once, then left alone");
+    let watches: Vec<_> = r.api.seen().into_iter().filter(|s| s.is_watch()).collect();
+    assert!(watches.iter().all(|w| w.query.get("allowWatchBookmarks").map(String::as_str) == Some("true")));
+    assert!(watches.iter().any(|w| w.query.get("labelSelector").map(String::as_str) == Some("service.kubernetes.io/service-proxy-name=sllb-a")));
+    assert!(watches.iter().any(|w| w.query.get("fieldSelector").map(String::as_str) == Some("metadata.name=sllb-a")));
+
+    // MODIFIED: an endpoint leaves its slice.
+    let mut slice = r.service_a_slice();
+    slice["endpoints"].as_array_mut().unwrap().remove(1);
+    r.api.apply(slice);
+    until("the endpoint gone", || r.last().is_some_and(|d| d.endpoints.len() == 2)).await;
+    assert!(r.last().unwrap().endpoints.iter().all(|e| e.address.to_string() != "10.200.0.12"));
+
+    // ADDED: a wrong route is refused with its reason, the others stay.
+    let before = r.accepted();
+    r.api.apply(json!({
+        "apiVersion": "meridio.experiment.gateway.api.poc/v1alpha1", "kind": "L34Route",
+        "metadata": {"name": "to-nowhere", "namespace": NS},
+        "spec": {"parentRefs": [{"name": "sllb-a"}], "backendRefs": [{"name": "nope", "port": 1}], "destinationCIDRs": ["20.0.0.9/32"]}
+    }));
+    until("the refusal in the route's status", || r.route_condition("to-nowhere").is_some_and(|c| c["reason"] == "BackendNotFound")).await;
+    let c = r.route_condition("to-nowhere").unwrap();
+    assert_eq!(c["status"], "False");
+    assert!(c["message"].as_str().unwrap().contains("route to an unknown service \"nope\""), "{c}");
+    assert_eq!(r.accepted(), before, "the state served did not change");
+    assert!(r.status().refused.iter().any(|x| x.object == "kubernetes: L34Route/tenant-a/to-nowhere"));
+
+    // DELETED: a route goes, and with it its VIP from the Gateway's status.
+    r.api.delete("L34Route", NS, "vip-20-0-0-2-syn-only");
+    until("the route gone", || r.last().is_some_and(|d| d.routes.len() == 1)).await;
+    until("the VIP gone from the Gateway", || {
+        r.api.get("Gateway", NS, "sllb-a").and_then(|g| g.pointer("/status/addresses").cloned()) == Some(json!([{"type": "IPAddress", "value": "20.0.0.1"}]))
+    })
+    .await;
+
+    // GatewayRouters are parsed and kept for the routing side.
+    r.api.apply(json!({
+        "apiVersion": "meridio.experiment.gateway.api.poc/v1alpha1", "kind": "GatewayRouter",
+        "metadata": {"name": "gateway-a-v4", "namespace": NS, "labels": {"service.kubernetes.io/service-proxy-name": "sllb-a"}},
+        "spec": {"address": "169.254.100.150", "interface": "vlan-100", "bgp": {"localASN": 8103, "remoteASN": 4_248_829_953_u32, "holdTime": "24s"}}
+    }));
+    until("the router", || r.status().routers.iter().any(|x| x.name == "gateway-a-v4" && x.spec.interface == "vlan-100")).await;
+    r.cancel.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_watches_resume_and_410_gone_relists() {
+    let r = start("resume").await;
+    until("a first state", || r.accepted() >= 1).await;
+    // Bookmarks move the version a watch resumes from.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let lists = r.lists("endpointslices");
+    let watch_rvs = |r: &Running| -> Vec<u64> {
+        r.api.seen().iter().filter(|s| s.is_watch() && s.path.ends_with("endpointslices")).filter_map(|s| s.query.get("resourceVersion")?.parse().ok()).collect()
+    };
+    let first = watch_rvs(&r);
+
+    // Dropped connections: the watches come back from where they were,
+    // without listing again, and changes keep arriving.
+    r.api.drop_watches();
+    until("watching again", || watch_rvs(&r).len() > first.len()).await;
+    assert!(watch_rvs(&r).last() > first.first(), "resumed from a later version (a bookmark's): {:?}", watch_rvs(&r));
+    assert_eq!(r.lists("endpointslices"), lists, "no relist after a dropped connection");
+    let mut slice = r.service_a_slice();
+    slice["endpoints"].as_array_mut().unwrap().remove(0);
+    r.api.apply(slice);
+    until("the change after the drop", || r.last().is_some_and(|d| d.endpoints.len() == 2)).await;
+
+    // 410 Gone: while the watches are cut, an object changes and the
+    // history is compacted; the source lists again and sees the change.
+    r.api.stop();
+    let mut slice = r.service_a_slice();
+    slice["endpoints"].as_array_mut().unwrap().remove(0);
+    r.api.apply(slice);
+    r.api.compact();
+    r.api.start().await;
+    until("a relist", || r.lists("endpointslices") > lists).await;
+    until("the change seen through the relist", || r.last().is_some_and(|d| d.endpoints.len() == 1)).await;
+    until("connected again", || r.status().connected).await;
+    r.cancel.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn losing_the_api_never_flushes_and_a_restart_without_it_says_why() {
+    let r = start("down").await;
+    until("a first state", || r.accepted() >= 1).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let messages = r.seen.lock().unwrap().messages;
+    r.api.stop();
+    until("the source to notice", || !r.status().connected).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(r.seen.lock().unwrap().messages, messages, "nothing is sent while the API is away");
+    let st = r.status();
+    assert!(st.last_error.is_some(), "{st:?}");
+    assert_eq!(st.serving, "2 route(s), 1 service(s), 3 endpoint(s)", "still serving what it served");
+
+    // Back: it reconnects and serves changes made meanwhile.
+    r.api.start().await;
+    until("connected again", || r.status().connected).await;
+    r.api.delete("L34Route", NS, "vip-20-0-0-2-syn-only");
+    until("a change after the return", || r.last().is_some_and(|d| d.routes.len() == 1)).await;
+    r.cancel.cancel();
+
+    // A restart with the API down: nothing is sent, and the status says why.
+    let api = FakeApi::start_new().await;
+    api.stop();
+    let r = run_against(api, "restart-down");
+    until("an error", || r.status().last_error.is_some()).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let st = r.status();
+    assert!(!st.connected && !st.synced, "{st:?}");
+    assert_eq!(st.waiting_for.len(), 5, "{st:?}");
+    assert!(st.serving.starts_with("nothing from Kubernetes yet"), "{st:?}");
+    assert_eq!(r.seen.lock().unwrap().messages, 0, "nothing sent before every kind is listed");
+    r.cancel.cancel();
+}
+
+/// Against a real cluster, when `SLUICE_TEST_KUBECONFIG` names one (with
+/// the Gateway API CRDs installed and kubectl on the PATH): applies the CRDs
+/// and the example objects of configs/k8s, runs the source, and waits for
+/// its status on the Gateway and the routes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn against_a_real_api_server() {
+    let Ok(kc) = std::env::var("SLUICE_TEST_KUBECONFIG") else {
+        eprintln!("skipped: set SLUICE_TEST_KUBECONFIG to run against a real API server");
+        return;
+    };
+    let kubectl = |args: &[&str]| {
+        let out = std::process::Command::new("kubectl").arg("--kubeconfig").arg(&kc).args(args).output().expect("kubectl");
+        assert!(out.status.success(), "kubectl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let k8s = root().join("configs/k8s");
+    kubectl(&["apply", "-f", k8s.join("crds").to_str().unwrap()]);
+    kubectl(&["wait", "--for=condition=Established", "crd/l34routes.meridio.experiment.gateway.api.poc", "--timeout=60s"]);
+    let _ = std::process::Command::new("kubectl").arg("--kubeconfig").arg(&kc).args(["create", "namespace", NS]).output();
+    kubectl(&["apply", "-n", NS, "-f", k8s.join("examples").to_str().unwrap()]);
+    // (The example GatewayClass has a valid name, not the design's, which
+    // the API server refuses: see configs/k8s/examples/gatewayclass.yaml.)
+    let (tx, rx) = mpsc::channel(16);
+    let seen = reconciler(rx);
+    let status = Arc::new(Mutex::new(KubeStatus::default()));
+    let cancel = CancellationToken::new();
+    tokio::spawn(kube::run(cfg(PathBuf::from(&kc)), Defaults::default(), tx, Arc::clone(&status), cancel.clone()));
+    let t0 = tokio::time::Instant::now();
+    loop {
+        let out = kubectl(&["get", "gateway", "sllb-a", "-n", NS, "-o", "jsonpath={.status.addresses[*].value}"]);
+        if out.contains("20.0.0.1") {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(60), "no status on the Gateway: {:?}", status.lock().unwrap());
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let route = kubectl(&["get", "l34route", "vip-20-0-0-1-multi-ports-a", "-n", NS, "-o", "jsonpath={.status.parents[0].conditions[0].status}"]);
+    assert_eq!(route, "True");
+    assert!(!seen.lock().unwrap().accepted.is_empty());
+    cancel.cancel();
+}
+
+/// The `sluice-fake-apiserver` binary serves a directory and follows its
+/// edits: the source sees a file edit as a change of the object.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fake_apiserver_binary_follows_its_directory() {
+    use std::io::{BufRead, BufReader};
+    let dir = tempdir("bin");
+    let manifests = dir.0.join("manifests");
+    std::fs::create_dir_all(&manifests).unwrap();
+    for f in std::fs::read_dir(root().join("configs/manifests")).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, manifests.join(f.file_name().unwrap())).unwrap();
+    }
+    let kc = dir.0.join("kubeconfig");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_sluice-fake-apiserver"))
+        .args(["--dir", manifests.to_str().unwrap(), "--namespace", NS, "--kubeconfig-out", kc.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let _child = Kill(child);
+    assert!(line.starts_with("listening on http://127.0.0.1:"), "{line}");
+
+    let (tx, rx) = mpsc::channel(16);
+    let seen = reconciler(rx);
+    let status = Arc::new(Mutex::new(KubeStatus::default()));
+    let cancel = CancellationToken::new();
+    tokio::spawn(kube::run(cfg(kc), Defaults::default(), tx, Arc::clone(&status), cancel.clone()));
+    let last = || seen.lock().unwrap().accepted.last().cloned();
+    until("a first state", || last().is_some()).await;
+    assert_eq!(normal(last().unwrap()), normal(manifests::load(&root().join("configs/manifests"), "sllb-a").unwrap()));
+
+    let slice = manifests.join("endpointslice.yaml");
+    let text = std::fs::read_to_string(&slice).unwrap().replace("- addresses: [10.200.0.12]\n  conditions: {ready: true}\n", "");
+    std::fs::write(&slice, text).unwrap();
+    until("the edit served", || last().is_some_and(|d| d.endpoints.len() == 2)).await;
+    cancel.cancel();
+}
