@@ -9,7 +9,7 @@
 //! source wrote it (a file, or a peer on the network). Every problem is
 //! reported, with where it came from.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 
 use sluice_dataplane::addr::Addr;
 use sluice_dataplane::classify::RouteMatch;
@@ -270,9 +270,10 @@ pub struct Model {
 }
 
 impl Model {
-    /// Replaces everything `source` owns with `desired` (upsert and prune).
-    pub fn set(&mut self, source: &str, desired: Desired) {
-        self.sources.insert(source.to_owned(), desired);
+    /// Replaces everything `source` owns with `desired` (upsert and prune);
+    /// returns what it owned before.
+    pub fn set(&mut self, source: &str, desired: Desired) -> Option<Desired> {
+        self.sources.insert(source.to_owned(), desired)
     }
 
     /// Drops everything `source` owns.
@@ -289,7 +290,9 @@ impl Model {
     /// nothing.
     pub fn put(&mut self, source: &str, desired: Option<Desired>) {
         match desired {
-            Some(d) => self.set(source, d),
+            Some(d) => {
+                self.set(source, d);
+            }
             None => self.remove(source),
         }
     }
@@ -367,11 +370,16 @@ impl Model {
             }
         }
 
-        let mut ids: HashMap<(&str, u32), &Origin> = HashMap::new();
-        let mut addrs: HashSet<(&str, Addr)> = HashSet::new();
+        // Endpoints come grouped by service (every source sends them so):
+        // the service is looked up again only when it changes, and
+        // duplicates are found per service once all are in.
+        let mut current: Option<(&str, Option<&mut ResolvedService>)> = None;
         for d in self.sources.values() {
             for e in &d.endpoints {
-                let Some(svc) = services.get_mut(&e.service) else {
+                if current.as_ref().is_none_or(|(n, _)| *n != e.service.as_str()) {
+                    current = Some((e.service.as_str(), services.get_mut(&e.service)));
+                }
+                let Some((_, Some(svc))) = current.as_mut() else {
                     if !owners.contains_key(&e.service) {
                         p.push(e.origin.problem(format!("endpoint of an unknown service {:?}", e.service)));
                     }
@@ -390,23 +398,30 @@ impl Model {
                     p.push(e.origin.problem(format!("endpoint weight {} is above the largest, {WEIGHT_MAX}", e.weight)));
                     continue;
                 }
-                if let Some(first) = ids.get(&(e.service.as_str(), e.id)) {
-                    p.push(e.origin.problem(format!(
-                        "duplicate endpoint identifier {} in service {:?} (also at {first})",
-                        e.id, e.service
-                    )));
-                    continue;
-                }
-                if !addrs.insert((e.service.as_str(), e.address)) {
-                    p.push(e.origin.problem(format!("endpoint {} appears twice in service {:?}", e.address, e.service)));
-                    continue;
-                }
-                ids.insert((e.service.as_str(), e.id), &e.origin);
                 svc.endpoints.push(e.clone());
             }
         }
         for s in services.values_mut() {
+            // Stable: of two with one identifier, the first defined stays first.
             s.endpoints.sort_by_key(|e| e.id);
+            for w in s.endpoints.windows(2) {
+                if w[0].id == w[1].id {
+                    p.push(w[1].origin.problem(format!(
+                        "duplicate endpoint identifier {} in service {:?} (also at {})",
+                        w[1].id, s.name, w[0].origin
+                    )));
+                }
+            }
+            if s.endpoints.len() > 1 {
+                let mut addrs: Vec<(Addr, usize)> = s.endpoints.iter().enumerate().map(|(i, e)| (e.address, i)).collect();
+                addrs.sort_unstable();
+                for w in addrs.windows(2) {
+                    if w[0].0 == w[1].0 {
+                        let e = &s.endpoints[w[1].1];
+                        p.push(e.origin.problem(format!("endpoint {} appears twice in service {:?}", e.address, s.name)));
+                    }
+                }
+            }
         }
 
         let mut routes: Vec<RouteDef> = Vec::new();
