@@ -46,9 +46,12 @@ fn slot_addresses(s: &Service) -> Vec<Option<Addr>> {
 }
 
 fn summary(s: &Service) -> TableSummary {
-    let slots = slot_addresses(s);
+    summary_of(s, &slot_addresses(s))
+}
+
+fn summary_of(s: &Service, slots: &[Option<Addr>]) -> TableSummary {
     let mut h = Sha256::new();
-    for a in &slots {
+    for a in slots {
         // An empty slot (cannot happen in a built table) hashes as ::.
         h.update(a.unwrap_or_default().v6_bytes());
     }
@@ -80,15 +83,21 @@ pub fn summaries(snap: &Snapshot) -> Vec<TableSummary> {
 /// One service's table in full.
 pub fn dump(snap: &Snapshot, service: &str) -> Option<TableDump> {
     let s = snap.services.iter().find(|s| s.name == service)?;
-    let mut runs: Vec<(String, u32)> = Vec::new();
-    for a in slot_addresses(s) {
-        let a = a.map_or_else(|| "-".to_owned(), |a| a.to_string());
+    let slots = slot_addresses(s);
+    // Runs by address first; each run's address is written out once.
+    let mut runs: Vec<(Option<Addr>, u32)> = Vec::new();
+    for a in &slots {
         match runs.last_mut() {
-            Some((last, n)) if *last == a => *n += 1,
-            _ => runs.push((a, 1)),
+            Some((last, n)) if last == a => *n += 1,
+            _ => runs.push((*a, 1)),
         }
     }
-    Some(TableDump { summary: summary(s), runs })
+    let names: std::collections::HashMap<Addr, String> = s.endpoints().map(|e| (e.addr, e.addr.to_string())).collect();
+    let runs = runs
+        .into_iter()
+        .map(|(a, n)| (a.map_or_else(|| "-".to_owned(), |a| names.get(&a).cloned().unwrap_or_else(|| a.to_string())), n))
+        .collect();
+    Some(TableDump { summary: summary_of(s, &slots), runs })
 }
 
 /// The endpoint a flow gets, and why.
