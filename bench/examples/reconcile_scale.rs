@@ -1,0 +1,181 @@
+//! Where a single endpoint change spends its time with N services × E
+//! endpoints, stage by stage, in this process (no DPDK, no network): the
+//! xDS source's mapping of every cluster (`mapping::build`) and its desired
+//! state, the model's resolution, and the compiler, cold (a new compiler:
+//! every table built) and warm (the same compiler after one endpoint of one
+//! service changed: only that service is compiled again). The ratio warm /
+//! cold is what the compiler's per-service cache saves; what remains of the
+//! warm time is the pass over the unchanged services.
+//!
+//! ```text
+//! cargo run --release -p sluice-bench --example reconcile_scale -- \
+//!     [--services 10000] [--endpoints 10] [--rounds 20] [--out bench/results/reconcile_scale.json]
+//! ```
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::cast_possible_truncation, clippy::cast_precision_loss)]
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Instant;
+
+use serde_json::json;
+use sluice::compile::{Compiler, Neighbors, TopoPort, Topology};
+use sluice::config::IfAddr;
+use sluice::model::{Defaults, Model};
+use sluice::sources::xds::mapping::{build, Cla, ClaState, EndpointsFrom, Health, L4Cluster, LbEndpoint};
+use sluice_dataplane::addr::Addr;
+
+fn arg(name: &str, default: usize) -> usize {
+    let mut it = std::env::args();
+    while let Some(a) = it.next() {
+        if a == name {
+            return it.next().and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("{name} needs a number"));
+        }
+    }
+    default
+}
+
+fn out_path() -> Option<String> {
+    let mut it = std::env::args();
+    while let Some(a) = it.next() {
+        if a == "--out" {
+            return it.next();
+        }
+    }
+    None
+}
+
+fn addr(i: usize) -> Addr {
+    // 10.128.0.0/9: every endpoint on the port's subnet.
+    Addr::from(std::net::Ipv4Addr::from(0x0a80_0000u32 + i as u32))
+}
+
+/// The neighbour table as the reconciler keeps it: numbered, so a
+/// compilation under an unchanged number looks no MAC up again.
+struct Macs(HashMap<(u8, Addr), [u8; 6]>);
+
+impl Neighbors for Macs {
+    fn mac(&self, port: u8, addr: Addr) -> Option<[u8; 6]> {
+        self.0.get(&(port, addr)).copied()
+    }
+
+    fn epoch(&self) -> Option<u64> {
+        Some(1)
+    }
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn main() {
+    let services = arg("--services", 10_000);
+    let per = arg("--endpoints", 10);
+    let rounds = arg("--rounds", 20).max(1);
+    let defaults = Defaults::default();
+    let mut clusters = BTreeMap::new();
+    let mut clas = BTreeMap::new();
+    for s in 0..services {
+        let name = format!("svc-{s:05}");
+        clusters.insert(
+            name.clone(),
+            L4Cluster {
+                name: name.clone(),
+                endpoints: EndpointsFrom::Eds(name.clone()),
+                vip: Addr::from(std::net::Ipv4Addr::from(0x1400_0000u32 + s as u32)),
+                port: 80,
+                protocol: 6,
+                algorithm: None,
+                table_size: None,
+                limit: None,
+                flow_table: None,
+                delivery: None,
+            },
+        );
+        let endpoints = (0..per)
+            .map(|e| LbEndpoint {
+                address: addr(s * per + e),
+                port: 80,
+                weight: 1,
+                health: Health::Serving,
+                priority: 0,
+                id: None,
+                path: format!("endpoints[0].lb_endpoints[{e}]"),
+            })
+            .collect();
+        clas.insert(name, ClaState::Known(Cla { endpoints }));
+    }
+    let topo = Topology {
+        ports: vec![TopoPort {
+            name: "back".into(),
+            mac: [2, 0, 0, 0, 0, 1],
+            mtu: 1500,
+            addresses: vec![IfAddr { addr: "10.128.0.1".parse().unwrap(), prefix: 9 }],
+        }],
+        gateways: vec![],
+    };
+    // Every endpoint's MAC is known (as after ARP on a quiet segment).
+    let macs = Macs((0..services * per).map(|i| ((0u8, addr(i)), [2, 1, 0, 0, 0, 1])).collect());
+
+    let t = Instant::now();
+    let built = build(&clusters, &clas, &BTreeMap::new(), &defaults).unwrap();
+    let mut model = Model::default();
+    model.set("xds", built.desired());
+    let resolved = model.resolve(&defaults).unwrap();
+    let mut compiler = Compiler::new(services as u32 + 16, (services * per) as u32 + 16);
+    let first = compiler.compile(&resolved, &topo, &macs).unwrap();
+    let initial_s = t.elapsed().as_secs_f64();
+    assert_eq!(first.rebuilt.len(), services);
+
+    let (mut t_build, mut t_desired, mut t_resolve, mut t_warm, mut t_cold) = (vec![], vec![], vec![], vec![], vec![]);
+    for round in 0..rounds {
+        // One endpoint of one service changes its weight.
+        let victim = format!("svc-{:05}", (round * 7919) % services);
+        if let Some(ClaState::Known(c)) = clas.get_mut(&victim) {
+            c.endpoints[0].weight = 2 + round as u32;
+        }
+        let t = Instant::now();
+        let built = build(&clusters, &clas, &BTreeMap::new(), &defaults).unwrap();
+        t_build.push(t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        let desired = built.desired();
+        t_desired.push(t.elapsed().as_secs_f64());
+        model.set("xds", desired);
+        let t = Instant::now();
+        let resolved = model.resolve(&defaults).unwrap();
+        t_resolve.push(t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        let warm = compiler.compile(&resolved, &topo, &macs).unwrap();
+        t_warm.push(t.elapsed().as_secs_f64());
+        assert_eq!(warm.rebuilt, vec![victim], "only the changed service is rebuilt");
+        if round < 3 {
+            let t = Instant::now();
+            let cold = Compiler::new(services as u32 + 16, (services * per) as u32 + 16).compile(&resolved, &topo, &macs).unwrap();
+            t_cold.push(t.elapsed().as_secs_f64());
+            assert_eq!(cold.rebuilt.len(), services);
+        }
+    }
+    let ms = |v: &mut Vec<f64>| median(v) * 1e3;
+    let (b, d, r, w, c) = (ms(&mut t_build), ms(&mut t_desired), ms(&mut t_resolve), ms(&mut t_warm), ms(&mut t_cold));
+    let result = json!({
+        "bench": "reconcile_scale",
+        "services": services,
+        "endpoints_per_service": per,
+        "rounds": rounds,
+        "load_average": std::fs::read_to_string("/proc/loadavg").unwrap_or_default().split_whitespace().take(3).collect::<Vec<_>>().join(" "),
+        "initial_load_s": initial_s,
+        "median_ms": {
+            "xds_mapping_build": b,
+            "xds_desired": d,
+            "model_resolve": r,
+            "compile_warm_one_change": w,
+            "compile_cold_all_services": c,
+        },
+        "single_change_total_ms": b + d + r + w,
+        "ratio_compile_warm_over_cold": w / c,
+    });
+    let text = serde_json::to_string_pretty(&result).unwrap();
+    println!("{text}");
+    if let Some(p) = out_path() {
+        std::fs::write(p, text + "\n").unwrap();
+    }
+}
