@@ -6,8 +6,7 @@
 //! service whose spec did not change is reused as it is, so only changed
 //! services' tables are rebuilt.
 
-use std::collections::{HashMap, VecDeque};
-use std::hash::Hash;
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 
 use sluice_dataplane::addr::Addr;
@@ -16,7 +15,7 @@ use sluice_dataplane::service::{Delivery, EndpointSpec, Service, ServiceSpec};
 use sluice_dataplane::snapshot::{NextHop, PortInfo, Snapshot};
 
 use crate::config::{GatewayConfig, IfAddr};
-use crate::model::{DeliveryMode, EndpointDef, Resolved};
+use crate::model::{DeliveryMode, EndpointDef, Resolved, ResolvedService};
 
 /// A port as the compiler needs it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -62,6 +61,13 @@ impl Topology {
 pub trait Neighbors {
     /// The MAC of `addr` on port `port`, when resolved.
     fn mac(&self, port: u8, addr: Addr) -> Option<[u8; 6]>;
+
+    /// A number that changes whenever any MAC does, when the table keeps
+    /// one: with it, a compilation under the same epoch and topology as the
+    /// last one knows no MAC changed without looking each one up again.
+    fn epoch(&self) -> Option<u64> {
+        None
+    }
 }
 
 impl Neighbors for HashMap<(u8, Addr), [u8; 6]> {
@@ -99,7 +105,7 @@ impl EndpointState {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EndpointStatus {
     /// Service.
-    pub service: String,
+    pub service: Arc<str>,
     /// Identifier.
     pub id: u32,
     /// Address.
@@ -109,11 +115,14 @@ pub struct EndpointStatus {
     /// Next-hop MAC, when known.
     pub mac: Option<[u8; 6]>,
     /// Output port.
-    pub port: Option<String>,
+    pub port: Option<Arc<str>>,
     /// State.
     pub state: EndpointState,
     /// Counter slot.
     pub counter: u32,
+    /// The next hop whose MAC the kernel resolves for it: (port, address);
+    /// none when the configuration gives the MAC or it cannot be reached.
+    pub hop: Option<(u8, Addr)>,
 }
 
 /// A compilation's result.
@@ -123,8 +132,10 @@ pub struct Compiled {
     pub snapshot: Snapshot,
     /// Services whose tables were (re)built.
     pub rebuilt: Vec<String>,
-    /// Every endpoint.
-    pub endpoints: Vec<EndpointStatus>,
+    /// Every endpoint, service by service (in name order), each service's
+    /// by identifier; shared with the compiler's cache, so a compilation
+    /// that changes one service copies no other service's statuses.
+    pub endpoints: Vec<Arc<[EndpointStatus]>>,
     /// Services by counter slot: (slot, name).
     pub service_slots: Vec<(u32, String)>,
     /// Counter slots handed out by this compilation (their counters start over).
@@ -133,6 +144,13 @@ pub struct Compiled {
     pub unresolved: Vec<(u8, Addr)>,
     /// Every next hop in use (resolved or not): (port, address).
     pub next_hops: Vec<(u8, Addr)>,
+}
+
+impl Compiled {
+    /// Every endpoint's status, service by service.
+    pub fn endpoint_statuses(&self) -> impl Iterator<Item = &EndpointStatus> {
+        self.endpoints.iter().flat_map(|s| s.iter())
+    }
 }
 
 /// Counter slots given out for the first time (or again) by a compilation.
@@ -144,26 +162,22 @@ pub struct NewSlots {
     pub endpoints: Vec<u32>,
 }
 
-/// Stable small integers for keys, reused first-freed-first.
+/// Small integers (counter slots), reused first-freed-first.
 #[derive(Debug)]
-struct Slots<K> {
-    map: HashMap<K, u32>,
+struct Slots {
     free: VecDeque<u32>,
     next: u32,
     cap: u32,
 }
 
-impl<K: Hash + Eq + Clone> Slots<K> {
+impl Slots {
     fn new(cap: u32) -> Self {
-        Slots { map: HashMap::new(), free: VecDeque::new(), next: 0, cap }
+        Slots { free: VecDeque::new(), next: 0, cap }
     }
 
-    /// The slot of `k`, allocating one (and noting it in `new` and in
-    /// `journal`, so that [`Slots::undo`] can give it back) when needed.
-    fn get(&mut self, k: &K, new: &mut Vec<u32>, journal: &mut Vec<(K, bool)>) -> Option<u32> {
-        if let Some(&s) = self.map.get(k) {
-            return Some(s);
-        }
+    /// A slot, noted in `new` and in `journal` (so [`Slots::undo`] can give
+    /// it back); none when all are taken.
+    fn take(&mut self, new: &mut Vec<u32>, journal: &mut Vec<(u32, bool)>) -> Option<u32> {
         let (s, recycled) = match self.free.pop_front() {
             Some(s) => (s, true),
             None if self.next < self.cap => {
@@ -172,54 +186,165 @@ impl<K: Hash + Eq + Clone> Slots<K> {
             }
             None => return None,
         };
-        self.map.insert(k.clone(), s);
-        journal.push((k.clone(), recycled));
+        journal.push((s, recycled));
         new.push(s);
         Some(s)
     }
 
     /// Gives back, newest first, the slots handed out as `journal` records.
-    fn undo(&mut self, journal: Vec<(K, bool)>) {
-        for (k, recycled) in journal.into_iter().rev() {
-            if let Some(s) = self.map.remove(&k) {
-                if recycled {
-                    self.free.push_front(s);
-                } else {
-                    self.next -= 1;
+    fn undo(&mut self, journal: Vec<(u32, bool)>) {
+        for (s, recycled) in journal.into_iter().rev() {
+            if recycled {
+                self.free.push_front(s);
+            } else {
+                self.next -= 1;
+            }
+        }
+    }
+
+    /// Frees `s` (reused after the slots freed before it).
+    fn give(&mut self, s: u32) {
+        self.free.push_back(s);
+    }
+}
+
+/// An endpoint as the compilation sees it: (identifier, address, weight,
+/// draining, static MAC).
+type EndpointInput = (u32, Addr, u32, bool, Option<[u8; 6]>);
+
+/// A next hop (port, address) and the MAC the neighbour table gave for it.
+type LookedUp = ((u8, Addr), Option<[u8; 6]>);
+
+/// What of a resolved service the compilation depends on (not where its
+/// definitions came from): compared field by field, without a string but
+/// the name, on every compilation for every service.
+#[derive(Debug, PartialEq, Eq)]
+struct Input {
+    name: String,
+    algorithm: sluice_dataplane::service::Algorithm,
+    limit: u32,
+    table_size: u32,
+    flow_table: bool,
+    delivery: DeliveryMode,
+    /// (identifier, address, weight, draining, static MAC), by identifier.
+    endpoints: Vec<EndpointInput>,
+}
+
+impl Input {
+    fn of(s: &ResolvedService) -> Input {
+        Input {
+            name: s.name.clone(),
+            algorithm: s.algorithm,
+            limit: s.limit,
+            table_size: s.table_size,
+            flow_table: s.flow_table,
+            delivery: s.delivery,
+            endpoints: s.endpoints.iter().map(|e| (e.id, e.address, e.weight, e.draining, e.mac)).collect(),
+        }
+    }
+
+    fn is(&self, s: &ResolvedService) -> bool {
+        self.algorithm == s.algorithm
+            && self.limit == s.limit
+            && self.table_size == s.table_size
+            && self.flow_table == s.flow_table
+            && self.delivery == s.delivery
+            && self.endpoints.len() == s.endpoints.len()
+            && self.endpoints.iter().zip(&s.endpoints).all(|(a, e)| *a == (e.id, e.address, e.weight, e.draining, e.mac))
+            && self.name == s.name
+    }
+}
+
+/// What one service compiled to, kept while its inputs stay the same.
+#[derive(Debug)]
+struct Entry {
+    /// The resolved service it was compiled from.
+    input: Input,
+    /// Its counter slot.
+    key: u32,
+    /// Endpoint counter slots, by address.
+    slots: HashMap<Addr, u32>,
+    /// Incarnations, by (address, identifier).
+    incarnations: HashMap<(Addr, u32), u32>,
+    /// The dataplane's form of it.
+    spec: ServiceSpec,
+    /// The built service (tables).
+    svc: Arc<Service>,
+    /// Its endpoints' statuses.
+    statuses: Arc<[EndpointStatus]>,
+    /// The neighbour entries it looked up: (port, address) and the MAC found.
+    looked_up: Vec<LookedUp>,
+}
+
+impl Entry {
+    /// The next hops it looks up, and those not resolved yet (each
+    /// endpoint's; a hop may appear more than once).
+    fn hops(&self) -> impl Iterator<Item = ((u8, Addr), bool)> + '_ {
+        self.statuses.iter().filter_map(|e| Some((e.hop?, e.state == EndpointState::Unresolved)))
+    }
+
+    /// True when every MAC it looked up is still what `neigh` says.
+    fn macs_hold(&self, neigh: &dyn Neighbors) -> bool {
+        self.looked_up.iter().all(|&((port, a), mac)| neigh.mac(port, a) == mac)
+    }
+}
+
+/// What one compilation did, to commit or undo it.
+#[derive(Default)]
+struct Journal {
+    services: Vec<(u32, bool)>,
+    endpoints: Vec<(u32, bool)>,
+    next_incarnation: u32,
+    /// Entries compiled anew, to replace the cached ones.
+    fresh: Vec<(String, Entry)>,
+}
+
+/// Keeps what compilations share: one cache entry per service, so a
+/// compilation costs the services that changed (plus a pass over the
+/// others to see that they did not), not the whole model.
+#[derive(Debug)]
+pub struct Compiler {
+    entries: HashMap<String, Entry>,
+    service_slots: Slots,
+    endpoint_slots: Slots,
+    next_incarnation: u32,
+    generation: u64,
+    /// The topology and neighbour epoch of the last compilation (when the
+    /// neighbour table has epochs), under which every entry is current.
+    env: Option<(Topology, u64)>,
+    /// Next hops the entries look up, with how many endpoints use each.
+    hops: BTreeMap<(u8, Addr), u32>,
+    /// Next hops not resolved yet, with how many endpoints wait for each.
+    waiting: BTreeMap<(u8, Addr), u32>,
+}
+
+/// Counts `entry`'s next hops in (`add`) or out of the compiler's totals.
+fn count_hops(hops: &mut BTreeMap<(u8, Addr), u32>, waiting: &mut BTreeMap<(u8, Addr), u32>, entry: &Entry, add: bool) {
+    for (h, unresolved) in entry.hops() {
+        let maps: &mut [&mut BTreeMap<(u8, Addr), u32>] = if unresolved { &mut [&mut *hops, &mut *waiting] } else { &mut [&mut *hops] };
+        for m in maps.iter_mut() {
+            if add {
+                *m.entry(h).or_insert(0) += 1;
+            } else if let std::collections::btree_map::Entry::Occupied(mut o) = m.entry(h) {
+                *o.get_mut() -= 1;
+                if *o.get() == 0 {
+                    o.remove();
                 }
             }
         }
     }
+}
 
-    /// Frees the slots of keys not in `live`.
-    fn retain(&mut self, live: &std::collections::HashSet<K>) {
-        let gone: Vec<K> = self.map.keys().filter(|k| !live.contains(k)).cloned().collect();
-        for k in gone {
-            if let Some(s) = self.map.remove(&k) {
-                self.free.push_back(s);
-            }
+/// `extra` merged into the sorted keys of `counted`, sorted and without
+/// duplicates.
+fn merged(counted: &BTreeMap<(u8, Addr), u32>, extra: &[(u8, Addr)]) -> Vec<(u8, Addr)> {
+    let mut v: Vec<(u8, Addr)> = counted.keys().copied().collect();
+    for h in extra {
+        if let Err(i) = v.binary_search(h) {
+            v.insert(i, *h);
         }
     }
-}
-
-/// What one compilation changed, to undo it if it fails.
-#[derive(Default)]
-struct Journal {
-    services: Vec<(String, bool)>,
-    endpoints: Vec<((String, Addr), bool)>,
-    next_incarnation: u32,
-    cache: Vec<(String, (ServiceSpec, Arc<Service>))>,
-}
-
-/// Keeps what compilations share.
-#[derive(Debug)]
-pub struct Compiler {
-    cache: HashMap<String, (ServiceSpec, Arc<Service>)>,
-    service_slots: Slots<String>,
-    endpoint_slots: Slots<(String, Addr)>,
-    incarnations: HashMap<(String, Addr, u32), u32>,
-    next_incarnation: u32,
-    generation: u64,
+    v
 }
 
 impl Compiler {
@@ -227,12 +352,14 @@ impl Compiler {
     /// counter slots.
     pub fn new(max_services: u32, max_endpoints: u32) -> Compiler {
         Compiler {
-            cache: HashMap::new(),
+            entries: HashMap::new(),
             service_slots: Slots::new(max_services),
             endpoint_slots: Slots::new(max_endpoints),
-            incarnations: HashMap::new(),
             next_incarnation: 1,
             generation: 0,
+            env: None,
+            hops: BTreeMap::new(),
+            waiting: BTreeMap::new(),
         }
     }
 
@@ -242,11 +369,12 @@ impl Compiler {
     pub fn compile(&mut self, r: &Resolved, topo: &Topology, neigh: &dyn Neighbors) -> Result<Compiled, String> {
         let mut j = Journal { next_incarnation: self.next_incarnation, ..Journal::default() };
         match self.try_compile(r, topo, neigh, &mut j) {
-            Ok(c) => {
-                for (name, entry) in j.cache {
-                    self.cache.insert(name, entry);
-                }
-                self.cache.retain(|k, _| r.services.contains_key(k));
+            Ok(mut c) => {
+                self.commit(r, j);
+                self.env = neigh.epoch().map(|e| (topo.clone(), e));
+                // try_compile left the gateways' next hops there.
+                c.next_hops = merged(&self.hops, &c.next_hops);
+                c.unresolved = merged(&self.waiting, &c.unresolved);
                 Ok(c)
             }
             Err(e) => {
@@ -258,86 +386,74 @@ impl Compiler {
         }
     }
 
-    fn try_compile(&mut self, r: &Resolved, topo: &Topology, neigh: &dyn Neighbors, j: &mut Journal) -> Result<Compiled, String> {
-        let mut new = NewSlots::default();
-        let mut endpoints = Vec::new();
-        let mut unresolved = Vec::new();
-        let mut hops = Vec::new();
-        let mut services = Vec::new();
-        let mut index: HashMap<&str, u32> = HashMap::new();
-        let mut rebuilt = Vec::new();
-        let mut service_slots = Vec::new();
-        let mut live_eps = std::collections::HashSet::new();
-        let mut live_inc = HashMap::new();
-        for (name, s) in &r.services {
-            let key = self.service_slots.get(name, &mut new.services, &mut j.services).ok_or_else(|| {
-                format!("more than {} services: raise capacity.services", self.service_slots.cap)
-            })?;
-            service_slots.push((key, name.clone()));
-            let mut specs = Vec::new();
-            for e in &s.endpoints {
-                live_eps.insert((name.clone(), e.address));
-                let counter = self.endpoint_slots.get(&(name.clone(), e.address), &mut new.endpoints, &mut j.endpoints).ok_or_else(|| {
-                    format!("more than {} endpoints: raise capacity.endpoints", self.endpoint_slots.cap)
-                })?;
-                let ikey = (name.clone(), e.address, e.id);
-                let incarnation = match self.incarnations.get(&ikey) {
-                    Some(&i) => i,
-                    None => {
-                        self.next_incarnation = self.next_incarnation.wrapping_add(1).max(1);
-                        self.next_incarnation
+    /// Keeps the entries compiled anew and frees the slots of services and
+    /// endpoints that left.
+    fn commit(&mut self, r: &Resolved, j: Journal) {
+        for (name, entry) in j.fresh {
+            count_hops(&mut self.hops, &mut self.waiting, &entry, true);
+            if let Some(old) = self.entries.insert(name, entry) {
+                count_hops(&mut self.hops, &mut self.waiting, &old, false);
+                let now = &self.entries[old.input.name.as_str()].slots;
+                for (a, s) in &old.slots {
+                    if !now.contains_key(a) {
+                        self.endpoint_slots.give(*s);
                     }
-                };
-                live_inc.insert(ikey, incarnation);
-                let (placed, status) = place(e, s.delivery, topo, neigh, &mut unresolved, &mut hops);
-                endpoints.push(EndpointStatus {
-                    service: name.clone(),
-                    id: e.id,
-                    address: e.address,
-                    weight: e.weight,
-                    mac: placed.map(|p| p.mac),
-                    port: placed.map(|p| topo.ports[usize::from(p.port)].name.clone()),
-                    state: if status == EndpointState::Ready && e.draining { EndpointState::Draining } else { status },
-                    counter,
-                });
-                if let Some(pl) = placed {
-                    specs.push(EndpointSpec {
-                        id: u16::try_from(e.id).map_err(|_| format!("endpoint identifier {} too large", e.id))?,
-                        incarnation,
-                        weight: e.weight,
-                        draining: e.draining,
-                        addr: e.address,
-                        port: pl.port,
-                        mac: pl.mac,
-                        delivery: pl.delivery,
-                        counter,
-                    });
                 }
             }
-            let spec = ServiceSpec {
-                name: name.clone(),
-                key,
-                algorithm: s.algorithm,
-                flow_table: s.flow_table,
-                limit: s.limit,
-                table_size: s.table_size,
-                endpoints: specs,
-            };
-            let svc = match self.cache.get(name) {
-                Some((old, svc)) if *old == spec => Arc::clone(svc),
+        }
+        if self.entries.len() != r.services.len() {
+            let gone: Vec<String> = self.entries.keys().filter(|k| !r.services.contains_key(*k)).cloned().collect();
+            for name in gone {
+                if let Some(old) = self.entries.remove(&name) {
+                    count_hops(&mut self.hops, &mut self.waiting, &old, false);
+                    self.service_slots.give(old.key);
+                    for s in old.slots.values() {
+                        self.endpoint_slots.give(*s);
+                    }
+                }
+            }
+        }
+    }
+
+    fn try_compile(&mut self, r: &Resolved, topo: &Topology, neigh: &dyn Neighbors, j: &mut Journal) -> Result<Compiled, String> {
+        let mut new = NewSlots::default();
+        let env_same = match (&self.env, neigh.epoch()) {
+            (Some((t, e)), Some(now)) => *e == now && t == topo,
+            _ => false,
+        };
+        let mut services = Vec::with_capacity(r.services.len());
+        let mut statuses = Vec::with_capacity(r.services.len());
+        let mut index: HashMap<&str, u32> = HashMap::with_capacity(r.services.len());
+        let mut rebuilt = Vec::new();
+        let mut service_slots = Vec::with_capacity(r.services.len());
+        let mut unresolved = Vec::new();
+        let mut hops = Vec::new();
+        for (name, s) in &r.services {
+            let old = self.entries.get(name);
+            let (key, svc, st) = match old {
+                Some(e) if e.input.is(s) && (env_same || e.macs_hold(neigh)) => {
+                    (e.key, Arc::clone(&e.svc), Arc::clone(&e.statuses))
+                }
                 _ => {
-                    let svc = Arc::new(Service::build(&spec).map_err(|e| format!("service {name:?}: {e}"))?);
-                    j.cache.push((name.clone(), (spec, Arc::clone(&svc))));
-                    rebuilt.push(name.clone());
-                    svc
+                    let mut ids = Ids {
+                        services: &mut self.service_slots,
+                        endpoints: &mut self.endpoint_slots,
+                        next_incarnation: &mut self.next_incarnation,
+                    };
+                    let e = compile_service(s, old, topo, neigh, &mut ids, &mut new, j)?;
+                    let out = (e.key, Arc::clone(&e.svc), Arc::clone(&e.statuses));
+                    if old.is_none_or(|o| !Arc::ptr_eq(&o.svc, &e.svc)) {
+                        rebuilt.push(name.clone());
+                    }
+                    j.fresh.push((name.clone(), e));
+                    out
                 }
             };
+            service_slots.push((key, name.clone()));
             index.insert(name, u32::try_from(services.len()).unwrap_or(u32::MAX));
             services.push(svc);
+            statuses.push(st);
         }
-        self.service_slots.retain(&r.services.keys().cloned().collect());
-        self.endpoint_slots.retain(&live_eps);
-        self.incarnations = live_inc;
 
         let routes: Vec<RouteSpec> = r
             .routes
@@ -368,12 +484,103 @@ impl Compiler {
         self.generation += 1;
         let ports = topo.ports.iter().map(|p| PortInfo { mac: p.mac, mtu: p.mtu }).collect();
         let snapshot = Snapshot::new(self.generation, &routes, services, ports, gateway_v4, gateway_v6);
-        unresolved.sort();
-        unresolved.dedup();
-        hops.sort();
-        hops.dedup();
-        Ok(Compiled { snapshot, rebuilt, endpoints, service_slots, new_slots: new, unresolved, next_hops: hops })
+        Ok(Compiled { snapshot, rebuilt, endpoints: statuses, service_slots, new_slots: new, unresolved, next_hops: hops })
     }
+}
+
+/// The compiler's numbering, lent to [`compile_service`].
+struct Ids<'a> {
+    services: &'a mut Slots,
+    endpoints: &'a mut Slots,
+    next_incarnation: &'a mut u32,
+}
+
+/// Compiles one service whose inputs changed (or that is new), reusing
+/// from its previous entry the counter slots, incarnations and, when the
+/// result is the same, the built tables.
+fn compile_service(
+    s: &ResolvedService,
+    old: Option<&Entry>,
+    topo: &Topology,
+    neigh: &dyn Neighbors,
+    ids: &mut Ids<'_>,
+    new: &mut NewSlots,
+    j: &mut Journal,
+) -> Result<Entry, String> {
+    let name = &s.name;
+    let key = match old {
+        Some(e) => e.key,
+        None => ids
+            .services
+            .take(&mut new.services, &mut j.services)
+            .ok_or_else(|| format!("more than {} services: raise capacity.services", ids.services.cap))?,
+    };
+    let shared_name: Arc<str> = Arc::from(name.as_str());
+    let port_names: Vec<Arc<str>> = topo.ports.iter().map(|p| Arc::from(p.name.as_str())).collect();
+    let mut slots = HashMap::with_capacity(s.endpoints.len());
+    let mut incarnations = HashMap::with_capacity(s.endpoints.len());
+    let mut statuses = Vec::with_capacity(s.endpoints.len());
+    let mut specs = Vec::with_capacity(s.endpoints.len());
+    let mut looked_up = Vec::new();
+    for e in &s.endpoints {
+        let counter = match old.and_then(|o| o.slots.get(&e.address)) {
+            Some(&c) => c,
+            None => ids.endpoints.take(&mut new.endpoints, &mut j.endpoints).ok_or_else(|| {
+                format!("more than {} endpoints: raise capacity.endpoints", ids.endpoints.cap)
+            })?,
+        };
+        slots.insert(e.address, counter);
+        let incarnation = match old.and_then(|o| o.incarnations.get(&(e.address, e.id))) {
+            Some(&i) => i,
+            None => {
+                *ids.next_incarnation = ids.next_incarnation.wrapping_add(1).max(1);
+                *ids.next_incarnation
+            }
+        };
+        incarnations.insert((e.address, e.id), incarnation);
+        let p = place(e, s.delivery, topo, neigh);
+        if let Some(h) = p.hop {
+            looked_up.push((h, p.placed.map(|x| x.mac)));
+        }
+        statuses.push(EndpointStatus {
+            service: Arc::clone(&shared_name),
+            id: e.id,
+            address: e.address,
+            weight: e.weight,
+            mac: p.placed.map(|x| x.mac),
+            port: p.placed.and_then(|x| port_names.get(usize::from(x.port)).cloned()),
+            state: if p.state == EndpointState::Ready && e.draining { EndpointState::Draining } else { p.state },
+            counter,
+            hop: p.hop,
+        });
+        if let Some(pl) = p.placed {
+            specs.push(EndpointSpec {
+                id: u16::try_from(e.id).map_err(|_| format!("endpoint identifier {} too large", e.id))?,
+                incarnation,
+                weight: e.weight,
+                draining: e.draining,
+                addr: e.address,
+                port: pl.port,
+                mac: pl.mac,
+                delivery: pl.delivery,
+                counter,
+            });
+        }
+    }
+    let spec = ServiceSpec {
+        name: name.clone(),
+        key,
+        algorithm: s.algorithm,
+        flow_table: s.flow_table,
+        limit: s.limit,
+        table_size: s.table_size,
+        endpoints: specs,
+    };
+    let svc = match old {
+        Some(o) if o.spec == spec => Arc::clone(&o.svc),
+        _ => Arc::new(Service::build(&spec).map_err(|e| format!("service {name:?}: {e}"))?),
+    };
+    Ok(Entry { input: Input::of(s), key, slots, incarnations, spec, svc, statuses: statuses.into(), looked_up })
 }
 
 #[derive(Clone, Copy)]
@@ -383,49 +590,46 @@ struct Placed {
     delivery: Delivery,
 }
 
+/// Where and how an endpoint is reached, or why not.
+struct Place {
+    placed: Option<Placed>,
+    state: EndpointState,
+    /// The next hop looked up in the neighbour table.
+    hop: Option<(u8, Addr)>,
+}
+
 /// Where and how an endpoint is reached.
-fn place(
-    e: &EndpointDef,
-    mode: DeliveryMode,
-    topo: &Topology,
-    neigh: &dyn Neighbors,
-    unresolved: &mut Vec<(u8, Addr)>,
-    hops: &mut Vec<(u8, Addr)>,
-) -> (Option<Placed>, EndpointState) {
+fn place(e: &EndpointDef, mode: DeliveryMode, topo: &Topology, neigh: &dyn Neighbors) -> Place {
+    let unreachable = |why: String| Place { placed: None, state: EndpointState::Unreachable(why), hop: None };
     let link = topo.on_link(e.address);
     // The next hop, and its MAC when the configuration gives it (the
     // endpoint's own `mac`, or the gateway's).
     let (port, hop, delivery, static_mac) = match (mode, link) {
         (DeliveryMode::L2, Some((port, _))) => (port, e.address, Delivery::L2, e.mac),
         (DeliveryMode::L2, None) => {
-            return (None, EndpointState::Unreachable(format!(
+            return unreachable(format!(
                 "{} is on no port's subnet (l2 delivery needs the endpoint on a shared segment; use delivery: ipip for routed endpoints)",
                 e.address
-            )));
+            ));
         }
         (DeliveryMode::IpIp, Some((port, src))) => (port, e.address, Delivery::IpIp { src }, e.mac),
         (DeliveryMode::IpIp, None) => {
             let Some(g) = topo.gateway(e.address.is_v4()) else {
-                return (None, EndpointState::Unreachable(format!("{} is off-link and there is no gateway for its family", e.address)));
+                return unreachable(format!("{} is off-link and there is no gateway for its family", e.address));
             };
             let Some(port) = topo.port_index(&g.port) else {
-                return (None, EndpointState::Unreachable(format!("gateway port {:?} is unknown", g.port)));
+                return unreachable(format!("gateway port {:?} is unknown", g.port));
             };
             let Some(src) = topo.ports[usize::from(port)].addresses.iter().find(|a| a.addr.is_v4() == e.address.is_v4()) else {
-                return (None, EndpointState::Unreachable(format!("port {:?} has no address to tunnel from", g.port)));
+                return unreachable(format!("port {:?} has no address to tunnel from", g.port));
             };
             (port, g.address, Delivery::IpIp { src: src.addr }, g.mac)
         }
     };
-    if static_mac.is_none() {
-        hops.push((port, hop));
-    }
+    let looked_up = static_mac.is_none().then_some((port, hop));
     match static_mac.or_else(|| neigh.mac(port, hop)) {
-        Some(mac) => (Some(Placed { port, mac, delivery }), EndpointState::Ready),
-        None => {
-            unresolved.push((port, hop));
-            (None, EndpointState::Unresolved)
-        }
+        Some(mac) => Place { placed: Some(Placed { port, mac, delivery }), state: EndpointState::Ready, hop: looked_up },
+        None => Place { placed: None, state: EndpointState::Unresolved, hop: looked_up },
     }
 }
 
@@ -485,7 +689,7 @@ mod tests {
         let a = c.compile(&r1, &topo(), &neigh).unwrap();
         assert_eq!(a.rebuilt, vec!["dns".to_string(), "web".to_string()]);
         assert_eq!(a.unresolved, vec![(1, "10.200.0.12".parse().unwrap())]);
-        let states: Vec<&str> = a.endpoints.iter().map(|e| e.state.name()).collect();
+        let states: Vec<&str> = a.endpoint_statuses().map(|e| e.state.name()).collect();
         assert_eq!(states, vec!["ready", "ready", "unresolved"]);
         assert!(a.snapshot.gateway_v4.is_some());
 
@@ -556,7 +760,7 @@ mod tests {
         );
         let r = m.resolve(&Defaults::default()).unwrap();
         let out = Compiler::new(16, 64).compile(&r, &t, &HashMap::new()).unwrap();
-        let states: Vec<&str> = out.endpoints.iter().map(|e| e.state.name()).collect();
+        let states: Vec<&str> = out.endpoint_statuses().map(|e| e.state.name()).collect();
         assert_eq!(states, vec!["ready", "ready"]);
         assert!(out.unresolved.is_empty(), "{:?}", out.unresolved);
         let web = &out.snapshot.services[0];
@@ -568,11 +772,72 @@ mod tests {
         let mut c = Compiler::new(16, 64);
         let r = resolved(vec![ep("web", 0, "192.168.9.9")]);
         let out = c.compile(&r, &topo(), &HashMap::new()).unwrap();
-        match &out.endpoints[0].state {
+        match &out.endpoint_statuses().next().unwrap().state {
             EndpointState::Unreachable(why) => assert!(why.contains("on no port's subnet"), "{why}"),
             s => panic!("{s:?}"),
         }
         let mut tiny = Compiler::new(1, 64);
         assert!(tiny.compile(&r, &topo(), &HashMap::new()).unwrap_err().contains("capacity.services"));
+    }
+
+    /// A neighbour table with an epoch, as the reconciler keeps it.
+    struct Epoch(HashMap<(u8, Addr), [u8; 6]>, u64);
+    impl Neighbors for Epoch {
+        fn mac(&self, port: u8, addr: Addr) -> Option<[u8; 6]> {
+            self.0.get(&(port, addr)).copied()
+        }
+        fn epoch(&self) -> Option<u64> {
+            Some(self.1)
+        }
+    }
+
+    #[test]
+    fn a_change_to_one_service_leaves_the_others_untouched() {
+        let mut n = Epoch(HashMap::new(), 1);
+        for i in 11..15 {
+            n.0.insert((1, format!("10.200.0.{i}").parse().unwrap()), [2, 0xee, 0, 0, 0, i]);
+        }
+        let mut c = Compiler::new(16, 64);
+        let r1 = resolved(vec![ep("web", 0, "10.200.0.11"), ep("web", 1, "10.200.0.12"), ep("dns", 0, "10.200.0.11")]);
+        let a = c.compile(&r1, &topo(), &n).unwrap();
+        // web's endpoint 1 moves to another address: dns is not looked at
+        // again (its statuses are the same allocation), web is rebuilt.
+        let r2 = resolved(vec![ep("web", 0, "10.200.0.11"), ep("web", 1, "10.200.0.13"), ep("dns", 0, "10.200.0.11")]);
+        let b = c.compile(&r2, &topo(), &n).unwrap();
+        assert_eq!(b.rebuilt, vec!["web".to_string()]);
+        assert!(Arc::ptr_eq(&a.endpoints[0], &b.endpoints[0]), "dns's statuses reused");
+        assert!(Arc::ptr_eq(&a.snapshot.services[0], &b.snapshot.services[0]));
+        // Its counter slot: .12's slot was freed after the compilation that
+        // dropped it, so .13 got a new one, and .11 kept its own.
+        let slot = |c: &Compiled, svc: &str, a: &str| {
+            c.endpoint_statuses().find(|e| &*e.service == svc && e.address.to_string() == a).unwrap().counter
+        };
+        assert_eq!(slot(&a, "web", "10.200.0.11"), slot(&b, "web", "10.200.0.11"));
+        assert_eq!(b.new_slots.endpoints, vec![slot(&b, "web", "10.200.0.13")]);
+        let freed = slot(&a, "web", "10.200.0.12");
+        // The freed slot goes to the next endpoint that needs one.
+        let r3 = resolved(vec![ep("web", 0, "10.200.0.11"), ep("web", 1, "10.200.0.13"), ep("web", 2, "10.200.0.14"), ep("dns", 0, "10.200.0.11")]);
+        let d = c.compile(&r3, &topo(), &n).unwrap();
+        assert_eq!(d.new_slots.endpoints, vec![freed]);
+        assert_eq!(slot(&d, "web", "10.200.0.14"), freed);
+        // A MAC that changes under a new epoch rebuilds exactly the services
+        // that use it; under the same epoch nothing is looked up again.
+        n.0.insert((1, "10.200.0.14".parse().unwrap()), [2, 0xee, 0, 0, 1, 14]);
+        let same = c.compile(&r3, &topo(), &n).unwrap();
+        assert!(same.rebuilt.is_empty(), "same epoch: the compiler trusts its entries");
+        n.1 += 1;
+        let moved = c.compile(&r3, &topo(), &n).unwrap();
+        assert_eq!(moved.rebuilt, vec!["web".to_string()]);
+        assert_eq!(moved.snapshot.services[1].endpoint(2).unwrap().mac, [2, 0xee, 0, 0, 1, 14]);
+        // A service that leaves gives its slots back.
+        let r4 = resolved(vec![ep("web", 0, "10.200.0.11")]);
+        let e = c.compile(&r4, &topo(), &n).unwrap();
+        assert!(e.endpoints[0].is_empty(), "dns has no endpoint left");
+        let back = c.compile(&r3, &topo(), &n).unwrap();
+        let mut again = back.new_slots.endpoints.clone();
+        again.sort_unstable();
+        let mut expect = vec![slot(&d, "dns", "10.200.0.11"), slot(&d, "web", "10.200.0.13"), freed];
+        expect.sort_unstable();
+        assert_eq!(again, expect, "the three endpoints that left and came back reuse the freed slots");
     }
 }

@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use crate::admin::state::{lock, now_epoch, RouteMeta, ServiceMeta, Shared};
-use crate::compile::{Compiled, Compiler, EndpointState, Topology};
+use crate::compile::{Compiled, Compiler, EndpointState, Neighbors, Topology};
 use crate::config::{ApplianceConfig, GatewayConfig};
 use crate::model::{Defaults, Desired, Model, Resolved};
 use crate::problem::Problem;
@@ -51,7 +51,7 @@ pub struct Reconciler {
     topo: Topology,
     compiler: Compiler,
     publisher: Publisher<Snapshot>,
-    macs: NeighMap,
+    macs: Macs,
     next_hops: Vec<(u8, Addr)>,
     hops: watch::Sender<Vec<(u8, Addr)>>,
     settings: watch::Sender<Settings>,
@@ -120,7 +120,7 @@ impl Reconciler {
             compiler: Compiler::new(cfg.max_services, cfg.max_endpoints),
             topo,
             publisher,
-            macs: NeighMap::new(),
+            macs: Macs::default(),
             next_hops: Vec::new(),
             hops,
             settings,
@@ -233,8 +233,7 @@ impl Reconciler {
     }
 
     fn apply_desired(&mut self, source: &str, desired: Desired, trigger: &str) -> Result<Vec<String>, Refusal> {
-        let saved = self.model.get(source).cloned();
-        self.model.set(source, desired);
+        let saved = self.model.set(source, desired);
         let outcome = self.resolve_and_publish(trigger);
         if outcome.is_err() {
             self.model.put(source, saved);
@@ -288,7 +287,9 @@ impl Reconciler {
         let t0 = Instant::now();
         let c: Compiled = self.compiler.compile(&self.resolved, &self.topo, &self.macs)?;
         let ready: HashMap<u32, bool> = c.snapshot.services.iter().map(|s| (s.key, s.has_ready_endpoint())).collect();
-        for e in &c.endpoints {
+        // Said once, when the service is compiled, not at every publication.
+        let rebuilt: std::collections::HashSet<&str> = c.rebuilt.iter().map(String::as_str).collect();
+        for e in c.endpoints.iter().filter(|s| s.first().is_some_and(|e| rebuilt.contains(&*e.service))).flat_map(|s| s.iter()) {
             if let EndpointState::Unreachable(why) = &e.state {
                 warn!(service = %e.service, id = e.id, address = %e.address, reason = %why, "endpoint unreachable");
             }
@@ -326,9 +327,10 @@ impl Reconciler {
             })
             .collect();
         if let Some(tx) = &self.served {
+            let ready: HashMap<&str, bool> = st.services.iter().map(|s| (s.name.as_str(), s.ready)).collect();
             let mut vips: std::collections::BTreeMap<std::net::IpAddr, Vec<(String, bool)>> = std::collections::BTreeMap::new();
             for r in &self.resolved.routes {
-                let ready = st.services.iter().find(|s| s.name == r.service).is_some_and(|s| s.ready);
+                let ready = ready.get(r.service.as_str()).copied().unwrap_or(false);
                 for v in &r.matches.vips {
                     let e = vips.entry(v.to_ip()).or_default();
                     if !e.iter().any(|(n, _)| *n == r.service) {
@@ -370,10 +372,11 @@ impl Reconciler {
 
     /// The kernel resolved new MACs: republish if they differ.
     pub fn neighbours(&mut self, macs: NeighMap) {
-        if macs == self.macs {
+        if macs == self.macs.map {
             return;
         }
-        self.macs = macs;
+        self.macs.map = macs;
+        self.macs.epoch += 1;
         if let Err(e) = self.publish("neighbours changed") {
             // The model did not change, so this is a capacity problem that
             // the last accepted state did not have: say so loudly.
@@ -415,6 +418,24 @@ impl Reconciler {
                 _ = tick.tick() => self.reclaim(),
             }
         }
+    }
+}
+
+/// The MACs the kernel resolved, numbered: the compiler re-checks the
+/// MACs a service used only when the number moved.
+#[derive(Debug, Default)]
+struct Macs {
+    map: NeighMap,
+    epoch: u64,
+}
+
+impl Neighbors for Macs {
+    fn mac(&self, port: u8, addr: Addr) -> Option<[u8; 6]> {
+        self.map.get(&(port, addr)).copied()
+    }
+
+    fn epoch(&self) -> Option<u64> {
+        Some(self.epoch)
     }
 }
 

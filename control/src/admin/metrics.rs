@@ -200,28 +200,28 @@ impl Collector for SluiceCollector {
                 st.services.iter().map(|v| (svc(&v.name), f(u64::from(v.ready)))),
             )?;
             let ep = |x: &EndpointStatus| -> Labels {
-                vec![("service", s(x.service.clone())), ("id", s(x.id.to_string())), ("address", s(x.address.to_string()))]
+                vec![("service", s(x.service.to_string())), ("id", s(x.id.to_string())), ("address", s(x.address.to_string()))]
             };
             family(
                 &mut e,
                 "sluice_endpoint_packets",
                 "Packets forwarded to an endpoint.",
                 Kind::Counter,
-                st.endpoints.iter().map(|x| (ep(x), f(sh.endpoint_count(&st, x.counter).0))),
+                st.all_endpoints().map(|x| (ep(x), f(sh.endpoint_count(&st, x.counter).0))),
             )?;
             family(
                 &mut e,
                 "sluice_endpoint_bytes",
                 "Bytes forwarded to an endpoint.",
                 Kind::Counter,
-                st.endpoints.iter().map(|x| (ep(x), f(sh.endpoint_count(&st, x.counter).1))),
+                st.all_endpoints().map(|x| (ep(x), f(sh.endpoint_count(&st, x.counter).1))),
             )?;
             family(
                 &mut e,
                 "sluice_endpoint_state",
                 "1 for an endpoint's current state.",
                 Kind::Gauge,
-                st.endpoints.iter().map(|x| {
+                st.all_endpoints().map(|x| {
                     let mut l = ep(x);
                     l.push(("state", s(x.state.name())));
                     (l, f(1))

@@ -157,8 +157,8 @@ pub struct ControlState {
     pub services: Vec<ServiceMeta>,
     /// Routes.
     pub routes: Vec<RouteMeta>,
-    /// Endpoints.
-    pub endpoints: Vec<EndpointStatus>,
+    /// Endpoints, service by service (see [`ControlState::all_endpoints`]).
+    pub endpoints: Vec<Arc<[EndpointStatus]>>,
     /// Counter values at the time a slot was (re)assigned: (packets, bytes).
     pub service_base: HashMap<u32, (u64, u64)>,
     /// Same, for endpoint slots.
@@ -174,6 +174,11 @@ pub struct ControlState {
 }
 
 impl ControlState {
+    /// Every endpoint's status, service by service.
+    pub fn all_endpoints(&self) -> impl Iterator<Item = &EndpointStatus> {
+        self.endpoints.iter().flat_map(|s| s.iter())
+    }
+
     /// Reloads accepted and rejected, over all sources.
     pub fn reload_totals(&self) -> (u64, u64) {
         self.sources.values().fold((0, 0), |(a, r), s| (a + s.accepted_total, r + s.rejected_total))

@@ -191,17 +191,16 @@ pub fn status(sh: &Shared) -> String {
             .collect(),
         routes: st.routes.clone(),
         endpoints: st
-            .endpoints
-            .iter()
+            .all_endpoints()
             .map(|e| {
                 let (packets, bytes) = sh.endpoint_count(&st, e.counter);
                 EndpointView {
-                    service: e.service.clone(),
+                    service: e.service.to_string(),
                     id: e.id,
                     address: e.address.to_string(),
                     weight: e.weight,
                     mac: e.mac.map(|m| sluice_ffi::MacAddr(m).to_string()),
-                    port: e.port.clone(),
+                    port: e.port.as_deref().map(str::to_owned),
                     state: e.state.name().to_owned(),
                     reason: match &e.state {
                         EndpointState::Unreachable(r) => Some(r.clone()),

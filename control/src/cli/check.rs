@@ -52,10 +52,10 @@ pub fn problems(path: &std::path::Path) -> Result<sources::Loaded, Vec<Problem>>
     match Compiler::new(cfg.max_services, cfg.max_endpoints).compile(&loaded.resolved, &topo, &AllResolved) {
         Err(e) => out.push(Problem::new(cfg.path.display().to_string(), "", e)),
         Ok(c) => {
-            for e in &c.endpoints {
+            for e in c.endpoint_statuses() {
                 if let EndpointState::Unreachable(why) = &e.state {
                     let message = format!("endpoint {} of service {:?} cannot be reached: {why}", e.address, e.service);
-                    out.push(match origins.get(&(e.service.as_str(), e.id)) {
+                    out.push(match origins.get(&(&*e.service, e.id)) {
                         Some(o) => o.problem(message),
                         None => Problem::new(cfg.path.display().to_string(), "", message),
                     });

@@ -98,7 +98,9 @@ impl FileState {
     pub fn set_into(&self, model: &mut Model) {
         model.set(FILE_SOURCE, self.config.inline.clone());
         match &self.manifests {
-            Some(d) => model.set(MANIFESTS_SOURCE, d.clone()),
+            Some(d) => {
+                model.set(MANIFESTS_SOURCE, d.clone());
+            }
             None => model.remove(MANIFESTS_SOURCE),
         }
     }
