@@ -115,8 +115,8 @@ impl Appliance {
     fn served(&self) -> Served {
         let st = lock(&self.shared.state);
         let mut out: Served = st.services.iter().map(|s| (s.name.clone(), Vec::new())).collect();
-        for e in &st.endpoints {
-            out.entry(e.service.clone()).or_default().push((e.address.to_string(), e.id));
+        for e in st.all_endpoints() {
+            out.entry(e.service.to_string()).or_default().push((e.address.to_string(), e.id));
         }
         for v in out.values_mut() {
             v.sort();
