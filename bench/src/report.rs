@@ -145,6 +145,15 @@ fn fnum(v: &Value) -> String {
     f(v).map_or_else(|| "–".into(), num)
 }
 
+/// Integers (counts, microseconds) as they are; other numbers through [`num`].
+fn count(v: &Value) -> String {
+    match (v.as_u64(), v.as_i64()) {
+        (Some(n), _) => n.to_string(),
+        (None, Some(n)) => n.to_string(),
+        _ => fnum(v),
+    }
+}
+
 /// The systems of a results file in the order they first appear.
 fn systems(runs: &[Value]) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
@@ -203,7 +212,7 @@ pub fn compare_table(res: &Results) -> Result<String, ReportError> {
                 };
                 (
                     fnum(&r["connections_per_s"]),
-                    format!("{} / {} / {}", fnum(&l["p50"]), fnum(&l["p99"]), fnum(&l["p999"])),
+                    format!("{} / {} / {}", count(&l["p50"]), count(&l["p99"]), count(&l["p999"])),
                     f(&r["cpu_pct"]).map_or_else(|| "–".into(), |c| format!("{} %", num(c))),
                     per_core.map_or_else(|| "–".into(), num),
                     ratio,
@@ -224,8 +233,8 @@ pub fn compare_table(res: &Results) -> Result<String, ReportError> {
         };
         let (others, own) = match of(runs, &s, "remove_backend").first() {
             Some(r) => (
-                format!("{} / {}", fnum(&r["kept_on_others"]), fnum(&r["broken_on_others"])),
-                format!("{} / {}", fnum(&r["kept_on_removed"]), fnum(&r["broken_on_removed"])),
+                format!("{} / {}", count(&r["kept_on_others"]), count(&r["broken_on_others"])),
+                format!("{} / {}", count(&r["kept_on_removed"]), count(&r["broken_on_removed"])),
             ),
             None => ("–".into(), "–".into()),
         };
@@ -255,7 +264,7 @@ pub fn lab_table(res: &Results) -> Result<String, ReportError> {
             continue;
         }
         let l = &r["latency_us"];
-        let lat = if l.is_object() { format!("{} / {} / {}", fnum(&l["p50"]), fnum(&l["p99"]), fnum(&l["p999"])) } else { "–".into() };
+        let lat = if l.is_object() { format!("{} / {} / {}", count(&l["p50"]), count(&l["p99"]), count(&l["p999"])) } else { "–".into() };
         let cpu = f(&r["cpu_pct"]).map_or_else(|| "–".into(), |c| format!("{} %", num(c)));
         let _ = writeln!(
             t,
@@ -264,7 +273,7 @@ pub fn lab_table(res: &Results) -> Result<String, ReportError> {
             plain(&r["mode"]),
             fnum(&r["offered_pps"]),
             fnum(&r["delivered_pps"]),
-            fnum(&r["lost"])
+            count(&r["lost"])
         );
     }
     let _ = write!(t, "\nFrom `{}`, written by `{}` on {}.\n", res.path, res.command(), res.machine_line());
@@ -491,7 +500,7 @@ mod tests {
             ]}),
         };
         let t = lab_table(&lab).unwrap();
-        assert!(t.contains("| sluice | memif | 1000000 | 999000 | 1000 | 12.0 / 40.5 / 80.0 | 100 % |"), "{t}");
+        assert!(t.contains("| sluice | memif | 1000000 | 999000 | 1000 | 12 / 40.5 / 80 | 100 % |"), "{t}");
         assert!(t.contains("| testpmd | txonly | skipped: not built |"), "{t}");
         assert!(t.contains("written by `bench/lab.sh`"), "{t}");
     }
