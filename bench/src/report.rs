@@ -242,9 +242,10 @@ pub fn compare_table(res: &Results) -> Result<String, ReportError> {
     }
     let _ = write!(
         t,
-        "\nFrom `{}`, written by `{}` on {}. LB CPU: the load balancer's core only (its process's user time plus \
-         that core's system, irq and softirq time; the client and backends run on the other core); the file's \
-         `cpu_method` has the details and every run also records the whole machine's CPU.\n",
+        "\nFrom `{}`, written by `{}` on {}. LB CPU: the load balancer's process time plus \
+         the irq and softirq time of its core (the client and backends run on the other core; tick-sampled, \
+         so small values are coarse); the file's `cpu_method` has the details and every run also records the \
+         whole machine's CPU. UDP rates are what the sender achieved.\n",
         res.path,
         res.command(),
         res.machine_line()
