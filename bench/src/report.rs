@@ -314,8 +314,11 @@ pub fn splice(readme: &str, section: &str) -> Result<String, ReportError> {
     Ok(format!("{}{BEGIN}{section}{END}{}", &readme[..b], &readme[e + END.len()..]))
 }
 
+/// A labelled line of (x, y) points.
+type Series = (String, Vec<(f64, f64)>);
+
 /// A line per system: (offered, delivered) pps of its UDP runs (and the lab's runs that have both).
-fn throughput_series(compare: &Results, lab: Option<&Results>) -> Result<Vec<(String, Vec<(f64, f64)>)>, ReportError> {
+fn throughput_series(compare: &Results, lab: Option<&Results>) -> Result<Vec<Series>, ReportError> {
     let mut out = Vec::new();
     for (prefix, res) in std::iter::once(("", compare)).chain(lab.map(|l| ("lab: ", l))) {
         let runs = res.runs()?;
@@ -357,7 +360,7 @@ fn chart_err(path: &Path) -> impl Fn(String) -> ReportError + '_ {
 }
 
 /// Delivered vs offered packets/s, one line per system.
-fn draw_throughput(path: &Path, series: &[(String, Vec<(f64, f64)>)]) -> Result<(), ReportError> {
+fn draw_throughput(path: &Path, series: &[Series]) -> Result<(), ReportError> {
     let e = chart_err(path);
     let max = series.iter().flat_map(|(_, p)| p.iter().map(|&(o, d)| o.max(d))).fold(1.0, f64::max) * 1.05;
     let root = SVGBackend::new(path, (900, 560)).into_drawing_area();
@@ -412,13 +415,19 @@ fn draw_latency(path: &Path, series: &[(String, [f64; 3])]) -> Result<(), Report
     c.configure_mesh()
         .x_labels(3)
         .x_label_formatter(&|x| {
-            let names = ["p50", "p99", "p99.9"];
             let i = x.round();
-            if (x - i).abs() < 0.01 && (0.0..=2.0).contains(&i) {
-                names.get(i as usize).copied().unwrap_or("").to_owned()
+            let name = if (x - i).abs() > 0.01 {
+                ""
+            } else if i == 0.0 {
+                "p50"
+            } else if i == 1.0 {
+                "p99"
+            } else if i == 2.0 {
+                "p99.9"
             } else {
-                String::new()
-            }
+                ""
+            };
+            name.to_owned()
         })
         .y_desc("latency (µs)")
         .draw()

@@ -84,7 +84,7 @@ fn tcp(args: &[String]) -> Result<serde_json::Value, LoadError> {
     let addr: SocketAddr = arg(args, 0, "VIP:PORT")?;
     let workers: usize = arg(args, 1, "WORKERS")?;
     let secs: f64 = arg(args, 2, "SECONDS")?;
-    if workers == 0 || !(secs > 0.0) {
+    if workers == 0 || secs.is_nan() || secs <= 0.0 {
         return Err(LoadError::Usage("WORKERS and SECONDS must be positive".into()));
     }
     let start = Instant::now();
@@ -148,7 +148,7 @@ fn udp(args: &[String]) -> Result<serde_json::Value, LoadError> {
     let rate: u64 = arg(args, 1, "RATE_PPS")?;
     let secs: f64 = arg(args, 2, "SECONDS")?;
     let flows: usize = arg(args, 3, "FLOWS")?;
-    if rate == 0 || flows == 0 || !(secs > 0.0) {
+    if rate == 0 || flows == 0 || secs.is_nan() || secs <= 0.0 {
         return Err(LoadError::Usage("RATE_PPS, SECONDS and FLOWS must be positive".into()));
     }
     let mut socks = Vec::with_capacity(flows);
