@@ -375,6 +375,8 @@ fn draw_throughput(path: &Path, series: &[Series]) -> Result<(), ReportError> {
     c.configure_mesh()
         .x_desc("offered (packets/s)")
         .y_desc("delivered (packets/s)")
+        .x_label_formatter(&|x| format!("{x:.0}"))
+        .y_label_formatter(&|y| format!("{y:.0}"))
         .draw()
         .map_err(|x| e(x.to_string()))?;
     c.draw_series(LineSeries::new([(0.0, 0.0), (max, max)], BLACK.mix(0.2)))
@@ -430,6 +432,7 @@ fn draw_latency(path: &Path, series: &[(String, [f64; 3])]) -> Result<(), Report
             name.to_owned()
         })
         .y_desc("latency (µs)")
+        .y_label_formatter(&|y| format!("{y:.0}"))
         .draw()
         .map_err(|x| e(x.to_string()))?;
     for (i, (name, v)) in series.iter().enumerate() {
