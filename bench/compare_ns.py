@@ -25,7 +25,7 @@ removed (scripts/client.py hold).
 
 Environment: QUICK=1 (a few seconds per system), OUT (results file),
 SYSTEMS (space-separated subset), SLUICE, CMP_LOAD, CMP_BACKEND (binaries),
-LB_NICE (nice of the user-space load balancers, default -20),
+LB_NICE (nice of the user-space load balancers, default 0),
 SLUICE_IDLE_PAUSE_US, SLUICE_BUSY_POLL=1, SLUICE_LCORES (Sluice's settings).
 """
 import json
@@ -69,11 +69,12 @@ else:
 # at low rates; a latency-minded appliance on a shared core sets less.
 SLUICE_IDLE_PAUSE_US = int(os.environ.get("SLUICE_IDLE_PAUSE_US", "50"))
 SLUICE_BUSY_POLL = os.environ.get("SLUICE_BUSY_POLL") == "1"
-# The user-space load balancers (sluice, haproxy) run at this nice value: on
-# a shared machine -20 puts them ahead of other jobs on their core (CFS
-# weight), as the kernel's softirq is, without real-time starvation; the
-# stand-in for a dedicated core. LB_NICE=0 measures them as ordinary jobs.
-LB_NICE = int(os.environ.get("LB_NICE", "-20"))
+# The user-space load balancers (sluice, haproxy) run at this nice value
+# (default 0: ordinary jobs). On a shared machine -20 puts them ahead of other
+# jobs on their core, as the kernel's softirq is; but it also puts them ahead
+# of ksoftirqd there, which delivers the frames af_packet and af_xdp read, so
+# at high packet rates the kernel's half of Sluice's ports starves.
+LB_NICE = int(os.environ.get("LB_NICE", "0"))
 # Sluice's EAL cores: the first runs the control runtime, the others workers
 # ("1": one worker with the control runtime beside it on the LB core).
 SLUICE_LCORES = os.environ.get("SLUICE_LCORES", str(LB_CPU))
@@ -199,9 +200,7 @@ CPU_METHOD = (
     "the receive softirq of the LB namespace's veths lbf/lbb); the client, the backends and the softirq "
     "of their interfaces are pinned to core %d. cpu_pct (the LB's CPU) = user + system time of the LB "
     "process (/proc/PID/stat; none for the in-kernel systems) + irq and softirq time of core %d "
-    "(/proc/stat). sluice and haproxy run at nice LB_NICE (settings.user_space_lb_nice) so that other "
-    "jobs on a shared core do not push them aside, as they cannot push aside the kernel's softirq. "
-    "Other jobs on a shared machine add nothing to it unless they raise softirq on that "
+    "(/proc/stat). sluice and haproxy run at nice settings.user_space_lb_nice. Other jobs on a shared machine add nothing to it unless they raise softirq on that "
     "core. The kernel's tick accounting also charges a softirq tick to the task it interrupted, so for "
     "sluice and haproxy part of the softirq may be counted twice: their cpu_pct errs high, never low. "
     "machine_cpu_pct is every core's busy time (/proc/stat), other jobs included. AF_XDP on veth runs "
@@ -409,6 +408,19 @@ def start_sluice(system, driver):
         with open(logf.name) as f:
             raise RuntimeError("%s: sluice did not become ready:\n%s" % (system, f.read()[-3000:]))
 
+    # Endpoints whose MAC the kernel has not resolved yet are left out of the
+    # tables: measure once every one is in (and say how long that took).
+    t0, unresolved = time.monotonic(), None
+    while time.monotonic() - t0 < 30:
+        try:
+            unresolved = json.loads(nsx("lb", SLUICE, "status", "--json", check=False).stdout)["next_hops_unresolved"]
+        except (ValueError, KeyError):
+            unresolved = None
+        if unresolved == 0:
+            break
+        time.sleep(0.2)
+    resolved = {"next_hops_unresolved": unresolved, "waited_for_next_hops_s": round(time.monotonic() - t0, 2)}
+
     def remove():
         sluice_config(cfg, driver, [b for b in BACKENDS if b != REMOVED])
         return "endpoint removed from the configuration file (sluice reloads on the edit)"
@@ -425,7 +437,7 @@ def start_sluice(system, driver):
 
     return p.pid, remove, finish, {"device": "net_%s" % driver, "sluice_busy_poll": SLUICE_BUSY_POLL,
                                     "sluice_idle_pause_max_us": SLUICE_IDLE_PAUSE_US,
-                                    "lcores": SLUICE_LCORES, "config": "maglev, no flow table"}
+                                    "lcores": SLUICE_LCORES, "config": "maglev, no flow table", **resolved}
 
 
 def start_nftlb(system):
