@@ -4,7 +4,7 @@
 # it), the same topology and traffic for each; see bench/compare_ns.py for
 # what is measured and how CPU is attributed.
 #
-#   bench/compare_ns.sh              # as root; every system, about 6 minutes;
+#   bench/compare_ns.sh              # as root; every system, about 7 minutes;
 #                                    # writes bench/results/compare_ns.json
 #   QUICK=1 bench/compare_ns.sh      # a few seconds per system (smoke run;
 #                                    # writes /tmp/compare_ns-quick.json)
