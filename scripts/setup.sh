@@ -11,8 +11,8 @@ PKGS=(
   iproute2 iputils-ping tcpdump ethtool procps
   # traffic and peers for the end-to-end tests and demo
   socat netcat-openbsd python3 bird2 curl bc
-  # benchmarks (instruction counts)
-  valgrind
+  # benchmarks (instruction counts; bench/compare_ns.sh: the kernel load balancers)
+  valgrind nftables nftlb haproxy ipvsadm
 )
 
 missing=()
@@ -28,6 +28,9 @@ if ((${#missing[@]})); then
   # bird2 starts a system daemon on install; Sluice runs its own instance.
   if command -v systemctl >/dev/null 2>&1; then systemctl disable --now bird >/dev/null 2>&1 || true; fi
   pkill -x bird >/dev/null 2>&1 || true
+  # haproxy and nftlb start system daemons on install too; bench/compare_ns.sh
+  # runs its own instances inside its namespaces.
+  if command -v systemctl >/dev/null 2>&1; then systemctl disable --now haproxy nftlb >/dev/null 2>&1 || true; fi
 else
   echo "setup: all packages present"
 fi

@@ -1,5 +1,6 @@
 //! Synthetic appliances for benchmarks: many VIPs, routes and services,
-//! and bursts of frames that hit them.
+//! and bursts of frames that hit them; and ([`report`]) the README's
+//! performance section and charts, generated from the results files.
 #![forbid(unsafe_code)]
 
 use std::sync::Arc;
@@ -160,3 +161,5 @@ pub fn textbook_maglev(m: u32, endpoints: &[EndpointId]) -> Vec<EndpointId> {
     }
     entry
 }
+
+pub mod report;
