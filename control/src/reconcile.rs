@@ -464,21 +464,10 @@ mod tests {
     use sluice_dataplane::classify::RouteMatch;
 
     use super::*;
-    use crate::admin::state::{PoolProbe, WorkerEntry};
+    use crate::admin::state::{IdlePool, WorkerEntry};
     use crate::compile::TopoPort;
     use crate::config::IfAddr;
     use crate::model::{EndpointDef, Origin, RouteDef, ServiceDef};
-
-    #[derive(Debug)]
-    struct Pool;
-    impl PoolProbe for Pool {
-        fn in_use(&self) -> u32 {
-            0
-        }
-        fn capacity(&self) -> u32 {
-            1
-        }
-    }
 
     fn svc(name: &str, eps: &[(u32, &str)]) -> Desired {
         Desired {
@@ -514,7 +503,7 @@ mod tests {
         let path: PathBuf = dir.join("c.yaml");
         std::fs::write(&path, text).unwrap();
         let state = crate::sources::read(&path).unwrap();
-        let shared = Arc::new(Shared::new("c.yaml".into(), Vec::new(), Arc::new(Pool), Vec::<WorkerEntry>::new(), 1));
+        let shared = Arc::new(Shared::new("c.yaml".into(), Vec::new(), Arc::new(IdlePool), Vec::<WorkerEntry>::new(), 1));
         let topo = Topology {
             ports: vec![TopoPort {
                 name: "p".into(),

@@ -106,24 +106,13 @@ mod tests {
     use sluice_dataplane::counters::WorkerCounters;
 
     use super::*;
-    use crate::admin::state::{PoolProbe, SourceStatus, WorkerEntry};
-
-    #[derive(Debug)]
-    struct Pool;
-    impl PoolProbe for Pool {
-        fn in_use(&self) -> u32 {
-            0
-        }
-        fn capacity(&self) -> u32 {
-            1
-        }
-    }
+    use crate::admin::state::{IdlePool, SourceStatus, WorkerEntry};
 
     fn shared(workers: usize) -> Shared {
         let w = (0..workers)
             .map(|i| WorkerEntry { lcore: u32::try_from(i).unwrap() + 1, counters: Arc::new(WorkerCounters::new(1, 1)) })
             .collect();
-        Shared::new("t.yaml".into(), Vec::new(), Arc::new(Pool), w, 1)
+        Shared::new("t.yaml".into(), Vec::new(), Arc::new(IdlePool), w, 1)
     }
 
     #[test]

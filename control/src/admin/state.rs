@@ -37,6 +37,21 @@ pub trait PoolProbe: Send + Sync + fmt::Debug {
     fn capacity(&self) -> u32;
 }
 
+/// A pool that is never used, for tests of what reads the shared state.
+#[cfg(test)]
+#[derive(Debug)]
+pub struct IdlePool;
+
+#[cfg(test)]
+impl PoolProbe for IdlePool {
+    fn in_use(&self) -> u32 {
+        0
+    }
+    fn capacity(&self) -> u32 {
+        1
+    }
+}
+
 /// A port as status shows it.
 #[derive(Clone, Debug, Serialize)]
 pub struct PortMeta {

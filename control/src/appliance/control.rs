@@ -340,19 +340,8 @@ fn report(shared: &Shared, done: Result<&'static str, tokio::task::JoinError>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::admin::state::PoolProbe;
+    use crate::admin::state::IdlePool;
     use crate::config::kubernetes::{AlgorithmConfiguration, DEFAULT_GATEWAY_CLASS};
-
-    #[derive(Debug)]
-    struct Pool;
-    impl PoolProbe for Pool {
-        fn in_use(&self) -> u32 {
-            0
-        }
-        fn capacity(&self) -> u32 {
-            1
-        }
-    }
 
     fn kube(gateway: &str) -> kube::KubeConfig {
         kube::KubeConfig {
@@ -395,7 +384,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_source_follows_its_own_section_only_and_leaves_when_it_is_removed() {
-        let shared = Arc::new(Shared::new("t.yaml".into(), Vec::new(), Arc::new(Pool), Vec::new(), 1));
+        let shared = Arc::new(Shared::new("t.yaml".into(), Vec::new(), Arc::new(IdlePool), Vec::new(), 1));
         let machine = "dpdk: {lcores: \"0,1\"}\nports:\n  - {name: front, device: net_null0, addresses: [10.0.0.1/24]}\n";
         let config = crate::config::parse_str(machine, std::path::Path::new("t.yaml")).unwrap();
         let (set, settings) = watch::channel(Settings::of(&config));
