@@ -69,7 +69,7 @@ use super::config::{Mode, XdsConfig};
 use super::mapping::{self, ClaState, L4Cluster, MappedService};
 use super::status::{self, ConnectionState, Nack, XdsStatus};
 use super::{tls, SOURCE};
-use crate::model::{Defaults, Desired};
+use crate::model::Defaults;
 use crate::sources::SourceMsg;
 
 /// Type URL of clusters.
@@ -208,10 +208,9 @@ struct Client {
     held: Resources,
     /// SotW: the last accepted `version_info` per type.
     versions: HashMap<&'static str, String>,
-    /// The services served, by cluster name.
+    /// The services served, by cluster name (the desired state the
+    /// reconciler accepted last is made of them: it is not kept twice).
     applied: BTreeMap<String, MappedService>,
-    /// The desired state the reconciler accepted last.
-    desired: Desired,
     /// Assignments subscribed to and not received, since when.
     waiting: BTreeMap<String, Instant>,
     /// When the response being handled arrived.
@@ -349,12 +348,11 @@ impl Client {
     async fn apply(&mut self, mut next: Resources, trigger: &str) -> Result<(), Refused> {
         next.prune();
         let built = mapping::build(&next.l4(), &next.clas, &self.applied, &self.defaults).map_err(Refused::Problems)?;
-        let desired = built.desired();
-        if desired == self.desired {
+        if built.services == self.applied {
             debug!(trigger, "xDS state unchanged: nothing to rebuild");
         } else {
             let (reply, answer) = oneshot::channel();
-            let msg = SourceMsg::Desired { source: SOURCE.into(), desired: desired.clone(), trigger: trigger.into(), reply: Some(reply) };
+            let msg = SourceMsg::Desired { source: SOURCE.into(), desired: built.desired(), trigger: trigger.into(), reply: Some(reply) };
             if self.tx.send(msg).await.is_err() {
                 return Err(Refused::Stopped);
             }
@@ -363,7 +361,6 @@ impl Client {
                 Ok(Err(problems)) => return Err(Refused::Problems(problems.iter().map(ToString::to_string).collect())),
                 Err(_) => return Err(Refused::Stopped),
             }
-            self.desired = desired;
             let us = u64::try_from(self.received.elapsed().as_micros()).unwrap_or(u64::MAX);
             let summary = self.to_live.as_mut().map(|h| {
                 h.saturating_record(us.max(1));
@@ -919,7 +916,6 @@ pub async fn run(
         held: Resources::default(),
         versions: HashMap::new(),
         applied: BTreeMap::new(),
-        desired: Desired::default(),
         waiting: BTreeMap::new(),
         received: Instant::now(),
         // Up to an hour, three significant digits (valid bounds: never None).
