@@ -314,6 +314,47 @@ spec:\n  replicas: 3\n  selector: {matchLabels: {app: lb}}\n  template:\n    met
     }
 
     #[test]
+    fn the_shipped_manifests_carry_the_default_template_and_the_designs_grants() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/k8s/controller");
+        let text = std::fs::read_to_string(dir.join("controller.yaml")).unwrap();
+        let (docs, err) = yaml::documents(&text, &mut yaml::Budget::default());
+        assert!(err.is_none());
+        let docs: Vec<Json> = docs.iter().map(yaml::Value::to_json).collect();
+        let cm = docs.iter().find(|d| d["kind"] == "ConfigMap").unwrap();
+        let copy = Template::parse(cm["data"]["sllbr-template.yaml"].as_str().unwrap()).unwrap();
+        assert_eq!(copy, Template::default_template().unwrap(), "controller.yaml's template is sllbr-template.yaml");
+        // The ClusterRole: the design's list for the Controller-Manager, plus
+        // ConfigMaps (parametersRef) and events; Leases only in a Role.
+        let rbac = std::fs::read_to_string(dir.join("rbac.yaml")).unwrap();
+        let (docs, _) = yaml::documents(&rbac, &mut yaml::Budget::default());
+        let docs: Vec<Json> = docs.iter().map(yaml::Value::to_json).collect();
+        let role = docs.iter().find(|d| d["kind"] == "ClusterRole").unwrap();
+        let mut grants: Vec<String> = role["rules"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|r| {
+                let verbs: Vec<&str> = r["verbs"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
+                r["resources"].as_array().unwrap().iter().map(move |x| format!("{}: {}", x.as_str().unwrap(), verbs.join(",")))
+            })
+            .collect();
+        grants.sort();
+        assert_eq!(grants, vec![
+            "configmaps: get,list,watch",
+            "deployments: create,delete,get,list,patch,update,watch",
+            "endpointslices: create,delete,get,list,patch,update,watch",
+            "events: create,patch",
+            "gateways/status: patch,update",
+            "gateways: get,list,watch",
+            "l34routes: get,list,watch",
+            "pods: get,list,watch",
+            "services: get,list,watch",
+        ]);
+        let lease = docs.iter().find(|d| d["kind"] == "Role").unwrap();
+        assert_eq!(lease["rules"], json!([{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]}]));
+    }
+
+    #[test]
     fn a_wrong_or_missing_configuration_says_why() {
         let store = Store::default();
         assert_eq!(gateway_config(&store, &gw()).unwrap_err(), "parametersRef: no ConfigMap t/sllb-a-config");
