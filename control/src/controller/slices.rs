@@ -362,7 +362,7 @@ pub fn service_slices(store: &Store, key: &Key, svc: &Json, nets: &Networks, def
     if families.is_empty() {
         // No endpoint: one empty slice says so (as Kubernetes' own
         // controller keeps one), in the Service's family.
-        let v4 = !svc.pointer("/spec/ipFamilies/0").and_then(Json::as_str).is_some_and(|f| f == "IPv6");
+        let v4 = svc.pointer("/spec/ipFamilies/0").and_then(Json::as_str).is_none_or(|f| f != "IPv6");
         let name = slice_name(&key.1, v4, 0);
         out.slices.insert(name.clone(), slice(key, svc, &name, v4, &[]));
     }
