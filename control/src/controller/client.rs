@@ -464,7 +464,8 @@ impl Task {
                 Some(f) => KubeEvent {
                     type_: EventType::Warning,
                     reason: "EndpointLimitReached".into(),
-                    note: Some(format!("all {} endpoint identifiers are taken; left out: {} (sluice.io/endpoint-limit raises the limit)", f.limit, f.pods.join(", "))),
+                    // An event's note is at most 1 kB.
+                    note: Some(super::truncate(&format!("all {} endpoint identifiers are taken; left out: {} (sluice.io/endpoint-limit raises the limit)", f.limit, f.pods.join(", ")), 1000)),
                     action: "AllocateEndpointIdentifier".into(),
                     secondary: None,
                 },

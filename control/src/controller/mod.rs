@@ -238,6 +238,8 @@ pub fn plan(store: &Store, settings: &Settings) -> Plan {
 /// same bytes).
 pub fn condition(observed: &Json, t: &str, ok: bool, reason: &str, message: &str, generation: &Json, now: &str) -> Json {
     let status = if ok { "True" } else { "False" };
+    let message = truncate(message, CONDITION_MESSAGE_MAX);
+    let message = message.as_str();
     let before = observed.as_array().and_then(|c| c.iter().find(|c| c["type"] == t));
     let since = match before {
         Some(b) if b["status"] == status && b["reason"] == reason && b["message"] == message => b["lastTransitionTime"].as_str().unwrap_or(now).to_owned(),
@@ -294,6 +296,21 @@ pub fn observed_conditions(gw: &Json) -> Vec<Json> {
         .unwrap_or_default()
 }
 
+/// Longest condition message (the API's bound).
+pub const CONDITION_MESSAGE_MAX: usize = 32768;
+
+/// `s` cut to at most `max` bytes (on a character boundary, with `...`).
+pub fn truncate(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_owned();
+    }
+    let mut cut = max.saturating_sub(3);
+    while !s.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}...", &s[..cut])
+}
+
 /// Whether every field of `want` is in `have` with the same value (arrays:
 /// the same length, element by element): what an API server that fills in
 /// defaults still agrees with.
@@ -323,6 +340,15 @@ mod tests {
         assert!(!is_subset(&want, &json!({"a": 1, "b": [{"x": "y"}, {"x": "w"}]})));
         assert!(!is_subset(&json!({"a": 1}), &json!({})));
         assert!(!is_subset(&json!({"a": [1]}), &json!({})));
+    }
+
+    #[test]
+    fn long_messages_are_cut_within_the_apis_bounds() {
+        let long = "é".repeat(20_000);
+        let c = condition(&Json::Null, COND_ENDPOINTS, false, "EndpointLimitReached", &long, &json!(1), "T");
+        let m = c["message"].as_str().unwrap();
+        assert!(m.len() <= CONDITION_MESSAGE_MAX && m.ends_with("..."), "{}", m.len());
+        assert_eq!(truncate("short", 10), "short");
     }
 
     #[test]
