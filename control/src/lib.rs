@@ -12,6 +12,7 @@ pub mod appliance;
 pub mod cli;
 pub mod compile;
 pub mod config;
+pub mod controller;
 pub mod model;
 pub mod problem;
 pub mod reconcile;

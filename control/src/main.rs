@@ -3,14 +3,16 @@
 //! Sub-commands: `run` (the load balancer), `check` (validate a
 //! configuration), `status` (what a running appliance does), `forward` (a
 //! plain io-forwarder between two ports, the speed baseline and a proof of
-//! the DPDK bindings), `crds` (the CRDs of L34Route and GatewayRouter).
+//! the DPDK bindings), `crds` (the CRDs of L34Route and GatewayRouter), `controller` (the
+//! controller-manager: EndpointSlices with stable identifiers and the SLLBR
+//! Deployments of the Gateways of a class).
 #![forbid(unsafe_code)]
 
 mod logging;
 
 use clap::{Parser, Subcommand};
 use sluice::appliance as run;
-use sluice::cli::{check, crds, forward, status, tables};
+use sluice::cli::{check, controller, crds, forward, status, tables};
 
 /// Sluice: a kernel-bypass L3/L4 load balancer on DPDK.
 ///
@@ -39,6 +41,7 @@ enum Command {
     Explain(tables::ExplainArgs),
     Forward(forward::ForwardArgs),
     Crds(crds::CrdsArgs),
+    Controller(controller::ControllerArgs),
 }
 
 fn version_line() -> &'static str {
@@ -65,6 +68,7 @@ fn main() -> std::process::ExitCode {
         Command::Explain(args) => tables::explain(&args),
         Command::Forward(args) => forward::run(&args),
         Command::Crds(args) => crds::run(&args),
+        Command::Controller(args) => controller::run(&args),
     };
     match result {
         Ok(code) => code,

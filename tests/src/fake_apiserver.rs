@@ -15,8 +15,17 @@
 //!   a version older than the compacted history gets `410 Gone`
 //!   (an `ERROR` event with a `Status` of code 410);
 //! - `GET /version` answers;
-//! - `PATCH .../{name}/status` (server-side apply or merge patch) replaces
-//!   the object's status, bumps its resourceVersion and is recorded.
+//! - `PATCH .../{name}/status`: server-side apply replaces the status
+//!   fields it names, `conditions` merged by `type` (as the Gateway API's
+//!   list-map); a merge patch merges; the resourceVersion is bumped;
+//! - collections across namespaces (`/api/v1/pods`), `GET` of one object,
+//!   `POST` (create; 409 when it exists), `PUT` (replace; 409 when the
+//!   body's resourceVersion is not the stored one), `PATCH` (server-side
+//!   apply creates or merges: metadata labels and annotations by key, the
+//!   other fields replaced; a merge patch merges) and `DELETE`, for every
+//!   kind, Pods, Deployments, ConfigMaps, Leases and Events among them.
+//!   There is no garbage collector: owner references are stored, not
+//!   followed.
 //!
 //! Faults on demand: [`FakeApi::drop_watches`] ends every open watch (the
 //! connection drops), [`FakeApi::compact`] forgets the history (the next
@@ -41,12 +50,17 @@ use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
 
 /// The kinds served: URL prefix, plural, kind, apiVersion.
-pub const RESOURCES: [(&str, &str, &str, &str); 5] = [
+pub const RESOURCES: [(&str, &str, &str, &str); 10] = [
     ("/apis/gateway.networking.k8s.io/v1", "gateways", "Gateway", "gateway.networking.k8s.io/v1"),
     ("/apis/meridio.experiment.gateway.api.poc/v1alpha1", "l34routes", "L34Route", "meridio.experiment.gateway.api.poc/v1alpha1"),
     ("/api/v1", "services", "Service", "v1"),
     ("/apis/discovery.k8s.io/v1", "endpointslices", "EndpointSlice", "discovery.k8s.io/v1"),
     ("/apis/meridio.experiment.gateway.api.poc/v1alpha1", "gatewayrouters", "GatewayRouter", "meridio.experiment.gateway.api.poc/v1alpha1"),
+    ("/api/v1", "pods", "Pod", "v1"),
+    ("/apis/apps/v1", "deployments", "Deployment", "apps/v1"),
+    ("/api/v1", "configmaps", "ConfigMap", "v1"),
+    ("/apis/coordination.k8s.io/v1", "leases", "Lease", "coordination.k8s.io/v1"),
+    ("/apis/events.k8s.io/v1", "events", "Event", "events.k8s.io/v1"),
 ];
 
 /// A request the server received.
@@ -125,9 +139,9 @@ fn kind_of(obj: &Json) -> Option<&'static str> {
     RESOURCES.iter().find(|r| obj["kind"] == r.2).map(|r| r.2)
 }
 
-/// Whether `obj` is in namespace `ns` and matches the selectors.
-fn matches(obj: &Json, ns: &str, labels: &[(String, String)], fields: &[(String, String)]) -> bool {
-    obj["metadata"]["namespace"] == ns
+/// Whether `obj` is in namespace `ns` (any when `None`) and matches the selectors.
+fn matches(obj: &Json, ns: Option<&str>, labels: &[(String, String)], fields: &[(String, String)]) -> bool {
+    ns.is_none_or(|ns| obj["metadata"]["namespace"] == ns)
         && labels.iter().all(|(k, v)| obj["metadata"]["labels"][k] == v.as_str())
         && fields.iter().all(|(k, v)| match k.as_str() {
             "metadata.name" => obj["metadata"]["name"] == v.as_str(),
@@ -282,54 +296,21 @@ impl FakeApi {
     /// Adds or replaces an object (it must have `kind`, `metadata.name` and
     /// `metadata.namespace`); its resourceVersion, uid and creation time are
     /// the server's. Returns the new resourceVersion.
-    pub fn apply(&self, mut obj: Json) -> u64 {
+    pub fn apply(&self, obj: Json) -> u64 {
         let kind = kind_of(&obj).unwrap_or_else(|| panic!("not a kind served: {obj}"));
         let mut s = lock(&self.state);
-        s.rv += 1;
-        let rv = s.rv;
-        let key = (obj["metadata"]["namespace"].as_str().unwrap().to_owned(), obj["metadata"]["name"].as_str().unwrap().to_owned());
-        let before = s.objects.get(kind).and_then(|m| m.get(&key)).cloned();
-        let meta = &mut obj["metadata"];
-        meta["resourceVersion"] = json!(rv.to_string());
-        match &before {
-            Some(b) => {
-                meta["uid"] = b["metadata"]["uid"].clone();
-                meta["creationTimestamp"] = b["metadata"]["creationTimestamp"].clone();
-                let generation = b["metadata"]["generation"].as_i64().unwrap_or(1);
-                let spec_changed = b.get("spec") != obj.get("spec");
-                obj["metadata"]["generation"] = json!(if spec_changed { generation + 1 } else { generation });
-                if obj.get("status").is_none() {
-                    if let Some(st) = b.get("status") {
-                        obj["status"] = st.clone();
-                    }
-                }
-            }
-            None => {
-                meta["uid"] = json!(format!("uid-{}-{rv}", key.1));
-                if meta.get("creationTimestamp").is_none_or(Json::is_null) {
-                    meta["creationTimestamp"] = json!(format!("2025-01-01T00:00:{:02}Z", rv % 60));
-                }
-                meta["generation"] = json!(1);
-            }
-        }
-        s.objects.entry(kind).or_default().insert(key, obj.clone());
-        let change = Change { rv, kind, before, after: Some(obj) };
-        s.history.push(change.clone());
+        let change = store(&mut s, kind, obj);
         drop(s);
+        let rv = change.rv;
         let _ = self.changes.send(change);
         rv
     }
 
     /// Deletes an object; true when it was there.
     pub fn delete(&self, kind: &str, namespace: &str, name: &str) -> bool {
-        let mut s = lock(&self.state);
         let Some(kind) = RESOURCES.iter().find(|r| r.2 == kind).map(|r| r.2) else { return false };
-        let Some(before) = s.objects.get_mut(kind).and_then(|m| m.remove(&(namespace.to_owned(), name.to_owned()))) else {
-            return false;
-        };
-        s.rv += 1;
-        let change = Change { rv: s.rv, kind, before: Some(before), after: None };
-        s.history.push(change.clone());
+        let mut s = lock(&self.state);
+        let Some(change) = remove(&mut s, kind, namespace, name) else { return false };
         drop(s);
         let _ = self.changes.send(change);
         true
@@ -357,6 +338,115 @@ impl Drop for FakeApi {
     }
 }
 
+/// Stores `obj` (added or replaced): its resourceVersion, uid, creation
+/// time and generation are the server's; a replaced object keeps its
+/// status unless `obj` has one.
+fn store(s: &mut State, kind: &'static str, mut obj: Json) -> Change {
+    s.rv += 1;
+    let rv = s.rv;
+    let key = (obj["metadata"]["namespace"].as_str().unwrap_or("default").to_owned(), obj["metadata"]["name"].as_str().unwrap_or("").to_owned());
+    obj["metadata"]["namespace"] = json!(key.0);
+    let before = s.objects.get(kind).and_then(|m| m.get(&key)).cloned();
+    let meta = &mut obj["metadata"];
+    meta["resourceVersion"] = json!(rv.to_string());
+    match &before {
+        Some(b) => {
+            meta["uid"] = b["metadata"]["uid"].clone();
+            meta["creationTimestamp"] = b["metadata"]["creationTimestamp"].clone();
+            let generation = b["metadata"]["generation"].as_i64().unwrap_or(1);
+            let spec_changed = b.get("spec") != obj.get("spec");
+            obj["metadata"]["generation"] = json!(if spec_changed { generation + 1 } else { generation });
+            if obj.get("status").is_none() {
+                if let Some(st) = b.get("status") {
+                    obj["status"] = st.clone();
+                }
+            }
+        }
+        None => {
+            meta["uid"] = json!(format!("uid-{}-{rv}", key.1));
+            if meta.get("creationTimestamp").is_none_or(Json::is_null) {
+                meta["creationTimestamp"] = json!(format!("2025-01-01T00:00:{:02}Z", rv % 60));
+            }
+            meta["generation"] = json!(1);
+        }
+    }
+    s.objects.entry(kind).or_default().insert(key, obj.clone());
+    let change = Change { rv, kind, before, after: Some(obj) };
+    s.history.push(change.clone());
+    change
+}
+
+/// Removes an object, when it is there.
+fn remove(s: &mut State, kind: &'static str, namespace: &str, name: &str) -> Option<Change> {
+    let before = s.objects.get_mut(kind).and_then(|m| m.remove(&(namespace.to_owned(), name.to_owned())))?;
+    s.rv += 1;
+    let change = Change { rv: s.rv, kind, before: Some(before), after: None };
+    s.history.push(change.clone());
+    Some(change)
+}
+
+/// RFC 7386 JSON merge patch.
+fn merge_patch(target: &mut Json, patch: &Json) {
+    match patch {
+        Json::Object(p) => {
+            if !target.is_object() {
+                *target = json!({});
+            }
+            for (k, v) in p {
+                if v.is_null() {
+                    if let Some(m) = target.as_object_mut() {
+                        m.remove(k);
+                    }
+                } else {
+                    merge_patch(&mut target[k.as_str()], v);
+                }
+            }
+        }
+        other => *target = other.clone(),
+    }
+}
+
+/// Server-side apply of `patch` onto `obj`, as far as this fake goes:
+/// labels and annotations by key, `conditions` lists by `type`, other
+/// fields replaced.
+fn apply_patch(obj: &mut Json, patch: &Json) {
+    let Some(p) = patch.as_object() else { return };
+    for (k, v) in p {
+        match k.as_str() {
+            "metadata" => {
+                for (mk, mv) in v.as_object().into_iter().flatten() {
+                    match mk.as_str() {
+                        "labels" | "annotations" => {
+                            for (lk, lv) in mv.as_object().into_iter().flatten() {
+                                obj["metadata"][mk.as_str()][lk.as_str()] = lv.clone();
+                            }
+                        }
+                        "resourceVersion" | "uid" | "creationTimestamp" | "generation" | "managedFields" => {}
+                        _ => obj["metadata"][mk.as_str()] = mv.clone(),
+                    }
+                }
+            }
+            "status" => {
+                for (sk, sv) in v.as_object().into_iter().flatten() {
+                    if sk == "conditions" {
+                        let mut conds: Vec<Json> = obj["status"]["conditions"].as_array().cloned().unwrap_or_default();
+                        for c in sv.as_array().into_iter().flatten() {
+                            match conds.iter_mut().find(|x| x["type"] == c["type"]) {
+                                Some(x) => *x = c.clone(),
+                                None => conds.push(c.clone()),
+                            }
+                        }
+                        obj["status"]["conditions"] = Json::Array(conds);
+                    } else {
+                        obj["status"][sk.as_str()] = sv.clone();
+                    }
+                }
+            }
+            _ => obj[k.as_str()] = v.clone(),
+        }
+    }
+}
+
 async fn handle(req: Request<Incoming>, state: Arc<Mutex<State>>, changes: broadcast::Sender<Change>, drops: broadcast::Sender<()>) -> Response<Body> {
     let method = req.method().clone();
     let path = req.uri().path().to_owned();
@@ -379,40 +469,129 @@ async fn handle(req: Request<Incoming>, state: Arc<Mutex<State>>, changes: broad
     if path == "/version" {
         return full(StatusCode::OK, &json!({"major": "1", "minor": "32", "gitVersion": "v1.32.0-sluice-fake", "platform": "linux/amd64"}));
     }
-    // /<prefix>/namespaces/<ns>/<plural>[/<name>[/status]]
-    let Some((prefix, plural, kind, api_version)) = RESOURCES.iter().find(|r| path.starts_with(&format!("{}/namespaces/", r.0)) && path[r.0.len()..].split('/').nth(3) == Some(r.1)).copied() else {
+    // /<prefix>/namespaces/<ns>/<plural>[/<name>[/status]], or /<prefix>/<plural> (every namespace)
+    let Some((prefix, _, kind, api_version)) = RESOURCES
+        .iter()
+        .find(|r| {
+            let rest = path.strip_prefix(r.0).unwrap_or("");
+            let parts: Vec<&str> = rest.split('/').collect();
+            (parts.len() == 2 && parts[0].is_empty() && parts[1] == r.1) || (parts.len() >= 4 && parts[1] == "namespaces" && parts[3] == r.1)
+        })
+        .copied()
+    else {
         return full(StatusCode::NOT_FOUND, &status(404, "NotFound", &format!("no such resource: {path}")));
     };
-    let rest: Vec<&str> = path[prefix.len()..].split('/').skip(2).collect(); // [ns, plural, name?, sub?]
-    let ns = rest[0].to_owned();
-    let _ = plural;
-    match (method, rest.len()) {
-        (Method::GET, 2) if matches!(query.get("watch").map(String::as_str), Some("true" | "1")) => watch(&state, &changes, &drops, kind, api_version, &ns, &query),
-        (Method::GET, 2) => {
+    let parts: Vec<&str> = path[prefix.len()..].split('/').skip(1).collect();
+    let (ns, rest): (Option<String>, Vec<&str>) = if parts[0] == "namespaces" { (Some(parts[1].to_owned()), parts[3..].to_vec()) } else { (None, Vec::new()) };
+    let name = rest.first().copied();
+    let sub = rest.get(1).copied();
+    let is_apply = content_type.starts_with("application/apply-patch");
+    let send = |change: Change| {
+        let _ = changes.send(change);
+    };
+    match (method, ns.as_deref(), name, sub) {
+        (Method::GET, ns, None, _) if matches!(query.get("watch").map(String::as_str), Some("true" | "1")) => watch(&state, &changes, &drops, kind, api_version, ns, &query),
+        (Method::GET, ns, None, _) => {
             let (labels, fields) = (selector(&query, "labelSelector"), selector(&query, "fieldSelector"));
             let s = lock(&state);
-            let items: Vec<Json> = s.objects.get(kind).into_iter().flat_map(|m| m.values()).filter(|o| matches(o, &ns, &labels, &fields)).cloned().collect();
+            let items: Vec<Json> = s.objects.get(kind).into_iter().flat_map(|m| m.values()).filter(|o| matches(o, ns, &labels, &fields)).cloned().collect();
             full(StatusCode::OK, &json!({"kind": format!("{kind}List"), "apiVersion": api_version, "metadata": {"resourceVersion": s.rv.to_string()}, "items": items}))
         }
-        (Method::PATCH, 4) if rest[3] == "status" => {
-            let name = rest[2];
+        (Method::GET, Some(ns), Some(name), None) => match lock(&state).objects.get(kind).and_then(|m| m.get(&(ns.to_owned(), name.to_owned()))) {
+            Some(o) => full(StatusCode::OK, o),
+            None => full(StatusCode::NOT_FOUND, &status(404, "NotFound", &format!("{kind} {name:?} not found"))),
+        },
+        (Method::POST, Some(ns), None, _) => {
+            let mut obj = body.clone();
+            obj["metadata"]["namespace"] = json!(ns);
+            obj["kind"] = json!(kind);
+            obj["apiVersion"] = json!(api_version);
             let mut s = lock(&state);
-            let Some(mut obj) = s.objects.get(kind).and_then(|m| m.get(&(ns.clone(), name.to_owned()))).cloned() else {
+            if obj["metadata"]["name"].as_str().is_none_or(str::is_empty) {
+                let base = obj["metadata"]["generateName"].as_str().unwrap_or("x").to_owned();
+                obj["metadata"]["name"] = json!(format!("{base}{}", s.rv + 1));
+            }
+            let name = obj["metadata"]["name"].as_str().unwrap_or("").to_owned();
+            if s.objects.get(kind).is_some_and(|m| m.contains_key(&(ns.to_owned(), name.clone()))) {
+                return full(StatusCode::CONFLICT, &status(409, "AlreadyExists", &format!("{kind} {name:?} already exists")));
+            }
+            let change = store(&mut s, kind, obj);
+            drop(s);
+            let out = change.after.clone().unwrap_or(Json::Null);
+            send(change);
+            full(StatusCode::CREATED, &out)
+        }
+        (Method::PUT, Some(ns), Some(name), None) => {
+            let mut s = lock(&state);
+            let Some(have) = s.objects.get(kind).and_then(|m| m.get(&(ns.to_owned(), name.to_owned()))).cloned() else {
                 return full(StatusCode::NOT_FOUND, &status(404, "NotFound", &format!("{kind} {name:?} not found")));
             };
-            let Some(st) = body.get("status") else {
-                return full(StatusCode::BAD_REQUEST, &status(400, "BadRequest", "no status in the patch"));
-            };
-            s.rv += 1;
-            let rv = s.rv;
-            obj["status"] = st.clone();
-            obj["metadata"]["resourceVersion"] = json!(rv.to_string());
-            let before = s.objects.get_mut(kind).unwrap().insert((ns.clone(), name.to_owned()), obj.clone());
-            let change = Change { rv, kind, before, after: Some(obj.clone()) };
-            s.history.push(change.clone());
+            let want = body["metadata"]["resourceVersion"].as_str().unwrap_or("");
+            if !want.is_empty() && Some(want) != have["metadata"]["resourceVersion"].as_str() {
+                return full(StatusCode::CONFLICT, &status(409, "Conflict", &format!("Operation cannot be fulfilled on {kind} {name:?}: the object has been modified")));
+            }
+            let mut obj = body.clone();
+            obj["metadata"]["namespace"] = json!(ns);
+            obj["metadata"]["name"] = json!(name);
+            obj["kind"] = json!(kind);
+            obj["apiVersion"] = json!(api_version);
+            let change = store(&mut s, kind, obj);
             drop(s);
-            let _ = changes.send(change);
-            full(StatusCode::OK, &obj)
+            let out = change.after.clone().unwrap_or(Json::Null);
+            send(change);
+            full(StatusCode::OK, &out)
+        }
+        (Method::PATCH, Some(ns), Some(name), sub) if sub.is_none() || sub == Some("status") => {
+            let mut s = lock(&state);
+            let have = s.objects.get(kind).and_then(|m| m.get(&(ns.to_owned(), name.to_owned()))).cloned();
+            let mut obj = match (have, is_apply && sub.is_none()) {
+                (Some(h), _) => h,
+                (None, true) => json!({"apiVersion": api_version, "kind": kind, "metadata": {"name": name, "namespace": ns}}),
+                (None, false) => return full(StatusCode::NOT_FOUND, &status(404, "NotFound", &format!("{kind} {name:?} not found"))),
+            };
+            match sub {
+                Some(_) => {
+                    let Some(st) = body.get("status") else {
+                        return full(StatusCode::BAD_REQUEST, &status(400, "BadRequest", "no status in the patch"));
+                    };
+                    if is_apply {
+                        apply_patch(&mut obj, &json!({"status": st}));
+                    } else {
+                        merge_patch(&mut obj["status"], st);
+                    }
+                }
+                None if is_apply => {
+                    let mut b = body.clone();
+                    if let Some(m) = b.as_object_mut() {
+                        m.remove("status");
+                    }
+                    apply_patch(&mut obj, &b);
+                }
+                None => {
+                    let mut b = body.clone();
+                    if let Some(m) = b.as_object_mut() {
+                        m.remove("status");
+                    }
+                    merge_patch(&mut obj, &b);
+                }
+            }
+            obj["metadata"]["namespace"] = json!(ns);
+            obj["metadata"]["name"] = json!(name);
+            let change = store(&mut s, kind, obj);
+            drop(s);
+            let out = change.after.clone().unwrap_or(Json::Null);
+            send(change);
+            full(StatusCode::OK, &out)
+        }
+        (Method::DELETE, Some(ns), Some(name), None) => {
+            let mut s = lock(&state);
+            let Some(change) = remove(&mut s, kind, ns, name) else {
+                return full(StatusCode::NOT_FOUND, &status(404, "NotFound", &format!("{kind} {name:?} not found")));
+            };
+            drop(s);
+            let out = change.before.clone().unwrap_or(Json::Null);
+            send(change);
+            full(StatusCode::OK, &out)
         }
         _ => full(StatusCode::METHOD_NOT_ALLOWED, &status(405, "MethodNotAllowed", "not served by the fake")),
     }
@@ -425,7 +604,7 @@ fn event(t: &str, obj: &Json) -> Bytes {
 }
 
 /// The event a watch with these filters sees for a change, if any.
-fn seen_as(c: &Change, ns: &str, labels: &[(String, String)], fields: &[(String, String)]) -> Option<Bytes> {
+fn seen_as(c: &Change, ns: Option<&str>, labels: &[(String, String)], fields: &[(String, String)]) -> Option<Bytes> {
     let was = c.before.as_ref().is_some_and(|b| matches(b, ns, labels, fields));
     let is = c.after.as_ref().is_some_and(|a| matches(a, ns, labels, fields));
     match (was, is, &c.after) {
@@ -443,7 +622,7 @@ fn watch(
     drops: &broadcast::Sender<()>,
     kind: &'static str,
     api_version: &'static str,
-    ns: &str,
+    ns: Option<&str>,
     q: &BTreeMap<String, String>,
 ) -> Response<Body> {
     let from: u64 = q.get("resourceVersion").and_then(|v| v.parse().ok()).unwrap_or(0);
@@ -460,7 +639,7 @@ fn watch(
     let mut dropped = drops.subscribe();
     let every = s.bookmark_every;
     let state = Arc::clone(state);
-    let ns = ns.to_owned();
+    let ns = ns.map(str::to_owned);
     drop(s);
     let deadline = tokio::time::Instant::now() + timeout;
     let live = async_stream(move |tx| async move {
@@ -476,7 +655,7 @@ fn watch(
                 _ = dropped.recv() => return,
                 () = tokio::time::sleep_until(deadline) => return,
                 c = live.recv() => match c {
-                    Ok(c) if c.kind == kind && c.rv > from => seen_as(&c, &ns, &labels, &fields),
+                    Ok(c) if c.kind == kind && c.rv > from => seen_as(&c, ns.as_deref(), &labels, &fields),
                     Ok(_) => None,
                     Err(_) => return, // fell behind: the client watches again
                 },
@@ -534,9 +713,14 @@ pub fn read_manifests(dir: &std::path::Path, namespace: &str) -> Result<Vec<Json
         .collect())
 }
 
-/// Makes the server hold exactly `objects` (by kind, namespace and name),
-/// leaving alone those that did not change.
-pub fn sync_objects(api: &FakeApi, objects: &[Json]) {
+/// The objects a directory put on the server: kind, namespace, name.
+pub type Synced = std::collections::BTreeSet<(&'static str, String, String)>;
+
+/// Makes the server hold `objects` (by kind, namespace and name), leaving
+/// alone those that did not change, and deleting those of `synced` (what
+/// earlier calls put there) that are gone; what others wrote (a
+/// controller's slices, Leases, Events) stays.
+pub fn sync_objects(api: &FakeApi, objects: &[Json], synced: &mut Synced) {
     let have = api.objects();
     let key = |v: &Json| (kind_of(v).unwrap_or(""), v["metadata"]["namespace"].as_str().unwrap_or("").to_owned(), v["metadata"]["name"].as_str().unwrap_or("").to_owned());
     for o in objects {
@@ -560,11 +744,11 @@ pub fn sync_objects(api: &FakeApi, objects: &[Json]) {
             api.apply(o.clone());
         }
     }
-    for (k, m) in have {
-        for (ns, name) in m.keys() {
-            if !objects.iter().any(|o| key(o) == (k, ns.clone(), name.clone())) {
-                api.delete(k, ns, name);
-            }
+    let now: Synced = objects.iter().map(key).filter(|k| !k.0.is_empty()).collect();
+    for (k, ns, name) in synced.difference(&now) {
+        if have.get(k).is_some_and(|m| m.contains_key(&(ns.clone(), name.clone()))) {
+            api.delete(k, ns, name);
         }
     }
+    *synced = now;
 }

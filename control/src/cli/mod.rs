@@ -1,6 +1,7 @@
 //! The sub-commands other than `run` (which is [`crate::appliance`]).
 
 pub mod check;
+pub mod controller;
 pub mod crds;
 pub mod status;
 pub mod tables;

@@ -2,7 +2,8 @@
 //! `sluice_tests::fake_apiserver`, serving the objects of a directory of
 //! manifests and following its edits (read again every 300 ms), so that an
 //! end-to-end test can run it (in a network namespace, say) and move the
-//! appliance by editing files.
+//! appliance by editing files. Only what came from the directory is
+//! deleted when its file goes: what clients wrote stays.
 //!
 //! ```text
 //! sluice-fake-apiserver --dir DIR [--namespace NS] [--listen 127.0.0.1:0] [--kubeconfig-out FILE]
@@ -15,7 +16,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use sluice_tests::fake_apiserver::{read_manifests, sync_objects, FakeApi};
+use sluice_tests::fake_apiserver::{read_manifests, sync_objects, FakeApi, Synced};
 
 fn usage() -> ! {
     eprintln!("usage: sluice-fake-apiserver --dir DIR [--namespace NS] [--listen ADDR] [--kubeconfig-out FILE]");
@@ -39,8 +40,9 @@ async fn main() {
     let Some(dir) = dir else { usage() };
     let addr: SocketAddr = listen.parse().unwrap_or_else(|e| panic!("--listen {listen}: {e}"));
     let api = FakeApi::start_on(addr).await;
+    let mut synced = Synced::new();
     match read_manifests(&dir, &ns) {
-        Ok(objs) => sync_objects(&api, &objs),
+        Ok(objs) => sync_objects(&api, &objs, &mut synced),
         Err(e) => eprintln!("{e}"),
     }
     if let Some(path) = kubeconfig {
@@ -57,7 +59,7 @@ async fn main() {
             _ = tick.tick() => match read_manifests(&dir, &ns) {
                 Ok(objs) => {
                     last_error.clear();
-                    sync_objects(&api, &objs);
+                    sync_objects(&api, &objs, &mut synced);
                 }
                 Err(e) if e != last_error => {
                     eprintln!("{e}");
