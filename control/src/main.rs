@@ -3,14 +3,15 @@
 //! Sub-commands: `run` (the load balancer), `check` (validate a
 //! configuration), `status` (what a running appliance does), `forward` (a
 //! plain io-forwarder between two ports, the speed baseline and a proof of
-//! the DPDK bindings), `crds` (the CRDs of L34Route and GatewayRouter).
+//! the DPDK bindings), `gen` (a traffic generator that accounts for what
+//! comes back), `crds` (the CRDs of L34Route and GatewayRouter).
 #![forbid(unsafe_code)]
 
 mod logging;
 
 use clap::{Parser, Subcommand};
 use sluice::appliance as run;
-use sluice::cli::{check, crds, forward, status, tables};
+use sluice::cli::{check, crds, forward, gen, status, tables};
 
 /// Sluice: a kernel-bypass L3/L4 load balancer on DPDK.
 ///
@@ -38,6 +39,7 @@ enum Command {
     Tables(tables::TablesArgs),
     Explain(tables::ExplainArgs),
     Forward(forward::ForwardArgs),
+    Gen(gen::GenArgs),
     Crds(crds::CrdsArgs),
 }
 
@@ -64,6 +66,7 @@ fn main() -> std::process::ExitCode {
         Command::Tables(args) => tables::tables(&args),
         Command::Explain(args) => tables::explain(&args),
         Command::Forward(args) => forward::run(&args),
+        Command::Gen(args) => gen::run(&args),
         Command::Crds(args) => crds::run(&args),
     };
     match result {

@@ -6,10 +6,15 @@
 //! When the sender falls behind by more than a backlog (it was descheduled,
 //! or the port refused frames for a while), the excess is skipped and
 //! counted rather than sent as one long burst, so that a given offered rate
-//! keeps its spacing. A [`Schedule`] does the same for recorded times (a
+//! keeps its spacing. Frames are released in batches of what is due in
+//! [`BATCH_NS`] (1 to a burst), so that a high rate is not sent one frame
+//! per round. A [`Schedule`] does the same for recorded times (a
 //! pcap replayed at its own timing, looped).
 
 use crate::io::BURST;
+
+/// Frames are released once this much time's worth of them is due.
+pub const BATCH_NS: u64 = 20_000;
 
 /// Frames per second against a clock.
 #[derive(Clone, Debug)]
@@ -19,6 +24,7 @@ pub struct Pacer {
     start: u64,
     issued: u64,
     max_backlog: u64,
+    batch: u64,
     /// Frames skipped because the sender fell behind by more than the backlog.
     pub skipped: u64,
 }
@@ -28,7 +34,16 @@ impl Pacer {
     /// ticks per second, starting at tick `start`, that lets at most
     /// `max_backlog` due frames pile up.
     pub fn new(hz: u64, pps: u64, start: u64, max_backlog: u64) -> Pacer {
-        Pacer { hz: hz.max(1), pps, start, issued: 0, max_backlog: max_backlog.max(BURST as u64), skipped: 0 }
+        let batch = (u128::from(pps) * u128::from(BATCH_NS) / 1_000_000_000).clamp(1, BURST as u128);
+        Pacer {
+            hz: hz.max(1),
+            pps,
+            start,
+            issued: 0,
+            max_backlog: max_backlog.max(BURST as u64),
+            batch: u64::try_from(batch).unwrap_or(1),
+            skipped: 0,
+        }
     }
 
     /// Frames due at tick `now` and not yet issued, at most [`BURST`].
@@ -44,7 +59,11 @@ impl Pacer {
             self.skipped += behind - self.max_backlog;
             self.issued = target - self.max_backlog;
         }
-        usize::try_from(target.saturating_sub(self.issued)).unwrap_or(BURST).min(BURST)
+        let due = target.saturating_sub(self.issued);
+        if due < self.batch {
+            return 0;
+        }
+        usize::try_from(due).unwrap_or(BURST).min(BURST)
     }
 
     /// Records that `n` frames went out (a datagram's fragments may take
@@ -140,6 +159,19 @@ mod tests {
         p.issued(2);
         assert_eq!(p.due(2), 0);
         assert_eq!(p.due(3), 1);
+    }
+
+    #[test]
+    fn high_rates_go_in_batches() {
+        // 1 GHz clock, 1 Mpps: a frame per 1000 ticks, released 20 at a time.
+        let mut p = Pacer::new(1_000_000_000, 1_000_000, 0, 4096);
+        assert_eq!(p.due(19_999), 0);
+        assert_eq!(p.due(20_000), 20);
+        p.issued(20);
+        // 100 Mpps: whole bursts.
+        let mut p = Pacer::new(1_000_000_000, 100_000_000, 0, 4096);
+        assert_eq!(p.due(100), 0);
+        assert_eq!(p.due(320), BURST);
     }
 
     #[test]
