@@ -20,6 +20,9 @@ cargo test --release --workspace --locked -- --test-threads="${TEST_THREADS:-2}"
 echo "== benchmark smoke (checks that the harness and the appliance forward; never judges a rate)"
 SMOKE=1 bench/pipeline_vs_testpmd.sh
 
+echo "== lab smoke (sluice gen -> sluice run -> sluice gen over net_memif; asserts accounting only)"
+SMOKE=1 bench/lab.sh
+
 echo "== fuzz (bounded)"
 FUZZ_SECONDS="${FUZZ_SECONDS:-30}" scripts/fuzz.sh
 

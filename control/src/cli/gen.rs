@@ -146,6 +146,12 @@ pub struct GenArgs {
     #[arg(long, default_value_t = 30.0, value_name = "SECS")]
     wait_link: f64,
 
+    /// After the links are up, also wait (within --wait-link) until the
+    /// appliance whose admin endpoint listens at this address answers
+    /// `GET /readyz` with 200, so that nothing is sent before it serves.
+    #[arg(long, value_name = "HOST:PORT")]
+    wait_ready: Option<String>,
+
     /// Write the JSON report to this file instead of stdout.
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
@@ -383,6 +389,31 @@ fn wait_links(ports: &[Port], secs: f64, stop: &AtomicBool) -> Result<()> {
     }
 }
 
+/// True when `GET /readyz` at `addr` answers 200.
+fn ready_once(addr: &str) -> bool {
+    use std::io::Read;
+    let Ok(mut addrs) = std::net::ToSocketAddrs::to_socket_addrs(addr) else { return false };
+    let Some(sa) = addrs.next() else { return false };
+    let Ok(mut s) = std::net::TcpStream::connect_timeout(&sa, Duration::from_millis(500)) else { return false };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+    if s.write_all(format!("GET /readyz HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes()).is_err() {
+        return false;
+    }
+    let mut head = [0u8; 12];
+    s.read_exact(&mut head).is_ok() && head.starts_with(b"HTTP/1.") && &head[9..12] == b"200"
+}
+
+/// Waits until the appliance at `addr` is ready, or fails at `by`.
+fn wait_ready(addr: &str, by: Instant, stop: &AtomicBool) -> Result<()> {
+    while !ready_once(addr) {
+        if Instant::now() >= by || stop.load(Ordering::Relaxed) {
+            bail!("the appliance at {addr} did not answer GET /readyz with 200 in time");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(())
+}
+
 /// Runs `sluice gen`.
 pub fn run(args: &GenArgs) -> Result<ExitCode> {
     if !(args.duration > 0.0 && args.duration.is_finite()) {
@@ -469,7 +500,11 @@ pub fn run(args: &GenArgs) -> Result<ExitCode> {
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(sig, Arc::clone(&stop_signal)).context("installing signal handlers")?;
     }
+    let ready_by = Instant::now() + Duration::from_secs_f64(args.wait_link.max(0.0));
     wait_links(&ports, args.wait_link, &stop_signal)?;
+    if let Some(addr) = &args.wait_ready {
+        wait_ready(addr, ready_by, &stop_signal)?;
+    }
     for p in &ports {
         p.reset_stats()?;
     }
@@ -517,26 +552,29 @@ pub fn run(args: &GenArgs) -> Result<ExitCode> {
     let worker = eal.worker_lcores().first().copied();
     let lcore = worker.unwrap_or_else(|| eal.main_lcore());
     tracing::info!(%lcore, flows, datagrams = datagrams.len(), target_pps = ?target_pps, "generating");
-    let watcher = {
-        let (ctl, stop_signal) = (Arc::clone(&ctl), Arc::clone(&stop_signal));
-        let (duration, quiet) = (args.duration, args.quiet);
-        std::thread::spawn(move || watch(&ctl, &stop_signal, duration, quiet))
-    };
+    let (duration, quiet) = (args.duration, args.quiet);
     match worker {
         Some(l) => {
             let task = eal.launch(l, Arc::new(AtomicBool::new(false)), move |_| {
                 body(datagrams, recorded);
                 0
             })?;
+            // Watch from here, sleeping: waiting for the lcore spins.
+            watch(&ctl, &stop_signal, duration, quiet);
             let rc = task.wait()?;
             if rc != 0 {
                 bail!("the generator task on lcore {l} failed ({rc})");
             }
         }
-        None => body(datagrams, recorded),
+        None => {
+            let watcher = {
+                let (ctl, stop_signal) = (Arc::clone(&ctl), Arc::clone(&stop_signal));
+                std::thread::spawn(move || watch(&ctl, &stop_signal, duration, quiet))
+            };
+            body(datagrams, recorded);
+            let _ = watcher.join();
+        }
     }
-    ctl.stop.store(true, Ordering::Relaxed);
-    let _ = watcher.join();
 
     let Some((gen, rx, secs)) = result.lock().unwrap_or_else(PoisonError::into_inner).take() else {
         bail!("the generator ended without a result");
@@ -616,13 +654,13 @@ pub fn run(args: &GenArgs) -> Result<ExitCode> {
 }
 
 /// Ends sending after `duration` or at a signal, and prints progress once
-/// a second, until the loop has stopped.
+/// a second, until the loop has returned.
 fn watch(ctl: &Control, signal: &AtomicBool, duration: f64, quiet: bool) {
     let start = Instant::now();
     let end = start + Duration::from_secs_f64(duration);
     let mut last = (start, 0u64, 0u64);
     let mut next_line = start + Duration::from_secs(1);
-    while !ctl.stop.load(Ordering::Relaxed) {
+    while !ctl.finished.load(Ordering::Acquire) {
         let now = Instant::now();
         if now >= end || signal.load(Ordering::Relaxed) {
             ctl.stop_tx.store(true, Ordering::Relaxed);

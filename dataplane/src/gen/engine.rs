@@ -204,6 +204,8 @@ pub struct Control {
     pub stop: AtomicBool,
     /// Sending has ended (limit reached or told to stop).
     pub tx_done: AtomicBool,
+    /// The loop has returned.
+    pub finished: AtomicBool,
     /// Frames sent so far.
     pub sent: AtomicU64,
     /// Stamped frames received so far.
@@ -258,4 +260,5 @@ pub fn run<I: GenIo, C: FnMut() -> u64>(
     ctl.tx_done.store(true, Ordering::Relaxed);
     ctl.sent.store(gen.counters.sent, Ordering::Relaxed);
     ctl.received.store(rx.received, Ordering::Relaxed);
+    ctl.finished.store(true, Ordering::Release);
 }
