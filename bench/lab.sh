@@ -77,11 +77,11 @@ write_config() { # yaml admin
     echo '  extraArgs: ["--main-lcore=1"]'
     echo "ports:"
     echo "  - name: front"
-    echo "    device: net_memif0,role=client,socket=$WORK/front.sock,mac=$FRONT_MAC"
+    echo "    device: net_memif0,role=client,socket=$WORK/front.sock,socket-abstract=no,mac=$FRONT_MAC"
     echo "    addresses: [10.100.0.1/24, fd00:100::1/64]"
     echo '    kernelInterface: ""'
     echo "  - name: back"
-    echo "    device: net_memif1,role=client,socket=$WORK/back.sock,mac=$BACK_MAC"
+    echo "    device: net_memif1,role=client,socket=$WORK/back.sock,socket-abstract=no,mac=$BACK_MAC"
     echo "    addresses: [10.200.0.1/24, fd00:200::1/64]"
     echo '    kernelInterface: ""'
     echo "admin:"
@@ -112,13 +112,14 @@ lab_run() { # name rate secs
   write_config "$yaml" "$admin"
   rm -f "$WORK/front.sock" "$WORK/back.sock"
   "$SLUICE" gen -q --json "$WORK/$name.gen.json" \
-    --port "net_memif0,role=server,socket=$WORK/front.sock" --port "net_memif1,role=server,socket=$WORK/back.sock" \
+    --port "net_memif0,role=server,socket=$WORK/front.sock,socket-abstract=no" --port "net_memif1,role=server,socket=$WORK/back.sock,socket-abstract=no" \
     --dst-mac "$FRONT_MAC" --vips "$VIPS" --dports 80,443 --proto "$PROTO" --sizes "$SIZES" \
     --fragments "$FRAGMENTS" --flows "$FLOWS" --rate "$rate" --duration "$secs" --drain-ms 500 \
     --wait-link 60 --wait-ready "$admin" --lcores 0,1 --memory-mb 1024 --file-prefix "$TAG-gen" --mbufs 16383 \
     >"$glog" 2>&1 &
   GPID=$!
   for _ in $(seq 1 100); do [ -S "$WORK/front.sock" ] && [ -S "$WORK/back.sock" ] && break; sleep 0.1; done
+  [ -S "$WORK/back.sock" ] || { cat "$glog" >&2; echo "the generator made no memif socket" >&2; return 1; }
   "$SLUICE" --log info run --config "$yaml" >"$slog" 2>&1 &
   SPID=$!
   # The generator starts once the appliance is ready; sample its CPU from then.
@@ -221,6 +222,7 @@ if bad:
     sys.exit(1)
 print("   every frame accounted for", file=sys.stderr)
 PY
+  cat "$WORK/$name.acct.json"
 }
 
 field() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$1" "$2"; }
@@ -270,7 +272,13 @@ echo "lab: appliance maximum (loss < 0.1 %): $best pps (max-rate run delivered $
 for pct in 50 80 95; do
   lab_run "load-$pct" $(( best * pct / 100 )) "$SECS" >"$WORK/load-$pct.run"
   runs+=("$(cat "$WORK/load-$pct.run")")
-  python3 -c 'import json,sys; d=json.loads(open(sys.argv[1]).read()); l=d["latency_us"]; print(f"lab: {sys.argv[2]}% load: offered {d[\"offered_pps\"]} pps, lost {d[\"lost\"]} ({d[\"loss_ratio\"]*100:.3f} %), p50 {l[\"p50\"]} us, p99 {l[\"p99\"]} us, p99.9 {l[\"p999\"]} us")' "$WORK/load-$pct.run" "$pct"
+  python3 - "$WORK/load-$pct.run" "$pct" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+l = d["latency_us"]
+print(f"lab: {sys.argv[2]}% load: offered {d['offered_pps']} pps, lost {d['lost']} ({d['loss_ratio'] * 100:.3f} %), "
+      f"p50 {l['p50']} us, p99 {l['p99']} us, p99.9 {l['p999']} us")
+PY
 done
 
 # 3. Generator Mpps per core against dpdk-testpmd txonly, same port kind
