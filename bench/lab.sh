@@ -23,7 +23,8 @@
 # Env: SLUICE (binary, default target/release/sluice), SECS (seconds per
 # measured run, 5), RAMP_SECS (2), ENDPOINTS (per family, 4), FLOWS (4096),
 # PROTO (tcp-syn,tcp-data,udp), SIZES (64), FRAGMENTS (percent of UDP flows,
-# 10), OUT (bench/results/lab.json).
+# 10), OUT (bench/results/lab.json), BUSY_POLL (the appliance's
+# dpdk.busyPoll, default false), KEEP (keep the work directory).
 #
 # Needs root (DPDK), python3, curl, a release build (cargo build --release
 # -p sluice) and, for the full run, dpdk-testpmd (Debian package dpdk).
@@ -41,6 +42,7 @@ PROTO=${PROTO:-tcp-syn,tcp-data,udp}
 SIZES=${SIZES:-64}
 FRAGMENTS=${FRAGMENTS:-10}
 OUT=${OUT:-bench/results/lab.json}
+BUSY_POLL=${BUSY_POLL:-false}   # the appliance's dpdk.busyPoll (false: its default idle back-off)
 SMOKE=${SMOKE:-}
 
 [ -x "$SLUICE" ] || { echo "$SLUICE not built (cargo build --release -p sluice)" >&2; exit 1; }
@@ -75,6 +77,7 @@ write_config() { # yaml admin
     echo "  mbufs: 16383"
     echo "  descriptors: 1024"
     echo '  extraArgs: ["--main-lcore=1"]'
+    echo "  busyPoll: $BUSY_POLL"
     echo "ports:"
     echo "  - name: front"
     echo "    device: net_memif0,role=client,socket=$WORK/front.sock,socket-abstract=no,mac=$FRONT_MAC"
@@ -308,8 +311,8 @@ fi
 
 mkdir -p "$(dirname "$OUT")"
 {
-  printf '{"bench":"lab","date":"%s","machine":%s,"settings":{"secs":%s,"ramp_secs":%s,"endpoints_per_family":%s,"flows":%s,"proto":"%s","sizes":"%s","fragments_pct":%s},"maximum_pps":%s,"runs":[' \
-    "$(date -u +%FT%TZ)" "$MACHINE" "$SECS" "$RAMP_SECS" "$ENDPOINTS" "$FLOWS" "$PROTO" "$SIZES" "$FRAGMENTS" "$best"
+  printf '{"bench":"lab","date":"%s","machine":%s,"settings":{"busy_poll":%s,"secs":%s,"ramp_secs":%s,"endpoints_per_family":%s,"flows":%s,"proto":"%s","sizes":"%s","fragments_pct":%s},"maximum_pps":%s,"runs":[' \
+    "$(date -u +%FT%TZ)" "$MACHINE" "$BUSY_POLL" "$SECS" "$RAMP_SECS" "$ENDPOINTS" "$FLOWS" "$PROTO" "$SIZES" "$FRAGMENTS" "$best"
   (IFS=,; echo -n "${runs[*]}")
   echo ']}'
 } >"$OUT.tmp"
