@@ -39,7 +39,7 @@ enum Command {
     Tables(tables::TablesArgs),
     Explain(tables::ExplainArgs),
     Forward(forward::ForwardArgs),
-    Gen(gen::GenArgs),
+    Gen(Box<gen::GenArgs>),
     Crds(crds::CrdsArgs),
 }
 

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
 use sluice_dataplane::gen::mix::{self, Datagram, MAX_FRAME};
-use sluice_dataplane::gen::{self as core, Control, EndpointBy, Generator, Kind, MixSpec, Pacer, Receiver, Schedule, Timing};
+use sluice_dataplane::gen::{self as core, Control, EndpointBy, Generator, Kind, Lanes, MixSpec, Pacer, Receiver, Schedule, Timing};
 use sluice_ffi::{Eal, GenQueues, Mempool, Port, PortConfig, QueueIo, DEFAULT_DATA_ROOM};
 
 use crate::appliance::eal::device_args;
@@ -540,7 +540,7 @@ pub fn run(args: &GenArgs) -> Result<ExitCode> {
             };
             let mut gen = Generator::new(datagrams, flows, timing, limit);
             let mut rx = receiver;
-            core::run(&mut io, 0, inputs, &mut gen, &mut rx, &ctl, drain, sluice_ffi::tsc);
+            core::run(&mut io, Lanes { out: 0, inputs, drain }, &mut gen, &mut rx, &ctl, sluice_ffi::tsc);
             // Sending lasted from `start` to the drain's start.
             #[allow(clippy::cast_precision_loss)]
             let secs = (sluice_ffi::tsc().saturating_sub(start).saturating_sub(drain)) as f64 / hz as f64;

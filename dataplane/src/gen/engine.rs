@@ -214,19 +214,29 @@ pub struct Control {
     pub tx_full: AtomicU64,
 }
 
-/// Runs the generator: sends on output `out`, receives on inputs
-/// `0..inputs`, until sending ends and `drain` clock ticks passed (or
-/// [`Control::stop`]). `clock` reads the same clock the stamps carry.
+/// Where the loop sends and receives, and how long it drains.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Lanes {
+    /// The output frames are sent on.
+    pub out: usize,
+    /// Inputs `0..inputs` are received from.
+    pub inputs: usize,
+    /// Clock ticks to keep receiving after sending ends.
+    pub drain: u64,
+}
+
+/// Runs the generator: sends on `lanes.out`, receives on every input,
+/// until sending ends and the drain time passed (or [`Control::stop`]).
+/// `clock` reads the same clock the stamps carry.
 pub fn run<I: GenIo, C: FnMut() -> u64>(
     io: &mut I,
-    out: usize,
-    inputs: usize,
+    lanes: Lanes,
     gen: &mut Generator,
     rx: &mut Receiver,
     ctl: &Control,
-    drain: u64,
     mut clock: C,
 ) {
+    let Lanes { out, inputs, drain } = lanes;
     let mut burst: Burst<I::Buf> = Burst::new();
     let mut tx_end: Option<u64> = None;
     loop {

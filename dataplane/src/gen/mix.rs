@@ -236,7 +236,7 @@ fn check_offset(kind: Kind) -> usize {
 /// IP payload bytes of the first fragment: at least the transport header
 /// and a stamp, a multiple of 8.
 fn first_fragment_len(room: usize, hdr: usize) -> usize {
-    (room.max(hdr + STAMP_LEN) + 7) / 8 * 8
+    room.max(hdr + STAMP_LEN).div_ceil(8) * 8
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -355,6 +355,7 @@ pub fn mean_frame_size(datagrams: &[Datagram]) -> f64 {
 }
 
 #[cfg(test)]
+#[allow(clippy::cast_possible_truncation)] // small test numbers
 mod tests {
     use super::*;
     use crate::parse::{parse, Fragment, Frame, Parsed};

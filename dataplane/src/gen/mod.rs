@@ -19,12 +19,13 @@ pub mod pace;
 pub mod rx;
 pub mod stamp;
 
-pub use engine::{run, Control, GenIo, Generator, Timing, TxCounters};
+pub use engine::{run, Control, GenIo, Generator, Lanes, Timing, TxCounters};
 pub use mix::{build, Datagram, Kind, MixError, MixSpec};
 pub use pace::{Pacer, Schedule};
 pub use rx::{Endpoint, EndpointBy, Receiver};
 
 #[cfg(test)]
+#[allow(clippy::cast_possible_truncation)] // small test numbers
 mod tests {
     use std::collections::VecDeque;
     use std::net::Ipv4Addr;
@@ -124,7 +125,7 @@ mod tests {
         let mut r = Receiver::new(s.flows, 1000, EndpointBy::Auto).unwrap();
         let ctl = Control::default();
         let mut t = 0u64;
-        run(io, 0, 1, &mut g, &mut r, &ctl, 50, || {
+        run(io, Lanes { out: 0, inputs: 1, drain: 50 }, &mut g, &mut r, &ctl, || {
             t += 1;
             t
         });
@@ -213,7 +214,7 @@ mod tests {
         let ctl = Control::default();
         let mut t = 0u64;
         let mut rounds = 0;
-        run(&mut io, 0, 1, &mut g, &mut r, &ctl, 5, || {
+        run(&mut io, Lanes { out: 0, inputs: 1, drain: 5 }, &mut g, &mut r, &ctl, || {
             t += 1;
             rounds += 1;
             if rounds > 10_000 {

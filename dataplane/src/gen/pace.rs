@@ -118,6 +118,7 @@ impl Schedule {
 }
 
 #[cfg(test)]
+#[allow(clippy::cast_possible_truncation)] // small test numbers
 mod tests {
     use super::*;
 

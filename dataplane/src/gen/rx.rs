@@ -252,12 +252,13 @@ impl Receiver {
 }
 
 #[cfg(test)]
+#[allow(clippy::cast_possible_truncation)] // small test numbers
 mod tests {
     use super::*;
     use crate::craft;
 
     fn framed(flow: u32, seq: u32, tsc: u64, dst_mac: u8) -> Vec<u8> {
-        let mut payload = vec![0u8; 8 + STAMP_LEN];
+        let mut payload = [0u8; 8 + STAMP_LEN];
         stamp::write_template(&mut payload[8..], flow);
         stamp::write_varying(&mut payload[8..], seq, tsc);
         let udp = craft::udp(1, 2, &payload[8..]);

@@ -84,6 +84,7 @@ pub fn add_to_checksum(check: u16, added: u64) -> u16 {
 }
 
 #[cfg(test)]
+#[allow(clippy::cast_possible_truncation)] // small test numbers
 mod tests {
     use super::*;
     use crate::checksum::checksum;
