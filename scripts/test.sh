@@ -23,6 +23,9 @@ SMOKE=1 bench/pipeline_vs_testpmd.sh
 echo "== README performance section matches bench/results (lab_report --check)"
 target/release/lab_report --check
 
+echo "== lab smoke (sluice gen -> sluice run -> sluice gen over net_memif; asserts accounting only)"
+SMOKE=1 bench/lab.sh
+
 echo "== fuzz (bounded)"
 FUZZ_SECONDS="${FUZZ_SECONDS:-30}" scripts/fuzz.sh
 

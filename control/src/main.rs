@@ -3,16 +3,17 @@
 //! Sub-commands: `run` (the load balancer), `check` (validate a
 //! configuration), `status` (what a running appliance does), `forward` (a
 //! plain io-forwarder between two ports, the speed baseline and a proof of
-//! the DPDK bindings), `crds` (the CRDs of L34Route and GatewayRouter), `controller` (the
-//! controller-manager: EndpointSlices with stable identifiers and the SLLBR
-//! Deployments of the Gateways of a class).
+//! the DPDK bindings), `gen` (a traffic generator that accounts for what
+//! comes back), `crds` (the CRDs of L34Route and GatewayRouter), `controller`
+//! (the controller-manager: EndpointSlices with stable identifiers and the
+//! SLLBR Deployments of the Gateways of a class).
 #![forbid(unsafe_code)]
 
 mod logging;
 
 use clap::{Parser, Subcommand};
 use sluice::appliance as run;
-use sluice::cli::{check, controller, crds, forward, status, tables};
+use sluice::cli::{check, controller, crds, forward, gen, status, tables};
 
 /// Sluice: a kernel-bypass L3/L4 load balancer on DPDK.
 ///
@@ -40,6 +41,7 @@ enum Command {
     Tables(tables::TablesArgs),
     Explain(tables::ExplainArgs),
     Forward(forward::ForwardArgs),
+    Gen(Box<gen::GenArgs>),
     Crds(crds::CrdsArgs),
     Controller(controller::ControllerArgs),
 }
@@ -67,6 +69,7 @@ fn main() -> std::process::ExitCode {
         Command::Tables(args) => tables::tables(&args),
         Command::Explain(args) => tables::explain(&args),
         Command::Forward(args) => forward::run(&args),
+        Command::Gen(args) => gen::run(&args),
         Command::Crds(args) => crds::run(&args),
         Command::Controller(args) => controller::run(&args),
     };

@@ -10,6 +10,7 @@ pub mod classify;
 pub mod counters;
 pub mod craft;
 pub mod flow;
+pub mod gen;
 pub mod hash;
 pub mod icmp;
 pub mod io;

@@ -1,7 +1,13 @@
 //! [`PacketIo`] over DPDK queues: a worker's receive queues are its inputs,
-//! its transmit queues its outputs, in the order given.
+//! its transmit queues its outputs, in the order given. [`GenQueues`] adds
+//! a pool to allocate from, for the traffic generator.
 
+use std::sync::Arc;
+
+use sluice_dataplane::gen::GenIo;
 use sluice_dataplane::io::{Burst, PacketIo};
+
+use crate::mempool::Mempool;
 
 use crate::mbuf::{free_burst, Mbuf};
 use crate::port::{RxQueue, TxQueue};
@@ -45,5 +51,45 @@ impl PacketIo for QueueIo {
     #[inline(always)]
     fn prefetch(&self, addr: *const u8) {
         crate::mbuf::prefetch(addr);
+    }
+}
+
+/// The generator's queues: [`QueueIo`] and the pool its frames come from.
+#[derive(Debug)]
+pub struct GenQueues {
+    /// The queues.
+    pub io: QueueIo,
+    /// The pool new frames are allocated from.
+    pub pool: Arc<Mempool>,
+}
+
+impl PacketIo for GenQueues {
+    type Buf = Mbuf;
+
+    #[inline]
+    fn rx(&mut self, input: usize, burst: &mut Burst<Mbuf>) -> usize {
+        self.io.rx(input, burst)
+    }
+
+    #[inline]
+    fn tx(&mut self, output: usize, burst: &mut Burst<Mbuf>) -> usize {
+        self.io.tx(output, burst)
+    }
+
+    #[inline]
+    fn free(&mut self, burst: &mut Burst<Mbuf>) {
+        free_burst(burst);
+    }
+}
+
+impl GenIo for GenQueues {
+    #[inline]
+    fn alloc(&mut self, burst: &mut Burst<Mbuf>, n: usize) -> usize {
+        self.pool.alloc_bulk(burst, n)
+    }
+
+    #[inline]
+    fn set_len(&self, buf: &mut Mbuf, len: usize) -> bool {
+        buf.set_len(len)
     }
 }

@@ -14,7 +14,9 @@ use std::sync::Arc;
 use crate::eal::Eal;
 use crate::error::{call_error, Error, Result};
 use crate::keep::{Holder, KeepAlive};
-use crate::mbuf::Mbuf;
+use sluice_dataplane::io::{Burst, BURST};
+
+use crate::mbuf::{burst_u32, Mbuf};
 use crate::sys;
 
 /// A pool of packet buffers.
@@ -95,6 +97,28 @@ impl Mempool {
         let m = unsafe { sys::sluice_pktmbuf_alloc(self.ptr.as_ptr()) };
         // SAFETY: a non-null result is a freshly allocated mbuf we now own.
         NonNull::new(m).map(|m| unsafe { Mbuf::from_raw(m) })
+    }
+
+    /// Appends `n` mbufs, reset and empty, to `burst` in one call, or none
+    /// when the pool has fewer than `n` free (or `burst` has less room);
+    /// returns how many were added.
+    pub fn alloc_bulk(&self, burst: &mut Burst<Mbuf>, n: usize) -> usize {
+        let len = burst.len();
+        if n == 0 || n > BURST - len {
+            return 0;
+        }
+        // SAFETY: the `n` slots after `len` are free capacity for mbuf
+        // pointers (Mbuf is repr(transparent) over a non-null pointer);
+        // rte_pktmbuf_alloc_bulk fills all `n` or none (returns non-zero);
+        // only on success does set_len take them as owned mbufs.
+        unsafe {
+            let dst = burst.as_mut_ptr().add(len).cast::<*mut sys::rte_mbuf>();
+            if sys::sluice_pktmbuf_alloc_bulk(self.ptr.as_ptr(), dst, burst_u32(n)) != 0 {
+                return 0;
+            }
+            burst.set_len(len + n);
+        }
+        n
     }
 
     pub(crate) fn as_ptr(&self) -> *mut sys::rte_mempool {

@@ -15,6 +15,16 @@ pub fn count_lcores(list: &str) -> usize {
         .sum()
 }
 
+/// The EAL arguments that open `device`: `-a ADDR` for a PCI device,
+/// `--vdev=DEVICE` for a virtual one.
+pub fn device_args(device: &str) -> Vec<String> {
+    if crate::config::is_pci_device(device) {
+        vec!["-a".to_owned(), device.to_owned()]
+    } else {
+        vec![format!("--vdev={device}")]
+    }
+}
+
 /// Name of the tap device of port `i`'s exception path.
 pub fn tap_device(i: usize) -> String {
     format!("net_tap{i}")
@@ -63,5 +73,11 @@ mod tests {
         assert_eq!(count_lcores("0-3,6"), 5);
         assert_eq!(count_lcores("3-1"), 0);
         assert_eq!(count_lcores("x"), 0);
+    }
+
+    #[test]
+    fn devices_as_eal_arguments() {
+        assert_eq!(device_args("0000:3b:00.0"), ["-a", "0000:3b:00.0"]);
+        assert_eq!(device_args("net_memif0,role=server,socket=/tmp/a.sock"), ["--vdev=net_memif0,role=server,socket=/tmp/a.sock"]);
     }
 }

@@ -6,3 +6,4 @@ pub mod crds;
 pub mod status;
 pub mod tables;
 pub mod forward;
+pub mod gen;

@@ -126,11 +126,17 @@ pub struct PortConfig {
     pub kernel_interface: String,
 }
 
+/// True when `device` (a name with optional `,key=value` arguments) is a
+/// PCI address such as `0000:3b:00.0`, false for a virtual device.
+pub fn is_pci_device(device: &str) -> bool {
+    let d = device.split(',').next().unwrap_or("");
+    d.contains(':') && d.chars().all(|c| c.is_ascii_hexdigit() || c == ':' || c == '.')
+}
+
 impl PortConfig {
     /// True for a PCI device (passed with `-a`), false for a vdev.
     pub fn is_pci(&self) -> bool {
-        let d = self.device.split(',').next().unwrap_or("");
-        d.contains(':') && d.chars().all(|c| c.is_ascii_hexdigit() || c == ':' || c == '.')
+        is_pci_device(&self.device)
     }
 
     /// The DPDK device name (without arguments).

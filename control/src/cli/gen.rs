@@ -1,0 +1,710 @@
+//! `sluice gen`: a DPDK traffic generator on any port Sluice can open.
+//!
+//! It sends a flow mix (or frames replayed from a pcap) on one port at a
+//! rate for a duration, receives on every port it opened, and reports what
+//! came back: sent, received, lost, reordered, per-endpoint share and
+//! latency (timestamps carried in the frames). A progress line goes to
+//! stderr once a second; the report is JSON on stdout (or in a file).
+//!
+//! The per-packet work is `sluice_dataplane::gen` over
+//! `sluice_ffi::GenQueues`; this module sets up the EAL and ports (the
+//! same `Port::start` as `sluice run`), runs the loop on a worker lcore
+//! (or the main one), watches, and writes the report.
+
+use std::fs::File;
+use std::io::{BufReader, Write};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use serde::Serialize;
+use sluice_dataplane::gen::mix::{self, Datagram, MAX_FRAME};
+use sluice_dataplane::gen::{self as core, Control, EndpointBy, Generator, Kind, Lanes, MixSpec, Pacer, Receiver, Schedule, Timing};
+use sluice_ffi::{Eal, GenQueues, Mempool, Port, PortConfig, QueueIo, DEFAULT_DATA_ROOM};
+
+use crate::appliance::eal::device_args;
+
+/// Send a flow mix or a pcap on a port, receive what comes back, report.
+///
+/// The first --port sends; every --port receives. Frames carry a flow id, a
+/// sequence number and a timestamp at the end of their IP packet, so the
+/// report has lost, reordered, per-endpoint share and latency. The report
+/// is JSON on stdout (or in --json FILE); a progress line goes to stderr
+/// once a second.
+///
+/// Examples (no NIC, no hugepages):
+///   sluice gen --port net_null0 --dst-mac 02:00:00:00:00:02 --duration 5
+///   sluice gen --port net_memif0,role=server,socket=/tmp/lb.sock \
+///       --port net_memif1,role=server,socket=/tmp/back.sock \
+///       --dst-mac 02:51:00:00:00:01 --vips 20.0.0.1,fd00::20 --dports 80,443 \
+///       --proto tcp-syn,udp --flows 10000 --rate 1M --duration 10
+///   sluice gen --port net_tap0,iface=gen0 --pcap trace.pcap --pcap-timing
+#[derive(Debug, clap::Args)]
+#[command(verbatim_doc_comment)]
+pub struct GenArgs {
+    /// A port to open, as `sluice run` names devices: a PCI address
+    /// (0000:3b:00.0) or a virtual device with its arguments (net_memif0,
+    /// net_af_packet0,iface=veth0, net_tap0, net_ring0, net_null0, ...).
+    /// Repeat for more; the first sends. Devices already opened by EAL
+    /// arguments after `--` may be named here without arguments.
+    #[arg(long = "port", value_name = "DEVICE", required = true)]
+    ports: Vec<String>,
+
+    /// Destination MAC of generated frames (the appliance's port).
+    /// Required unless --pcap is given.
+    #[arg(long, value_name = "MAC")]
+    dst_mac: Option<String>,
+
+    /// Source MAC of generated frames. Default: the sending port's MAC.
+    #[arg(long, value_name = "MAC")]
+    src_mac: Option<String>,
+
+    /// Number of flows (distinct 5-tuples), 1..=4000000.
+    #[arg(long, default_value_t = 1024)]
+    flows: u32,
+
+    /// Destination addresses (VIPs), comma separated; IPv4 and IPv6 may be
+    /// mixed (flow i goes to VIP i mod count).
+    #[arg(long, value_delimiter = ',', default_value = "20.0.0.1", value_name = "IP,...")]
+    vips: Vec<IpAddr>,
+
+    /// Destination ports, comma separated.
+    #[arg(long, value_delimiter = ',', default_value = "80", value_name = "PORT,...")]
+    dports: Vec<u16>,
+
+    /// Transports, comma separated: tcp-syn (SYN only), tcp-data (ACK+PSH
+    /// with payload), udp. Flow i uses transport i mod count.
+    #[arg(long = "proto", value_delimiter = ',', default_value = "udp", value_name = "KIND,...")]
+    protos: Vec<String>,
+
+    /// Frame sizes in bytes including the 4-byte FCS, 64..=1518, comma
+    /// separated (flow i uses size i mod count). A frame too small for its
+    /// headers and the 20-byte stamp is made just large enough (IPv4 TCP:
+    /// 78, IPv6 TCP: 98).
+    #[arg(long, value_delimiter = ',', default_value = "64", value_name = "BYTES,...")]
+    sizes: Vec<u16>,
+
+    /// Percent of UDP flows sent as two IP fragments per datagram, 0..=100.
+    #[arg(long, default_value_t = 0, value_name = "PERCENT")]
+    fragments: u8,
+
+    /// Source addresses of IPv4 flows: this address plus 1, 2, ...
+    #[arg(long, default_value = "30.0.0.0", value_name = "IPV4")]
+    clients_v4: Ipv4Addr,
+
+    /// Source addresses of IPv6 flows: this address plus 1, 2, ...
+    #[arg(long, default_value = "fd00:30::", value_name = "IPV6")]
+    clients_v6: Ipv6Addr,
+
+    /// Frames per second: a number with an optional k/M/G suffix (250k,
+    /// 1.5M), `line` (the sending port's link speed at the mean frame size,
+    /// 20 bytes of preamble and gap each), or `max` (as fast as the port
+    /// takes them). With --pcap-timing, ignored.
+    #[arg(long, default_value = "max", value_name = "PPS|line|max")]
+    rate: String,
+
+    /// Seconds to send; then the generator receives for --drain-ms more
+    /// and reports. SIGINT or SIGTERM ends sending early.
+    #[arg(long, default_value_t = 10.0, value_name = "SECS")]
+    duration: f64,
+
+    /// Stop after this many datagrams (frames, except fragmented ones) even
+    /// if the duration has not passed.
+    #[arg(long, value_name = "N")]
+    count: Option<u64>,
+
+    /// Milliseconds to keep receiving after sending stops, for frames in flight.
+    #[arg(long, default_value_t = 500, value_name = "MS")]
+    drain_ms: u64,
+
+    /// Replay the frames of this pcap (classic libpcap format), looped,
+    /// instead of a flow mix. Frames are sent unchanged (no stamp): lost
+    /// is then what was sent minus every frame received.
+    #[arg(long, value_name = "FILE")]
+    pcap: Option<PathBuf>,
+
+    /// With --pcap: send at the file's own timing (looped) instead of --rate.
+    #[arg(long, requires = "pcap")]
+    pcap_timing: bool,
+
+    /// With --pcap: read at most this many frames from the file.
+    #[arg(long, default_value_t = 1_000_000, value_name = "N")]
+    pcap_max: usize,
+
+    /// How the endpoint of a received frame is told: auto (destination
+    /// MAC, or the outer destination address of IPIP / IPv6-in-IP), mac,
+    /// or ip (outermost destination address, e.g. for GUE).
+    #[arg(long, default_value = "auto", value_name = "auto|mac|ip")]
+    endpoint_by: String,
+
+    /// Seconds to wait for every port's link to come up (a memif peer to
+    /// connect) before sending.
+    #[arg(long, default_value_t = 30.0, value_name = "SECS")]
+    wait_link: f64,
+
+    /// After the links are up, also wait (within --wait-link) until the
+    /// appliance whose admin endpoint listens at this address answers
+    /// `GET /readyz` with 200, so that nothing is sent before it serves.
+    #[arg(long, value_name = "HOST:PORT")]
+    wait_ready: Option<String>,
+
+    /// Write the JSON report to this file instead of stdout.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+
+    /// No progress line.
+    #[arg(long, short)]
+    quiet: bool,
+
+    /// EAL cores (-l). The generator runs on the second core listed, or on
+    /// the only one.
+    #[arg(long, default_value = "0,1", value_name = "LIST")]
+    lcores: String,
+
+    /// EAL memory in MB (-m).
+    #[arg(long, default_value_t = 1024, value_name = "MB")]
+    memory_mb: u32,
+
+    /// Use hugepages (default: --no-huge).
+    #[arg(long)]
+    hugepages: bool,
+
+    /// EAL --file-prefix. Default: sluice-gen-<pid>.
+    #[arg(long, value_name = "NAME")]
+    file_prefix: Option<String>,
+
+    /// Mbufs in the packet pool.
+    #[arg(long, default_value_t = 16383)]
+    mbufs: u32,
+
+    /// Receive and transmit descriptors per queue.
+    #[arg(long, default_value_t = 1024)]
+    descriptors: u16,
+
+    /// More EAL arguments (after `--`), as they are.
+    #[arg(last = true, value_name = "EAL_ARGS")]
+    eal: Vec<String>,
+}
+
+/// Parses a rate: a number with an optional k/M/G suffix.
+fn parse_pps(s: &str) -> Result<u64> {
+    let (num, mult) = match s.chars().last() {
+        Some('k' | 'K') => (&s[..s.len() - 1], 1e3),
+        Some('m' | 'M') => (&s[..s.len() - 1], 1e6),
+        Some('g' | 'G') => (&s[..s.len() - 1], 1e9),
+        _ => (s, 1.0),
+    };
+    let v: f64 = num.trim().parse().with_context(|| format!("--rate {s:?}: not a number, `line` or `max`"))?;
+    let pps = v * mult;
+    if !(1.0..=1e10).contains(&pps) {
+        bail!("--rate {s:?}: out of range (1 to 10G frames per second)");
+    }
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // checked range
+    Ok(pps.round() as u64)
+}
+
+/// Parses `aa:bb:cc:dd:ee:ff`.
+fn parse_mac(s: &str) -> Result<[u8; 6]> {
+    let parts: Vec<&str> = s.split(':').collect();
+    if parts.len() != 6 {
+        bail!("{s:?} is not a MAC address (aa:bb:cc:dd:ee:ff)");
+    }
+    let mut m = [0u8; 6];
+    for (b, p) in m.iter_mut().zip(parts) {
+        *b = u8::from_str_radix(p, 16).with_context(|| format!("{s:?} is not a MAC address"))?;
+    }
+    Ok(m)
+}
+
+fn parse_kind(s: &str) -> Result<Kind> {
+    Ok(match s.trim() {
+        "tcp-syn" | "syn" => Kind::TcpSyn,
+        "tcp-data" | "tcp" => Kind::TcpData,
+        "udp" => Kind::Udp,
+        other => bail!("--proto {other:?}: one of tcp-syn, tcp-data, udp"),
+    })
+}
+
+fn parse_endpoint_by(s: &str) -> Result<EndpointBy> {
+    Ok(match s {
+        "auto" => EndpointBy::Auto,
+        "mac" => EndpointBy::Mac,
+        "ip" => EndpointBy::OuterIp,
+        other => bail!("--endpoint-by {other:?}: one of auto, mac, ip"),
+    })
+}
+
+/// The EAL arguments for `args`.
+fn eal_args(args: &GenArgs) -> Vec<String> {
+    let mut a = vec!["-l".to_owned(), args.lcores.clone(), "-m".to_owned(), args.memory_mb.to_string()];
+    if !args.hugepages {
+        a.push("--no-huge".into());
+    }
+    let prefix = args.file_prefix.clone().unwrap_or_else(|| format!("sluice-gen-{}", std::process::id()));
+    a.push(format!("--file-prefix={prefix}"));
+    a.push("--no-telemetry".into());
+    let given = args.eal.join(" ");
+    let opened_after_dashes = |name: &str| given.contains(name);
+    let devices: Vec<&String> = args.ports.iter().filter(|p| p.contains(',') || !opened_after_dashes(p)).collect();
+    if !devices.iter().any(|d| crate::config::is_pci_device(d)) && !given.contains("-a ") && !given.contains("--allow") {
+        a.push("--no-pci".into());
+    }
+    for d in devices {
+        a.extend(device_args(d));
+    }
+    a.extend(args.eal.iter().cloned());
+    a
+}
+
+/// Frames of a pcap file, with their offsets from the first (ns).
+fn read_pcap(path: &PathBuf, max: usize, room: usize) -> Result<(Vec<Vec<u8>>, Vec<u64>)> {
+    let f = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let mut r = pcap_file::pcap::PcapReader::new(BufReader::new(f))
+        .with_context(|| format!("{}: not a pcap file (classic libpcap format)", path.display()))?;
+    let (mut frames, mut at) = (Vec::new(), Vec::new());
+    let mut first: Option<Duration> = None;
+    while let Some(p) = r.next_packet() {
+        let p = p.with_context(|| format!("reading {}", path.display()))?;
+        if frames.len() >= max {
+            tracing::warn!(max, "pcap has more frames than --pcap-max; the rest are left out");
+            break;
+        }
+        if p.data.len() > room || p.data.len() < 14 {
+            bail!("{}: frame {} has {} bytes (a frame must be 14..={room})", path.display(), frames.len(), p.data.len());
+        }
+        let t0 = *first.get_or_insert(p.timestamp);
+        at.push(u64::try_from(p.timestamp.saturating_sub(t0).as_nanos()).unwrap_or(u64::MAX));
+        frames.push(p.data.into_owned());
+    }
+    if frames.is_empty() {
+        bail!("{}: no frames", path.display());
+    }
+    Ok((frames, at))
+}
+
+#[derive(Debug, Serialize)]
+struct Latency {
+    p50: f64,
+    p99: f64,
+    p999: f64,
+    min: f64,
+    max: f64,
+    mean: f64,
+    samples: u64,
+}
+
+#[derive(Debug, Serialize)]
+struct EndpointShare {
+    endpoint: String,
+    packets: u64,
+    share: f64,
+}
+
+#[derive(Debug, Serialize)]
+struct PortReport {
+    device: String,
+    driver: String,
+    mac: String,
+    rx_packets: u64,
+    tx_packets: u64,
+    rx_missed: u64,
+    rx_nombuf: u64,
+    tx_errors: u64,
+}
+
+/// The report (the JSON `sluice gen` writes).
+#[derive(Debug, Serialize)]
+struct Report {
+    mode: &'static str,
+    flows: u32,
+    /// Target rate in frames per second (0: as fast as the port takes them;
+    /// null: the pcap's own timing).
+    target_pps: Option<u64>,
+    mean_frame_bytes: f64,
+    /// Seconds from the first frame sent to the end of sending.
+    seconds: f64,
+    sent: u64,
+    sent_bytes: u64,
+    datagrams: u64,
+    received: u64,
+    received_bytes: u64,
+    lost: u64,
+    loss_ratio: f64,
+    reordered: u64,
+    duplicates: u64,
+    unstamped_received: u64,
+    unknown_flow: u64,
+    tx_full: u64,
+    alloc_failed: u64,
+    late_skipped: u64,
+    clock_skew: u64,
+    offered_pps: f64,
+    delivered_pps: f64,
+    latency_us: Option<Latency>,
+    endpoints: Vec<EndpointShare>,
+    endpoint_overflow: u64,
+    ports: Vec<PortReport>,
+    lcore: u32,
+    mbufs_in_use_after: u32,
+}
+
+fn latency(r: &Receiver) -> Option<Latency> {
+    let h = &r.latency;
+    if h.is_empty() {
+        return None;
+    }
+    #[allow(clippy::cast_precision_loss)] // nanoseconds as float microseconds
+    let us = |ns: u64| ns as f64 / 1000.0;
+    Some(Latency {
+        p50: us(h.value_at_quantile(0.5)),
+        p99: us(h.value_at_quantile(0.99)),
+        p999: us(h.value_at_quantile(0.999)),
+        min: us(h.min()),
+        max: us(h.max()),
+        mean: h.mean() / 1000.0,
+        samples: h.len(),
+    })
+}
+
+/// Waits until every port's link is up, or fails after `secs`.
+fn wait_links(ports: &[Port], secs: f64, stop: &AtomicBool) -> Result<()> {
+    let end = Instant::now() + Duration::from_secs_f64(secs.max(0.0));
+    loop {
+        let down: Vec<&str> = ports
+            .iter()
+            .filter(|p| !p.link().map(|l| l.up).unwrap_or(false))
+            .map(|p| p.info().name.as_str())
+            .collect();
+        if down.is_empty() {
+            return Ok(());
+        }
+        if Instant::now() >= end || stop.load(Ordering::Relaxed) {
+            bail!("link down after {secs} s on {} (is the peer running?)", down.join(", "));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// True when `GET /readyz` at `addr` answers 200.
+fn ready_once(addr: &str) -> bool {
+    use std::io::Read;
+    let Ok(mut addrs) = std::net::ToSocketAddrs::to_socket_addrs(addr) else { return false };
+    let Some(sa) = addrs.next() else { return false };
+    let Ok(mut s) = std::net::TcpStream::connect_timeout(&sa, Duration::from_millis(500)) else { return false };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+    if s.write_all(format!("GET /readyz HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes()).is_err() {
+        return false;
+    }
+    let mut head = [0u8; 12];
+    s.read_exact(&mut head).is_ok() && head.starts_with(b"HTTP/1.") && &head[9..12] == b"200"
+}
+
+/// Waits until the appliance at `addr` is ready, or fails at `by`.
+fn wait_ready(addr: &str, by: Instant, stop: &AtomicBool) -> Result<()> {
+    while !ready_once(addr) {
+        if Instant::now() >= by || stop.load(Ordering::Relaxed) {
+            bail!("the appliance at {addr} did not answer GET /readyz with 200 in time");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(())
+}
+
+/// Runs `sluice gen`.
+pub fn run(args: &GenArgs) -> Result<ExitCode> {
+    if !(args.duration > 0.0 && args.duration.is_finite()) {
+        bail!("--duration must be a positive number of seconds");
+    }
+    let by = parse_endpoint_by(&args.endpoint_by)?;
+    let kinds: Vec<Kind> = args.protos.iter().map(|k| parse_kind(k)).collect::<Result<_>>()?;
+    if args.pcap.is_none() && args.dst_mac.is_none() {
+        bail!("--dst-mac is required for a flow mix: the MAC of the appliance's port the frames go to");
+    }
+    let rate = args.rate.trim();
+    if args.pcap.is_some() && args.pcap_timing && rate != "max" {
+        tracing::warn!("--rate is ignored with --pcap-timing");
+    }
+
+    let eal = Eal::init(&eal_args(args))?;
+    for line in eal.startup_log().lines().filter(|l| !l.trim().is_empty()) {
+        tracing::debug!(target: "dpdk", "{line}");
+    }
+    let cache = if args.mbufs >= 4096 { 256 } else { 0 };
+    let pool = Mempool::new(&eal, "gen_pool", args.mbufs, cache, DEFAULT_DATA_ROOM)
+        .context("creating the packet pool (lower --mbufs, or raise --memory-mb)")?;
+    let room = usize::from(DEFAULT_DATA_ROOM) - 128;
+    let cfg = PortConfig { rx_desc: args.descriptors, tx_desc: args.descriptors, rss: false, ..PortConfig::default() };
+    let mut ports = Vec::new();
+    for dev in &args.ports {
+        let name = dev.split(',').next().unwrap_or(dev);
+        let id = sluice_ffi::port_by_name(&eal, name)?;
+        let p = Port::start(&eal, id, &cfg, &pool).with_context(|| format!("starting port {dev}"))?;
+        tracing::info!(port = %p.id(), name = %p.info().name, driver = %p.info().driver, mac = %p.mac()?, "port started");
+        ports.push(p);
+    }
+    let own_mac = ports[0].mac()?.0;
+
+    // What to send.
+    let (datagrams, flows, mean, recorded) = match &args.pcap {
+        Some(path) => {
+            let (frames, at) = read_pcap(path, args.pcap_max, room)?;
+            let n = u32::try_from(frames.len()).context("too many pcap frames")?;
+            let ds: Vec<Datagram> = frames.into_iter().zip(0u32..).map(|(f, i)| mix::raw(i, f)).collect();
+            let mean = mix::mean_frame_size(&ds);
+            (ds, n, mean, Some(at))
+        }
+        None => {
+            let spec = MixSpec {
+                flows: args.flows,
+                vips: args.vips.clone(),
+                ports: args.dports.clone(),
+                kinds,
+                sizes: args.sizes.clone(),
+                fragment_percent: args.fragments,
+                src_mac: match &args.src_mac {
+                    Some(m) => parse_mac(m)?,
+                    None => own_mac,
+                },
+                dst_mac: parse_mac(args.dst_mac.as_deref().unwrap_or_default())?,
+                client_v4: args.clients_v4,
+                client_v6: args.clients_v6,
+            };
+            let ds = core::build(&spec)?;
+            let mean = mix::mean_frame_size(&ds);
+            (ds, args.flows, mean, None)
+        }
+    };
+    debug_assert!(usize::from(MAX_FRAME) <= room);
+
+    let hz = eal.tsc_hz();
+    let target_pps = match (rate, &recorded, args.pcap_timing) {
+        (_, Some(_), true) => None,
+        ("max", _, _) => Some(0),
+        ("line", _, _) => {
+            let speed = ports[0].link()?.speed_mbps;
+            if speed == 0 {
+                bail!("--rate line: port {} reports no link speed; give a rate in frames per second", ports[0].info().name);
+            }
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_precision_loss)]
+            let pps = (f64::from(speed) * 1e6 / ((mean + 20.0) * 8.0)) as u64;
+            Some(pps)
+        }
+        (r, _, _) => Some(parse_pps(r)?),
+    };
+
+    let stop_signal = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, Arc::clone(&stop_signal)).context("installing signal handlers")?;
+    }
+    let ready_by = Instant::now() + Duration::from_secs_f64(args.wait_link.max(0.0));
+    wait_links(&ports, args.wait_link, &stop_signal)?;
+    if let Some(addr) = &args.wait_ready {
+        wait_ready(addr, ready_by, &stop_signal)?;
+    }
+    for p in &ports {
+        p.reset_stats()?;
+    }
+
+    let mut io = QueueIo::default();
+    for p in &mut ports {
+        io.rx.push(p.take_rx_queue(0).context("rx queue 0")?);
+    }
+    io.tx.push(ports[0].take_tx_queue(0).context("tx queue 0")?);
+    let mut io = GenQueues { io, pool: Arc::clone(&pool) };
+    let inputs = ports.len();
+    let receiver = Receiver::new(flows, hz, by).context("latency histogram")?;
+    let drain = args.drain_ms.saturating_mul(hz) / 1000;
+    let ctl = Arc::new(Control::default());
+    let result: Arc<Mutex<Option<(Generator, Receiver, f64)>>> = Arc::new(Mutex::new(None));
+    let limit = args.count;
+
+    let body = {
+        let ctl = Arc::clone(&ctl);
+        let result = Arc::clone(&result);
+        move |datagrams: Vec<Datagram>, recorded: Option<Vec<u64>>| {
+            let start = sluice_ffi::tsc();
+            let timing = match (recorded, target_pps) {
+                (Some(at), None) => {
+                    let ticks: Vec<u64> =
+                        at.iter().map(|ns| u64::try_from(u128::from(*ns) * u128::from(hz) / 1_000_000_000).unwrap_or(u64::MAX)).collect();
+                    // One pass lasts as long as the capture plus its mean gap.
+                    let last = ticks.last().copied().unwrap_or(0);
+                    let gap = last / (ticks.len() as u64).max(1);
+                    Timing::Recorded(Schedule::new(ticks, last + gap.max(1), start))
+                }
+                (_, pps) => Timing::Rate(Pacer::new(hz, pps.unwrap_or(0), start, 4096)),
+            };
+            let mut gen = Generator::new(datagrams, flows, timing, limit);
+            let mut rx = receiver;
+            core::run(&mut io, Lanes { out: 0, inputs, drain }, &mut gen, &mut rx, &ctl, sluice_ffi::tsc);
+            // Sending lasted from `start` to the drain's start.
+            #[allow(clippy::cast_precision_loss)]
+            let secs = (sluice_ffi::tsc().saturating_sub(start).saturating_sub(drain)) as f64 / hz as f64;
+            drop(io);
+            *result.lock().unwrap_or_else(PoisonError::into_inner) = Some((gen, rx, secs));
+        }
+    };
+
+    let worker = eal.worker_lcores().first().copied();
+    let lcore = worker.unwrap_or_else(|| eal.main_lcore());
+    tracing::info!(%lcore, flows, datagrams = datagrams.len(), target_pps = ?target_pps, "generating");
+    let (duration, quiet) = (args.duration, args.quiet);
+    match worker {
+        Some(l) => {
+            let task = eal.launch(l, Arc::new(AtomicBool::new(false)), move |_| {
+                body(datagrams, recorded);
+                0
+            })?;
+            // Watch from here, sleeping: waiting for the lcore spins.
+            watch(&ctl, &stop_signal, duration, quiet);
+            let rc = task.wait()?;
+            if rc != 0 {
+                bail!("the generator task on lcore {l} failed ({rc})");
+            }
+        }
+        None => {
+            let watcher = {
+                let (ctl, stop_signal) = (Arc::clone(&ctl), Arc::clone(&stop_signal));
+                std::thread::spawn(move || watch(&ctl, &stop_signal, duration, quiet))
+            };
+            body(datagrams, recorded);
+            let _ = watcher.join();
+        }
+    }
+
+    let Some((gen, rx, secs)) = result.lock().unwrap_or_else(PoisonError::into_inner).take() else {
+        bail!("the generator ended without a result");
+    };
+    let port_reports = ports
+        .iter()
+        .map(|p| {
+            let s = p.stats()?;
+            Ok(PortReport {
+                device: p.info().name.clone(),
+                driver: p.info().driver.clone(),
+                mac: p.mac()?.to_string(),
+                rx_packets: s.ipackets,
+                tx_packets: s.opackets,
+                rx_missed: s.imissed,
+                rx_nombuf: s.rx_nombuf,
+                tx_errors: s.oerrors,
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    drop(ports);
+    let c = gen.counters;
+    let stamped = args.pcap.is_none();
+    let received = if stamped { rx.received } else { rx.received + rx.unstamped };
+    let lost = c.sent.saturating_sub(received);
+    #[allow(clippy::cast_precision_loss)]
+    let ratio = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
+    let per_sec = |n: u64| if secs > 0.0 { ratio(n, 1) / secs } else { 0.0 };
+    let endpoints = rx
+        .endpoints()
+        .into_iter()
+        .map(|(e, n)| EndpointShare { endpoint: e.to_string(), packets: n, share: ratio(n, rx.received) })
+        .collect();
+    let report = Report {
+        mode: if stamped { "mix" } else { "pcap" },
+        flows,
+        target_pps,
+        mean_frame_bytes: mean,
+        seconds: secs,
+        sent: c.sent,
+        sent_bytes: c.sent_bytes,
+        datagrams: c.datagrams,
+        received,
+        received_bytes: rx.received_bytes,
+        lost,
+        loss_ratio: ratio(lost, c.sent),
+        reordered: rx.reordered,
+        duplicates: rx.duplicates,
+        unstamped_received: rx.unstamped,
+        unknown_flow: rx.unknown_flow,
+        tx_full: c.tx_full,
+        alloc_failed: c.alloc_failed,
+        late_skipped: gen.skipped(),
+        clock_skew: rx.clock_skew,
+        offered_pps: per_sec(c.sent),
+        delivered_pps: per_sec(received),
+        latency_us: latency(&rx),
+        endpoints,
+        endpoint_overflow: rx.endpoint_overflow(),
+        ports: port_reports,
+        lcore: lcore.0,
+        mbufs_in_use_after: pool.in_use(),
+    };
+    let json = serde_json::to_string_pretty(&report)?;
+    match &args.json {
+        Some(path) => std::fs::write(path, json + "\n").with_context(|| format!("writing {}", path.display()))?,
+        None => {
+            let mut out = std::io::stdout().lock();
+            writeln!(out, "{json}")?;
+        }
+    }
+    if report.mbufs_in_use_after != 0 {
+        tracing::error!(in_use = report.mbufs_in_use_after, "mbuf leak");
+        return Ok(ExitCode::from(1));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Ends sending after `duration` or at a signal, and prints progress once
+/// a second, until the loop has returned.
+fn watch(ctl: &Control, signal: &AtomicBool, duration: f64, quiet: bool) {
+    let start = Instant::now();
+    let end = start + Duration::from_secs_f64(duration);
+    let mut last = (start, 0u64, 0u64);
+    let mut next_line = start + Duration::from_secs(1);
+    while !ctl.finished.load(Ordering::Acquire) {
+        let now = Instant::now();
+        if now >= end || signal.load(Ordering::Relaxed) {
+            ctl.stop_tx.store(true, Ordering::Relaxed);
+        }
+        if !quiet && now >= next_line {
+            let (sent, recv) = (ctl.sent.load(Ordering::Relaxed), ctl.received.load(Ordering::Relaxed));
+            let dt = (now - last.0).as_secs_f64();
+            #[allow(clippy::cast_precision_loss)]
+            let rate = |a: u64, b: u64| (a.saturating_sub(b)) as f64 / dt / 1e6;
+            eprintln!(
+                "gen {:6.1}s  sent {sent:>12} ({:7.3} Mpps)  received {recv:>12} ({:7.3} Mpps)  not back {:>10}  tx-full {}{}",
+                (now - start).as_secs_f64(),
+                rate(sent, last.1),
+                rate(recv, last.2),
+                sent.saturating_sub(recv),
+                ctl.tx_full.load(Ordering::Relaxed),
+                if ctl.tx_done.load(Ordering::Relaxed) { "  (draining)" } else { "" },
+            );
+            last = (now, sent, recv);
+            next_line += Duration::from_secs(1);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rates() {
+        assert_eq!(parse_pps("250k").unwrap(), 250_000);
+        assert_eq!(parse_pps("1.5M").unwrap(), 1_500_000);
+        assert_eq!(parse_pps("1000").unwrap(), 1000);
+        assert!(parse_pps("0").is_err());
+        assert!(parse_pps("fast").is_err());
+    }
+
+    #[test]
+    fn macs_and_kinds() {
+        assert_eq!(parse_mac("02:51:00:00:00:0a").unwrap(), [2, 0x51, 0, 0, 0, 10]);
+        assert!(parse_mac("02:51:00:00:00").is_err());
+        assert!(parse_mac("02:51:00:00:00:zz").is_err());
+        assert_eq!(parse_kind("tcp-syn").unwrap(), Kind::TcpSyn);
+        assert!(parse_kind("icmp").is_err());
+    }
+}
