@@ -9,6 +9,8 @@ PKGS=(
   dpdk dpdk-dev libdpdk-dev libclang-dev pkg-config build-essential
   # network test topology and inspection
   iproute2 iputils-ping tcpdump ethtool procps
+  # reading the pcaps sluice capture writes (tests/capture.rs uses it when present)
+  tshark
   # traffic and peers for the end-to-end tests and demo
   socat netcat-openbsd python3 bird2 curl bc
   # benchmarks (instruction counts; bench/compare_ns.sh: the kernel load balancers)

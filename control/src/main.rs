@@ -4,16 +4,17 @@
 //! configuration), `status` (what a running appliance does), `forward` (a
 //! plain io-forwarder between two ports, the speed baseline and a proof of
 //! the DPDK bindings), `gen` (a traffic generator that accounts for what
-//! comes back), `crds` (the CRDs of L34Route and GatewayRouter), `controller`
-//! (the controller-manager: EndpointSlices with stable identifiers and the
-//! SLLBR Deployments of the Gateways of a class).
+//! comes back), `capture` (a port's frames to a pcap file), `crds` (the
+//! CRDs of L34Route and GatewayRouter), `controller` (the
+//! controller-manager: EndpointSlices with stable identifiers and the SLLBR
+//! Deployments of the Gateways of a class).
 #![forbid(unsafe_code)]
 
 mod logging;
 
 use clap::{Parser, Subcommand};
 use sluice::appliance as run;
-use sluice::cli::{check, controller, crds, forward, gen, status, tables};
+use sluice::cli::{capture, check, controller, crds, forward, gen, status, tables};
 
 /// Sluice: a kernel-bypass L3/L4 load balancer on DPDK.
 ///
@@ -42,6 +43,7 @@ enum Command {
     Explain(tables::ExplainArgs),
     Forward(forward::ForwardArgs),
     Gen(Box<gen::GenArgs>),
+    Capture(Box<capture::CaptureArgs>),
     Crds(crds::CrdsArgs),
     Controller(controller::ControllerArgs),
 }
@@ -70,6 +72,7 @@ fn main() -> std::process::ExitCode {
         Command::Explain(args) => tables::explain(&args),
         Command::Forward(args) => forward::run(&args),
         Command::Gen(args) => gen::run(&args),
+        Command::Capture(args) => capture::run(&args),
         Command::Crds(args) => crds::run(&args),
         Command::Controller(args) => controller::run(&args),
     };

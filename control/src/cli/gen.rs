@@ -160,34 +160,41 @@ pub struct GenArgs {
     #[arg(long, short)]
     quiet: bool,
 
-    /// EAL cores (-l). The generator runs on the second core listed, or on
-    /// the only one.
+    #[command(flatten)]
+    dpdk: EalFlags,
+}
+
+/// The DPDK side of `sluice gen` and `sluice capture`.
+#[derive(Debug, clap::Args)]
+pub struct EalFlags {
+    /// EAL cores (-l). The loop runs on the second core listed, or on the
+    /// only one.
     #[arg(long, default_value = "0,1", value_name = "LIST")]
-    lcores: String,
+    pub lcores: String,
 
     /// EAL memory in MB (-m).
     #[arg(long, default_value_t = 1024, value_name = "MB")]
-    memory_mb: u32,
+    pub memory_mb: u32,
 
     /// Use hugepages (default: --no-huge).
     #[arg(long)]
-    hugepages: bool,
+    pub hugepages: bool,
 
-    /// EAL --file-prefix. Default: sluice-gen-<pid>.
+    /// EAL --file-prefix. Default: sluice-<command>-<pid>.
     #[arg(long, value_name = "NAME")]
-    file_prefix: Option<String>,
+    pub file_prefix: Option<String>,
 
     /// Mbufs in the packet pool.
     #[arg(long, default_value_t = 16383)]
-    mbufs: u32,
+    pub mbufs: u32,
 
     /// Receive and transmit descriptors per queue.
     #[arg(long, default_value_t = 1024)]
-    descriptors: u16,
+    pub descriptors: u16,
 
     /// More EAL arguments (after `--`), as they are.
     #[arg(last = true, value_name = "EAL_ARGS")]
-    eal: Vec<String>,
+    pub eal: Vec<String>,
 }
 
 /// Parses a rate: a number with an optional k/M/G suffix.
@@ -238,26 +245,45 @@ fn parse_endpoint_by(s: &str) -> Result<EndpointBy> {
     })
 }
 
-/// The EAL arguments for `args`.
-fn eal_args(args: &GenArgs) -> Vec<String> {
-    let mut a = vec!["-l".to_owned(), args.lcores.clone(), "-m".to_owned(), args.memory_mb.to_string()];
-    if !args.hugepages {
+/// The EAL arguments that open `ports` (device specs) with `d`; `what`
+/// names the default file prefix.
+pub fn eal_args(d: &EalFlags, ports: &[String], what: &str) -> Vec<String> {
+    let mut a = vec!["-l".to_owned(), d.lcores.clone(), "-m".to_owned(), d.memory_mb.to_string()];
+    if !d.hugepages {
         a.push("--no-huge".into());
     }
-    let prefix = args.file_prefix.clone().unwrap_or_else(|| format!("sluice-gen-{}", std::process::id()));
+    let prefix = d.file_prefix.clone().unwrap_or_else(|| format!("sluice-{what}-{}", std::process::id()));
     a.push(format!("--file-prefix={prefix}"));
     a.push("--no-telemetry".into());
-    let given = args.eal.join(" ");
+    let given = d.eal.join(" ");
     let opened_after_dashes = |name: &str| given.contains(name);
-    let devices: Vec<&String> = args.ports.iter().filter(|p| p.contains(',') || !opened_after_dashes(p)).collect();
+    let devices: Vec<&String> = ports.iter().filter(|p| p.contains(',') || !opened_after_dashes(p)).collect();
     if !devices.iter().any(|d| crate::config::is_pci_device(d)) && !given.contains("-a ") && !given.contains("--allow") {
         a.push("--no-pci".into());
     }
-    for d in devices {
-        a.extend(device_args(d));
+    for dev in devices {
+        a.extend(device_args(dev));
     }
-    a.extend(args.eal.iter().cloned());
+    a.extend(d.eal.iter().cloned());
     a
+}
+
+/// Starts every port of `devices` with one queue each, receiving into a
+/// new pool of `d.mbufs`.
+pub fn start_ports(eal: &Eal, d: &EalFlags, devices: &[String], pool_name: &str) -> Result<(Arc<Mempool>, Vec<Port>)> {
+    let cache = if d.mbufs >= 4096 { 256 } else { 0 };
+    let pool = Mempool::new(eal, pool_name, d.mbufs, cache, DEFAULT_DATA_ROOM)
+        .context("creating the packet pool (lower --mbufs, or raise --memory-mb)")?;
+    let cfg = PortConfig { rx_desc: d.descriptors, tx_desc: d.descriptors, rss: false, ..PortConfig::default() };
+    let mut ports = Vec::new();
+    for dev in devices {
+        let name = dev.split(',').next().unwrap_or(dev);
+        let id = sluice_ffi::port_by_name(eal, name)?;
+        let p = Port::start(eal, id, &cfg, &pool).with_context(|| format!("starting port {dev}"))?;
+        tracing::info!(port = %p.id(), name = %p.info().name, driver = %p.info().driver, mac = %p.mac()?, "port started");
+        ports.push(p);
+    }
+    Ok((pool, ports))
 }
 
 /// Frames of a pcap file, with their offsets from the first (ns).
@@ -429,23 +455,12 @@ pub fn run(args: &GenArgs) -> Result<ExitCode> {
         tracing::warn!("--rate is ignored with --pcap-timing");
     }
 
-    let eal = Eal::init(&eal_args(args))?;
+    let eal = Eal::init(&eal_args(&args.dpdk, &args.ports, "gen"))?;
     for line in eal.startup_log().lines().filter(|l| !l.trim().is_empty()) {
         tracing::debug!(target: "dpdk", "{line}");
     }
-    let cache = if args.mbufs >= 4096 { 256 } else { 0 };
-    let pool = Mempool::new(&eal, "gen_pool", args.mbufs, cache, DEFAULT_DATA_ROOM)
-        .context("creating the packet pool (lower --mbufs, or raise --memory-mb)")?;
     let room = usize::from(DEFAULT_DATA_ROOM) - 128;
-    let cfg = PortConfig { rx_desc: args.descriptors, tx_desc: args.descriptors, rss: false, ..PortConfig::default() };
-    let mut ports = Vec::new();
-    for dev in &args.ports {
-        let name = dev.split(',').next().unwrap_or(dev);
-        let id = sluice_ffi::port_by_name(&eal, name)?;
-        let p = Port::start(&eal, id, &cfg, &pool).with_context(|| format!("starting port {dev}"))?;
-        tracing::info!(port = %p.id(), name = %p.info().name, driver = %p.info().driver, mac = %p.mac()?, "port started");
-        ports.push(p);
-    }
+    let (pool, mut ports) = start_ports(&eal, &args.dpdk, &args.ports, "gen_pool")?;
     let own_mac = ports[0].mac()?.0;
 
     // What to send.

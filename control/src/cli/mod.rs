@@ -1,5 +1,6 @@
 //! The sub-commands other than `run` (which is [`crate::appliance`]).
 
+pub mod capture;
 pub mod check;
 pub mod controller;
 pub mod crds;
