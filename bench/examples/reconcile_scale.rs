@@ -14,6 +14,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::cast_possible_truncation, clippy::cast_precision_loss)]
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 use std::time::Instant;
 
 use serde_json::json;
@@ -78,7 +79,7 @@ fn main() {
         let name = format!("svc-{s:05}");
         clusters.insert(
             name.clone(),
-            L4Cluster {
+            Arc::new(L4Cluster {
                 name: name.clone(),
                 endpoints: EndpointsFrom::Eds(name.clone()),
                 vip: Addr::from(std::net::Ipv4Addr::from(0x1400_0000u32 + s as u32)),
@@ -89,7 +90,7 @@ fn main() {
                 limit: None,
                 flow_table: None,
                 delivery: None,
-            },
+            }),
         );
         let endpoints = (0..per)
             .map(|e| LbEndpoint {
@@ -102,7 +103,7 @@ fn main() {
                 path: format!("endpoints[0].lb_endpoints[{e}]"),
             })
             .collect();
-        clas.insert(name, ClaState::Known(Cla { endpoints }));
+        clas.insert(name, ClaState::Known(Arc::new(Cla { endpoints })));
     }
     let topo = Topology {
         ports: vec![TopoPort {
@@ -117,7 +118,7 @@ fn main() {
     let macs = Macs((0..services * per).map(|i| ((0u8, addr(i)), [2, 1, 0, 0, 0, 1])).collect());
 
     let t = Instant::now();
-    let built = build(&clusters, &clas, &BTreeMap::new(), &defaults).unwrap();
+    let mut built = build(&clusters, &clas, &BTreeMap::new(), &defaults).unwrap();
     let mut model = Model::default();
     model.set("xds", built.desired());
     let resolved = model.resolve(&defaults).unwrap();
@@ -127,15 +128,27 @@ fn main() {
     assert_eq!(first.rebuilt.len(), services);
 
     let (mut t_build, mut t_desired, mut t_resolve, mut t_warm, mut t_cold) = (vec![], vec![], vec![], vec![], vec![]);
+    let mut t_build_all = vec![];
     for round in 0..rounds {
         // One endpoint of one service changes its weight.
         let victim = format!("svc-{:05}", (round * 7919) % services);
         if let Some(ClaState::Known(c)) = clas.get_mut(&victim) {
-            c.endpoints[0].weight = 2 + round as u32;
+            // A new assignment, as a response brings (the old one is shared
+            // with what is served).
+            Arc::make_mut(c).endpoints[0].weight = 2 + round as u32;
         }
         let t = Instant::now();
-        let built = build(&clusters, &clas, &BTreeMap::new(), &defaults).unwrap();
+        let next = build(&clusters, &clas, &built.services, &defaults).unwrap();
         t_build.push(t.elapsed().as_secs_f64());
+        assert_eq!(next.mapped, 1, "only the changed cluster is mapped again");
+        if round < 3 {
+            // The baseline: every cluster mapped (as before services were reused).
+            let t = Instant::now();
+            let all = build(&clusters, &clas, &BTreeMap::new(), &defaults).unwrap();
+            t_build_all.push(t.elapsed().as_secs_f64());
+            assert!(all.services == next.services, "reused services equal mapped ones");
+        }
+        built = next;
         let t = Instant::now();
         let desired = built.desired();
         t_desired.push(t.elapsed().as_secs_f64());
@@ -156,6 +169,7 @@ fn main() {
     }
     let ms = |v: &mut Vec<f64>| median(v) * 1e3;
     let (b, d, r, w, c) = (ms(&mut t_build), ms(&mut t_desired), ms(&mut t_resolve), ms(&mut t_warm), ms(&mut t_cold));
+    let ba = ms(&mut t_build_all);
     let result = json!({
         "bench": "reconcile_scale",
         "services": services,
@@ -165,6 +179,7 @@ fn main() {
         "initial_load_s": initial_s,
         "median_ms": {
             "xds_mapping_build": b,
+            "xds_mapping_build_every_cluster": ba,
             "xds_desired": d,
             "model_resolve": r,
             "compile_warm_one_change": w,
@@ -172,6 +187,7 @@ fn main() {
         },
         "single_change_total_ms": b + d + r + w,
         "ratio_compile_warm_over_cold": w / c,
+        "ratio_mapping_reused_over_every_cluster": b / ba,
     });
     let text = serde_json::to_string_pretty(&result).unwrap();
     println!("{text}");

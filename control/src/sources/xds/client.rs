@@ -66,7 +66,7 @@ use tonic::transport::{Channel, Endpoint};
 use tracing::{debug, info, warn};
 
 use super::config::{Mode, XdsConfig};
-use super::mapping::{self, ClaState, L4Cluster, MappedService};
+use super::mapping::{self, Applied, ClaState, L4Cluster};
 use super::status::{self, ConnectionState, Nack, XdsStatus};
 use super::{tls, SOURCE};
 use crate::model::Defaults;
@@ -134,8 +134,9 @@ pub fn chain(e: &(dyn std::error::Error + 'static)) -> String {
 /// An accepted cluster.
 #[derive(Clone, Debug)]
 struct HeldCluster {
-    /// Its L4 service, when it has the metadata.
-    l4: Option<L4Cluster>,
+    /// Its L4 service, when it has the metadata (shared: an unchanged
+    /// cluster is the same allocation in every state that holds it).
+    l4: Option<Arc<L4Cluster>>,
     /// The assignment it names, when it is an EDS cluster (L4 or not).
     eds: Option<String>,
 }
@@ -154,8 +155,8 @@ struct Resources {
 }
 
 impl Resources {
-    fn l4(&self) -> BTreeMap<String, L4Cluster> {
-        self.clusters.iter().filter_map(|(n, c)| c.l4.clone().map(|c| (n.clone(), c))).collect()
+    fn l4(&self) -> impl Iterator<Item = (&String, &Arc<L4Cluster>)> {
+        self.clusters.iter().filter_map(|(n, c)| c.l4.as_ref().map(|c| (n, c)))
     }
 
     /// Every assignment the clusters name, L4 or not: the subscription is
@@ -210,7 +211,7 @@ struct Client {
     versions: HashMap<&'static str, String>,
     /// The services served, by cluster name (the desired state the
     /// reconciler accepted last is made of them: it is not kept twice).
-    applied: BTreeMap<String, MappedService>,
+    applied: BTreeMap<String, Applied>,
     /// Assignments subscribed to and not received, since when.
     waiting: BTreeMap<String, Instant>,
     /// When the response being handled arrived.
@@ -308,7 +309,7 @@ fn clusters_of(items: Vec<(String, Cluster)>, errors: &mut Vec<String>) -> BTree
         }
         match mapping::decode_cluster(&c) {
             Ok(l4) => {
-                out.insert(name, HeldCluster { l4, eds: mapping::eds_name(&c) });
+                out.insert(name, HeldCluster { l4: l4.map(Arc::new), eds: mapping::eds_name(&c) });
             }
             Err(es) => errors.extend(es.into_iter().map(|e| format!("Cluster {name:?}: {e}"))),
         }
@@ -347,7 +348,7 @@ impl Client {
     /// Maps `next`, has the reconciler serve it, and holds it.
     async fn apply(&mut self, mut next: Resources, trigger: &str) -> Result<(), Refused> {
         next.prune();
-        let built = mapping::build(&next.l4(), &next.clas, &self.applied, &self.defaults).map_err(Refused::Problems)?;
+        let built = mapping::build(next.l4(), &next.clas, &self.applied, &self.defaults).map_err(Refused::Problems)?;
         if built.services == self.applied {
             debug!(trigger, "xDS state unchanged: nothing to rebuild");
         } else {
@@ -372,7 +373,7 @@ impl Client {
                 st.to_live = l;
             }
             drop(st);
-            info!(trigger, services = built.services.len(), warming = built.warming.len(), "xDS state applied");
+            info!(trigger, services = built.services.len(), mapped = built.mapped, warming = built.warming.len(), "xDS state applied");
         }
         let now = Instant::now();
         let names = next.l4_eds_names();
@@ -638,7 +639,7 @@ impl Client {
                         }
                         match mapping::decode_cla(&c) {
                             Ok(cla) => {
-                                next.clas.insert(c.cluster_name.clone(), ClaState::Known(cla));
+                                next.clas.insert(c.cluster_name.clone(), ClaState::Known(Arc::new(cla)));
                             }
                             Err(es) => errors.extend(es.into_iter().map(|e| format!("ClusterLoadAssignment {:?}: {e}", c.cluster_name))),
                         }
@@ -821,7 +822,7 @@ impl Client {
                 match decode_cla_any(&any) {
                     Ok(c) if c.cluster_name == name || c.cluster_name.is_empty() => match mapping::decode_cla(&c) {
                         Ok(cla) => {
-                            next.clas.insert(name.clone(), ClaState::Known(cla));
+                            next.clas.insert(name.clone(), ClaState::Known(Arc::new(cla)));
                             next.cla_versions.insert(name, version);
                         }
                         Err(es) => errors.extend(es.into_iter().map(|e| format!("ClusterLoadAssignment {name:?}: {e}"))),

@@ -75,6 +75,7 @@
 //! warming timeout after the subscription, counts as an empty one.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use envoy_types::pb::envoy::config::cluster::v3::cluster::{ClusterDiscoveryType, DiscoveryType, LbConfig, LbPolicy};
 use envoy_types::pb::envoy::config::cluster::v3::Cluster;
@@ -195,8 +196,10 @@ pub struct Cla {
 /// What is known of an EDS resource.
 #[derive(Clone, Debug, PartialEq)]
 pub enum ClaState {
-    /// Received.
-    Known(Cla),
+    /// Received (shared: an assignment that did not change is the same
+    /// allocation from one state to the next, and its service is not
+    /// mapped again).
+    Known(Arc<Cla>),
     /// The server said it does not exist, or it did not come in time: no
     /// endpoints.
     Absent,
@@ -215,19 +218,68 @@ pub struct MappedService {
     pub key: (Addr, u16, u8),
 }
 
+/// A mapped service and what it was mapped from: the cluster, its
+/// assignment (none when inline or absent) and the defaults. A later state
+/// whose cluster and assignment are the same allocations, under the same
+/// defaults, reuses it without mapping again, so a change to one cluster
+/// costs one mapping, not one per cluster.
+#[derive(Clone, Debug)]
+pub struct Applied {
+    /// The service.
+    pub mapped: Arc<MappedService>,
+    cluster: Arc<L4Cluster>,
+    cla: Option<Arc<Cla>>,
+    defaults: Defaults,
+}
+
+impl Applied {
+    /// True when mapping `cluster` with `cla` under `defaults` again would
+    /// give this service: the inputs are the ones it was mapped from.
+    fn mapped_from(&self, cluster: &Arc<L4Cluster>, cla: Option<&Arc<Cla>>, defaults: &Defaults) -> bool {
+        let same_cla = match (&self.cla, cla) {
+            (None, None) => true,
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        };
+        same_cla && Arc::ptr_eq(&self.cluster, cluster) && self.defaults == *defaults
+    }
+}
+
+/// Two applied services are equal when they define the same service,
+/// whatever they were mapped from.
+impl PartialEq for Applied {
+    fn eq(&self, other: &Self) -> bool {
+        self.mapped == other.mapped
+    }
+}
+
+impl Eq for Applied {}
+
+impl std::ops::Deref for Applied {
+    type Target = MappedService;
+    fn deref(&self) -> &MappedService {
+        &self.mapped
+    }
+}
+
 /// The services of a state, and the clusters still warming.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Built {
     /// By name.
-    pub services: BTreeMap<String, MappedService>,
+    pub services: BTreeMap<String, Applied>,
     /// Clusters waiting for their assignment.
     pub warming: Vec<String>,
+    /// How many services were mapped anew (the others were reused).
+    pub mapped: usize,
 }
 
 impl Built {
     /// The desired state: everything in name order.
     pub fn desired(&self) -> Desired {
         let mut d = Desired::default();
+        d.services.reserve(self.services.len());
+        d.routes.reserve(self.services.len());
+        d.endpoints.reserve(self.services.values().map(|s| s.endpoints.len()).sum());
         for s in self.services.values() {
             d.services.push(s.service.clone());
             d.routes.push(s.route.clone());
@@ -641,11 +693,12 @@ fn proto_name(p: u8) -> &'static str {
 
 /// The services of `clusters` with the assignments in `clas`; a cluster
 /// whose assignment is not there yet is warming (left out, or as it is
-/// in `applied`).
-pub fn build(
-    clusters: &BTreeMap<String, L4Cluster>,
+/// in `applied`). A service of `applied` whose cluster and assignment did
+/// not change is reused as it is.
+pub fn build<'a>(
+    clusters: impl IntoIterator<Item = (&'a String, &'a Arc<L4Cluster>)>,
     clas: &BTreeMap<String, ClaState>,
-    applied: &BTreeMap<String, MappedService>,
+    applied: &BTreeMap<String, Applied>,
     defaults: &Defaults,
 ) -> Result<Built, Vec<String>> {
     let mut out = Built::default();
@@ -653,17 +706,24 @@ pub fn build(
     let empty = Cla::default();
     for (name, c) in clusters {
         let cla = match &c.endpoints {
-            EndpointsFrom::Inline(cla) => Some(cla),
+            EndpointsFrom::Inline(cla) => Some((cla, None)),
             EndpointsFrom::Eds(n) => match clas.get(n) {
-                Some(ClaState::Known(cla)) => Some(cla),
-                Some(ClaState::Absent) => Some(&empty),
+                Some(ClaState::Known(cla)) => Some((&**cla, Some(cla))),
+                Some(ClaState::Absent) => Some((&empty, None)),
                 None => None,
             },
         };
         match cla {
-            Some(cla) => match map_service(c, cla, defaults) {
+            Some((_, shared)) if applied.get(name).is_some_and(|a| a.mapped_from(c, shared, defaults)) => {
+                if let Some(a) = applied.get(name) {
+                    out.services.insert(name.clone(), a.clone());
+                }
+            }
+            Some((cla, shared)) => match map_service(c, cla, defaults) {
                 Ok(s) => {
-                    out.services.insert(name.clone(), s);
+                    out.mapped += 1;
+                    let a = Applied { mapped: Arc::new(s), cluster: Arc::clone(c), cla: shared.cloned(), defaults: *defaults };
+                    out.services.insert(name.clone(), a);
                 }
                 Err(es) => errors.extend(es.into_iter().map(|e| format!("Cluster {name:?}: {e}"))),
             },

@@ -281,12 +281,12 @@ fn endpoints_are_checked() {
 fn build_warms_clusters_and_refuses_shared_vips() {
     let d = Defaults::default();
     let mut clusters = BTreeMap::new();
-    clusters.insert("a".to_owned(), l4(&cluster("a", "10.0.0.1", 80.0, "TCP")));
+    clusters.insert("a".to_owned(), Arc::new(l4(&cluster("a", "10.0.0.1", 80.0, "TCP"))));
     let mut clas = BTreeMap::new();
     let b = build(&clusters, &clas, &BTreeMap::new(), &d).unwrap();
     assert!(b.services.is_empty(), "a new cluster waits for its endpoints");
     assert_eq!(b.warming, ["a"]);
-    clas.insert("a".to_owned(), ClaState::Known(decode_cla(&cla("a", &[("10.0.0.5", 80, HealthStatus::Healthy, 0, None)])).unwrap()));
+    clas.insert("a".to_owned(), ClaState::Known(Arc::new(decode_cla(&cla("a", &[("10.0.0.5", 80, HealthStatus::Healthy, 0, None)])).unwrap())));
     let served = build(&clusters, &clas, &BTreeMap::new(), &d).unwrap();
     assert_eq!(served.services["a"].endpoints.len(), 1);
     assert!(served.warming.is_empty());
@@ -295,7 +295,7 @@ fn build_warms_clusters_and_refuses_shared_vips() {
     // until the new one arrives.
     let mut moved = cluster("a", "10.0.0.1", 81.0, "TCP");
     moved.eds_cluster_config.as_mut().unwrap().service_name = "a2".into();
-    clusters.insert("a".to_owned(), l4(&moved));
+    clusters.insert("a".to_owned(), Arc::new(l4(&moved)));
     let kept = build(&clusters, &clas, &served.services, &d).unwrap();
     assert_eq!(kept.services["a"], served.services["a"]);
     assert_eq!(kept.warming, ["a"]);
@@ -306,10 +306,52 @@ fn build_warms_clusters_and_refuses_shared_vips() {
     assert_eq!(empty.services["a"].key.1, 81);
 
     // Two clusters on one VIP, port and protocol.
-    clusters.insert("b".to_owned(), l4(&cluster("b", "10.0.0.1", 81.0, "TCP")));
+    clusters.insert("b".to_owned(), Arc::new(l4(&cluster("b", "10.0.0.1", 81.0, "TCP"))));
     clas.insert("b".to_owned(), ClaState::Absent);
     let e = build(&clusters, &clas, &served.services, &d).unwrap_err();
     assert_eq!(e, ["Cluster \"b\": 10.0.0.1:81/TCP is already claimed by cluster \"a\""]);
-    clusters.insert("b".to_owned(), l4(&cluster("b", "10.0.0.1", 81.0, "UDP")));
+    clusters.insert("b".to_owned(), Arc::new(l4(&cluster("b", "10.0.0.1", 81.0, "UDP"))));
     assert_eq!(build(&clusters, &clas, &served.services, &d).unwrap().services.len(), 2, "another protocol is another service");
+}
+
+#[test]
+fn build_maps_again_only_what_changed() {
+    let d = Defaults::default();
+    let mut clusters = BTreeMap::new();
+    let mut clas = BTreeMap::new();
+    for (n, vip) in [("a", "10.0.0.1"), ("b", "10.0.0.2"), ("c", "10.0.0.3")] {
+        clusters.insert(n.to_owned(), Arc::new(l4(&cluster(n, vip, 80.0, "TCP"))));
+        let ep = cla(n, &[("10.1.0.5", 80, HealthStatus::Healthy, 0, None)]);
+        clas.insert(n.to_owned(), ClaState::Known(Arc::new(decode_cla(&ep).unwrap())));
+    }
+    let first = build(&clusters, &clas, &BTreeMap::new(), &d).unwrap();
+    assert_eq!(first.mapped, 3);
+
+    // Nothing changed: every service is the same allocation.
+    let again = build(&clusters, &clas, &first.services, &d).unwrap();
+    assert_eq!(again.mapped, 0);
+    assert!(again.services.iter().all(|(n, s)| Arc::ptr_eq(&s.mapped, &first.services[n].mapped)));
+
+    // One assignment changes: that service only is mapped again.
+    let ep = cla("b", &[("10.1.0.6", 80, HealthStatus::Healthy, 0, None)]);
+    clas.insert("b".to_owned(), ClaState::Known(Arc::new(decode_cla(&ep).unwrap())));
+    let one = build(&clusters, &clas, &again.services, &d).unwrap();
+    assert_eq!(one.mapped, 1);
+    assert_eq!(one.services["b"].endpoints[0].address, "10.1.0.6".parse::<std::net::IpAddr>().unwrap().into());
+    assert!(Arc::ptr_eq(&one.services["a"].mapped, &first.services["a"].mapped));
+    assert_ne!(one.services, again.services);
+
+    // An equal assignment received again is another allocation: mapped
+    // again, and equal to what was served (so nothing is sent on).
+    let same = decode_cla(&ep).unwrap();
+    clas.insert("b".to_owned(), ClaState::Known(Arc::new(same)));
+    let resent = build(&clusters, &clas, &one.services, &d).unwrap();
+    assert_eq!(resent.mapped, 1);
+    assert_eq!(resent.services, one.services);
+
+    // Other defaults: everything is mapped again (the endpoint limit may differ).
+    let other = Defaults { limit: 64, ..d };
+    let all = build(&clusters, &clas, &resent.services, &other).unwrap();
+    assert_eq!(all.mapped, 3);
+    assert_eq!(all.services["a"].service.limit, Some(64));
 }
