@@ -10,6 +10,7 @@
 //! reported, with where it came from.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use sluice_dataplane::addr::Addr;
 use sluice_dataplane::classify::RouteMatch;
@@ -75,20 +76,22 @@ pub fn simple_name(s: &str) -> bool {
 }
 
 /// Where a definition came from: a file, the place in it, a path inside it.
+/// Shared strings: a definition is copied from a source's state to the
+/// resolved model without copying where it came from.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Default)]
 pub struct Origin {
     /// File (or source).
-    pub file: String,
+    pub file: Arc<str>,
     /// Line and column, when known.
     pub pos: Option<Pos>,
     /// Path in the file.
-    pub path: String,
+    pub path: Arc<str>,
 }
 
 impl Origin {
     /// A problem about what came from here.
     pub fn problem(&self, message: impl Into<String>) -> Problem {
-        Problem::at(self.file.clone(), self.pos, self.path.clone(), message)
+        Problem::at(self.file.to_string(), self.pos, self.path.to_string(), message)
     }
 }
 
@@ -173,8 +176,8 @@ pub struct ServiceDef {
 /// An endpoint of a service.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EndpointDef {
-    /// The service.
-    pub service: String,
+    /// The service (shared by its endpoints).
+    pub service: Arc<str>,
     /// Identifier, stable while the endpoint is in the service.
     pub id: u32,
     /// Address.
@@ -376,11 +379,11 @@ impl Model {
         let mut current: Option<(&str, Option<&mut ResolvedService>)> = None;
         for d in self.sources.values() {
             for e in &d.endpoints {
-                if current.as_ref().is_none_or(|(n, _)| *n != e.service.as_str()) {
-                    current = Some((e.service.as_str(), services.get_mut(&e.service)));
+                if current.as_ref().is_none_or(|(n, _)| *n != &*e.service) {
+                    current = Some((&*e.service, services.get_mut(&*e.service)));
                 }
                 let Some((_, Some(svc))) = current.as_mut() else {
-                    if !owners.contains_key(&e.service) {
+                    if !owners.contains_key(&*e.service) {
                         p.push(e.origin.problem(format!("endpoint of an unknown service {:?}", e.service)));
                     }
                     continue;

@@ -442,7 +442,7 @@ fn service(d: &Object, scope: &Scope<'_>) -> Mapped {
     let mut p = Problems::default();
     let n = d.node();
     let name = n.required(&mut p, "metadata", |n, p| n.required(p, "name", fields::name)).flatten().flatten();
-    let origin = Origin { file: d.file.clone(), pos: n.pos(), path: d.path.clone() };
+    let origin = Origin { file: d.file.as_str().into(), pos: n.pos(), path: d.path.as_str().into() };
     let mut s = ServiceDef { name: name.clone().unwrap_or_default(), origin, ..Default::default() };
     let mut path = String::new();
     if scope.algorithm_annotations {
@@ -669,13 +669,13 @@ fn endpoint_slice(d: &Object, n: Node<'_>, svc: &str, p: &mut Problems, out: &mu
                 return;
             };
             out.endpoints.push(EndpointDef {
-                service: svc.to_owned(),
+                service: svc.into(),
                 id,
                 address: addr,
                 weight: 1,
                 draining,
                 mac: None,
-                origin: Origin { file: e.file().to_owned(), pos: e.pos(), path: e.path().to_owned() },
+                origin: Origin { file: e.file().into(), pos: e.pos(), path: e.path().into() },
             });
         })
     });

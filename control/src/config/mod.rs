@@ -548,7 +548,7 @@ fn defaults(n: Node<'_>, p: &mut Problems) -> Defaults {
 }
 
 fn origin(n: &Node<'_>) -> Origin {
-    Origin { file: n.file().to_owned(), pos: n.pos(), path: n.path().to_owned() }
+    Origin { file: n.file().into(), pos: n.pos(), path: n.path().into() }
 }
 
 /// Service settings shared by the inline form and manifests' annotations
@@ -576,7 +576,7 @@ fn service(n: Node<'_>, p: &mut Problems, out: &mut Desired) {
             let mac = n.field("mac", |n| fields::mac(n, p)).flatten();
             if let (Some(id), Some(address)) = (id, address) {
                 out.endpoints.push(EndpointDef {
-                    service: name.clone(),
+                    service: name.as_str().into(),
                     id: id as u32,
                     address,
                     weight: weight as u32,

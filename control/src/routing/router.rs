@@ -302,7 +302,7 @@ fn router_inline(n: Node<'_>, p: &mut Problems) -> Option<(GatewayRouter, Origin
     // The same fields as a manifest's spec, with the name beside them.
     let spec = router_spec_fields(n, p, name.clone().unwrap_or_default());
     name?;
-    Some((spec?, Origin { file: n.file().to_owned(), pos: n.pos(), path: n.path().to_owned() }))
+    Some((spec?, Origin { file: n.file().into(), pos: n.pos(), path: n.path().into() }))
 }
 
 fn router_spec_fields(n: Node<'_>, p: &mut Problems, name: String) -> Option<GatewayRouter> {
@@ -398,7 +398,7 @@ pub fn protocol_name(router: &str) -> String {
 }
 
 fn problem_at(p: &mut Problems, o: &Origin, field: &str, message: String) {
-    let path = if field.is_empty() { o.path.clone() } else { format!("{}.{field}", o.path) };
+    let path = if field.is_empty() { o.path.to_string() } else { format!("{}.{field}", o.path) };
     p.add(&o.file, o.pos, &path, message);
 }
 
@@ -519,7 +519,7 @@ pub fn from_manifests(dir: &Path, gateway: &str, p: &mut Problems) -> Vec<(Gatew
                 n.bad(p, "missing or invalid metadata.name");
                 continue;
             }
-            let origin = Origin { file: file.clone(), pos: n.pos(), path: path.clone() };
+            let origin = Origin { file: file.as_str().into(), pos: n.pos(), path: path.as_str().into() };
             if let Some(r) = n.required(p, "spec", |spec, p| router_spec(spec, p, name.clone())).flatten() {
                 out.push((r, origin));
             }
@@ -704,7 +704,7 @@ spec: {{address: 169.254.100.152, interface: vlan-100{bad}}}
         let names: Vec<&str> = st.config.routing.routers.iter().map(|r| r.router.name.as_str()).collect();
         assert_eq!(names, ["from-file", "gateway-a-v4", "second"], "the other Gateway's router is not ours");
         assert_eq!(st.config.routing.routers[1].router.bgp.local_port, 10179);
-        assert_eq!(st.config.routing.routers[1].origin.path, "[doc 1] GatewayRouter/gateway-a-v4");
+        assert_eq!(&*st.config.routing.routers[1].origin.path, "[doc 1] GatewayRouter/gateway-a-v4");
         let _ = std::fs::remove_dir_all(&dir);
     }
 

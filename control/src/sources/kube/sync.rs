@@ -166,7 +166,7 @@ impl Sync {
                 let now = s.algorithm.unwrap_or(self.defaults.algorithm);
                 let Some(&pinned) = pin_key(&uids, &s.name).and_then(|k| self.pins.get(&k)) else { continue };
                 if pinned != now {
-                    kept.insert(s.origin.file.clone(), format!(
+                    kept.insert(s.origin.file.to_string(), format!(
                         "the load-balancing algorithm of a live Service does not change: still {pinned}, not {now} \
                          (recreate the Service to change it, or set kubernetes.allowAlgorithmChange)"
                     ));

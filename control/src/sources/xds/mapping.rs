@@ -605,7 +605,7 @@ fn lb_endpoint(
 }
 
 fn origin(path: String) -> Origin {
-    Origin { file: ORIGIN.to_owned(), pos: None, path }
+    Origin { file: ORIGIN.into(), pos: None, path: path.into() }
 }
 
 /// The service of cluster `c` with the endpoints of `cla`.
@@ -638,6 +638,7 @@ pub fn map_service(c: &L4Cluster, cla: &Cla, defaults: &Defaults) -> Result<Mapp
 
     let serving = cla.endpoints.iter().filter(|e| e.health == Health::Serving).map(|e| e.priority).min();
     let degraded = cla.endpoints.iter().filter(|e| e.health == Health::Degraded).map(|e| e.priority).min();
+    let service: Arc<str> = c.name.as_str().into();
     let mut endpoints: Vec<EndpointDef> = Vec::new();
     for (e, id) in cla.endpoints.iter().zip(ids) {
         let (take, draining) = match e.health {
@@ -648,7 +649,7 @@ pub fn map_service(c: &L4Cluster, cla: &Cla, defaults: &Defaults) -> Result<Mapp
         };
         if take {
             endpoints.push(EndpointDef {
-                service: c.name.clone(),
+                service: service.clone(),
                 id,
                 address: e.address,
                 weight: e.weight,

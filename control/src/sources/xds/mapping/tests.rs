@@ -94,7 +94,7 @@ fn the_seed_example_maps_to_a_service_a_route_and_endpoints() {
     assert_eq!(m.route.matches.protocols, vec![proto::TCP]);
     let addrs: BTreeSet<String> = m.endpoints.iter().map(|e| e.address.to_string()).collect();
     assert_eq!(addrs, BTreeSet::from(["192.168.1.10".to_owned(), "192.168.1.11".to_owned()]));
-    assert!(m.endpoints.iter().all(|e| e.weight == 1 && !e.draining && e.service == "my-database-service"));
+    assert!(m.endpoints.iter().all(|e| e.weight == 1 && !e.draining && &*e.service == "my-database-service"));
     assert_eq!(m.service.origin.to_string(), "xds: Cluster \"my-database-service\"");
 }
 
