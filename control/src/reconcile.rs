@@ -286,6 +286,7 @@ impl Reconciler {
     fn publish(&mut self, why: &str) -> Result<Vec<String>, String> {
         let t0 = Instant::now();
         let c: Compiled = self.compiler.compile(&self.resolved, &self.topo, &self.macs)?;
+        let compile_us = u64::try_from(t0.elapsed().as_micros()).unwrap_or(u64::MAX);
         let ready: HashMap<u32, bool> = c.snapshot.services.iter().map(|s| (s.key, s.has_ready_endpoint())).collect();
         // Said once, when the service is compiled, not at every publication.
         let rebuilt: std::collections::HashSet<&str> = c.rebuilt.iter().map(String::as_str).collect();
@@ -364,6 +365,7 @@ impl Reconciler {
             why,
             rebuilt = ?c.rebuilt,
             unresolved = c.unresolved.len(),
+            compile_us,
             publish_us = u64::try_from(t0.elapsed().as_micros()).unwrap_or(u64::MAX),
             "snapshot published"
         );
