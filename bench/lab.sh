@@ -235,9 +235,12 @@ machine_json() {
     "$(pkg-config --modversion libdpdk 2>/dev/null || echo unknown)" "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" \
     "$(cut -d' ' -f1-3 /proc/loadavg)" <<'PY'
 import json, sys
-k = ["cpu_model", "cores", "kernel", "dpdk", "git_rev", "loadavg_at_start"]
+import datetime
+k = ["cpu_model", "cores", "kernel", "dpdk", "git_rev", "loadavg"]
 d = dict(zip(k, sys.argv[1:]))
 d["cores"] = int(d["cores"])
+d["loadavg"] = d["loadavg"].split()
+d["date"] = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 print(json.dumps(d))
 PY
 }
@@ -311,7 +314,8 @@ fi
 
 mkdir -p "$(dirname "$OUT")"
 {
-  printf '{"bench":"lab","date":"%s","machine":%s,"settings":{"busy_poll":%s,"secs":%s,"ramp_secs":%s,"endpoints_per_family":%s,"flows":%s,"proto":"%s","sizes":"%s","fragments_pct":%s},"maximum_pps":%s,"runs":[' \
+  printf '{"bench":"lab","command":"%s","date":"%s","machine":%s,"settings":{"busy_poll":%s,"secs":%s,"ramp_secs":%s,"endpoints_per_family":%s,"flows":%s,"proto":"%s","sizes":"%s","fragments_pct":%s},"maximum_pps":%s,"runs":[' \
+    "SECS=$SECS RAMP_SECS=$RAMP_SECS ENDPOINTS=$ENDPOINTS FLOWS=$FLOWS PROTO=$PROTO SIZES=$SIZES FRAGMENTS=$FRAGMENTS BUSY_POLL=$BUSY_POLL bench/lab.sh" \
     "$(date -u +%FT%TZ)" "$MACHINE" "$BUSY_POLL" "$SECS" "$RAMP_SECS" "$ENDPOINTS" "$FLOWS" "$PROTO" "$SIZES" "$FRAGMENTS" "$best"
   (IFS=,; echo -n "${runs[*]}")
   echo ']}'
