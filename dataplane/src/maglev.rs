@@ -177,7 +177,7 @@ pub const MAX_REPLICAS: u32 = 8192;
 struct Walker {
     pos: u32,
     skip: u32,
-    endpoint: u32,
+    endpoint: u16,
 }
 
 impl Table {
@@ -208,9 +208,9 @@ impl Table {
         let owner = fill(m, &eps);
         let entries = if limit <= 256 {
             // Identifiers are below 256 (checked above).
-            Entries::U8(owner.iter().map(|&i| u8::try_from(eps[i as usize].0).unwrap_or(u8::MAX)).collect())
+            Entries::U8(owner.iter().map(|&i| u8::try_from(eps[usize::from(i)].0).unwrap_or(u8::MAX)).collect())
         } else {
-            Entries::U16(owner.iter().map(|&i| eps[i as usize].0).collect())
+            Entries::U16(owner.iter().map(|&i| eps[usize::from(i)].0).collect())
         };
         Ok(Some(Table { entries }))
     }
@@ -293,68 +293,182 @@ fn replicas(eps: &[(EndpointId, u32)]) -> Vec<u32> {
     r.iter().map(|&x| ((f64::from(x) * scale).round() as u32).max(1)).collect()
 }
 
+/// When the free slots times the active walkers fall to this many times M,
+/// [`fill`] stops probing and finishes with [`finish_by_events`]: the last
+/// free slots are where a probing walker mostly finds taken ones (the
+/// last 1 % of a table took 60 % of the probes at M = 65537, N = 1000).
+const EVENT_TAIL: u64 = 1;
+
 /// The population: returns, for each entry, the index (into `eps`, sorted,
 /// non-empty, weights > 0) of the endpoint that owns it.
 ///
 /// Each endpoint walks its permutation with one walker per replica (weight
 /// unit), all walkers taking turns in a fixed order, one slot per turn,
 /// taking the slot only when it is free. An endpoint at its quota stops.
-fn fill(m: u32, eps: &[(EndpointId, u32)]) -> Vec<u32> {
-    let quota = quotas(m, eps);
+fn fill(m: u32, eps: &[(EndpointId, u32)]) -> Vec<u16> {
+    fill_with(m, eps, EVENT_TAIL)
+}
+
+/// [`fill`], switching to events when free slots x active walkers <=
+/// `tail` x M (0: probe to the end; the tests compare the two).
+///
+/// The probe loop has no data-dependent branch in its source: a probe
+/// that claims nothing writes its owner into a sink entry past the table
+/// and adds zero to the counts. Walkers of an endpoint that reached its
+/// quota are swept out at the end of the round (they could claim nothing
+/// more, and the turn order of the others is unchanged).
+fn fill_with(m: u32, eps: &[(EndpointId, u32)], tail: u64) -> Vec<u16> {
+    let mut room = quotas(m, eps);
     let reps = replicas(eps);
-    let mut walkers: Vec<Walker> = Vec::with_capacity(reps.iter().map(|&r| r as usize).sum());
+    let mut active: Vec<Walker> = Vec::with_capacity(reps.iter().map(|&r| r as usize).sum());
     for (i, (&(id, _), &r)) in eps.iter().zip(&reps).enumerate() {
         for k in 0..r {
             let key = (u64::from(k) << 16) | u64::from(id);
-            walkers.push(Walker {
+            active.push(Walker {
                 pos: reduce(hash_u64(key, SEED_OFFSET), m),
                 skip: reduce(hash_u64(key, SEED_SKIP), m - 1) + 1,
-                endpoint: u32::try_from(i).unwrap_or(u32::MAX),
+                // Indices into `eps` are below the limit (<= 65536).
+                endpoint: u16::try_from(i).unwrap_or(u16::MAX),
             });
         }
     }
-    let mut taken = vec![0u32; eps.len()];
     // Occupancy as a bitmap (8 KiB for M = 65537): the probe loop's only
-    // random access, kept in L1.
+    // random read, kept in L1.
     let mut used = vec![0u64; (m as usize).div_ceil(64)];
-    let mut owner = vec![0u32; m as usize];
+    // Owners as indices into `eps`, plus the sink entry at index m.
+    let mut owner = vec![0u16; m as usize + 1];
+    let sink = m as usize;
     let mut filled = 0u32;
-    // Walkers in (endpoint, replica) order. Those of an endpoint at its
-    // quota are skipped, and swept out once they are half of the list:
-    // either way the turn order of the others is unchanged.
-    let mut full = vec![false; eps.len()];
-    let mut active = walkers;
-    let mut dead = 0usize;
-    loop {
-        for w in &mut active {
-            let e = w.endpoint as usize;
-            if full[e] {
-                continue;
-            }
-            let slot = w.pos;
-            w.pos += w.skip;
-            if w.pos >= m {
-                w.pos -= m;
-            }
-            let (word, bit) = ((slot >> 6) as usize, 1u64 << (slot & 63));
-            if used[word] & bit != 0 {
-                continue;
-            }
-            used[word] |= bit;
-            owner[slot as usize] = w.endpoint;
-            taken[e] += 1;
-            filled += 1;
-            if filled == m {
-                return owner;
-            }
-            if taken[e] == quota[e] {
-                full[e] = true;
-                dead += reps[e] as usize;
-            }
+    while filled < m {
+        if u64::from(m - filled) * active.len() as u64 <= tail * u64::from(m) {
+            owner.truncate(m as usize);
+            finish_by_events(m, &active, &mut room, &used, &mut owner);
+            return owner;
         }
-        if dead * 2 > active.len() {
-            active.retain(|w| !full[w.endpoint as usize]);
-            dead = 0;
+        let mut newly_full = false;
+        for w in &mut active {
+            let e = usize::from(w.endpoint);
+            let slot = w.pos;
+            let next = w.pos + w.skip;
+            w.pos = if next >= m { next - m } else { next };
+            let word = &mut used[(slot >> 6) as usize];
+            // 1 when the slot is free and the endpoint has room, else 0,
+            // computed without a branch.
+            let claim = (!*word >> (slot & 63)) & 1 & u64::from(room[e] != 0);
+            *word |= claim << (slot & 63);
+            let mask = 0usize.wrapping_sub(claim as usize);
+            owner[sink ^ ((sink ^ slot as usize) & mask)] = w.endpoint;
+            room[e] -= claim as u32;
+            filled += claim as u32;
+            newly_full |= (claim != 0) & (room[e] == 0);
+        }
+        if newly_full {
+            active.retain(|w| room[usize::from(w.endpoint)] != 0);
+        }
+    }
+    owner.truncate(m as usize);
+    owner
+}
+
+/// Reduction modulo a table size (< 2^24) of values below 2^48, by a
+/// precomputed reciprocal instead of a division.
+#[derive(Clone, Copy)]
+struct Modulus {
+    m: u64,
+    reciprocal: u64,
+}
+
+impl Modulus {
+    fn new(m: u32) -> Self {
+        Modulus { m: u64::from(m), reciprocal: u64::MAX / u64::from(m) }
+    }
+
+    /// `a mod m`.
+    #[inline(always)]
+    #[allow(clippy::cast_possible_truncation)] // the high half of a u128 product
+    fn reduce(self, a: u64) -> u64 {
+        let q = ((u128::from(a) * u128::from(self.reciprocal)) >> 64) as u64;
+        // q is floor(a / m) or one less (a < 2^48): one correction.
+        let r = a - q * self.m;
+        if r >= self.m {
+            r - self.m
+        } else {
+            r
+        }
+    }
+
+    /// `a * b mod m` for `a`, `b` < m.
+    #[inline(always)]
+    fn mul(self, a: u64, b: u64) -> u64 {
+        self.reduce(a * b)
+    }
+
+    /// The inverse of `a` (0 < a < m, m prime): a^(m-2) mod m.
+    fn inverse(self, a: u64) -> u64 {
+        let (mut base, mut e, mut acc) = (a, self.m - 2, 1u64);
+        while e > 0 {
+            if e & 1 == 1 {
+                acc = self.mul(acc, base);
+            }
+            base = self.mul(base, base);
+            e >>= 1;
+        }
+        acc
+    }
+}
+
+/// Finishes a population the probing left at the top of a round, with the
+/// same result as probing on: instead of probing, computes when each
+/// walker would next reach each free slot (walker at `pos` with `skip`
+/// reaches slot `s` after `(s - pos) / skip mod M` rounds; every slot is
+/// reached within M rounds), and hands out slots in the order the probes
+/// would have found them, (round, turn order). A slot whose first visitor
+/// belongs to an endpoint that filled up meanwhile goes to the next one
+/// with room, as a probing walker of a full endpoint claims nothing.
+fn finish_by_events(m: u32, active: &[Walker], room: &mut [u32], used: &[u64], owner: &mut [u16]) {
+    use std::cmp::Reverse;
+    use std::collections::BinaryHeap;
+
+    let md = Modulus::new(m);
+    let free: Vec<u32> = (0..m).filter(|&s| used[(s >> 6) as usize] & (1u64 << (s & 63)) == 0).collect();
+    let inverse: Vec<u64> = active.iter().map(|w| md.inverse(u64::from(w.skip))).collect();
+    // An event: (rounds from now) << 32 | turn; smaller happens first.
+    let visit = |turn: usize, slot: u32| -> u64 {
+        let w = &active[turn];
+        let ahead = if slot >= w.pos { slot - w.pos } else { slot + m - w.pos };
+        let rounds = md.mul(u64::from(ahead), inverse[turn]);
+        (rounds << 32) | turn as u64
+    };
+    // The first visit of each free slot, over walkers kept as plain arrays
+    // so that the inner loop is a running minimum in registers.
+    let pos: Vec<u32> = active.iter().map(|w| w.pos).collect();
+    let first = |slot: u32| -> u64 {
+        let mut best = u64::MAX;
+        for (turn, (&p, &inv)) in pos.iter().zip(&inverse).enumerate() {
+            let ahead = if slot >= p { slot - p } else { slot + m - p };
+            best = best.min((md.mul(u64::from(ahead), inv) << 32) | turn as u64);
+        }
+        best
+    };
+    let mut events: BinaryHeap<Reverse<(u64, u32)>> =
+        free.iter().enumerate().map(|(i, &slot)| Reverse((first(slot), u32::try_from(i).unwrap_or(u32::MAX)))).collect();
+    while let Some(Reverse((event, i))) = events.pop() {
+        let slot = free[i as usize];
+        let turn = (event & 0xffff_ffff) as usize;
+        let e = usize::from(active[turn].endpoint);
+        if room[e] != 0 {
+            room[e] -= 1;
+            owner[slot as usize] = active[turn].endpoint;
+            continue;
+        }
+        // Its endpoint is full: the next visit by a walker with room.
+        let next = (0..active.len())
+            .filter(|&t| room[usize::from(active[t].endpoint)] != 0)
+            .map(|t| visit(t, slot))
+            .filter(|&v| v > event)
+            .min();
+        if let Some(v) = next {
+            events.push(Reverse((v, i)));
         }
     }
 }
@@ -455,6 +569,41 @@ mod tests {
                 assert!(f >= share, "the leaver's entries all move");
                 // Adding it back is the same change in reverse.
                 assert_eq!(moved(&after, &before), f);
+            }
+        }
+    }
+
+    #[test]
+    fn finishing_by_events_gives_the_probing_result() {
+        // Probing to the end is the definition; the event finish must give
+        // the same table for any sizes, weights and switch point.
+        let mut cases: Vec<(u32, Vec<(EndpointId, u32)>)> =
+            vec![(13, uniform(3)), (251, uniform(7)), (65537, uniform(1000)), (131_071, uniform(20))];
+        for seed in 0..40u64 {
+            let n = 1 + (hash_u64(seed, 1) % 300) as u16;
+            let m = next_prime(u32::from(n) * (2 + (hash_u64(seed, 2) % 200) as u32)).min(65537);
+            let eps = (0..n).map(|i| (i * 2, 1 + (hash_u64(u64::from(i), seed) % 5) as u32)).collect();
+            cases.push((m, eps));
+        }
+        for (m, eps) in cases {
+            let probed = fill_with(m, &eps, 0);
+            for tail in [1, 2, 8, 1000] {
+                assert!(fill_with(m, &eps, tail) == probed, "m {m} n {} tail {tail}", eps.len());
+            }
+        }
+    }
+
+    #[test]
+    fn modulus_reduces_like_the_remainder() {
+        for m in [2u32, 13, 6421, 65537, 16_777_213] {
+            let md = Modulus::new(m);
+            for a in [0u64, 1, 12, u64::from(m) - 1, u64::from(m), u64::from(m) * u64::from(m) - 1, (1 << 48) - 1] {
+                assert_eq!(md.reduce(a), a % u64::from(m), "{a} mod {m}");
+            }
+            if m > 2 {
+                for a in 1..u64::from(m).min(500) {
+                    assert_eq!(md.mul(a, md.inverse(a)), 1, "inverse of {a} mod {m}");
+                }
             }
         }
     }
