@@ -61,17 +61,37 @@ impl Default for PipelineConfig {
     }
 }
 
-/// What the look-ahead stages know of one packet of a burst.
-#[derive(Clone, Copy)]
+/// What the look-ahead stages learned of one packet of a burst, kept so
+/// that processing it does not parse and classify it again.
+#[derive(Clone, Copy, Debug, Default)]
 struct Ahead {
-    /// Index of its service in the snapshot (`u32::MAX`: not looked at).
+    /// The frame it was learned from (address, length): a packet other than
+    /// the one looked at is never taken for it.
+    frame: (usize, usize),
+    /// Its headers; meaningful when `ip`.
+    parsed: Parsed,
+    /// The frame parsed as IP (otherwise processing parses it itself).
+    ip: bool,
+    /// Index of the destination VIP (`u32::MAX`: none looked up).
+    vip: u32,
+    /// Index of its service in the snapshot (`u32::MAX`: not classified:
+    /// processing classifies it).
     service: u32,
+    /// Its flow hash, when `service` is set.
     hash: u64,
-    flow: Flow,
 }
 
 impl Ahead {
-    const NONE: Ahead = Ahead { service: u32::MAX, hash: 0, flow: Flow { src: Addr(0), dst: Addr(0), sport: 0, dport: 0, proto: 0 } };
+    fn frame_of(frame: &[u8]) -> (usize, usize) {
+        (frame.as_ptr() as usize, frame.len())
+    }
+}
+
+/// The service and flow hash the look-ahead stages found for a packet.
+#[derive(Clone, Copy)]
+struct Classified {
+    service: u32,
+    hash: u64,
 }
 
 /// What the last packet did to fragment state.
@@ -93,6 +113,10 @@ pub struct Pipeline {
     /// Headers of the packet being processed (reused: the parser sets
     /// every field the pipeline reads).
     parsed: Parsed,
+    /// What the look-ahead stages learned of the burst being processed
+    /// (the first `ahead_len` entries).
+    ahead: Box<[Ahead; BURST]>,
+    ahead_len: usize,
 }
 
 /// Which worker this is among how many, when packets are steered.
@@ -131,6 +155,8 @@ impl Pipeline {
                 steer: None,
             },
             parsed: Parsed::default(),
+            ahead: Box::new([Ahead::default(); BURST]),
+            ahead_len: 0,
         }
     }
 
@@ -167,24 +193,31 @@ impl Pipeline {
             pkt.prefetch();
         }
         let c = &snap.classifier;
-        let mut ahead = [Ahead::NONE; BURST];
-        for (a, pkt) in ahead.iter_mut().zip(pkts) {
+        self.ahead_len = pkts.len();
+        for (a, pkt) in self.ahead.iter_mut().zip(pkts) {
             let frame = pkt.data();
-            if frame.first().is_none_or(|b| b & 1 != 0) || !matches!(parse_into(frame, &mut self.parsed), Ok(Kind::Ip)) {
+            a.frame = Ahead::frame_of(frame);
+            a.vip = u32::MAX;
+            a.service = u32::MAX;
+            a.ip = frame.first().is_some_and(|b| b & 1 == 0) && matches!(parse_into(frame, &mut a.parsed), Ok(Kind::Ip));
+            if !a.ip {
                 continue;
             }
-            let p = &self.parsed;
+            let p = &a.parsed;
+            let Some(vip) = c.vip_index(p.flow.dst) else { continue };
+            a.vip = u32::try_from(vip).unwrap_or(u32::MAX);
             if p.frag != Fragment::No || p.icmp_error {
                 continue;
             }
-            let Some(vip) = c.vip_index(p.flow.dst) else { continue };
             let l4 = frame.get(usize::from(p.l4)..usize::from(p.ip_end));
             let Lookup::Route(r) = c.classify_vip(vip, &p.flow, p.has_ports, l4) else { continue };
-            let Some(svc) = c.service_of(r).and_then(|s| snap.services.get(s as usize)) else { continue };
+            let Some(s) = c.service_of(r) else { continue };
+            let Some(svc) = snap.services.get(s as usize) else { continue };
             prefetch(std::sync::Arc::as_ptr(svc).cast());
-            *a = Ahead { service: c.service_of(r).unwrap_or(u32::MAX), hash: flow_hash(&p.flow), flow: p.flow };
+            a.service = s;
+            a.hash = flow_hash(&p.flow);
         }
-        for a in &ahead[..pkts.len()] {
+        for a in &self.ahead[..pkts.len()] {
             let Some(svc) = snap.services.get(a.service as usize) else { continue };
             if let Some(t) = &svc.table {
                 if svc.algorithm == Algorithm::Maglev {
@@ -192,13 +225,13 @@ impl Pipeline {
                 }
             }
             if svc.flow_table || svc.algorithm == Algorithm::Random {
-                prefetch(self.state.flows.bucket_addr(&a.flow, svc.key));
+                prefetch(self.state.flows.bucket_addr(&a.parsed.flow, svc.key));
             }
             if let Some(sc) = ctr.services.get(svc.key as usize) {
                 prefetch(std::ptr::from_ref(sc).cast());
             }
         }
-        for a in &ahead[..pkts.len()] {
+        for a in &self.ahead[..pkts.len()] {
             let Some(svc) = snap.services.get(a.service as usize) else { continue };
             if svc.algorithm != Algorithm::Maglev || svc.flow_table {
                 continue;
@@ -212,6 +245,36 @@ impl Pipeline {
                 }
             }
         }
+    }
+
+    /// [`Pipeline::process`] for packet `index` of the burst last given to
+    /// [`Pipeline::prefetch_burst`]: what the stages learned of it (headers,
+    /// VIP, service, flow hash) is used instead of being worked out again.
+    /// A packet the stages did not see (or not as it is now) is processed
+    /// from scratch; the verdict is the same either way.
+    #[inline]
+    pub fn process_ahead<P: PacketBuf>(
+        &mut self,
+        index: usize,
+        snap: &Snapshot,
+        in_port: u8,
+        pkt: &mut P,
+        now_ms: u64,
+        ctr: &WorkerCounters,
+    ) -> Verdict {
+        let staged = index < self.ahead_len && self.ahead[index].ip && self.ahead[index].frame == Ahead::frame_of(pkt.data());
+        if !staged {
+            return self.process_from(snap, in_port, pkt, now_ms, ctr, true);
+        }
+        self.state.frag_event = FragEvent::None;
+        if let Some(v) = check_l2(snap, in_port, pkt.data()) {
+            return v;
+        }
+        let a = &self.ahead[index];
+        let cx = Cx { snap, in_port, now_ms, ctr, may_steer: true };
+        let vip = (a.vip != u32::MAX).then_some(a.vip as usize);
+        let pre = (a.service != u32::MAX).then_some(Classified { service: a.service, hash: a.hash });
+        self.state.decide_with(&cx, &a.parsed, pkt, vip, pre)
     }
 
     /// Decides the fate of `pkt`, received on port `in_port`, rewriting it
@@ -254,16 +317,8 @@ impl Pipeline {
     ) -> Verdict {
         self.state.frag_event = FragEvent::None;
         let frame = pkt.data();
-        if frame.len() < ETH_LEN {
-            return Verdict::Drop(DropReason::EthTruncated);
-        }
-        if frame[0] & 1 != 0 {
-            return Verdict::Exception; // broadcast, multicast
-        }
-        if let (Some(port), Some(dst)) = (snap.ports.get(usize::from(in_port)), frame.first_chunk::<6>()) {
-            if *dst != port.mac {
-                return Verdict::Drop(DropReason::NotOurMac);
-            }
+        if let Some(v) = check_l2(snap, in_port, frame) {
+            return v;
         }
         match parse_into(frame, &mut self.parsed) {
             Ok(Kind::Ip) => {
@@ -274,6 +329,24 @@ impl Pipeline {
             Err(r) => Verdict::Drop(r),
         }
     }
+}
+
+/// The verdict for a frame that is too short, not for this appliance's
+/// MAC on `in_port`, or broadcast/multicast; `None` when it goes on.
+#[inline(always)]
+fn check_l2(snap: &Snapshot, in_port: u8, frame: &[u8]) -> Option<Verdict> {
+    if frame.len() < ETH_LEN {
+        return Some(Verdict::Drop(DropReason::EthTruncated));
+    }
+    if frame[0] & 1 != 0 {
+        return Some(Verdict::Exception); // broadcast, multicast
+    }
+    if let (Some(port), Some(dst)) = (snap.ports.get(usize::from(in_port)), frame.first_chunk::<6>()) {
+        if *dst != port.mac {
+            return Some(Verdict::Drop(DropReason::NotOurMac));
+        }
+    }
+    None
 }
 
 /// What a decision needs besides the packet.
@@ -309,10 +382,19 @@ impl State {
     /// The verdict for a parsed IP packet.
     #[inline(always)]
     fn decide<P: PacketBuf>(&mut self, cx: &Cx<'_>, p: &Parsed, pkt: &mut P) -> Verdict {
+        let vip = cx.snap.classifier.vip_index(p.flow.dst);
+        self.decide_with(cx, p, pkt, vip, None)
+    }
+
+    /// [`State::decide`] given what is known already: the index of the
+    /// destination VIP (`None`: not a VIP), and for a whole datagram to
+    /// it that is not an ICMP error, its service and flow hash.
+    #[inline(always)]
+    fn decide_with<P: PacketBuf>(&mut self, cx: &Cx<'_>, p: &Parsed, pkt: &mut P, vip: Option<usize>, pre: Option<Classified>) -> Verdict {
         let snap = cx.snap;
         let c = &snap.classifier;
-        if let Some(vip) = c.vip_index(p.flow.dst) {
-            return self.balance(cx, vip, p, pkt);
+        if let Some(vip) = vip {
+            return self.balance(cx, vip, p, pkt, pre);
         }
         if let Some(vip) = c.vip_index(p.flow.src) {
             let gw = if p.v6 { snap.gateway_v6 } else { snap.gateway_v4 };
@@ -334,7 +416,7 @@ impl State {
     }
 
     #[inline]
-    fn balance<P: PacketBuf>(&mut self, cx: &Cx<'_>, vip: usize, p: &Parsed, pkt: &mut P) -> Verdict {
+    fn balance<P: PacketBuf>(&mut self, cx: &Cx<'_>, vip: usize, p: &Parsed, pkt: &mut P, pre: Option<Classified>) -> Verdict {
         let (snap, ctr, now_ms) = (cx.snap, cx.ctr, cx.now_ms);
         let c = &snap.classifier;
         let len = pkt.data().len();
@@ -365,12 +447,17 @@ impl State {
         } else {
             (&p.flow, p.has_ports, pkt.data().get(usize::from(p.l4)..usize::from(p.ip_end)))
         };
-        // An ICMP error's flow is towards the VIP it was sent to, or towards
-        // another: look that one up.
-        let lookup = if key.dst == p.flow.dst { c.classify_vip(vip, key, has_ports, l4) } else { c.classify(key, has_ports, l4) };
-        let service = match lookup {
-            Lookup::Route(r) => c.service_of(r).unwrap_or(u32::MAX),
-            Lookup::NoRoute | Lookup::NotVip => return Verdict::Drop(DropReason::NoRoute),
+        let pre = pre.filter(|_| !p.icmp_error && p.frag == Fragment::No);
+        let service = if let Some(pre) = pre {
+            pre.service
+        } else {
+            // An ICMP error's flow is towards the VIP it was sent to, or
+            // towards another: look that one up.
+            let lookup = if key.dst == p.flow.dst { c.classify_vip(vip, key, has_ports, l4) } else { c.classify(key, has_ports, l4) };
+            match lookup {
+                Lookup::Route(r) => c.service_of(r).unwrap_or(u32::MAX),
+                Lookup::NoRoute | Lookup::NotVip => return Verdict::Drop(DropReason::NoRoute),
+            }
         };
         let Some(svc) = snap.services.get(service as usize) else {
             return Verdict::Drop(DropReason::NoRoute);
@@ -381,7 +468,7 @@ impl State {
                 return Verdict::Steer(w);
             }
         }
-        let hash = flow_hash(key);
+        let hash = pre.map_or_else(|| flow_hash(key), |a| a.hash);
         let now_s = u32::try_from(now_ms / 1000).unwrap_or(u32::MAX).saturating_add(1);
         let Some(ep) = self.select(svc, key, hash, p.icmp_error, now_s) else {
             return Verdict::Drop(DropReason::NoEndpoint);

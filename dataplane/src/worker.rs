@@ -156,6 +156,18 @@ impl<IO: PacketIo> std::fmt::Debug for Worker<IO> {
     }
 }
 
+/// How a packet came to be processed.
+#[derive(Clone, Copy)]
+enum Arrival {
+    /// From a port.
+    Port,
+    /// From a port, packet `n` of a burst that went through the look-ahead
+    /// stages.
+    Staged(usize),
+    /// Handed over by another worker (or held back by this one).
+    Steered,
+}
+
 /// Where packets go, and the counters, burst buffers and hold-back area
 /// they need; split from the worker so the snapshot can be borrowed alongside.
 struct Out<'a, P> {
@@ -263,12 +275,12 @@ impl<P: PacketBuf> Out<'_, P> {
         port: u8,
         exception: Option<usize>,
         mut pkt: P,
-        steered: bool,
+        from: Arrival,
     ) {
-        let v = if steered {
-            pipeline.process_steered(snap, port, &mut pkt, self.now_ms, self.ctr)
-        } else {
-            pipeline.process(snap, port, &mut pkt, self.now_ms, self.ctr)
+        let v = match from {
+            Arrival::Port => pipeline.process(snap, port, &mut pkt, self.now_ms, self.ctr),
+            Arrival::Staged(i) => pipeline.process_ahead(i, snap, port, &mut pkt, self.now_ms, self.ctr),
+            Arrival::Steered => pipeline.process_steered(snap, port, &mut pkt, self.now_ms, self.ctr),
         };
         self.route(io, pipeline, capacity, v, port, exception, pkt);
         if let FragEvent::Pinned(key) = pipeline.frag_event() {
@@ -401,9 +413,13 @@ impl<IO: PacketIo> Worker<IO> {
                     if staged {
                         let hints: &IO = io;
                         pipeline.prefetch_burst(snap, ctr, rx, |a| hints.prefetch(a));
-                    }
-                    for pkt in rx.drain(..) {
-                        out.process(io, pipeline, snap, capacity, port, exception, pkt, false);
+                        for (i, pkt) in rx.drain(..).enumerate() {
+                            out.process(io, pipeline, snap, capacity, port, exception, pkt, Arrival::Staged(i));
+                        }
+                    } else {
+                        for pkt in rx.drain(..) {
+                            out.process(io, pipeline, snap, capacity, port, exception, pkt, Arrival::Port);
+                        }
                     }
                 }
             }
@@ -414,7 +430,7 @@ impl<IO: PacketIo> Worker<IO> {
                 let Some(s) = st.pop(*me) else { break };
                 n += 1;
                 ctr.steered_in.add(1);
-                out.process(io, pipeline, snap, capacity, s.port, s.exception, s.pkt, true);
+                out.process(io, pipeline, snap, capacity, s.port, s.exception, s.pkt, Arrival::Steered);
             }
             total += n;
         }
