@@ -13,7 +13,9 @@
 #
 #   bench/lab.sh             # full run: the appliance's maximum (a max-rate run,
 #                            # then a ramp), loss and latency p50/p99/p99.9 at 50,
-#                            # 80 and 95 % of it, and the generator's Mpps per core
+#                            # 80 and 95 % of it (round trip, from the generator, and
+#                            # through the appliance's worker, from its /latency),
+#                            # and the generator's Mpps per core
 #                            # against dpdk-testpmd txonly on net_null; results in
 #                            # bench/results/lab.json
 #   SMOKE=1 bench/lab.sh     # CI: two short runs (paced, then max rate), asserts
@@ -78,6 +80,7 @@ write_config() { # yaml admin
     echo "  descriptors: 1024"
     echo '  extraArgs: ["--main-lcore=1"]'
     echo "  busyPoll: $BUSY_POLL"
+    echo "  latencyHistogram: true"
     echo "ports:"
     echo "  - name: front"
     echo "    device: net_memif0,role=client,socket=$WORK/front.sock,socket-abstract=no,mac=$FRONT_MAC"
@@ -138,15 +141,17 @@ lab_run() { # name rate secs
   local c1 t1
   c1=$(cpu_secs "$SPID"); t1=$(date +%s.%N)
   curl -sf --max-time 5 "http://$admin/metrics" >"$WORK/$name.metrics"
+  curl -sf --max-time 5 "http://$admin/latency" >"$WORK/$name.latency.json"
   kill -INT "$SPID"
   wait "$SPID" || { cat "$slog" >&2; echo "sluice run failed at shutdown" >&2; SPID=; return 1; }
   SPID=
   grep -q 'mbufs_in_use=0' "$slog" || { cat "$slog" >&2; echo "the appliance did not get every mbuf back" >&2; return 1; }
-  python3 - "$WORK/$name.gen.json" "$WORK/$name.metrics" "$name" "$rate" "$c0" "$c1" "$t0" "$t1" >"$WORK/$name.acct.json" <<'PY'
+  python3 - "$WORK/$name.gen.json" "$WORK/$name.metrics" "$name" "$rate" "$c0" "$c1" "$t0" "$t1" "$WORK/$name.latency.json" >"$WORK/$name.acct.json" <<'PY'
 import json, re, sys
 gen = json.load(open(sys.argv[1]))
 name, rate = sys.argv[3], sys.argv[4]
 c0, c1, t0, t1 = map(float, sys.argv[5:9])
+worker_lat = json.load(open(sys.argv[9]))["all"]
 m = {}
 for line in open(sys.argv[2]):
     if line.startswith("#"):
@@ -208,6 +213,8 @@ run = {
     "offered_pps": round(gen["offered_pps"]), "delivered_pps": round(gen["delivered_pps"]),
     "lost": gen["lost"], "loss_ratio": gen["loss_ratio"],
     "latency_us": {k: lat.get(k) for k in ("p50", "p99", "p999")},
+    "worker_latency_us": {k: worker_lat.get(k) for k in ("p50", "p99", "p999", "max", "packets")},
+    "worker_latency_note": "appliance /latency: from a burst's arrival at the worker to its poll round's last transmit (no ring wait, no memif transfer)",
     "cpu_pct": round(cpu, 1), "cpu_note": "appliance process (worker + control), from readiness to the generator's exit",
     "target_pps": gen["target_pps"], "sent": sent, "received": received, "reordered": gen["reordered"],
     "duplicates": gen["duplicates"], "tx_full": gen["tx_full"], "late_skipped": gen["late_skipped"],
@@ -218,6 +225,8 @@ print(json.dumps(run))
 bad = [k for k, v in (("unaccounted", unaccounted), ("memif A", hop_in), ("memif B", hop_out)) if v != 0]
 if gen_rx_all != received + gen["unstamped_received"]:
     bad.append("generator ports received != generator counted")
+if worker_lat.get("packets") != a["worker_rx"]:
+    bad.append(f"worker latency histogram counted {worker_lat.get('packets')} packets, the workers received {a['worker_rx']}")
 if gen["duplicates"] or gen["unknown_flow"]:
     bad.append("duplicate or unknown frames")
 if bad:

@@ -257,19 +257,29 @@ pub fn compare_table(res: &Results) -> Result<String, ReportError> {
 pub fn lab_table(res: &Results) -> Result<String, ReportError> {
     let runs = res.runs()?;
     let mut t = String::new();
-    t.push_str("| system | mode | offered pps | delivered pps | lost | latency p50 / p99 / p99.9 (µs) | CPU |\n");
-    t.push_str("|---|---|--:|--:|--:|--:|--:|\n");
+    t.push_str(
+        "| system | mode | offered pps | delivered pps | lost | round trip p50 / p99 / p99.9 (µs) | \
+         through the worker p50 / p99 / p99.9 (µs) | CPU |\n",
+    );
+    t.push_str("|---|---|--:|--:|--:|--:|--:|--:|\n");
+    let percentiles = |l: &Value| {
+        if l.is_object() {
+            format!("{} / {} / {}", count(&l["p50"]), count(&l["p99"]), count(&l["p999"]))
+        } else {
+            "–".into()
+        }
+    };
     for r in runs {
         if let Some(why) = r["skipped"].as_str() {
-            let _ = writeln!(t, "| {} | {} | skipped: {} | | | | |", plain(&r["system"]), plain(&r["mode"]), why.replace('|', "/"));
+            let _ = writeln!(t, "| {} | {} | skipped: {} | | | | | |", plain(&r["system"]), plain(&r["mode"]), why.replace('|', "/"));
             continue;
         }
-        let l = &r["latency_us"];
-        let lat = if l.is_object() { format!("{} / {} / {}", count(&l["p50"]), count(&l["p99"]), count(&l["p999"])) } else { "–".into() };
+        let lat = percentiles(&r["latency_us"]);
+        let worker = percentiles(&r["worker_latency_us"]);
         let cpu = f(&r["cpu_pct"]).map_or_else(|| "–".into(), |c| format!("{} %", num(c)));
         let _ = writeln!(
             t,
-            "| {} | {} | {} | {} | {} | {lat} | {cpu} |",
+            "| {} | {} | {} | {} | {} | {lat} | {worker} | {cpu} |",
             plain(&r["system"]),
             plain(&r["mode"]),
             fnum(&r["offered_pps"]),
@@ -508,12 +518,16 @@ mod tests {
             path: "bench/results/lab.json".into(),
             json: serde_json::json!({"bench": "lab", "command": "bench/lab.sh", "machine": {}, "runs": [
                 {"system": "sluice", "mode": "memif", "offered_pps": 1_000_000, "delivered_pps": 999_000, "lost": 1000,
-                 "latency_us": {"p50": 12, "p99": 40.5, "p999": 80}, "cpu_pct": 100},
+                 "latency_us": {"p50": 12, "p99": 40.5, "p999": 80},
+                 "worker_latency_us": {"p50": 1.5, "p99": 6, "p999": 20, "max": 90, "packets": 999_000}, "cpu_pct": 100},
+                {"system": "sluice-gen", "mode": "txonly", "offered_pps": 30_000_000, "delivered_pps": 30_000_000, "lost": 0,
+                 "latency_us": null, "cpu_pct": 100},
                 {"system": "testpmd", "mode": "txonly", "skipped": "not built"}
             ]}),
         };
         let t = lab_table(&lab).unwrap();
-        assert!(t.contains("| sluice | memif | 1000000 | 999000 | 1000 | 12 / 40.5 / 80 | 100 % |"), "{t}");
+        assert!(t.contains("| sluice | memif | 1000000 | 999000 | 1000 | 12 / 40.5 / 80 | 1.50 / 6 / 20 | 100 % |"), "{t}");
+        assert!(t.contains("| sluice-gen | txonly | 30000000 | 30000000 | 0 | – | – | 100 % |"), "{t}");
         assert!(t.contains("| testpmd | txonly | skipped: not built |"), "{t}");
         assert!(t.contains("written by `bench/lab.sh`"), "{t}");
     }

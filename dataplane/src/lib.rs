@@ -14,6 +14,7 @@ pub mod gen;
 pub mod hash;
 pub mod icmp;
 pub mod io;
+pub mod latency;
 pub mod maglev;
 pub mod memio;
 pub mod parse;

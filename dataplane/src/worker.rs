@@ -17,6 +17,7 @@ use std::sync::Arc;
 use crate::counters::{Ledger, WorkerCounters};
 use crate::flow::FragKey;
 use crate::io::{Burst, PacketBuf, PacketIo, BURST};
+use crate::latency::{Recorder, SharedLatency};
 use crate::pipeline::{FragEvent, Pipeline, PipelineConfig};
 use crate::rcu::Reader;
 use crate::snapshot::Snapshot;
@@ -139,6 +140,8 @@ pub struct Worker<IO: PacketIo> {
     staged: (u64, bool),
     /// Least table memory of a snapshot that turns the stages on.
     staged_min_heap: usize,
+    /// Each packet's time through the worker, when recorded.
+    latency: Option<Recorder>,
 }
 
 /// Snapshots whose tables take at least this much memory get the
@@ -320,7 +323,15 @@ impl<IO: PacketIo> Worker<IO> {
             steering: None,
             staged: (u64::MAX, false),
             staged_min_heap: STAGED_MIN_HEAP_BYTES,
+            latency: None,
         }
+    }
+
+    /// Records each packet's time through this worker (see
+    /// [`crate::latency`]) with `clock`, into `shared`.
+    pub fn with_latency(mut self, clock: fn() -> u64, shared: Arc<SharedLatency>) -> Self {
+        self.latency = Some(Recorder::new(clock, shared));
+        self
     }
 
     /// Makes this worker number `index` of the workers sharing `steering`:
@@ -384,6 +395,7 @@ impl<IO: PacketIo> Worker<IO> {
             steering,
             staged,
             staged_min_heap,
+            latency,
         } = self;
         let ctr: &WorkerCounters = counters;
         let snap = reader.read();
@@ -410,6 +422,9 @@ impl<IO: PacketIo> Worker<IO> {
                     }
                 }
                 Input::Port { port, exception } => {
+                    if let Some(l) = latency.as_mut() {
+                        l.burst_in(rx.len());
+                    }
                     if staged {
                         let hints: &IO = io;
                         pipeline.prefetch_burst(snap, ctr, rx, |a| hints.prefetch(a));
@@ -450,6 +465,9 @@ impl<IO: PacketIo> Worker<IO> {
             flush(io, o, b, ctr);
         }
         io.free(out.free);
+        if let Some(l) = latency.as_mut() {
+            l.round_done(now_ms);
+        }
         if total == 0 {
             ctr.idle_polls.add(1);
         } else {
@@ -524,6 +542,9 @@ impl<IO: PacketIo> Worker<IO> {
             }
         }
         self.io.free(&mut self.free);
+        if let Some(l) = self.latency.as_mut() {
+            l.flush();
+        }
         self.reader.offline();
     }
 }

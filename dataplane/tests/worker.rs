@@ -578,3 +578,36 @@ fn the_look_ahead_stages_change_no_outcome() {
     assert_conserved(&mut on);
     assert_conserved(&mut off);
 }
+
+#[test]
+fn latency_counts_each_packet_from_a_port_once() {
+    use sluice_dataplane::latency::SharedLatency;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static CLOCK: AtomicU64 = AtomicU64::new(0);
+    // Every read of the clock advances it by 10 ticks: a burst is stamped
+    // at its arrival and again once its round has sent everything.
+    fn clock() -> u64 {
+        CLOCK.fetch_add(10, Ordering::Relaxed)
+    }
+    let p = Publisher::new(appliance(1));
+    let shared = Arc::new(SharedLatency::default());
+    let w = Worker::new(MemIo::new(3, 3), p.reader(), Arc::new(WorkerCounters::new(8, 1000)), &config());
+    let mut w = H { w: w.with_latency(clock, Arc::clone(&shared)), drained: 0 };
+    let arp = craft::ether_with([0xff; 6], CLIENT_MAC, &[], ethertype::ARP, &[0; 28]);
+    let frames: Vec<Vec<u8>> = (0..40).map(|i| to_vip(1000 + i, 80, proto::TCP)).collect();
+    feed(&mut w, 0, &frames);
+    feed(&mut w, 1, std::slice::from_ref(&arp));
+    feed(&mut w, 2, &[b"from the kernel: not timed".to_vec()]);
+    let mut now = 1;
+    while w.poll(now) > 0 {
+        now += 1;
+    }
+    w.shutdown();
+    let h = shared.snapshot();
+    assert_eq!(h.len(), 41, "the 40 frames to the VIP and the ARP, each once; not the kernel's frame");
+    assert!(h.min() >= 10, "a burst's time includes the clock read between its stamps");
+    drain(&mut w, 1);
+    drain(&mut w, 2);
+    drain(&mut w, 0);
+    assert_conserved(&mut w);
+}

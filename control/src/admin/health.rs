@@ -110,7 +110,7 @@ mod tests {
 
     fn shared(workers: usize) -> Shared {
         let w = (0..workers)
-            .map(|i| WorkerEntry { lcore: u32::try_from(i).unwrap() + 1, counters: Arc::new(WorkerCounters::new(1, 1)) })
+            .map(|i| WorkerEntry { lcore: u32::try_from(i).unwrap() + 1, counters: Arc::new(WorkerCounters::new(1, 1)), latency: None })
             .collect();
         Shared::new("t.yaml".into(), Vec::new(), Arc::new(IdlePool), w, 1)
     }

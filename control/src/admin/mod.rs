@@ -9,6 +9,7 @@
 //! counted). It listens on loopback unless configured otherwise.
 
 pub mod health;
+pub mod latency;
 pub mod metrics;
 pub mod state;
 pub mod tables;
@@ -89,6 +90,7 @@ fn router(app: App, limits: Limits) -> Router {
         .route("/tables", get(tables_handler))
         .route("/tables/{service}", get(table_handler))
         .route("/explain", get(explain_handler))
+        .route("/latency", get(latency_handler))
         .fallback(fallback)
         .layer(tower_http::timeout::TimeoutLayer::with_status_code(StatusCode::SERVICE_UNAVAILABLE, limits.request_timeout))
         .layer(tower_http::limit::RequestBodyLimitLayer::new(4096))
@@ -99,7 +101,10 @@ async fn fallback(method: Method, uri: Uri) -> Response {
     if method != Method::GET && method != Method::HEAD {
         return (StatusCode::METHOD_NOT_ALLOWED, [(header::ALLOW, "GET")], "only GET\n").into_response();
     }
-    (StatusCode::NOT_FOUND, format!("no {}: try /metrics, /status, /healthz, /readyz, /tables, /tables/SERVICE or /explain\n", uri.path()))
+    (
+        StatusCode::NOT_FOUND,
+        format!("no {}: try /metrics, /status, /healthz, /readyz, /tables, /tables/SERVICE, /explain or /latency\n", uri.path()),
+    )
         .into_response()
 }
 
@@ -118,6 +123,16 @@ async fn status_handler(State(app): State<App>) -> Response {
     match tokio::task::spawn_blocking(move || views::status(&sh)).await {
         Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("status failed: {e}\n")).into_response(),
+    }
+}
+
+async fn latency_handler(State(app): State<App>) -> Response {
+    app.counters.requests.fetch_add(1, Ordering::Relaxed);
+    let sh = Arc::clone(&app.shared);
+    match tokio::task::spawn_blocking(move || latency::view(&sh)).await {
+        Ok(Some(v)) => json(&v),
+        Ok(None) => (StatusCode::NOT_FOUND, "the workers record no latency: set dpdk.latencyHistogram: true\n").into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("latency failed: {e}\n")).into_response(),
     }
 }
 

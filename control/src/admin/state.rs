@@ -101,6 +101,8 @@ pub struct WorkerEntry {
     pub lcore: u32,
     /// Its counters.
     pub counters: Arc<WorkerCounters>,
+    /// Its latency histogram, when it records one (`dpdk.latencyHistogram`).
+    pub latency: Option<Arc<sluice_dataplane::latency::SharedLatency>>,
 }
 
 /// A service as status shows it.

@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use sluice_dataplane::counters::WorkerCounters;
+use sluice_dataplane::latency::SharedLatency;
 use sluice_dataplane::pipeline::PipelineConfig;
 use sluice_dataplane::rcu::Publisher;
 use sluice_dataplane::snapshot::Snapshot;
@@ -215,9 +216,13 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
             stash_capacity: 256,
             stash_ttl_ms: 1000,
         };
-        let worker = Worker::new(io, publisher.reader(), Arc::clone(&ctr), &wc).with_steering(Arc::clone(&steering), k);
+        let mut worker = Worker::new(io, publisher.reader(), Arc::clone(&ctr), &wc).with_steering(Arc::clone(&steering), k);
+        let latency = cfg.dpdk.latency_histogram.then(|| Arc::new(SharedLatency::default()));
+        if let Some(l) = &latency {
+            worker = worker.with_latency(sluice_ffi::tsc, Arc::clone(l));
+        }
         built.push((lcore, worker));
-        entries.push(WorkerEntry { lcore: lcore.0, counters: ctr });
+        entries.push(WorkerEntry { lcore: lcore.0, counters: ctr, latency });
     }
 
     let ports: Vec<PortEntry> = machine

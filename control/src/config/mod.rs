@@ -83,6 +83,9 @@ pub struct DpdkConfig {
     /// The longest pause of a worker that finds nothing, in microseconds
     /// (`dpdk.idlePauseMaxMicros`).
     pub idle_pause_max_us: u32,
+    /// Workers keep a histogram of each packet's time through them
+    /// (`dpdk.latencyHistogram`), served at the admin endpoint's `/latency`.
+    pub latency_histogram: bool,
 }
 
 /// An address of the appliance on a port, with its prefix length.
@@ -370,6 +373,7 @@ fn dpdk_defaults() -> DpdkConfig {
         extra_args: Vec::new(),
         busy_poll: false,
         idle_pause_max_us: 2000,
+        latency_histogram: false,
     }
 }
 
@@ -377,7 +381,18 @@ fn dpdk(n: Node<'_>, p: &mut Problems) -> DpdkConfig {
     let mut d = dpdk_defaults();
     n.mapping(
         p,
-        &["lcores", "memoryMB", "hugepages", "filePrefix", "mbufs", "descriptors", "extraArgs", "busyPoll", "idlePauseMaxMicros"],
+        &[
+            "lcores",
+            "memoryMB",
+            "hugepages",
+            "filePrefix",
+            "mbufs",
+            "descriptors",
+            "extraArgs",
+            "busyPoll",
+            "idlePauseMaxMicros",
+            "latencyHistogram",
+        ],
     );
     n.field("lcores", |n| {
         if let Some(s) = n.string(p) {
@@ -399,6 +414,7 @@ fn dpdk(n: Node<'_>, p: &mut Problems) -> DpdkConfig {
     n.field("busyPoll", |n| n.boolean(p).map(|v| d.busy_poll = v));
     let (lo, hi) = bounds::IDLE_PAUSE_MAX_MICROS;
     n.field("idlePauseMaxMicros", |n| n.int(p, lo, hi).map(|v| d.idle_pause_max_us = v as u32));
+    n.field("latencyHistogram", |n| n.boolean(p).map(|v| d.latency_histogram = v));
     d
 }
 
@@ -711,12 +727,12 @@ gateways:
     #[test]
     fn idle_policy_fields() {
         let port = "ports: [{name: a, device: net_null0}]\n";
-        let c = parse_str(&format!("dpdk: {{busyPoll: true, idlePauseMaxMicros: 50}}\n{port}"), Path::new("c.yaml")).unwrap();
-        assert!(c.dpdk.busy_poll);
+        let c = parse_str(&format!("dpdk: {{busyPoll: true, idlePauseMaxMicros: 50, latencyHistogram: true}}\n{port}"), Path::new("c.yaml")).unwrap();
+        assert!(c.dpdk.busy_poll && c.dpdk.latency_histogram);
         assert_eq!(c.dpdk.idle_pause_max_us, 50);
         let d = parse_str(port, Path::new("c.yaml")).unwrap();
-        assert_eq!((d.dpdk.busy_poll, d.dpdk.idle_pause_max_us), (false, 2000));
-        assert_eq!(problems(&format!("dpdk: {{busyPoll: 1, idlePauseMaxMicros: 0}}\n{port}")).len(), 2);
+        assert_eq!((d.dpdk.busy_poll, d.dpdk.idle_pause_max_us, d.dpdk.latency_histogram), (false, 2000, false));
+        assert_eq!(problems(&format!("dpdk: {{busyPoll: 1, idlePauseMaxMicros: 0, latencyHistogram: 2}}\n{port}")).len(), 3);
         assert_eq!(problems(&format!("dpdk: {{idlePauseMaxMicros: 100001}}\n{port}")).len(), 1);
     }
 

@@ -498,7 +498,7 @@ mod tests {
         let vip: IpAddr = "20.0.0.1".parse().unwrap();
         let (served_tx, served) = watch::channel(Servable([(vip, vec![("web".to_owned(), true)])].into_iter().collect()));
         let counters = Arc::new(sluice_dataplane::counters::WorkerCounters::new(4, 4));
-        let shared = Arc::new(Shared::new("c.yaml".into(), Vec::new(), Arc::new(Pool), vec![WorkerEntry { lcore: 1, counters: Arc::clone(&counters) }], 1));
+        let shared = Arc::new(Shared::new("c.yaml".into(), Vec::new(), Arc::new(Pool), vec![WorkerEntry { lcore: 1, counters: Arc::clone(&counters), latency: None }], 1));
         let cancel = CancellationToken::new();
         {
             // A worker that keeps polling.
