@@ -429,6 +429,13 @@ fn announce_withdraw_recover_and_drain_dual_stack() {
     assert!(at("every VIP withdrawn; waiting for the routers") < at("bird stopped"));
     assert!(at("bird stopped") < at("stopped forwarded="), "the workers stop last:\n{err}");
     assert!(err.contains("mbufs_in_use=0"));
+    // The appliance's BIRD said goodbye (a Cease); the gateway's BIRD
+    // shows it once it has processed that message, which may take a moment
+    // after the appliance has exited.
+    let t0 = Instant::now();
+    while !rig.birdc("show protocols").contains("Administrative shutdown") && t0.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
     assert!(rig.birdc("show protocols").contains("Administrative shutdown"), "{}", rig.birdc("show protocols"));
 }
 
