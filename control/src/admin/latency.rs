@@ -90,23 +90,12 @@ mod tests {
     use sluice_dataplane::latency::SharedLatency;
 
     use super::*;
-    use crate::admin::state::{PoolProbe, WorkerEntry};
-
-    #[derive(Debug)]
-    struct Pool;
-    impl PoolProbe for Pool {
-        fn in_use(&self) -> u32 {
-            0
-        }
-        fn capacity(&self) -> u32 {
-            1
-        }
-    }
+    use crate::admin::state::{IdlePool, WorkerEntry};
 
     #[test]
     fn percentiles_in_microseconds_over_every_worker() {
         let entry = |lcore, latency| WorkerEntry { lcore, counters: Arc::new(WorkerCounters::new(1, 1)), latency };
-        let off = Shared::new("c.yaml".into(), Vec::new(), Arc::new(Pool), vec![entry(1, None)], 2_000_000_000);
+        let off = Shared::new("c.yaml".into(), Vec::new(), Arc::new(IdlePool), vec![entry(1, None)], 2_000_000_000);
         assert!(view(&off).is_none(), "nothing recorded: no view");
         let (a, b) = (Arc::new(SharedLatency::default()), Arc::new(SharedLatency::default()));
         // Worker a: 99 packets at 2 us, 1 at 1 ms; worker b: 100 at 4 us
@@ -117,7 +106,7 @@ mod tests {
         let sh = Shared::new(
             "c.yaml".into(),
             Vec::new(),
-            Arc::new(Pool),
+            Arc::new(IdlePool),
             vec![entry(1, Some(Arc::clone(&a))), entry(2, Some(Arc::clone(&b))), entry(3, None)],
             2_000_000_000,
         );
