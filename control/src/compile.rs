@@ -4,13 +4,15 @@
 //! MAC), keeps stable counter slots and incarnations across compilations,
 //! and caches each service's compiled form with the spec it came from: a
 //! service whose spec did not change is reused as it is, so only changed
-//! services' tables are rebuilt.
+//! services' tables are rebuilt. The route classifier is kept with the
+//! routes it was built from and reused while they stay the same (a change
+//! to endpoints does not touch them).
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 
 use sluice_dataplane::addr::Addr;
-use sluice_dataplane::classify::RouteSpec;
+use sluice_dataplane::classify::{Classifier, RouteSpec};
 use sluice_dataplane::service::{Delivery, EndpointSpec, Service, ServiceSpec};
 use sluice_dataplane::snapshot::{NextHop, PortInfo, Snapshot};
 
@@ -316,6 +318,8 @@ pub struct Compiler {
     hops: BTreeMap<(u8, Addr), u32>,
     /// Next hops not resolved yet, with how many endpoints wait for each.
     waiting: BTreeMap<(u8, Addr), u32>,
+    /// The last classifier built, with the routes it was built from.
+    classified: Option<(Vec<RouteSpec>, Arc<Classifier>)>,
 }
 
 /// Counts `entry`'s next hops in (`add`) or out of the compiler's totals.
@@ -360,6 +364,7 @@ impl Compiler {
             env: None,
             hops: BTreeMap::new(),
             waiting: BTreeMap::new(),
+            classified: None,
         }
     }
 
@@ -483,7 +488,17 @@ impl Compiler {
         let (gateway_v4, gateway_v6) = (gw(true), gw(false));
         self.generation += 1;
         let ports = topo.ports.iter().map(|p| PortInfo { mac: p.mac, mtu: p.mtu }).collect();
-        let snapshot = Snapshot::new(self.generation, &routes, services, ports, gateway_v4, gateway_v6);
+        // A cache by content: kept even if this compilation is not
+        // committed, as it stays true of those routes.
+        let classifier = match &self.classified {
+            Some((built_from, c)) if *built_from == routes => Arc::clone(c),
+            _ => {
+                let c = Arc::new(Classifier::build(&routes));
+                self.classified = Some((routes.clone(), Arc::clone(&c)));
+                c
+            }
+        };
+        let snapshot = Snapshot::with_classifier(self.generation, &routes, classifier, services, ports, gateway_v4, gateway_v6);
         Ok(Compiled { snapshot, rebuilt, endpoints: statuses, service_slots, new_slots: new, unresolved, next_hops: hops })
     }
 }
@@ -711,6 +726,27 @@ mod tests {
         assert_ne!(web.endpoint(1).unwrap().incarnation, old.endpoint(1).unwrap().incarnation);
         assert_eq!(web.endpoint(0).unwrap().incarnation, old.endpoint(0).unwrap().incarnation);
         assert_eq!(c2.new_slots.endpoints.len(), 1);
+    }
+
+    #[test]
+    fn the_classifier_is_kept_while_the_routes_stay_and_rebuilt_when_they_change() {
+        let neigh: HashMap<(u8, Addr), [u8; 6]> = HashMap::new();
+        let mut c = Compiler::new(16, 64);
+        let vip = |s: &str| s.parse::<Addr>().unwrap();
+        let a = c.compile(&resolved(vec![ep("web", 0, "10.200.0.11")]), &topo(), &neigh).unwrap();
+        // An endpoint change: the same routes, the same classification.
+        let b = c.compile(&resolved(vec![ep("web", 0, "10.200.0.12")]), &topo(), &neigh).unwrap();
+        assert!(Arc::ptr_eq(&b.snapshot.classifier, &a.snapshot.classifier), "kept");
+        // A route to a new VIP: built again, the new VIP is there.
+        let mut r = resolved(vec![ep("web", 0, "10.200.0.12")]);
+        r.routes[0].matches.vips.push("20.0.0.2".parse().unwrap());
+        let d = c.compile(&r, &topo(), &neigh).unwrap();
+        assert!(d.snapshot.classifier.is_vip(vip("20.0.0.2")));
+        assert!(!b.snapshot.classifier.is_vip(vip("20.0.0.2")));
+        // And back: the cache follows the routes, not the order of calls.
+        let e = c.compile(&resolved(vec![ep("web", 0, "10.200.0.12")]), &topo(), &neigh).unwrap();
+        assert!(!e.snapshot.classifier.is_vip(vip("20.0.0.2")));
+        assert!(e.snapshot.classifier.is_vip(vip("20.0.0.1")));
     }
 
     #[test]

@@ -31,8 +31,8 @@ pub struct NextHop {
 pub struct Snapshot {
     /// Increases with every publication.
     pub generation: u64,
-    /// Routes.
-    pub classifier: Classifier,
+    /// Routes (shared by successive snapshots while the routes stay).
+    pub classifier: Arc<Classifier>,
     /// Services, indexed by [`RouteSpec::service`].
     pub services: Vec<Arc<Service>>,
     /// Ports, by index.
@@ -67,13 +67,28 @@ impl Snapshot {
         gateway_v4: Option<NextHop>,
         gateway_v6: Option<NextHop>,
     ) -> Snapshot {
+        Snapshot::with_classifier(generation, routes, Arc::new(Classifier::build(routes)), services, ports, gateway_v4, gateway_v6)
+    }
+
+    /// [`Snapshot::new`] with the classifier of `routes` already built
+    /// (`Classifier::build(routes)`, kept from an earlier snapshot whose
+    /// routes were the same): a change to endpoints only costs no
+    /// classifier build.
+    pub fn with_classifier(
+        generation: u64,
+        routes: &[RouteSpec],
+        classifier: Arc<Classifier>,
+        services: Vec<Arc<Service>>,
+        ports: Vec<PortInfo>,
+        gateway_v4: Option<NextHop>,
+        gateway_v6: Option<NextHop>,
+    ) -> Snapshot {
         let mut by_key: Vec<(u32, u32)> = services
             .iter()
             .enumerate()
             .map(|(i, s)| (s.key, u32::try_from(i).unwrap_or(u32::MAX)))
             .collect();
         by_key.sort_unstable();
-        let classifier = Classifier::build(routes);
         // Who may send return traffic from each VIP: the endpoints (as the
         // port and MAC their frames come from) of the services it routes to.
         let mut allowed: Vec<Vec<u64>> = vec![Vec::new(); classifier.vips().len()];
