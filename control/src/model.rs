@@ -305,7 +305,7 @@ impl Model {
         use limits::{ENDPOINT_LIMIT_MAX, ENDPOINT_LIMIT_MIN, TABLE_SIZE_MAX, WEIGHT_MAX};
         let mut p = Problems::default();
         let mut services: BTreeMap<String, ResolvedService> = BTreeMap::new();
-        let mut owners: HashMap<String, &Origin> = HashMap::new();
+        let mut owners: HashMap<&str, &Origin> = HashMap::new();
         let budget = u64::from(defaults.table_memory_mb) << 20;
         let mut table_memory = 0u64;
         let mut over_budget = false;
@@ -315,11 +315,11 @@ impl Model {
                     p.push(s.origin.problem(format!("{:?} is not a valid service name", s.name)));
                     continue;
                 }
-                if let Some(first) = owners.get(&s.name) {
+                if let Some(first) = owners.get(s.name.as_str()) {
                     p.push(s.origin.problem(format!("service {:?} is already defined at {first}", s.name)));
                     continue;
                 }
-                owners.insert(s.name.clone(), &s.origin);
+                owners.insert(&s.name, &s.origin);
                 let limit = s.limit.unwrap_or(defaults.limit);
                 if !(ENDPOINT_LIMIT_MIN..=ENDPOINT_LIMIT_MAX).contains(&limit) {
                     p.push(s.origin.problem(format!(
@@ -378,9 +378,14 @@ impl Model {
         // duplicates are found per service once all are in.
         let mut current: Option<(&str, Option<&mut ResolvedService>)> = None;
         for d in self.sources.values() {
-            for e in &d.endpoints {
+            for (i, e) in d.endpoints.iter().enumerate() {
                 if current.as_ref().is_none_or(|(n, _)| *n != &*e.service) {
-                    current = Some((&*e.service, services.get_mut(&*e.service)));
+                    let mut svc = services.get_mut(&*e.service);
+                    if let Some(s) = svc.as_mut() {
+                        // Room for the service's run of endpoints at once.
+                        s.endpoints.reserve(d.endpoints[i..].iter().take_while(|x| x.service == e.service).count());
+                    }
+                    current = Some((&*e.service, svc));
                 }
                 let Some((_, Some(svc))) = current.as_mut() else {
                     if !owners.contains_key(&*e.service) {
@@ -404,6 +409,7 @@ impl Model {
                 svc.endpoints.push(e.clone());
             }
         }
+        let mut addrs: Vec<(Addr, usize)> = Vec::new();
         for s in services.values_mut() {
             // Stable: of two with one identifier, the first defined stays first.
             s.endpoints.sort_by_key(|e| e.id);
@@ -416,7 +422,8 @@ impl Model {
                 }
             }
             if s.endpoints.len() > 1 {
-                let mut addrs: Vec<(Addr, usize)> = s.endpoints.iter().enumerate().map(|(i, e)| (e.address, i)).collect();
+                addrs.clear();
+                addrs.extend(s.endpoints.iter().enumerate().map(|(i, e)| (e.address, i)));
                 addrs.sort_unstable();
                 for w in addrs.windows(2) {
                     if w[0].0 == w[1].0 {
@@ -445,7 +452,7 @@ impl Model {
                     continue;
                 }
                 if !services.contains_key(&r.service) {
-                    p.push(r.origin.problem(if owners.contains_key(&r.service) {
+                    p.push(r.origin.problem(if owners.contains_key(r.service.as_str()) {
                         format!("route to service {:?}, which has errors", r.service)
                     } else {
                         format!("route to an unknown service {:?}", r.service)
