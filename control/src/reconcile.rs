@@ -21,7 +21,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use crate::admin::state::{lock, now_epoch, RouteMeta, ServiceMeta, Shared};
+use crate::admin::state::{lock, micros, now_epoch, RouteMeta, ServiceMeta, Shared};
 use crate::compile::{Compiled, Compiler, EndpointState, Neighbors, Topology};
 use crate::config::{ApplianceConfig, GatewayConfig};
 use crate::model::{Defaults, Desired, Model, Resolved};
@@ -60,6 +60,13 @@ pub struct Reconciler {
     /// Gateways learned over BGP, and where they come from.
     learned: Vec<GatewayConfig>,
     learned_rx: Option<watch::Receiver<Vec<GatewayConfig>>>,
+    /// Microseconds the resolution before the next publication took (for
+    /// its log line; 0 when it republishes an unchanged model).
+    resolve_us: u64,
+    /// What the last change replaced (the previous desired state and
+    /// resolved model), freed once the source has its answer: freeing
+    /// 100,000 endpoints takes milliseconds the source need not wait for.
+    garbage: Vec<Box<dyn Send>>,
 }
 
 /// The settings of the accepted configuration file that other control
@@ -128,6 +135,8 @@ impl Reconciler {
             served: None,
             learned: Vec::new(),
             learned_rx: None,
+            resolve_us: 0,
+            garbage: Vec::new(),
             started_with: cfg,
             file,
         }
@@ -198,6 +207,8 @@ impl Reconciler {
                 self.record(&source, &trigger, Err(problems));
             }
         }
+        // After the answer (a source waiting for it is told first).
+        self.garbage.clear();
     }
 
     fn apply_file(&mut self, state: FileState, trigger: &str) -> Result<Vec<String>, Refusal> {
@@ -237,6 +248,8 @@ impl Reconciler {
         let outcome = self.resolve_and_publish(trigger);
         if outcome.is_err() {
             self.model.put(source, saved);
+        } else if let Some(d) = saved {
+            self.garbage.push(Box::new(d));
         }
         outcome
     }
@@ -244,10 +257,15 @@ impl Reconciler {
     /// Resolves the model and publishes it; on failure nothing changed in
     /// the compiler or the data plane.
     fn resolve_and_publish(&mut self, why: &str) -> Result<Vec<String>, Refusal> {
+        let t0 = Instant::now();
         let resolved = self.model.resolve(&self.defaults)?;
         let previous = std::mem::replace(&mut self.resolved, resolved);
+        self.resolve_us = micros(t0.elapsed());
         match self.publish(why) {
-            Ok(rebuilt) => Ok(rebuilt),
+            Ok(rebuilt) => {
+                self.garbage.push(Box::new(previous));
+                Ok(rebuilt)
+            }
             Err(e) => {
                 self.resolved = previous;
                 Err(vec![compile_problem(e)])
@@ -286,7 +304,7 @@ impl Reconciler {
     fn publish(&mut self, why: &str) -> Result<Vec<String>, String> {
         let t0 = Instant::now();
         let c: Compiled = self.compiler.compile(&self.resolved, &self.topo, &self.macs)?;
-        let compile_us = u64::try_from(t0.elapsed().as_micros()).unwrap_or(u64::MAX);
+        let compile_us = micros(t0.elapsed());
         let ready: HashMap<u32, bool> = c.snapshot.services.iter().map(|s| (s.key, s.has_ready_endpoint())).collect();
         // Said once, when the service is compiled, not at every publication.
         let rebuilt: std::collections::HashSet<&str> = c.rebuilt.iter().map(String::as_str).collect();
@@ -298,9 +316,8 @@ impl Reconciler {
         let mut snapshot = c.snapshot;
         // Workers report the generation they use: the publisher's numbering.
         snapshot.generation = self.publisher.generation() + 1;
-        let mut st = lock(&self.shared.state);
-        self.shared.baseline(&mut st, &c.new_slots.services, &c.new_slots.endpoints);
-        st.services = c
+        // What the admin endpoint shows, made before its lock is taken.
+        let services = c
             .service_slots
             .iter()
             .filter_map(|(slot, name)| {
@@ -316,7 +333,7 @@ impl Reconciler {
                 })
             })
             .collect();
-        st.routes = self
+        let routes = self
             .resolved
             .routes
             .iter()
@@ -327,6 +344,10 @@ impl Reconciler {
                 vips: r.matches.vips.iter().map(ToString::to_string).collect(),
             })
             .collect();
+        let mut st = lock(&self.shared.state);
+        self.shared.baseline(&mut st, &c.new_slots.services, &c.new_slots.endpoints);
+        self.garbage.push(Box::new(std::mem::replace(&mut st.services, services)));
+        self.garbage.push(Box::new(std::mem::replace(&mut st.routes, routes)));
         if let Some(tx) = &self.served {
             let ready: HashMap<&str, bool> = st.services.iter().map(|s| (s.name.as_str(), s.ready)).collect();
             let mut vips: std::collections::BTreeMap<std::net::IpAddr, Vec<(String, bool)>> = std::collections::BTreeMap::new();
@@ -346,7 +367,7 @@ impl Reconciler {
                 changed
             });
         }
-        st.endpoints = c.endpoints;
+        self.garbage.push(Box::new(std::mem::replace(&mut st.endpoints, c.endpoints)));
         st.unresolved = c.unresolved.len();
         let generation = self.publisher.publish(snapshot);
         st.snapshot = Some(self.publisher.current());
@@ -365,8 +386,9 @@ impl Reconciler {
             why,
             rebuilt = ?c.rebuilt,
             unresolved = c.unresolved.len(),
+            resolve_us = std::mem::take(&mut self.resolve_us),
             compile_us,
-            publish_us = u64::try_from(t0.elapsed().as_micros()).unwrap_or(u64::MAX),
+            publish_us = micros(t0.elapsed()),
             "snapshot published"
         );
         Ok(c.rebuilt)

@@ -321,6 +321,11 @@ impl Shared {
     }
 }
 
+/// A duration as whole microseconds, for a log field or a status.
+pub fn micros(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
 /// Seconds since the epoch.
 pub fn now_epoch() -> u64 {
     SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)

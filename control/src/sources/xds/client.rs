@@ -69,6 +69,7 @@ use super::config::{Mode, XdsConfig};
 use super::mapping::{self, Applied, ClaState, L4Cluster};
 use super::status::{self, ConnectionState, Nack, XdsStatus};
 use super::{tls, SOURCE};
+use crate::admin::state::micros;
 use crate::model::Defaults;
 use crate::sources::SourceMsg;
 
@@ -348,12 +349,17 @@ impl Client {
     /// Maps `next`, has the reconciler serve it, and holds it.
     async fn apply(&mut self, mut next: Resources, trigger: &str) -> Result<(), Refused> {
         next.prune();
+        let t0 = Instant::now();
         let built = mapping::build(next.l4(), &next.clas, &self.applied, &self.defaults).map_err(Refused::Problems)?;
         if built.services == self.applied {
             debug!(trigger, "xDS state unchanged: nothing to rebuild");
         } else {
+            let map_us = micros(t0.elapsed());
+            let t1 = Instant::now();
+            let desired = built.desired();
+            let desired_us = micros(t1.elapsed());
             let (reply, answer) = oneshot::channel();
-            let msg = SourceMsg::Desired { source: SOURCE.into(), desired: built.desired(), trigger: trigger.into(), reply: Some(reply) };
+            let msg = SourceMsg::Desired { source: SOURCE.into(), desired, trigger: trigger.into(), reply: Some(reply) };
             if self.tx.send(msg).await.is_err() {
                 return Err(Refused::Stopped);
             }
@@ -362,7 +368,7 @@ impl Client {
                 Ok(Err(problems)) => return Err(Refused::Problems(problems.iter().map(ToString::to_string).collect())),
                 Err(_) => return Err(Refused::Stopped),
             }
-            let us = u64::try_from(self.received.elapsed().as_micros()).unwrap_or(u64::MAX);
+            let us = micros(self.received.elapsed());
             let summary = self.to_live.as_mut().map(|h| {
                 h.saturating_record(us.max(1));
                 status::Latency::of(h)
@@ -373,7 +379,19 @@ impl Client {
                 st.to_live = l;
             }
             drop(st);
-            info!(trigger, services = built.services.len(), mapped = built.mapped, warming = built.warming.len(), "xDS state applied");
+            // Where the time from the response to the publication went:
+            // received_us in all, map_us and desired_us here, the rest in
+            // the reconciler (its "snapshot published" line).
+            info!(
+                trigger,
+                services = built.services.len(),
+                mapped = built.mapped,
+                warming = built.warming.len(),
+                received_us = us,
+                map_us,
+                desired_us,
+                "xDS state applied"
+            );
         }
         let now = Instant::now();
         let names = next.l4_eds_names();
