@@ -202,6 +202,11 @@ fn two_appliances_pick_the_same_endpoint_for_every_slot_whatever_the_order() {
         let (da, db) = (json_at(pa, &format!("/tables/{svc}")), json_at(pb, &format!("/tables/{svc}")));
         assert!(da["runs"].as_array().is_some_and(|r| !r.is_empty()), "{da}");
         assert_eq!(da, db, "{svc}");
+        // Without the runs: the same summary, and the summary of /tables.
+        let mut summary = da.clone();
+        summary.as_object_mut().map(|o| o.remove("runs"));
+        assert_eq!(json_at(pa, &format!("/tables/{svc}?runs=false")), summary, "{svc}");
+        assert!(list.contains(&summary), "{svc}: {summary}");
     }
     // And a flow explained by both goes to the same endpoint.
     let q = "/explain?proto=tcp&src=198.51.100.7:40000&dst=20.0.0.1:80";

@@ -103,7 +103,7 @@ async fn fallback(method: Method, uri: Uri) -> Response {
     }
     (
         StatusCode::NOT_FOUND,
-        format!("no {}: try /metrics, /status, /healthz, /readyz, /tables, /tables/SERVICE, /explain or /latency\n", uri.path()),
+        format!("no {}: try /metrics, /status, /healthz, /readyz, /tables, /tables/SERVICE[?runs=false], /explain or /latency\n", uri.path()),
     )
         .into_response()
 }
@@ -156,9 +156,24 @@ async fn tables_handler(State(app): State<App>) -> Response {
     }
 }
 
-async fn table_handler(State(app): State<App>, Path(service): Path<String>) -> Response {
+async fn table_handler(
+    State(app): State<App>,
+    Path(service): Path<String>,
+    Query(q): Query<std::collections::HashMap<String, String>>,
+) -> Response {
     app.counters.requests.fetch_add(1, Ordering::Relaxed);
     let Some(snap) = snapshot(&app) else { return (StatusCode::SERVICE_UNAVAILABLE, "nothing published yet\n").into_response() };
+    let runs = match q.get("runs").map(String::as_str) {
+        None | Some("true") => true,
+        Some("false") => false,
+        Some(other) => return (StatusCode::BAD_REQUEST, format!("runs is true or false, not {other:?}\n")).into_response(),
+    };
+    if !runs {
+        return match tables::summary_for(&snap, &service) {
+            Some(s) => json(&s),
+            None => (StatusCode::NOT_FOUND, format!("no service {service:?}\n")).into_response(),
+        };
+    }
     match tokio::task::spawn_blocking(move || tables::dump(&snap, &service).ok_or(service)).await {
         Ok(Ok(d)) => json(&d),
         Ok(Err(name)) => (StatusCode::NOT_FOUND, format!("no service {name:?}\n")).into_response(),

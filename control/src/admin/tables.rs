@@ -73,6 +73,11 @@ fn summary_of(s: &Service, slots: &[Option<Addr>]) -> TableSummary {
     }
 }
 
+/// One service's table summed up, without its slots (cheap enough to poll).
+pub fn summary_for(snap: &Snapshot, service: &str) -> Option<TableSummary> {
+    snap.services.iter().find(|s| s.name == service).map(|s| summary(s))
+}
+
 /// Every service's table, by service name.
 pub fn summaries(snap: &Snapshot) -> Vec<TableSummary> {
     let mut v: Vec<TableSummary> = snap.services.iter().map(|s| summary(s)).collect();
