@@ -267,6 +267,9 @@ async fn sotw_bad_inputs_are_nacked_and_the_last_good_state_is_kept() {
     let a = Appliance::start("sotw-nack", xds_cfg(running.addr, Mode::Sotw, "lb-1"), inline).await;
     let dump = || format!("served {:?}\nstatus {:#?}", a.served(), a.status());
     wait("the initial sync", || addrs(&a.served(), "web").len() == 2, dump).await;
+    // Served is published before the outcome is recorded: count what was
+    // accepted once both types are acknowledged (recorded before the ACK).
+    wait("its ACKs", || [CLUSTER_TYPE, CLA_TYPE].iter().all(|t| a.status().types.get(*t).is_some_and(|v| v.version == "good")), dump).await;
     let good = a.served();
     let accepted = a.source().accepted_total;
 

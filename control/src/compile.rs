@@ -138,8 +138,9 @@ pub struct Compiled {
     /// by identifier; shared with the compiler's cache, so a compilation
     /// that changes one service copies no other service's statuses.
     pub endpoints: Vec<Arc<[EndpointStatus]>>,
-    /// Services by counter slot: (slot, name).
-    pub service_slots: Vec<(u32, String)>,
+    /// Services by counter slot: (slot, name), in name order (shared with
+    /// the compiler, which finds changed services in it).
+    pub service_slots: Arc<Vec<(u32, String)>>,
     /// Counter slots handed out by this compilation (their counters start over).
     pub new_slots: NewSlots,
     /// Next hops whose MAC is missing: (port, address).
@@ -320,6 +321,18 @@ pub struct Compiler {
     waiting: BTreeMap<(u8, Addr), u32>,
     /// The last classifier built, with the routes it was built from.
     classified: Option<(Vec<RouteSpec>, Arc<Classifier>)>,
+    /// What the last compilation published, when it succeeded (its routes
+    /// are those of `classified`: a failed compilation clears this).
+    last: Option<Last>,
+}
+
+/// The parts of the last compilation that a compilation of a few changed
+/// services builds on.
+#[derive(Debug)]
+struct Last {
+    snapshot: Snapshot,
+    statuses: Vec<Arc<[EndpointStatus]>>,
+    service_slots: Arc<Vec<(u32, String)>>,
 }
 
 /// Counts `entry`'s next hops in (`add`) or out of the compiler's totals.
@@ -365,6 +378,7 @@ impl Compiler {
             hops: BTreeMap::new(),
             waiting: BTreeMap::new(),
             classified: None,
+            last: None,
         }
     }
 
@@ -372,14 +386,39 @@ impl Compiler {
     /// compilation that fails leaves the compiler as it was (no counter
     /// slot, incarnation, cached table or generation is kept from it).
     pub fn compile(&mut self, r: &Resolved, topo: &Topology, neigh: &dyn Neighbors) -> Result<Compiled, String> {
+        self.compile_with(r, None, topo, neigh)
+    }
+
+    /// [`Compiler::compile`] after a change to the endpoints of the
+    /// services `changed` only (the same services, routes and settings as
+    /// the last compilation): compiles those and takes every other service,
+    /// and the routes, from the last compilation without comparing them.
+    /// Compiles everything instead when there is nothing to build on (no
+    /// last compilation, or it failed; other services; the topology or the
+    /// neighbour table changed since).
+    pub fn compile_changed(&mut self, r: &Resolved, changed: &[String], topo: &Topology, neigh: &dyn Neighbors) -> Result<Compiled, String> {
+        self.compile_with(r, Some(changed), topo, neigh)
+    }
+
+    fn compile_with(&mut self, r: &Resolved, changed: Option<&[String]>, topo: &Topology, neigh: &dyn Neighbors) -> Result<Compiled, String> {
         let mut j = Journal { next_incarnation: self.next_incarnation, ..Journal::default() };
-        match self.try_compile(r, topo, neigh, &mut j) {
+        let at = changed.and_then(|c| Some((c, self.positions(r, c, topo, neigh)?)));
+        let outcome = match (at, self.last.take()) {
+            (Some((names, at)), Some(last)) => self.try_compile_changed(r, names, &at, last, topo, neigh, &mut j),
+            _ => self.try_compile(r, topo, neigh, &mut j),
+        };
+        match outcome {
             Ok(mut c) => {
                 self.commit(r, j);
                 self.env = neigh.epoch().map(|e| (topo.clone(), e));
                 // try_compile left the gateways' next hops there.
                 c.next_hops = merged(&self.hops, &c.next_hops);
                 c.unresolved = merged(&self.waiting, &c.unresolved);
+                self.last = Some(Last {
+                    snapshot: c.snapshot.clone(),
+                    statuses: c.endpoints.clone(),
+                    service_slots: Arc::clone(&c.service_slots),
+                });
                 Ok(c)
             }
             Err(e) => {
@@ -389,6 +428,79 @@ impl Compiler {
                 Err(e)
             }
         }
+    }
+
+    /// True when every cached entry is current for `topo` and `neigh`:
+    /// nothing changed since the last compilation but the model.
+    fn env_same(&self, topo: &Topology, neigh: &dyn Neighbors) -> bool {
+        match (&self.env, neigh.epoch()) {
+            (Some((t, e)), Some(now)) => *e == now && t == topo,
+            _ => false,
+        }
+    }
+
+    /// Where the services `changed` are in the last compilation, when a
+    /// compilation of them alone can build on it.
+    fn positions(&self, r: &Resolved, changed: &[String], topo: &Topology, neigh: &dyn Neighbors) -> Option<Vec<usize>> {
+        let last = self.last.as_ref()?;
+        if !self.env_same(topo, neigh) || last.service_slots.len() != r.services.len() {
+            return None;
+        }
+        changed
+            .iter()
+            .map(|n| {
+                let i = last.service_slots.binary_search_by(|(_, s)| s.as_str().cmp(n)).ok()?;
+                r.services.contains_key(n).then_some(i)
+            })
+            .collect()
+    }
+
+    /// Compiles the services `changed` (at `at` in `last`) and takes the
+    /// others from `last`.
+    #[allow(clippy::too_many_arguments)]
+    fn try_compile_changed(
+        &mut self,
+        r: &Resolved,
+        changed: &[String],
+        at: &[usize],
+        last: Last,
+        topo: &Topology,
+        neigh: &dyn Neighbors,
+        j: &mut Journal,
+    ) -> Result<Compiled, String> {
+        let mut new = NewSlots::default();
+        let mut statuses = last.statuses;
+        let mut replaced: Vec<(usize, Arc<Service>)> = Vec::with_capacity(at.len());
+        let mut rebuilt = Vec::new();
+        // In name order, as a whole compilation numbers them.
+        let mut order: Vec<(usize, &String)> = at.iter().copied().zip(changed).collect();
+        order.sort_unstable();
+        order.dedup();
+        for (i, name) in order {
+            let s = r.services.get(name).ok_or_else(|| format!("service {name:?} is not in the model"))?;
+            let old = self.entries.get(name);
+            let mut ids = Ids {
+                services: &mut self.service_slots,
+                endpoints: &mut self.endpoint_slots,
+                next_incarnation: &mut self.next_incarnation,
+            };
+            let e = compile_service(s, old, topo, neigh, &mut ids, &mut new, j)?;
+            if old.is_none_or(|o| !Arc::ptr_eq(&o.svc, &e.svc)) {
+                rebuilt.push(name.clone());
+            }
+            replaced.push((i, Arc::clone(&e.svc)));
+            statuses[i] = Arc::clone(&e.statuses);
+            j.fresh.push((name.clone(), e));
+        }
+        let (mut hops, mut unresolved) = (Vec::new(), Vec::new());
+        let (gateway_v4, gateway_v6) = gateways(topo, neigh, &mut hops, &mut unresolved);
+        let Some((routes, classifier)) = &self.classified else {
+            return Err("no routes compiled yet".into());
+        };
+        self.generation += 1;
+        debug_assert!(Arc::ptr_eq(classifier, &last.snapshot.classifier));
+        let snapshot = last.snapshot.with_changed(self.generation, routes, &replaced, ports(topo), gateway_v4, gateway_v6);
+        Ok(Compiled { snapshot, rebuilt, endpoints: statuses, service_slots: last.service_slots, new_slots: new, unresolved, next_hops: hops })
     }
 
     /// Keeps the entries compiled anew and frees the slots of services and
@@ -422,10 +534,7 @@ impl Compiler {
 
     fn try_compile(&mut self, r: &Resolved, topo: &Topology, neigh: &dyn Neighbors, j: &mut Journal) -> Result<Compiled, String> {
         let mut new = NewSlots::default();
-        let env_same = match (&self.env, neigh.epoch()) {
-            (Some((t, e)), Some(now)) => *e == now && t == topo,
-            _ => false,
-        };
+        let env_same = self.env_same(topo, neigh);
         let mut services = Vec::with_capacity(r.services.len());
         let mut statuses = Vec::with_capacity(r.services.len());
         let mut index: HashMap<&str, u32> = HashMap::with_capacity(r.services.len());
@@ -473,21 +582,8 @@ impl Compiler {
             })
             .collect();
 
-        let mut gw = |v4: bool| -> Option<NextHop> {
-            let g = topo.gateway(v4)?;
-            let port = topo.port_index(&g.port)?;
-            if g.mac.is_none() {
-                hops.push((port, g.address));
-            }
-            let mac = g.mac.or_else(|| neigh.mac(port, g.address));
-            if mac.is_none() {
-                unresolved.push((port, g.address));
-            }
-            Some(NextHop { port, mac: mac? })
-        };
-        let (gateway_v4, gateway_v6) = (gw(true), gw(false));
+        let (gateway_v4, gateway_v6) = gateways(topo, neigh, &mut hops, &mut unresolved);
         self.generation += 1;
-        let ports = topo.ports.iter().map(|p| PortInfo { mac: p.mac, mtu: p.mtu }).collect();
         // A cache by content: kept even if this compilation is not
         // committed, as it stays true of those routes.
         let classifier = match &self.classified {
@@ -498,9 +594,32 @@ impl Compiler {
                 c
             }
         };
-        let snapshot = Snapshot::with_classifier(self.generation, &routes, classifier, services, ports, gateway_v4, gateway_v6);
-        Ok(Compiled { snapshot, rebuilt, endpoints: statuses, service_slots, new_slots: new, unresolved, next_hops: hops })
+        let snapshot = Snapshot::with_classifier(self.generation, &routes, classifier, services, ports(topo), gateway_v4, gateway_v6);
+        Ok(Compiled { snapshot, rebuilt, endpoints: statuses, service_slots: Arc::new(service_slots), new_slots: new, unresolved, next_hops: hops })
     }
+}
+
+/// The gateways' next hops (IPv4, IPv6); those whose MAC the kernel
+/// resolves go to `hops`, those not resolved yet to `unresolved` too.
+fn gateways(topo: &Topology, neigh: &dyn Neighbors, hops: &mut Vec<(u8, Addr)>, unresolved: &mut Vec<(u8, Addr)>) -> (Option<NextHop>, Option<NextHop>) {
+    let mut gw = |v4: bool| -> Option<NextHop> {
+        let g = topo.gateway(v4)?;
+        let port = topo.port_index(&g.port)?;
+        if g.mac.is_none() {
+            hops.push((port, g.address));
+        }
+        let mac = g.mac.or_else(|| neigh.mac(port, g.address));
+        if mac.is_none() {
+            unresolved.push((port, g.address));
+        }
+        Some(NextHop { port, mac: mac? })
+    };
+    (gw(true), gw(false))
+}
+
+/// The ports as the snapshot has them.
+fn ports(topo: &Topology) -> Vec<PortInfo> {
+    topo.ports.iter().map(|p| PortInfo { mac: p.mac, mtu: p.mtu }).collect()
 }
 
 /// The compiler's numbering, lent to [`compile_service`].
@@ -747,6 +866,58 @@ mod tests {
         let e = c.compile(&resolved(vec![ep("web", 0, "10.200.0.12")]), &topo(), &neigh).unwrap();
         assert!(!e.snapshot.classifier.is_vip(vip("20.0.0.2")));
         assert!(e.snapshot.classifier.is_vip(vip("20.0.0.1")));
+    }
+
+    #[test]
+    fn compiling_the_changed_services_alone_gives_what_compiling_everything_gives() {
+        // Neighbours with epochs, as the reconciler's: what lets a
+        // compilation trust that unchanged services are still current.
+        struct Epoch(HashMap<(u8, Addr), [u8; 6]>, u64);
+        impl Neighbors for Epoch {
+            fn mac(&self, port: u8, addr: Addr) -> Option<[u8; 6]> {
+                self.0.get(&(port, addr)).copied()
+            }
+            fn epoch(&self) -> Option<u64> {
+                Some(self.1)
+            }
+        }
+        let mut neigh: HashMap<(u8, Addr), [u8; 6]> = HashMap::new();
+        for i in 11..16 {
+            neigh.insert((1, format!("10.200.0.{i}").parse().unwrap()), [2, 0xee, 0, 0, 0, i]);
+        }
+        let mut neigh2 = neigh.clone();
+        neigh2.insert((1, "10.200.0.19".parse().unwrap()), [2, 0xee, 0, 0, 0, 19]);
+        let (n1, n2) = (Epoch(neigh, 1), Epoch(neigh2, 2));
+        let states = [
+            resolved(vec![ep("web", 0, "10.200.0.11"), ep("web", 1, "10.200.0.12"), ep("dns", 0, "10.200.0.11")]),
+            // web: identifier 1 moves, 2 arrives (unresolved).
+            resolved(vec![ep("web", 0, "10.200.0.11"), ep("web", 1, "10.200.0.13"), ep("web", 2, "10.200.0.19"), ep("dns", 0, "10.200.0.11")]),
+            // dns loses its endpoint, web one of its own.
+            resolved(vec![ep("web", 0, "10.200.0.11"), ep("web", 2, "10.200.0.19")]),
+        ];
+        let changed = [vec![], vec!["web".to_owned()], vec!["web".to_owned(), "dns".to_owned()]];
+        let (mut whole, mut part) = (Compiler::new(16, 64), Compiler::new(16, 64));
+        for (k, (r, names)) in states.iter().zip(&changed).enumerate() {
+            assert_eq!(part.positions(r, names, &topo(), &n1).is_some(), k > 0, "built on the last compilation after the first");
+            let a = whole.compile(r, &topo(), &n1).unwrap();
+            let b = part.compile_changed(r, names, &topo(), &n1).unwrap();
+            assert_eq!(format!("{:?}", a.snapshot), format!("{:?}", b.snapshot));
+            assert_eq!((&a.rebuilt, &a.endpoints, &a.service_slots), (&b.rebuilt, &b.endpoints, &b.service_slots));
+            assert_eq!((&a.new_slots, &a.unresolved, &a.next_hops), (&b.new_slots, &b.unresolved, &b.next_hops));
+        }
+        // The neighbour table changed: the changed services alone would
+        // miss the new MAC of an unchanged one, so everything is compiled.
+        let r = &states[2];
+        assert!(part.positions(r, &[], &topo(), &n2).is_none());
+        let a = whole.compile(r, &topo(), &n2).unwrap();
+        let b = part.compile_changed(r, &[], &topo(), &n2).unwrap();
+        assert_eq!(a.rebuilt, vec!["web".to_string()], "the new MAC is in");
+        assert_eq!(format!("{:?}", a.snapshot), format!("{:?}", b.snapshot));
+        assert_eq!(a.rebuilt, b.rebuilt);
+        // A failed compilation leaves nothing to build on.
+        let mut tiny = Compiler::new(1, 64);
+        assert!(tiny.compile(&states[0], &topo(), &n1).is_err());
+        assert!(tiny.positions(&states[0], &[], &topo(), &n1).is_none());
     }
 
     #[test]

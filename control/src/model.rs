@@ -300,9 +300,54 @@ impl Model {
         }
     }
 
+    /// Replaces the endpoints `source` gives `service` with `endpoints`,
+    /// leaving everything else it owns; returns the ones it had (put them
+    /// back with the same call), or `None` when `source` owns nothing.
+    pub fn set_endpoints(&mut self, source: &str, service: &str, endpoints: Vec<EndpointDef>) -> Option<Vec<EndpointDef>> {
+        let d = self.sources.get_mut(source)?;
+        let of = |e: &EndpointDef| &*e.service == service;
+        let Some(start) = d.endpoints.iter().position(of) else {
+            d.endpoints.extend(endpoints);
+            return Some(Vec::new());
+        };
+        // Sources send a service's endpoints together: its run is replaced
+        // in place; any stragglers further on are taken out too.
+        let end = start + d.endpoints[start..].iter().take_while(|e| of(e)).count();
+        let added = endpoints.len();
+        let mut old: Vec<EndpointDef> = d.endpoints.splice(start..end, endpoints).collect();
+        let rest = start + added;
+        if d.endpoints[rest..].iter().any(of) {
+            let tail = d.endpoints.split_off(rest);
+            let (theirs, others): (Vec<EndpointDef>, Vec<EndpointDef>) = tail.into_iter().partition(|e| of(e));
+            old.extend(theirs);
+            d.endpoints.extend(others);
+        }
+        Some(old)
+    }
+
+    /// The endpoints of `svc` (a service of the last resolution) gathered
+    /// and checked from every source as [`Model::resolve`] does: after a
+    /// change to endpoints only, which moves no other service, route or
+    /// budget, the same as resolving everything again.
+    pub fn resolve_endpoints(&self, svc: &ResolvedService) -> Result<Vec<EndpointDef>, Vec<Problem>> {
+        let mut p = Problems::default();
+        let mut s = ResolvedService { endpoints: Vec::new(), name: svc.name.clone(), ..*svc };
+        for d in self.sources.values() {
+            for e in d.endpoints.iter().filter(|e| *e.service == *svc.name) {
+                admit(e, &mut s, &mut p);
+            }
+        }
+        check_endpoints(&mut s, &mut Vec::new(), &mut p);
+        if p.is_empty() {
+            Ok(s.endpoints)
+        } else {
+            Err(p.0)
+        }
+    }
+
     /// Merges the sources and checks the result.
     pub fn resolve(&self, defaults: &Defaults) -> Result<Resolved, Vec<Problem>> {
-        use limits::{ENDPOINT_LIMIT_MAX, ENDPOINT_LIMIT_MIN, TABLE_SIZE_MAX, WEIGHT_MAX};
+        use limits::{ENDPOINT_LIMIT_MAX, ENDPOINT_LIMIT_MIN, TABLE_SIZE_MAX};
         let mut p = Problems::default();
         let mut services: BTreeMap<String, ResolvedService> = BTreeMap::new();
         let mut owners: HashMap<&str, &Origin> = HashMap::new();
@@ -393,45 +438,12 @@ impl Model {
                     }
                     continue;
                 };
-                if e.id >= svc.limit {
-                    p.push(e.origin.problem(format!(
-                        "endpoint identifier {} is beyond the limit of service {:?} (identifiers are 0..{})",
-                        e.id,
-                        e.service,
-                        svc.limit - 1
-                    )));
-                    continue;
-                }
-                if e.weight > WEIGHT_MAX {
-                    p.push(e.origin.problem(format!("endpoint weight {} is above the largest, {WEIGHT_MAX}", e.weight)));
-                    continue;
-                }
-                svc.endpoints.push(e.clone());
+                admit(e, svc, &mut p);
             }
         }
         let mut addrs: Vec<(Addr, usize)> = Vec::new();
         for s in services.values_mut() {
-            // Stable: of two with one identifier, the first defined stays first.
-            s.endpoints.sort_by_key(|e| e.id);
-            for w in s.endpoints.windows(2) {
-                if w[0].id == w[1].id {
-                    p.push(w[1].origin.problem(format!(
-                        "duplicate endpoint identifier {} in service {:?} (also at {})",
-                        w[1].id, s.name, w[0].origin
-                    )));
-                }
-            }
-            if s.endpoints.len() > 1 {
-                addrs.clear();
-                addrs.extend(s.endpoints.iter().enumerate().map(|(i, e)| (e.address, i)));
-                addrs.sort_unstable();
-                for w in addrs.windows(2) {
-                    if w[0].0 == w[1].0 {
-                        let e = &s.endpoints[w[1].1];
-                        p.push(e.origin.problem(format!("endpoint {} appears twice in service {:?}", e.address, s.name)));
-                    }
-                }
-            }
+            check_endpoints(s, &mut addrs, &mut p);
         }
 
         let mut routes: Vec<RouteDef> = Vec::new();
@@ -467,6 +479,49 @@ impl Model {
             Ok(Resolved { routes, services })
         } else {
             Err(p.0)
+        }
+    }
+}
+
+/// Adds endpoint `e` to its service `svc` when it is within the service's
+/// limits, else says why not.
+fn admit(e: &EndpointDef, svc: &mut ResolvedService, p: &mut Problems) {
+    if e.id >= svc.limit {
+        p.push(e.origin.problem(format!(
+            "endpoint identifier {} is beyond the limit of service {:?} (identifiers are 0..{})",
+            e.id,
+            e.service,
+            svc.limit - 1
+        )));
+    } else if e.weight > limits::WEIGHT_MAX {
+        p.push(e.origin.problem(format!("endpoint weight {} is above the largest, {}", e.weight, limits::WEIGHT_MAX)));
+    } else {
+        svc.endpoints.push(e.clone());
+    }
+}
+
+/// Orders a service's endpoints by identifier and reports identifiers and
+/// addresses that appear twice (`addrs`: scratch space).
+fn check_endpoints(s: &mut ResolvedService, addrs: &mut Vec<(Addr, usize)>, p: &mut Problems) {
+    // Stable: of two with one identifier, the first defined stays first.
+    s.endpoints.sort_by_key(|e| e.id);
+    for w in s.endpoints.windows(2) {
+        if w[0].id == w[1].id {
+            p.push(w[1].origin.problem(format!(
+                "duplicate endpoint identifier {} in service {:?} (also at {})",
+                w[1].id, s.name, w[0].origin
+            )));
+        }
+    }
+    if s.endpoints.len() > 1 {
+        addrs.clear();
+        addrs.extend(s.endpoints.iter().enumerate().map(|(i, e)| (e.address, i)));
+        addrs.sort_unstable();
+        for w in addrs.windows(2) {
+            if w[0].0 == w[1].0 {
+                let e = &s.endpoints[w[1].1];
+                p.push(e.origin.problem(format!("endpoint {} appears twice in service {:?}", e.address, s.name)));
+            }
         }
     }
 }
@@ -532,6 +587,55 @@ mod tests {
             matches: RouteMatch { vips: vec!["20.0.0.1".parse().unwrap()], ..RouteMatch::default() },
             origin: origin(&format!("routes.{name}")),
         }
+    }
+
+    #[test]
+    fn a_change_to_endpoints_resolves_like_the_whole_model() {
+        let mut m = Model::default();
+        m.set(
+            "xds",
+            Desired {
+                services: vec![svc("a"), svc("b"), svc("c")],
+                routes: vec![route("ra", "a"), route("rb", "b"), route("rc", "c")],
+                endpoints: vec![ep("a", 0, "10.0.0.1"), ep("b", 0, "10.0.1.1"), ep("b", 1, "10.0.1.2"), ep("c", 0, "10.0.2.1")],
+            },
+        );
+        // Another source adds to b; one of xds's endpoints of c comes late.
+        m.set("k8s", Desired { endpoints: vec![ep("b", 5, "10.0.1.5")], ..Default::default() });
+        let first = m.resolve(&Defaults::default()).unwrap();
+
+        // b's endpoints from xds change (in place, between a's and c's).
+        let old = m.set_endpoints("xds", "b", vec![ep("b", 2, "10.0.1.3"), ep("b", 0, "10.0.1.1")]).unwrap();
+        assert_eq!(old.iter().map(|e| e.id).collect::<Vec<_>>(), vec![0, 1]);
+        let whole = m.resolve(&Defaults::default()).unwrap();
+        let b = m.resolve_endpoints(&first.services["b"]).unwrap();
+        assert_eq!(b, whole.services["b"].endpoints);
+        assert_eq!(b.iter().map(|e| e.id).collect::<Vec<_>>(), vec![0, 2, 5], "by identifier, the other source's too");
+        let ids: Vec<(String, u32)> = m.get("xds").unwrap().endpoints.iter().map(|e| (e.service.to_string(), e.id)).collect();
+        assert_eq!(ids, [("a", 0), ("b", 2), ("b", 0), ("c", 0)].map(|(s, i)| (s.to_owned(), i)));
+
+        // A service with no endpoints from xds gets some, and loses them.
+        assert_eq!(m.set_endpoints("xds", "c", Vec::new()).unwrap().len(), 1);
+        assert!(m.resolve_endpoints(&first.services["c"]).unwrap().is_empty());
+        assert!(m.set_endpoints("xds", "c", vec![ep("c", 3, "10.0.2.3")]).unwrap().is_empty());
+        assert_eq!(m.resolve_endpoints(&first.services["c"]).unwrap(), m.resolve(&Defaults::default()).unwrap().services["c"].endpoints);
+
+        // What resolve refuses, this refuses with the same words.
+        m.set_endpoints("xds", "a", vec![ep("a", 0, "10.0.0.1"), ep("a", 0, "10.0.0.9"), ep("a", 40, "10.0.0.8")]).unwrap();
+        let mut whole: Vec<String> = m.resolve(&Defaults::default()).unwrap_err().iter().map(ToString::to_string).collect();
+        let mut one: Vec<String> = m.resolve_endpoints(&first.services["a"]).unwrap_err().iter().map(ToString::to_string).collect();
+        whole.sort();
+        one.sort();
+        assert_eq!(one, whole);
+        assert_eq!(one.len(), 2, "{one:?}");
+
+        // Endpoints a source did not send together are all replaced.
+        m.set("k8s", Desired { endpoints: vec![ep("b", 5, "10.0.1.5"), ep("c", 7, "10.0.2.7"), ep("b", 6, "10.0.1.6")], ..Default::default() });
+        let old = m.set_endpoints("k8s", "b", vec![ep("b", 8, "10.0.1.8")]).unwrap();
+        assert_eq!(old.iter().map(|e| e.id).collect::<Vec<_>>(), vec![5, 6]);
+        let ids: Vec<u32> = m.get("k8s").unwrap().endpoints.iter().map(|e| e.id).collect();
+        assert_eq!(ids, vec![8, 7]);
+        assert!(m.set_endpoints("nobody", "b", Vec::new()).is_none());
     }
 
     #[test]

@@ -24,7 +24,7 @@ use tracing::{error, info, warn};
 use crate::admin::state::{lock, micros, now_epoch, RouteMeta, ServiceMeta, Shared};
 use crate::compile::{Compiled, Compiler, EndpointState, Neighbors, Topology};
 use crate::config::{ApplianceConfig, GatewayConfig};
-use crate::model::{Defaults, Desired, Model, Resolved};
+use crate::model::{Defaults, Desired, EndpointDef, Model, Resolved};
 use crate::problem::Problem;
 use crate::routing::bird::Servable;
 use crate::sources::{FileState, SourceMsg, FILE_SOURCE, MANIFESTS_SOURCE};
@@ -67,6 +67,15 @@ pub struct Reconciler {
     /// resolved model), freed once the source has its answer: freeing
     /// 100,000 endpoints takes milliseconds the source need not wait for.
     garbage: Vec<Box<dyn Send>>,
+}
+
+/// What a publication changes of the admin endpoint's views.
+enum Views {
+    /// Every service and route.
+    All((Vec<ServiceMeta>, Vec<RouteMeta>)),
+    /// Whether each of these services is ready (after a change to their
+    /// endpoints only).
+    Ready(Vec<(String, bool)>),
 }
 
 /// The settings of the accepted configuration file that other control
@@ -197,11 +206,11 @@ impl Reconciler {
             }
             SourceMsg::Desired { source, desired, trigger, reply } => {
                 let outcome = self.apply_desired(&source, desired, &trigger);
-                if let Some(r) = reply {
-                    // A source that stopped waiting has nothing to learn.
-                    let _ = r.send(outcome.as_ref().map(|_| ()).map_err(Clone::clone));
-                }
-                self.record(&source, &trigger, outcome);
+                self.answer(&source, &trigger, outcome, reply);
+            }
+            SourceMsg::Endpoints { source, changes, trigger, reply } => {
+                let outcome = self.apply_endpoints(&source, changes, &trigger);
+                self.answer(&source, &trigger, outcome, reply);
             }
             SourceMsg::Rejected { source, problems, trigger } => {
                 self.record(&source, &trigger, Err(problems));
@@ -254,6 +263,69 @@ impl Reconciler {
         outcome
     }
 
+    /// A change to the endpoints of some services of `source` only. When
+    /// every one of them is a service being served, only they are resolved
+    /// and compiled again (their endpoints cannot change any other service,
+    /// route or budget); otherwise, the whole model is.
+    fn apply_endpoints(&mut self, source: &str, changes: Vec<(String, Vec<EndpointDef>)>, trigger: &str) -> Result<Vec<String>, Refusal> {
+        if self.model.get(source).is_none() {
+            return Err(vec![compile_problem(format!("{source} sent a change to endpoints before any state"))]);
+        }
+        let names: Vec<String> = changes.iter().map(|(n, _)| n.clone()).collect();
+        let mut saved = Vec::with_capacity(changes.len());
+        for (name, eps) in changes {
+            let old = self.model.set_endpoints(source, &name, eps).unwrap_or_default();
+            saved.push((name, old));
+        }
+        let undo = |model: &mut Model, saved: Vec<(String, Vec<EndpointDef>)>| {
+            for (name, old) in saved.into_iter().rev() {
+                model.set_endpoints(source, &name, old);
+            }
+        };
+        if !names.iter().all(|n| self.resolved.services.contains_key(n)) {
+            let outcome = self.resolve_and_publish(trigger);
+            if outcome.is_err() {
+                undo(&mut self.model, saved);
+            }
+            return outcome;
+        }
+        let t0 = Instant::now();
+        let mut resolved = Vec::with_capacity(names.len());
+        let mut problems = Vec::new();
+        for n in &names {
+            match self.model.resolve_endpoints(&self.resolved.services[n]) {
+                Ok(eps) => resolved.push(eps),
+                Err(p) => problems.extend(p),
+            }
+        }
+        if !problems.is_empty() {
+            undo(&mut self.model, saved);
+            return Err(problems);
+        }
+        let mut previous = Vec::with_capacity(names.len());
+        for (n, eps) in names.iter().zip(resolved) {
+            if let Some(s) = self.resolved.services.get_mut(n) {
+                previous.push(std::mem::replace(&mut s.endpoints, eps));
+            }
+        }
+        self.resolve_us = micros(t0.elapsed());
+        match self.publish_with(trigger, Some(&names)) {
+            Ok(rebuilt) => {
+                self.garbage.push(Box::new((previous, saved)));
+                Ok(rebuilt)
+            }
+            Err(e) => {
+                for (n, eps) in names.iter().zip(previous) {
+                    if let Some(s) = self.resolved.services.get_mut(n) {
+                        s.endpoints = eps;
+                    }
+                }
+                undo(&mut self.model, saved);
+                Err(vec![compile_problem(e)])
+            }
+        }
+    }
+
     /// Resolves the model and publishes it; on failure nothing changed in
     /// the compiler or the data plane.
     fn resolve_and_publish(&mut self, why: &str) -> Result<Vec<String>, Refusal> {
@@ -270,6 +342,18 @@ impl Reconciler {
                 self.resolved = previous;
                 Err(vec![compile_problem(e)])
             }
+        }
+    }
+
+    /// Records what became of a source's state, then tells the source (so
+    /// that whoever sees the source act on the answer, an xDS ACK, also sees
+    /// it in the status).
+    fn answer(&mut self, source: &str, trigger: &str, outcome: Result<Vec<String>, Refusal>, reply: Option<tokio::sync::oneshot::Sender<crate::sources::Applied>>) {
+        let told = outcome.as_ref().map(|_| ()).map_err(Clone::clone);
+        self.record(source, trigger, outcome);
+        if let Some(r) = reply {
+            // A source that stopped waiting has nothing to learn.
+            let _ = r.send(told);
         }
     }
 
@@ -302,10 +386,18 @@ impl Reconciler {
     /// Compiles the current resolved model and publishes it; returns the
     /// services rebuilt.
     fn publish(&mut self, why: &str) -> Result<Vec<String>, String> {
+        self.publish_with(why, None)
+    }
+
+    /// [`Reconciler::publish`]; with `changed`, after a change to the
+    /// endpoints of those services only.
+    fn publish_with(&mut self, why: &str, changed: Option<&[String]>) -> Result<Vec<String>, String> {
         let t0 = Instant::now();
-        let c: Compiled = self.compiler.compile(&self.resolved, &self.topo, &self.macs)?;
+        let c: Compiled = match changed {
+            Some(names) => self.compiler.compile_changed(&self.resolved, names, &self.topo, &self.macs)?,
+            None => self.compiler.compile(&self.resolved, &self.topo, &self.macs)?,
+        };
         let compile_us = micros(t0.elapsed());
-        let ready: HashMap<u32, bool> = c.snapshot.services.iter().map(|s| (s.key, s.has_ready_endpoint())).collect();
         // Said once, when the service is compiled, not at every publication.
         let rebuilt: std::collections::HashSet<&str> = c.rebuilt.iter().map(String::as_str).collect();
         for e in c.endpoints.iter().filter(|s| s.first().is_some_and(|e| rebuilt.contains(&*e.service))).flat_map(|s| s.iter()) {
@@ -316,39 +408,41 @@ impl Reconciler {
         let mut snapshot = c.snapshot;
         // Workers report the generation they use: the publisher's numbering.
         snapshot.generation = self.publisher.generation() + 1;
-        // What the admin endpoint shows, made before its lock is taken.
-        let services = c
-            .service_slots
-            .iter()
-            .filter_map(|(slot, name)| {
-                let s = self.resolved.services.get(name)?;
-                Some(ServiceMeta {
-                    name: name.clone(),
-                    slot: *slot,
-                    algorithm: s.algorithm.to_string(),
-                    flow_table: s.flow_table,
-                    limit: s.limit,
-                    table_size: s.table_size,
-                    ready: ready.get(slot).copied().unwrap_or(false),
-                })
-            })
-            .collect();
-        let routes = self
-            .resolved
-            .routes
-            .iter()
-            .map(|r| RouteMeta {
-                name: r.name.clone(),
-                service: r.service.clone(),
-                priority: r.priority,
-                vips: r.matches.vips.iter().map(ToString::to_string).collect(),
-            })
-            .collect();
+        // What the admin endpoint shows, made before its lock is taken: all
+        // of it, or after a change to endpoints only, whether the changed
+        // services are ready (nothing else of the views can have changed).
+        let views = match changed {
+            None => Views::All(self.views(&snapshot, &c.service_slots)),
+            Some(names) => Views::Ready(
+                names
+                    .iter()
+                    .filter_map(|n| {
+                        let i = c.service_slots.binary_search_by(|(_, s)| s.as_str().cmp(n)).ok()?;
+                        Some((n.clone(), snapshot.services.get(i)?.has_ready_endpoint()))
+                    })
+                    .collect(),
+            ),
+        };
         let mut st = lock(&self.shared.state);
         self.shared.baseline(&mut st, &c.new_slots.services, &c.new_slots.endpoints);
-        self.garbage.push(Box::new(std::mem::replace(&mut st.services, services)));
-        self.garbage.push(Box::new(std::mem::replace(&mut st.routes, routes)));
-        if let Some(tx) = &self.served {
+        let serve_again = match views {
+            Views::All((services, routes)) => {
+                self.garbage.push(Box::new(std::mem::replace(&mut st.services, services)));
+                self.garbage.push(Box::new(std::mem::replace(&mut st.routes, routes)));
+                true
+            }
+            Views::Ready(ready) => {
+                let mut flipped = false;
+                for (name, ready) in ready {
+                    if let Ok(i) = st.services.binary_search_by(|m| m.name.as_str().cmp(&name)) {
+                        flipped |= st.services[i].ready != ready;
+                        st.services[i].ready = ready;
+                    }
+                }
+                flipped
+            }
+        };
+        if let Some(tx) = self.served.as_ref().filter(|_| serve_again) {
             let ready: HashMap<&str, bool> = st.services.iter().map(|s| (s.name.as_str(), s.ready)).collect();
             let mut vips: std::collections::BTreeMap<std::net::IpAddr, Vec<(String, bool)>> = std::collections::BTreeMap::new();
             for r in &self.resolved.routes {
@@ -392,6 +486,38 @@ impl Reconciler {
             "snapshot published"
         );
         Ok(c.rebuilt)
+    }
+
+    /// The admin endpoint's views of every service and route in `snapshot`.
+    fn views(&self, snapshot: &Snapshot, service_slots: &[(u32, String)]) -> (Vec<ServiceMeta>, Vec<RouteMeta>) {
+        let ready: HashMap<u32, bool> = snapshot.services.iter().map(|s| (s.key, s.has_ready_endpoint())).collect();
+        let services = service_slots
+            .iter()
+            .filter_map(|(slot, name)| {
+                let s = self.resolved.services.get(name)?;
+                Some(ServiceMeta {
+                    name: name.clone(),
+                    slot: *slot,
+                    algorithm: s.algorithm.to_string(),
+                    flow_table: s.flow_table,
+                    limit: s.limit,
+                    table_size: s.table_size,
+                    ready: ready.get(slot).copied().unwrap_or(false),
+                })
+            })
+            .collect();
+        let routes = self
+            .resolved
+            .routes
+            .iter()
+            .map(|r| RouteMeta {
+                name: r.name.clone(),
+                service: r.service.clone(),
+                priority: r.priority,
+                vips: r.matches.vips.iter().map(ToString::to_string).collect(),
+            })
+            .collect();
+        (services, routes)
     }
 
     /// The kernel resolved new MACs: republish if they differ.
@@ -576,6 +702,70 @@ mod tests {
         r.apply(desired("xds", svc("web", &[(0, "10.0.0.5")])));
         assert!(lock(&shared.state).sources["xds"].accepted);
         assert_eq!(r.publisher().generation(), g + 1);
+    }
+
+    /// web on 20.0.0.1 and dns on 20.0.0.2, with these endpoints.
+    fn two(web: &[(u32, &str)], dns: &[(u32, &str)]) -> Desired {
+        let (mut d, mut other) = (svc("web", web), svc("dns", dns));
+        other.routes[0].matches.vips = vec!["20.0.0.2".parse().unwrap()];
+        d.services.append(&mut other.services);
+        d.routes.append(&mut other.routes);
+        d.endpoints.append(&mut other.endpoints);
+        d
+    }
+
+    fn endpoints(source: &str, changes: &[(&str, &[(u32, &str)])]) -> SourceMsg {
+        let changes = changes.iter().map(|(name, eps)| ((*name).to_owned(), svc(name, eps).endpoints)).collect();
+        SourceMsg::Endpoints { source: source.into(), changes, trigger: "test".into(), reply: None }
+    }
+
+    /// What the data plane and the admin endpoint are given.
+    fn served(r: &Reconciler, shared: &Shared) -> String {
+        let st = lock(&shared.state);
+        format!("{:?}\n{:?}\n{:?}\n{:?}", *r.publisher().current(), st.services, st.routes, st.endpoints)
+    }
+
+    #[test]
+    fn a_change_to_endpoints_publishes_what_the_whole_state_would() {
+        let (mut whole, ws, _w) = reconciler();
+        let (mut part, ps, _p) = reconciler();
+        let start = two(&[(0, "10.0.0.5"), (1, "10.0.0.6")], &[(0, "10.0.0.7")]);
+        whole.apply(desired("xds", start.clone()));
+        part.apply(desired("xds", start));
+        type Eps<'a> = &'a [(u32, &'a str)];
+        let steps: [(Eps, Eps); 4] = [
+            (&[(0, "10.0.0.5"), (1, "10.0.0.8")], &[(0, "10.0.0.7")]),
+            (&[(0, "10.0.0.5"), (1, "10.0.0.8")], &[]),
+            (&[(2, "10.0.0.9")], &[(3, "10.0.0.7"), (4, "10.0.0.6")]),
+            (&[], &[]),
+        ];
+        for (web, dns) in steps {
+            whole.apply(desired("xds", two(web, dns)));
+            part.apply(endpoints("xds", &[("web", web), ("dns", dns)]));
+            assert!(lock(&ps.state).sources["xds"].accepted);
+            assert_eq!(served(&whole, &ws), served(&part, &ps));
+            assert_eq!(whole.model.get("xds"), part.model.get("xds"));
+        }
+        let ready = |s: &Shared| lock(&s.state).services.iter().map(|m| m.ready).collect::<Vec<_>>();
+        assert_eq!(ready(&ps), vec![false, false], "no endpoints: not ready");
+
+        // Refused: the model, the data plane and the views stay as they were.
+        let (g, before) = (part.publisher().generation(), served(&part, &ps));
+        part.apply(endpoints("xds", &[("web", &[(0, "10.0.0.5"), (0, "10.0.0.6")])]));
+        let st = lock(&ps.state).sources["xds"].clone();
+        assert!(!st.accepted && st.problems.iter().any(|p| p.contains("duplicate endpoint identifier 0")), "{:?}", st.problems);
+        assert_eq!((part.publisher().generation(), served(&part, &ps)), (g, before.clone()));
+        assert_eq!(whole.model.get("xds"), part.model.get("xds"));
+        // Endpoints of a service nobody defines: the whole model says no.
+        part.apply(endpoints("xds", &[("ghost", &[(0, "10.0.0.5")])]));
+        let st = lock(&ps.state).sources["xds"].clone();
+        assert!(st.problems.iter().any(|p| p.contains("unknown service \"ghost\"")), "{:?}", st.problems);
+        assert_eq!((part.publisher().generation(), served(&part, &ps)), (g, before));
+        assert_eq!(whole.model.get("xds"), part.model.get("xds"));
+        // A source that never sent a state.
+        part.apply(endpoints("k8s", &[("web", &[(0, "10.0.0.5")])]));
+        assert!(!lock(&ps.state).sources["k8s"].accepted);
+        assert!(part.model.get("k8s").is_none());
     }
 
     #[test]

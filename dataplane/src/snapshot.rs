@@ -27,7 +27,7 @@ pub struct NextHop {
 }
 
 /// Everything workers read.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct Snapshot {
     /// Increases with every publication.
     pub generation: u64,
@@ -57,6 +57,23 @@ fn return_key(port: u8, mac: [u8; 6]) -> u64 {
     u64::from_be_bytes([0, port, mac[0], mac[1], mac[2], mac[3], mac[4], mac[5]])
 }
 
+/// Services by stable key, sorted: (key, index).
+fn by_key(services: &[Arc<Service>]) -> Vec<(u32, u32)> {
+    let mut by_key: Vec<(u32, u32)> =
+        services.iter().enumerate().map(|(i, s)| (s.key, u32::try_from(i).unwrap_or(u32::MAX))).collect();
+    by_key.sort_unstable();
+    by_key
+}
+
+/// Appends one VIP's return keys, sorted and without duplicates, and its span.
+fn push_keys(spans: &mut Vec<(u32, u32)>, keys: &mut Vec<u64>, mut a: Vec<u64>) {
+    a.sort_unstable();
+    a.dedup();
+    let start = u32::try_from(keys.len()).unwrap_or(u32::MAX);
+    spans.push((start, u32::try_from(a.len()).unwrap_or(0)));
+    keys.extend_from_slice(&a);
+}
+
 impl Snapshot {
     /// Assembles a snapshot. Routes name services by index into `services`.
     pub fn new(
@@ -83,12 +100,7 @@ impl Snapshot {
         gateway_v4: Option<NextHop>,
         gateway_v6: Option<NextHop>,
     ) -> Snapshot {
-        let mut by_key: Vec<(u32, u32)> = services
-            .iter()
-            .enumerate()
-            .map(|(i, s)| (s.key, u32::try_from(i).unwrap_or(u32::MAX)))
-            .collect();
-        by_key.sort_unstable();
+        let by_key = by_key(&services);
         // Who may send return traffic from each VIP: the endpoints (as the
         // port and MAC their frames come from) of the services it routes to.
         let mut allowed: Vec<Vec<u64>> = vec![Vec::new(); classifier.vips().len()];
@@ -101,16 +113,79 @@ impl Snapshot {
         }
         let mut return_spans = Vec::with_capacity(allowed.len());
         let mut return_keys = Vec::new();
-        for mut a in allowed {
-            a.sort_unstable();
-            a.dedup();
-            let start = u32::try_from(return_keys.len()).unwrap_or(u32::MAX);
-            return_spans.push((start, u32::try_from(a.len()).unwrap_or(0)));
-            return_keys.extend_from_slice(&a);
+        for a in allowed {
+            push_keys(&mut return_spans, &mut return_keys, a);
         }
         Snapshot {
             generation,
             classifier,
+            services,
+            ports,
+            gateway_v4,
+            gateway_v6,
+            by_key,
+            return_spans,
+            return_keys,
+        }
+    }
+
+    /// This snapshot with the services at the given indices replaced
+    /// (`changed`: index, new service with the same key), as
+    /// [`Snapshot::with_classifier`] would assemble it from the same
+    /// `routes` (those this one was made from) with the new services: only
+    /// the return traffic of the VIPs routed to a changed service is worked
+    /// out again, the rest is copied.
+    pub fn with_changed(
+        &self,
+        generation: u64,
+        routes: &[RouteSpec],
+        changed: &[(usize, Arc<Service>)],
+        ports: Vec<PortInfo>,
+        gateway_v4: Option<NextHop>,
+        gateway_v6: Option<NextHop>,
+    ) -> Snapshot {
+        let mut services = self.services.clone();
+        let mut touched = vec![false; services.len()];
+        let mut same_keys = true;
+        for (i, svc) in changed {
+            if let Some(slot) = services.get_mut(*i) {
+                same_keys &= slot.key == svc.key;
+                *slot = Arc::clone(svc);
+                touched[*i] = true;
+            }
+        }
+        let by_key = if same_keys { self.by_key.clone() } else { by_key(&services) };
+        let c = &self.classifier;
+        let mut vips: Vec<usize> = routes
+            .iter()
+            .filter(|r| touched.get(r.service as usize).copied().unwrap_or(false))
+            .flat_map(|r| r.matches.vips.iter().filter_map(|v| c.vip_index(*v)))
+            .collect();
+        vips.sort_unstable();
+        vips.dedup();
+        let mut fresh: Vec<Vec<u64>> = vec![Vec::new(); vips.len()];
+        for r in routes {
+            let Some(svc) = services.get(r.service as usize) else { continue };
+            for v in &r.matches.vips {
+                let Some(k) = c.vip_index(*v).and_then(|i| vips.binary_search(&i).ok()) else { continue };
+                fresh[k].extend(svc.endpoints().map(|e| return_key(e.port, e.mac)));
+            }
+        }
+        let mut return_spans = Vec::with_capacity(self.return_spans.len());
+        let mut return_keys = Vec::with_capacity(self.return_keys.len());
+        let mut fresh = vips.iter().zip(fresh).peekable();
+        for (i, &(start, len)) in self.return_spans.iter().enumerate() {
+            match fresh.next_if(|(v, _)| **v == i) {
+                Some((_, a)) => push_keys(&mut return_spans, &mut return_keys, a),
+                None => {
+                    let kept = self.return_keys.get(start as usize..(start + len) as usize).unwrap_or_default();
+                    push_keys(&mut return_spans, &mut return_keys, kept.to_vec());
+                }
+            }
+        }
+        Snapshot {
+            generation,
+            classifier: Arc::clone(&self.classifier),
             services,
             ports,
             gateway_v4,
@@ -194,6 +269,32 @@ mod tests {
                 ..RouteMatch::default()
             },
         }
+    }
+
+    #[test]
+    fn replacing_services_gives_what_assembling_them_gives() {
+        let (a, b, c, d) = ([2, 0, 0, 0, 0, 0xa], [2, 0, 0, 0, 0, 0xb], [2, 0, 0, 0, 0, 0xc], [2, 0, 0, 0, 0, 0xd]);
+        let routes = [route(0, &["20.0.0.1"]), route(1, &["20.0.0.1", "2001:db8::1"]), route(2, &["20.0.0.2"]), route(3, &["20.0.0.3"])];
+        let before = vec![
+            svc(0, &[(1, a)], Delivery::L2),
+            svc(1, &[(1, b)], Delivery::L2),
+            svc(2, &[(1, c)], Delivery::L2),
+            svc(3, &[(1, d)], Delivery::L2),
+        ];
+        let old = Snapshot::new(1, &routes, before.clone(), vec![PortInfo::default(); 2], None, None);
+        let changed = vec![(1, svc(1, &[(1, c), (2, d)], Delivery::L2)), (3, svc(3, &[], Delivery::L2))];
+        let mut after = before;
+        for (i, s) in &changed {
+            after[*i] = Arc::clone(s);
+        }
+        let whole = Snapshot::with_classifier(2, &routes, Arc::clone(&old.classifier), after, vec![PortInfo::default(); 2], None, None);
+        let part = old.with_changed(2, &routes, &changed, vec![PortInfo::default(); 2], None, None);
+        assert_eq!(format!("{part:?}"), format!("{whole:?}"));
+        let vip = |s: &str| part.classifier.vip_index(s.parse().unwrap_or_default()).unwrap_or(usize::MAX);
+        assert!(part.return_allowed(vip("20.0.0.1"), 2, d), "the new endpoint of service 1");
+        assert!(!part.return_allowed(vip("20.0.0.1"), 1, b), "its old one");
+        assert!(part.return_allowed(vip("20.0.0.2"), 1, c), "unchanged");
+        assert!(!part.return_allowed(vip("20.0.0.3"), 1, d), "service 3 has none left");
     }
 
     #[test]

@@ -45,6 +45,21 @@ pub enum SourceMsg {
         /// must acknowledge what it received, such as xDS, waits for it).
         reply: Option<tokio::sync::oneshot::Sender<Applied>>,
     },
+    /// A change to the endpoints of some of a source's services only (its
+    /// services and routes stay as it last sent them): each service's
+    /// endpoints from this source are now the ones given. Applied without
+    /// going over the other services; the outcome is the same as sending
+    /// the whole state.
+    Endpoints {
+        /// The source's name (it must have sent a whole state before).
+        source: String,
+        /// (service, all its endpoints from this source).
+        changes: Vec<(String, Vec<crate::model::EndpointDef>)>,
+        /// What made it send.
+        trigger: String,
+        /// Told whether the change was applied, or why not.
+        reply: Option<tokio::sync::oneshot::Sender<Applied>>,
+    },
     /// A source could not produce a state: why (its last good state stays).
     Rejected {
         /// The source's name.

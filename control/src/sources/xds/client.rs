@@ -234,6 +234,41 @@ struct Stream {
     answered: bool,
 }
 
+/// Most services whose endpoints alone changed that are sent as a change
+/// to endpoints; beyond, the whole state costs no more.
+const MAX_ENDPOINT_CHANGES: usize = 64;
+
+/// When `next` differs from `applied` in the endpoints of a few services
+/// only (the same clusters, each mapping to the same service and route),
+/// those services with their endpoints.
+fn endpoint_changes(
+    applied: &BTreeMap<String, Applied>,
+    next: &BTreeMap<String, Applied>,
+) -> Option<Vec<(String, Vec<crate::model::EndpointDef>)>> {
+    if applied.is_empty() || applied.len() != next.len() {
+        return None;
+    }
+    let mut changes = Vec::new();
+    for ((name, was), (next_name, now)) in applied.iter().zip(next) {
+        if name != next_name {
+            return None;
+        }
+        if Arc::ptr_eq(&was.mapped, &now.mapped) {
+            continue;
+        }
+        if was.service != now.service || was.route != now.route || was.key != now.key {
+            return None;
+        }
+        if was.endpoints != now.endpoints {
+            if changes.len() == MAX_ENDPOINT_CHANGES {
+                return None;
+            }
+            changes.push((name.clone(), now.endpoints.clone()));
+        }
+    }
+    Some(changes)
+}
+
 fn lock(s: &Mutex<XdsStatus>) -> std::sync::MutexGuard<'_, XdsStatus> {
     s.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
@@ -356,10 +391,13 @@ impl Client {
         } else {
             let map_us = micros(t0.elapsed());
             let t1 = Instant::now();
-            let desired = built.desired();
-            let desired_us = micros(t1.elapsed());
             let (reply, answer) = oneshot::channel();
-            let msg = SourceMsg::Desired { source: SOURCE.into(), desired, trigger: trigger.into(), reply: Some(reply) };
+            let (source, trigger_, reply) = (SOURCE.to_owned(), trigger.to_owned(), Some(reply));
+            let msg = match endpoint_changes(&self.applied, &built.services) {
+                Some(changes) => SourceMsg::Endpoints { source, changes, trigger: trigger_, reply },
+                None => SourceMsg::Desired { source, desired: built.desired(), trigger: trigger_, reply },
+            };
+            let desired_us = micros(t1.elapsed());
             if self.tx.send(msg).await.is_err() {
                 return Err(Refused::Stopped);
             }
