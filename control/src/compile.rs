@@ -870,17 +870,8 @@ mod tests {
 
     #[test]
     fn compiling_the_changed_services_alone_gives_what_compiling_everything_gives() {
-        // Neighbours with epochs, as the reconciler's: what lets a
+        // Neighbours with epochs (`Epoch`, as the reconciler's): what lets a
         // compilation trust that unchanged services are still current.
-        struct Epoch(HashMap<(u8, Addr), [u8; 6]>, u64);
-        impl Neighbors for Epoch {
-            fn mac(&self, port: u8, addr: Addr) -> Option<[u8; 6]> {
-                self.0.get(&(port, addr)).copied()
-            }
-            fn epoch(&self) -> Option<u64> {
-                Some(self.1)
-            }
-        }
         let mut neigh: HashMap<(u8, Addr), [u8; 6]> = HashMap::new();
         for i in 11..16 {
             neigh.insert((1, format!("10.200.0.{i}").parse().unwrap()), [2, 0xee, 0, 0, 0, i]);

@@ -178,8 +178,10 @@ impl Snapshot {
             match fresh.next_if(|(v, _)| **v == i) {
                 Some((_, a)) => push_keys(&mut return_spans, &mut return_keys, a),
                 None => {
+                    // Already sorted and without duplicates.
                     let kept = self.return_keys.get(start as usize..(start + len) as usize).unwrap_or_default();
-                    push_keys(&mut return_spans, &mut return_keys, kept.to_vec());
+                    return_spans.push((u32::try_from(return_keys.len()).unwrap_or(u32::MAX), u32::try_from(kept.len()).unwrap_or(0)));
+                    return_keys.extend_from_slice(kept);
                 }
             }
         }

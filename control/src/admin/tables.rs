@@ -73,9 +73,14 @@ fn summary_of(s: &Service, slots: &[Option<Addr>]) -> TableSummary {
     }
 }
 
+/// The service named `service`.
+fn named<'a>(snap: &'a Snapshot, service: &str) -> Option<&'a Service> {
+    snap.services.iter().map(|s| &**s).find(|s| s.name == service)
+}
+
 /// One service's table summed up, without its slots (cheap enough to poll).
 pub fn summary_for(snap: &Snapshot, service: &str) -> Option<TableSummary> {
-    snap.services.iter().find(|s| s.name == service).map(|s| summary(s))
+    named(snap, service).map(summary)
 }
 
 /// Every service's table, by service name.
@@ -87,7 +92,7 @@ pub fn summaries(snap: &Snapshot) -> Vec<TableSummary> {
 
 /// One service's table in full.
 pub fn dump(snap: &Snapshot, service: &str) -> Option<TableDump> {
-    let s = snap.services.iter().find(|s| s.name == service)?;
+    let s = named(snap, service)?;
     let slots = slot_addresses(s);
     // Runs by address first; each run's address is written out once.
     let mut runs: Vec<(Option<Addr>, u32)> = Vec::new();
