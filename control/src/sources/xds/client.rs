@@ -2,9 +2,13 @@
 //! world or incremental, subscribed to every Cluster (wildcard) and to the
 //! ClusterLoadAssignments the L4 clusters name.
 //!
-//! Each response is decoded, mapped ([`super::mapping`]) together with
-//! what is held of the other type, and sent to the reconciler as the
-//! source's whole desired state; it is acknowledged only when the
+//! Each response is decoded and merged into what is held of both types;
+//! the clusters it changes, or whose assignments it changes, are mapped
+//! again ([`super::mapping::update`]; the held state and the services are
+//! persistent maps, so the cost is that of the change, not of everything
+//! held), and the result goes to the reconciler: the changed endpoints
+//! alone when that is all that changed, otherwise the source's whole
+//! desired state. A response is acknowledged only when the
 //! reconciler answers that the state is served. A response that cannot be
 //! decoded or mapped, or that the reconciler refuses, is NACKed with every
 //! reason in `error_detail`, and what was held before stays (the
@@ -58,6 +62,8 @@ use envoy_types::pb::envoy::service::discovery::v3::{
 };
 use envoy_types::pb::google::protobuf::Any;
 use envoy_types::pb::google::rpc::Status as RpcStatus;
+use imbl::ordmap::DiffItem;
+use imbl::OrdMap;
 use prost::Message;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
@@ -66,7 +72,7 @@ use tonic::transport::{Channel, Endpoint};
 use tracing::{debug, info, warn};
 
 use super::config::{Mode, XdsConfig};
-use super::mapping::{self, Applied, ClaState, L4Cluster};
+use super::mapping::{self, Built, ClaState, L4Cluster};
 use super::status::{self, ConnectionState, Nack, XdsStatus};
 use super::{tls, SOURCE};
 use crate::admin::state::micros;
@@ -133,7 +139,7 @@ pub fn chain(e: &(dyn std::error::Error + 'static)) -> String {
 }
 
 /// An accepted cluster.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 struct HeldCluster {
     /// Its L4 service, when it has the metadata (shared: an unchanged
     /// cluster is the same allocation in every state that holds it).
@@ -142,41 +148,157 @@ struct HeldCluster {
     eds: Option<String>,
 }
 
-/// Every accepted resource.
+/// The clusters that name one assignment.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct EdsUsers {
+    /// The L4 services, in name order.
+    l4: Vec<String>,
+    /// How many other clusters.
+    others: usize,
+}
+
+/// Every accepted resource. The maps are persistent ([`imbl`]): the state a
+/// response would make is the held one plus what the response changes, in
+/// the time of those changes, and the two share everything else.
 #[derive(Clone, Debug, Default)]
 struct Resources {
     /// Every cluster by name.
-    clusters: BTreeMap<String, HeldCluster>,
+    clusters: OrdMap<String, HeldCluster>,
     /// Delta: each cluster's version.
-    cluster_versions: BTreeMap<String, String>,
+    cluster_versions: OrdMap<String, String>,
     /// The assignments L4 clusters use, by EDS name.
-    clas: BTreeMap<String, ClaState>,
+    clas: OrdMap<String, ClaState>,
     /// Delta: each assignment's version (every assignment subscribed to).
-    cla_versions: BTreeMap<String, String>,
+    cla_versions: OrdMap<String, String>,
+    /// Every assignment the clusters name (L4 or not: the subscription is
+    /// Envoy's, so a server that answers an EDS request only when it names
+    /// every assignment of the snapshot, go-control-plane's ADS mode,
+    /// answers), with the clusters naming it.
+    eds: OrdMap<String, EdsUsers>,
+    /// How many clusters are L4 services.
+    l4: usize,
+    /// How many assignments of `clas` were received.
+    known: usize,
+}
+
+/// The keys that differ between two maps (added, removed or changed), in
+/// order; what the maps share is skipped without being looked at.
+fn changed_keys<'a, V: PartialEq>(old: &'a OrdMap<String, V>, new: &'a OrdMap<String, V>) -> impl Iterator<Item = &'a String> + 'a {
+    old.diff(new).map(|d| match d {
+        DiffItem::Add(k, _) | DiffItem::Remove(k, _) => k,
+        DiffItem::Update { new: (k, _), .. } => k,
+    })
 }
 
 impl Resources {
-    fn l4(&self) -> impl Iterator<Item = (&String, &Arc<L4Cluster>)> {
-        self.clusters.iter().filter_map(|(n, c)| c.l4.as_ref().map(|c| (n, c)))
+    /// Adds (`add`) or takes away cluster `name` as a user of its assignment.
+    fn link(&mut self, name: &str, c: &HeldCluster, add: bool) {
+        let Some(eds) = &c.eds else { return };
+        let mut u = self.eds.get(eds).cloned().unwrap_or_default();
+        match (&c.l4, add) {
+            (Some(_), true) => {
+                if let Err(i) = u.l4.binary_search_by(|n| n.as_str().cmp(name)) {
+                    u.l4.insert(i, name.to_owned());
+                }
+            }
+            (Some(_), false) => u.l4.retain(|n| n != name),
+            (None, true) => u.others += 1,
+            (None, false) => u.others = u.others.saturating_sub(1),
+        }
+        if u.l4.is_empty() && u.others == 0 {
+            self.eds.remove(eds);
+        } else {
+            self.eds.insert(eds.clone(), u);
+        }
     }
 
-    /// Every assignment the clusters name, L4 or not: the subscription is
-    /// Envoy's, so a server that answers an EDS request only when it names
-    /// every assignment of the snapshot (go-control-plane's ADS mode) answers.
-    fn eds_names(&self) -> BTreeSet<String> {
-        self.clusters.values().filter_map(|c| c.eds.clone()).collect()
+    /// Holds cluster `name` as `c` (an equal cluster held already stays as
+    /// it is).
+    fn insert_cluster(&mut self, name: String, c: HeldCluster) {
+        if let Some(old) = self.clusters.get(&name) {
+            if *old == c {
+                return;
+            }
+            let old = old.clone();
+            self.l4 -= usize::from(old.l4.is_some());
+            self.link(&name, &old, false);
+        }
+        self.l4 += usize::from(c.l4.is_some());
+        self.link(&name, &c, true);
+        self.clusters.insert(name, c);
     }
 
-    /// The assignments the L4 services use (decoded, checked, waited for).
-    fn l4_eds_names(&self) -> BTreeSet<String> {
-        self.clusters.values().filter_map(|c| c.l4.as_ref().and_then(|l| l.eds_name().map(str::to_owned))).collect()
+    /// Drops cluster `name` (nothing when it is not held).
+    fn remove_cluster(&mut self, name: &str) {
+        if let Some(old) = self.clusters.remove(name) {
+            self.l4 -= usize::from(old.l4.is_some());
+            self.link(name, &old, false);
+        }
+        self.cluster_versions.remove(name);
     }
 
-    /// Drops the assignments no cluster needs.
-    fn prune(&mut self) {
-        let (all, l4) = (self.eds_names(), self.l4_eds_names());
-        self.clas.retain(|n, _| l4.contains(n));
-        self.cla_versions.retain(|n, _| all.contains(n));
+    /// Holds exactly `clusters` (SotW).
+    fn set_clusters(&mut self, clusters: BTreeMap<String, HeldCluster>) {
+        let gone: Vec<String> = self.clusters.keys().filter(|n| !clusters.contains_key(*n)).cloned().collect();
+        for n in gone {
+            self.remove_cluster(&n);
+        }
+        for (n, c) in clusters {
+            self.insert_cluster(n, c);
+        }
+    }
+
+    fn set_cla(&mut self, name: String, state: ClaState) {
+        self.known += usize::from(matches!(state, ClaState::Known(_)));
+        if let Some(ClaState::Known(_)) = self.clas.insert(name, state) {
+            self.known -= 1;
+        }
+    }
+
+    /// Whether a cluster names assignment `name`.
+    fn is_eds(&self, name: &str) -> bool {
+        self.eds.contains_key(name)
+    }
+
+    /// Whether an L4 service names assignment `name` (then it is decoded,
+    /// checked and waited for).
+    fn is_l4_eds(&self, name: &str) -> bool {
+        self.eds.get(name).is_some_and(|u| !u.l4.is_empty())
+    }
+
+    /// The assignments whose users, state or version differ in `next`.
+    fn eds_changed(&self, next: &Resources) -> BTreeSet<String> {
+        let mut out: BTreeSet<String> = changed_keys(&self.eds, &next.eds).cloned().collect();
+        out.extend(changed_keys(&self.clas, &next.clas).cloned());
+        out.extend(changed_keys(&self.cla_versions, &next.cla_versions).cloned());
+        out
+    }
+
+    /// The clusters whose service may differ in `next`: the clusters that
+    /// changed, and the L4 services of the assignments that changed.
+    fn clusters_changed(&self, next: &Resources) -> BTreeSet<String> {
+        let mut out: BTreeSet<String> = changed_keys(&self.clusters, &next.clusters).cloned().collect();
+        for k in changed_keys(&self.clas, &next.clas) {
+            if let Some(u) = next.eds.get(k) {
+                out.extend(u.l4.iter().cloned());
+            }
+        }
+        out
+    }
+
+    /// Drops the assignments no cluster needs any more, of those that
+    /// changed since `prev` (which needed none it did not name).
+    fn prune(&mut self, prev: &Resources) {
+        for n in prev.eds_changed(self) {
+            if !self.is_l4_eds(&n) {
+                if let Some(ClaState::Known(_)) = self.clas.remove(&n) {
+                    self.known -= 1;
+                }
+            }
+            if !self.is_eds(&n) {
+                self.cla_versions.remove(&n);
+            }
+        }
     }
 }
 
@@ -212,7 +334,7 @@ struct Client {
     versions: HashMap<&'static str, String>,
     /// The services served, by cluster name (the desired state the
     /// reconciler accepted last is made of them: it is not kept twice).
-    applied: BTreeMap<String, Applied>,
+    applied: Built,
     /// Assignments subscribed to and not received, since when.
     waiting: BTreeMap<String, Instant>,
     /// When the response being handled arrived.
@@ -227,9 +349,9 @@ struct Client {
 struct Stream {
     /// The latest nonce per type.
     nonces: HashMap<&'static str, String>,
-    /// The assignment names subscribed on this stream, once any request
-    /// for assignments was sent.
-    eds: Option<BTreeSet<String>>,
+    /// The assignment names subscribed on this stream (what was held of
+    /// them then), once any request for assignments was sent.
+    eds: Option<OrdMap<String, EdsUsers>>,
     /// Whether any response came.
     answered: bool,
 }
@@ -241,30 +363,19 @@ const MAX_ENDPOINT_CHANGES: usize = 64;
 /// When `next` differs from `applied` in the endpoints of a few services
 /// only (the same clusters, each mapping to the same service and route),
 /// those services with their endpoints.
-fn endpoint_changes(
-    applied: &BTreeMap<String, Applied>,
-    next: &BTreeMap<String, Applied>,
-) -> Option<Vec<(String, Vec<crate::model::EndpointDef>)>> {
-    if applied.is_empty() || applied.len() != next.len() {
+fn endpoint_changes(applied: &Built, next: &Built) -> Option<Vec<(String, Vec<crate::model::EndpointDef>)>> {
+    if applied.services.is_empty() || next.changed.len() > MAX_ENDPOINT_CHANGES {
         return None;
     }
-    let mut changes = Vec::new();
-    for ((name, was), (next_name, now)) in applied.iter().zip(next) {
-        if name != next_name {
+    let mut changes = Vec::with_capacity(next.changed.len());
+    for name in &next.changed {
+        let (Some(was), Some(now)) = (applied.services.get(name), next.services.get(name)) else {
             return None;
-        }
-        if Arc::ptr_eq(&was.mapped, &now.mapped) {
-            continue;
-        }
+        };
         if was.service != now.service || was.route != now.route || was.key != now.key {
             return None;
         }
-        if was.endpoints != now.endpoints {
-            if changes.len() == MAX_ENDPOINT_CHANGES {
-                return None;
-            }
-            changes.push((name.clone(), now.endpoints.clone()));
-        }
+        changes.push((name.clone(), now.endpoints.clone()));
     }
     Some(changes)
 }
@@ -370,30 +481,32 @@ impl Client {
     }
 
     /// Publishes what is held to the status.
-    fn held_to_status(&self, warming: &[String]) {
+    fn held_to_status(&self) {
         let mut st = self.status();
-        st.services = self.applied.len();
-        st.endpoints = self.applied.values().map(|s| s.endpoints.len()).sum();
-        st.warming = warming.to_vec();
-        st.ignored_clusters = self.held.clusters.values().filter(|c| c.l4.is_none()).count();
+        st.services = self.applied.services.len();
+        st.endpoints = self.applied.endpoints();
+        st.warming = self.applied.warming.iter().cloned().collect();
+        st.ignored_clusters = self.held.clusters.len() - self.held.l4;
         st.types.entry(CLUSTER_TYPE.into()).or_default().resources = self.held.clusters.len();
-        st.types.entry(CLA_TYPE.into()).or_default().resources =
-            self.held.clas.values().filter(|c| matches!(c, ClaState::Known(_))).count();
+        st.types.entry(CLA_TYPE.into()).or_default().resources = self.held.known;
     }
 
-    /// Maps `next`, has the reconciler serve it, and holds it.
+    /// Maps `next`, has the reconciler serve it, and holds it. Only what
+    /// differs from what is held is looked at.
     async fn apply(&mut self, mut next: Resources, trigger: &str) -> Result<(), Refused> {
-        next.prune();
+        next.prune(&self.held);
         let t0 = Instant::now();
-        let built = mapping::build(next.l4(), &next.clas, &self.applied, &self.defaults).map_err(Refused::Problems)?;
-        if built.services == self.applied {
+        let names = self.held.clusters_changed(&next);
+        let cluster = |n: &str| next.clusters.get(n).and_then(|c| c.l4.as_ref());
+        let built = mapping::update(&self.applied, &names, cluster, &next.clas, &self.defaults).map_err(Refused::Problems)?;
+        if built.changed.is_empty() {
             debug!(trigger, "xDS state unchanged: nothing to rebuild");
         } else {
             let map_us = micros(t0.elapsed());
             let t1 = Instant::now();
             let (reply, answer) = oneshot::channel();
             let (source, trigger_, reply) = (SOURCE.to_owned(), trigger.to_owned(), Some(reply));
-            let msg = match endpoint_changes(&self.applied, &built.services) {
+            let msg = match endpoint_changes(&self.applied, &built) {
                 Some(changes) => SourceMsg::Endpoints { source, changes, trigger: trigger_, reply },
                 None => SourceMsg::Desired { source, desired: built.desired(), trigger: trigger_, reply },
             };
@@ -423,6 +536,7 @@ impl Client {
             info!(
                 trigger,
                 services = built.services.len(),
+                changed = built.changed.len(),
                 mapped = built.mapped,
                 warming = built.warming.len(),
                 received_us = us,
@@ -431,17 +545,19 @@ impl Client {
                 "xDS state applied"
             );
         }
+        // The assignments waited for: those the L4 services name and that
+        // did not come (kept up to date for the ones that changed).
         let now = Instant::now();
-        let names = next.l4_eds_names();
-        self.waiting.retain(|n, _| names.contains(n) && !next.clas.contains_key(n));
-        for n in names {
-            if !next.clas.contains_key(&n) {
+        for n in self.held.eds_changed(&next) {
+            if next.is_l4_eds(&n) && !next.clas.contains_key(&n) {
                 self.waiting.entry(n).or_insert(now);
+            } else {
+                self.waiting.remove(&n);
             }
         }
         self.held = next;
-        self.applied = built.services;
-        self.held_to_status(&built.warming);
+        self.applied = built;
+        self.held_to_status();
         Ok(())
     }
 
@@ -485,7 +601,7 @@ impl Client {
         warn!(assignments = ?expired, "no ClusterLoadAssignment within {}s: their clusters are applied without endpoints", WARMING_TIMEOUT.as_secs());
         let mut next = self.held.clone();
         for n in expired {
-            next.clas.insert(n, ClaState::Absent);
+            next.set_cla(n, ClaState::Absent);
         }
         match self.apply(next, "warming timeout").await {
             Ok(()) => Ok(()),
@@ -580,14 +696,18 @@ impl Client {
 
     /// Sends the assignment names the clusters need, if they changed.
     async fn sotw_subscribe(&self, s: &mut Stream, out: &mpsc::Sender<DiscoveryRequest>) -> bool {
-        let names = self.held.eds_names();
-        let sent = s.eds.as_ref();
-        if sent == Some(&names) || (sent.is_none() && names.is_empty()) {
+        let held = &self.held.eds;
+        let same = match &s.eds {
+            Some(sent) => sent.diff(held).all(|d| matches!(d, DiffItem::Update { .. })),
+            None => held.is_empty(),
+        };
+        if same {
             return true;
         }
-        let req = self.sotw_request(CLA_TYPE, s, names.iter().cloned().collect());
+        let names: Vec<String> = held.keys().cloned().collect();
         debug!(names = ?names, "subscribing to assignments");
-        s.eds = Some(names);
+        let req = self.sotw_request(CLA_TYPE, s, names);
+        s.eds = Some(held.clone());
         out.send(req).await.is_ok()
     }
 
@@ -644,14 +764,14 @@ impl Client {
                 Ok(()) => {
                     self.versions.insert(t, resp.version_info.clone());
                     self.record_ack(t, &resp.version_info, &resp.nonce);
-                    let names = if t == CLA_TYPE { s.eds.clone().unwrap_or_default().into_iter().collect() } else { Vec::new() };
+                    let names = if t == CLA_TYPE { s.eds.iter().flat_map(|e| e.keys().cloned()).collect() } else { Vec::new() };
                     self.sotw_request(t, &s, names)
                 }
                 Err(Refused::Stopped) => return End::Stopped,
                 Err(Refused::Problems(p)) => {
                     let previous = self.versions.get(t).cloned().unwrap_or_default();
                     let detail = self.record_nack(t, &resp.version_info, &resp.nonce, &p);
-                    let names = if t == CLA_TYPE { s.eds.clone().unwrap_or_default().into_iter().collect() } else { Vec::new() };
+                    let names = if t == CLA_TYPE { s.eds.iter().flat_map(|e| e.keys().cloned()).collect() } else { Vec::new() };
                     DiscoveryRequest { version_info: previous, error_detail: Some(detail), ..self.sotw_request(t, &s, names) }
                 }
             };
@@ -674,10 +794,8 @@ impl Client {
                     Err(e) => errors.push(e),
                 }
             }
-            next.clusters = clusters_of(items, &mut errors);
+            next.set_clusters(clusters_of(items, &mut errors));
         } else {
-            let wanted = self.held.eds_names();
-            let used = self.held.l4_eds_names();
             let mut seen = BTreeSet::new();
             for a in &anys {
                 match decode_cla_any(a) {
@@ -686,16 +804,16 @@ impl Client {
                             errors.push(format!("ClusterLoadAssignment {:?} appears twice in the response", c.cluster_name));
                             continue;
                         }
-                        if !wanted.contains(&c.cluster_name) {
+                        if !self.held.is_eds(&c.cluster_name) {
                             debug!(name = %c.cluster_name, "assignment not subscribed to: ignored");
                             continue;
                         }
-                        if !used.contains(&c.cluster_name) {
+                        if !self.held.is_l4_eds(&c.cluster_name) {
                             continue; // an assignment of a cluster that is not an L4 service
                         }
                         match mapping::decode_cla(&c) {
                             Ok(cla) => {
-                                next.clas.insert(c.cluster_name.clone(), ClaState::Known(Arc::new(cla)));
+                                next.set_cla(c.cluster_name.clone(), ClaState::Known(Arc::new(cla)));
                             }
                             Err(es) => errors.extend(es.into_iter().map(|e| format!("ClusterLoadAssignment {:?}: {e}", c.cluster_name))),
                         }
@@ -720,18 +838,25 @@ impl Client {
     /// Subscribes to the assignment names the clusters now need and
     /// unsubscribes from the others.
     async fn delta_subscribe(&self, s: &mut Stream, out: &mpsc::Sender<DeltaDiscoveryRequest>) -> bool {
-        let names = self.held.eds_names();
-        let sent = s.eds.clone().unwrap_or_default();
-        if sent == names {
+        let held = &self.held.eds;
+        let (mut subscribe, mut unsubscribe) = (Vec::new(), Vec::new());
+        for d in s.eds.clone().unwrap_or_default().diff(held) {
+            match d {
+                DiffItem::Add(k, _) => subscribe.push(k.clone()),
+                DiffItem::Remove(k, _) => unsubscribe.push(k.clone()),
+                DiffItem::Update { .. } => {}
+            }
+        }
+        s.eds = Some(held.clone());
+        if subscribe.is_empty() && unsubscribe.is_empty() {
             return true;
         }
         let req = DeltaDiscoveryRequest {
-            resource_names_subscribe: names.difference(&sent).cloned().collect(),
-            resource_names_unsubscribe: sent.difference(&names).cloned().collect(),
+            resource_names_subscribe: subscribe,
+            resource_names_unsubscribe: unsubscribe,
             ..self.delta_request(CLA_TYPE)
         };
         debug!(subscribe = ?req.resource_names_subscribe, unsubscribe = ?req.resource_names_unsubscribe, "assignment subscriptions");
-        s.eds = Some(names);
         out.send(req).await.is_ok()
     }
 
@@ -743,21 +868,20 @@ impl Client {
             ..self.delta_request(CLUSTER_TYPE)
         };
         let _ = out.send(first).await;
-        let names = self.held.eds_names();
-        if !names.is_empty() {
+        if !self.held.eds.is_empty() {
             let req = DeltaDiscoveryRequest {
-                resource_names_subscribe: names.iter().cloned().collect(),
+                resource_names_subscribe: self.held.eds.keys().cloned().collect(),
                 initial_resource_versions: self
                     .held
                     .cla_versions
                     .iter()
-                    .filter(|(k, _)| names.contains(*k))
+                    .filter(|(k, _)| self.held.is_eds(k))
                     .map(|(k, v)| (k.clone(), v.clone()))
                     .collect(),
                 ..self.delta_request(CLA_TYPE)
             };
             let _ = out.send(req).await;
-            s.eds = Some(names);
+            s.eds = Some(self.held.eds.clone());
         }
         let requests = futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|r| (r, rx)) });
         let mut inbound = match client.delta_aggregated_resources(requests).await {
@@ -852,24 +976,21 @@ impl Client {
             }
             let changed = clusters_of(decoded, &mut errors);
             for (name, c) in changed {
-                next.clusters.insert(name, c);
+                next.insert_cluster(name, c);
             }
             for (name, v) in versions {
                 next.cluster_versions.insert(name, v);
             }
             for name in &resp.removed_resources {
-                next.clusters.remove(name);
-                next.cluster_versions.remove(name);
+                next.remove_cluster(name);
             }
         } else {
-            let subscribed = s.eds.clone().unwrap_or_default();
-            let used = self.held.l4_eds_names();
             for (name, version, any) in items {
-                if !subscribed.contains(&name) {
+                if !s.eds.as_ref().is_some_and(|e| e.contains_key(&name)) {
                     debug!(%name, "assignment not subscribed to: ignored");
                     continue;
                 }
-                if !used.contains(&name) {
+                if !self.held.is_l4_eds(&name) {
                     // An assignment of a cluster that is not an L4 service:
                     // held by version only (for initial_resource_versions).
                     next.cla_versions.insert(name, version);
@@ -878,7 +999,7 @@ impl Client {
                 match decode_cla_any(&any) {
                     Ok(c) if c.cluster_name == name || c.cluster_name.is_empty() => match mapping::decode_cla(&c) {
                         Ok(cla) => {
-                            next.clas.insert(name.clone(), ClaState::Known(Arc::new(cla)));
+                            next.set_cla(name.clone(), ClaState::Known(Arc::new(cla)));
                             next.cla_versions.insert(name, version);
                         }
                         Err(es) => errors.extend(es.into_iter().map(|e| format!("ClusterLoadAssignment {name:?}: {e}"))),
@@ -888,8 +1009,8 @@ impl Client {
                 }
             }
             for name in &resp.removed_resources {
-                if used.contains(name) {
-                    next.clas.insert(name.clone(), ClaState::Absent);
+                if self.held.is_l4_eds(name) {
+                    next.set_cla(name.clone(), ClaState::Absent);
                 }
                 next.cla_versions.remove(name);
             }
@@ -972,7 +1093,7 @@ pub async fn run(
         status: Arc::clone(&status),
         held: Resources::default(),
         versions: HashMap::new(),
-        applied: BTreeMap::new(),
+        applied: Built::default(),
         waiting: BTreeMap::new(),
         received: Instant::now(),
         // Up to an hour, three significant digits (valid bounds: never None).
@@ -1011,4 +1132,81 @@ pub async fn run(
     let mut st = lock(&status);
     st.state = ConnectionState::Stopped;
     st.connected_since = None;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sources::xds::mapping::{Cla, EndpointsFrom};
+
+    fn held(name: &str, eds: &str, l4: bool) -> HeldCluster {
+        let c = L4Cluster {
+            name: name.into(),
+            endpoints: EndpointsFrom::Eds(eds.into()),
+            vip: sluice_dataplane::addr::Addr::from(std::net::Ipv4Addr::new(10, 0, 0, 1)),
+            port: 80,
+            protocol: 6,
+            algorithm: None,
+            table_size: None,
+            limit: None,
+            flow_table: None,
+            delivery: None,
+        };
+        HeldCluster { l4: l4.then(|| Arc::new(c)), eds: Some(eds.into()) }
+    }
+
+    /// The index of who names which assignment, the counts and the pruning
+    /// are kept up to date from the changes alone: after random changes
+    /// they are what a pass over every cluster gives.
+    #[test]
+    fn what_is_held_is_kept_as_a_pass_over_everything_would_make_it() {
+        let mut rng = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut next = move || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        let mut r = Resources::default();
+        for step in 0..2000 {
+            let prev = r.clone();
+            let mut seen = BTreeSet::new();
+            for _ in 0..1 + next() % 4 {
+                let (n, e) = (format!("c{}", next() % 10), format!("e{}", next() % 6));
+                if !seen.insert(n.clone()) {
+                    continue;
+                }
+                match next() % 6 {
+                    0 => r.remove_cluster(&n),
+                    1 | 2 => {
+                        r.insert_cluster(n.clone(), held(&n, &e, next() % 3 != 0));
+                        r.cluster_versions.insert(n, format!("v{step}"));
+                    }
+                    3 => r.set_cla(e.clone(), ClaState::Absent),
+                    4 => r.set_cla(e.clone(), ClaState::Known(Arc::new(Cla::default()))),
+                    _ => {
+                        r.cla_versions.insert(e, format!("v{step}"));
+                    }
+                }
+            }
+            r.prune(&prev);
+            // A pass over everything.
+            let mut eds: BTreeMap<String, EdsUsers> = BTreeMap::new();
+            for (n, c) in &r.clusters {
+                let u = eds.entry(c.eds.clone().unwrap_or_default()).or_default();
+                if c.l4.is_some() {
+                    u.l4.push(n.clone());
+                } else {
+                    u.others += 1;
+                }
+            }
+            assert_eq!(r.eds.iter().map(|(k, v)| (k.clone(), v.clone())).collect::<BTreeMap<_, _>>(), eds, "step {step}");
+            assert_eq!(r.l4, r.clusters.values().filter(|c| c.l4.is_some()).count(), "step {step}");
+            assert_eq!(r.known, r.clas.values().filter(|c| matches!(c, ClaState::Known(_))).count(), "step {step}");
+            assert!(r.clas.keys().all(|k| eds.get(k).is_some_and(|u| !u.l4.is_empty())), "step {step}: an assignment no L4 service names is held");
+            assert!(r.cla_versions.keys().all(|k| eds.contains_key(k)), "step {step}: a version of an assignment nobody names is held");
+            assert!(r.cluster_versions.keys().all(|k| r.clusters.contains_key(k)), "step {step}");
+        }
+        assert!(!r.clusters.is_empty() && !r.clas.is_empty(), "the walk ends with something held");
+    }
 }

@@ -74,7 +74,7 @@
 //! exist (a delta removal), or that has not arrived [`super::client`]'s
 //! warming timeout after the subscription, counts as an empty one.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use envoy_types::pb::envoy::config::cluster::v3::cluster::{ClusterDiscoveryType, DiscoveryType, LbConfig, LbPolicy};
@@ -88,6 +88,7 @@ use envoy_types::pb::envoy::extensions::load_balancing_policies::maglev::v3::Mag
 use envoy_types::pb::envoy::extensions::load_balancing_policies::random::v3::Random;
 use envoy_types::pb::google::protobuf::value::Kind;
 use envoy_types::pb::google::protobuf::{Struct, Value};
+use imbl::{OrdMap, OrdSet};
 use prost::{Message, Name};
 use sluice_dataplane::addr::Addr;
 use sluice_dataplane::classify::{PortRange, RouteMatch};
@@ -262,15 +263,25 @@ impl std::ops::Deref for Applied {
     }
 }
 
-/// The services of a state, and the clusters still warming.
+/// The services of a state, and the clusters still warming. Its maps are
+/// persistent ([`imbl`]): a state made from the previous one by
+/// [`update`] shares everything that did not change with it, so a change
+/// to one cluster costs that cluster, not one step per cluster.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Built {
     /// By name.
-    pub services: BTreeMap<String, Applied>,
+    pub services: OrdMap<String, Applied>,
     /// Clusters waiting for their assignment.
-    pub warming: Vec<String>,
+    pub warming: OrdSet<String>,
     /// How many services were mapped anew (the others were reused).
     pub mapped: usize,
+    /// The services that differ from the previous state (added, removed or
+    /// changed), in name order.
+    pub changed: Vec<String>,
+    /// Each service's VIP, port and protocol, with the service.
+    owners: OrdMap<(Addr, u16, u8), String>,
+    /// Endpoints of every service.
+    endpoints: usize,
 }
 
 impl Built {
@@ -279,13 +290,18 @@ impl Built {
         let mut d = Desired::default();
         d.services.reserve(self.services.len());
         d.routes.reserve(self.services.len());
-        d.endpoints.reserve(self.services.values().map(|s| s.endpoints.len()).sum());
+        d.endpoints.reserve(self.endpoints);
         for s in self.services.values() {
             d.services.push(s.service.clone());
             d.routes.push(s.route.clone());
             d.endpoints.extend(s.endpoints.iter().cloned());
         }
         d
+    }
+
+    /// How many endpoints the services have in all.
+    pub fn endpoints(&self) -> usize {
+        self.endpoints
     }
 }
 
@@ -692,20 +708,44 @@ fn proto_name(p: u8) -> &'static str {
     crate::config::fields::protocol_name(p)
 }
 
-/// The services of `clusters` with the assignments in `clas`; a cluster
-/// whose assignment is not there yet is warming (left out, or as it is
-/// in `applied`). A service of `applied` whose cluster and assignment did
-/// not change is reused as it is.
+/// The services of `clusters` with the assignments in `clas`, made from
+/// `prev` (see [`update`]): every cluster of either is looked at.
 pub fn build<'a>(
     clusters: impl IntoIterator<Item = (&'a String, &'a Arc<L4Cluster>)>,
-    clas: &BTreeMap<String, ClaState>,
-    applied: &BTreeMap<String, Applied>,
+    clas: &OrdMap<String, ClaState>,
+    prev: &Built,
     defaults: &Defaults,
 ) -> Result<Built, Vec<String>> {
-    let mut out = Built::default();
+    let clusters: BTreeMap<&str, (&'a String, &'a Arc<L4Cluster>)> = clusters.into_iter().map(|(n, c)| (n.as_str(), (n, c))).collect();
+    let mut names: BTreeSet<&String> = clusters.values().map(|(n, _)| *n).collect();
+    names.extend(prev.services.keys());
+    names.extend(prev.warming.iter());
+    update(prev, names, |n| clusters.get(n).map(|(_, c)| *c), clas, defaults)
+}
+
+/// `prev` with the clusters named in `names` (in name order, each once)
+/// as `cluster` and `clas` now have them; every other service is kept as it
+/// is in `prev`. A named cluster that `cluster` does not know is gone; one
+/// whose assignment is not there yet is warming (left out, or as it is in
+/// `prev`). A service whose cluster and assignment did not change is
+/// reused as it is. Two services may not share a VIP, port and protocol.
+pub fn update<'a>(
+    prev: &Built,
+    names: impl IntoIterator<Item = &'a String>,
+    cluster: impl Fn(&str) -> Option<&'a Arc<L4Cluster>>,
+    clas: &OrdMap<String, ClaState>,
+    defaults: &Defaults,
+) -> Result<Built, Vec<String>> {
+    let mut out = Built { mapped: 0, changed: Vec::new(), ..prev.clone() };
     let mut errors = Vec::new();
     let empty = Cla::default();
-    for (name, c) in clusters {
+    let mut now: Vec<(&String, Option<Applied>)> = Vec::new();
+    for name in names {
+        let Some(c) = cluster(name) else {
+            out.warming.remove(name);
+            now.push((name, None));
+            continue;
+        };
         let cla = match &c.endpoints {
             EndpointsFrom::Inline(cla) => Some((cla, None)),
             EndpointsFrom::Eds(n) => match clas.get(n) {
@@ -714,37 +754,62 @@ pub fn build<'a>(
                 None => None,
             },
         };
+        let old = prev.services.get(name);
         match cla {
-            Some((_, shared)) if applied.get(name).is_some_and(|a| a.mapped_from(c, shared, defaults)) => {
-                if let Some(a) = applied.get(name) {
-                    out.services.insert(name.clone(), a.clone());
+            Some((_, shared)) if old.is_some_and(|a| a.mapped_from(c, shared, defaults)) => {
+                out.warming.remove(name);
+            }
+            Some((cla, shared)) => {
+                out.warming.remove(name);
+                match map_service(c, cla, defaults) {
+                    Ok(s) => {
+                        out.mapped += 1;
+                        let a = Applied { mapped: Arc::new(s), cluster: Arc::clone(c), cla: shared.cloned(), defaults: *defaults };
+                        now.push((name, Some(a)));
+                    }
+                    Err(es) => errors.extend(es.into_iter().map(|e| format!("Cluster {name:?}: {e}"))),
                 }
             }
-            Some((cla, shared)) => match map_service(c, cla, defaults) {
-                Ok(s) => {
-                    out.mapped += 1;
-                    let a = Applied { mapped: Arc::new(s), cluster: Arc::clone(c), cla: shared.cloned(), defaults: *defaults };
-                    out.services.insert(name.clone(), a);
-                }
-                Err(es) => errors.extend(es.into_iter().map(|e| format!("Cluster {name:?}: {e}"))),
-            },
             None => {
-                out.warming.push(name.clone());
-                if let Some(previous) = applied.get(name) {
-                    out.services.insert(name.clone(), previous.clone());
-                }
+                out.warming.insert(name.clone());
             }
         }
     }
-    let mut owners: BTreeMap<(Addr, u16, u8), &str> = BTreeMap::new();
-    for (name, s) in &out.services {
-        if let Some(first) = owners.insert(s.key, name) {
-            let (vip, port, p) = s.key;
-            errors.push(format!(
-                "Cluster {name:?}: {vip}:{port}/{} is already claimed by cluster {first:?}",
-                proto_name(p)
-            ));
+    // Which services change, and out of whose way they move first (two
+    // services may swap VIPs in one state). A service mapped again equal
+    // to the one served is no change (it is still taken, so that nothing
+    // keeps the inputs it replaces).
+    let differs: Vec<bool> = now.iter().map(|(name, a)| prev.services.get(*name) != a.as_ref()).collect();
+    for ((name, _), _) in now.iter().zip(&differs).filter(|(_, d)| **d) {
+        if let Some(old) = prev.services.get(*name) {
+            out.endpoints -= old.endpoints.len();
+            if out.owners.get(&old.key) == Some(*name) {
+                out.owners.remove(&old.key);
+            }
         }
+    }
+    for ((name, a), differs) in now.into_iter().zip(differs) {
+        let Some(a) = a else {
+            if differs {
+                out.services.remove(name);
+                out.changed.push(name.clone());
+            }
+            continue;
+        };
+        if differs {
+            out.changed.push(name.clone());
+            out.endpoints += a.endpoints.len();
+            if let Some(first) = out.owners.get(&a.key) {
+                // Reported as building in name order would: the later
+                // name is the one that claims a taken key.
+                let (later, first) = if first < name { (name, first) } else { (first, name) };
+                let (vip, port, p) = a.key;
+                errors.push(format!("Cluster {later:?}: {vip}:{port}/{} is already claimed by cluster {first:?}", proto_name(p)));
+            } else {
+                out.owners.insert(a.key, name.clone());
+            }
+        }
+        out.services.insert(name.clone(), a);
     }
     if errors.is_empty() {
         Ok(out)

@@ -282,12 +282,12 @@ fn build_warms_clusters_and_refuses_shared_vips() {
     let d = Defaults::default();
     let mut clusters = BTreeMap::new();
     clusters.insert("a".to_owned(), Arc::new(l4(&cluster("a", "10.0.0.1", 80.0, "TCP"))));
-    let mut clas = BTreeMap::new();
-    let b = build(&clusters, &clas, &BTreeMap::new(), &d).unwrap();
+    let mut clas = OrdMap::new();
+    let b = build(&clusters, &clas, &Built::default(), &d).unwrap();
     assert!(b.services.is_empty(), "a new cluster waits for its endpoints");
-    assert_eq!(b.warming, ["a"]);
+    assert_eq!(b.warming, OrdSet::unit("a".to_owned()));
     clas.insert("a".to_owned(), ClaState::Known(Arc::new(decode_cla(&cla("a", &[("10.0.0.5", 80, HealthStatus::Healthy, 0, None)])).unwrap())));
-    let served = build(&clusters, &clas, &BTreeMap::new(), &d).unwrap();
+    let served = build(&clusters, &clas, &Built::default(), &d).unwrap();
     assert_eq!(served.services["a"].endpoints.len(), 1);
     assert!(served.warming.is_empty());
 
@@ -296,46 +296,46 @@ fn build_warms_clusters_and_refuses_shared_vips() {
     let mut moved = cluster("a", "10.0.0.1", 81.0, "TCP");
     moved.eds_cluster_config.as_mut().unwrap().service_name = "a2".into();
     clusters.insert("a".to_owned(), Arc::new(l4(&moved)));
-    let kept = build(&clusters, &clas, &served.services, &d).unwrap();
+    let kept = build(&clusters, &clas, &served, &d).unwrap();
     assert_eq!(kept.services["a"], served.services["a"]);
-    assert_eq!(kept.warming, ["a"]);
+    assert_eq!(kept.warming, OrdSet::unit("a".to_owned()));
     // The server says it does not exist: the cluster goes in without endpoints.
     clas.insert("a2".to_owned(), ClaState::Absent);
-    let empty = build(&clusters, &clas, &served.services, &d).unwrap();
+    let empty = build(&clusters, &clas, &served, &d).unwrap();
     assert!(empty.services["a"].endpoints.is_empty());
     assert_eq!(empty.services["a"].key.1, 81);
 
     // Two clusters on one VIP, port and protocol.
     clusters.insert("b".to_owned(), Arc::new(l4(&cluster("b", "10.0.0.1", 81.0, "TCP"))));
     clas.insert("b".to_owned(), ClaState::Absent);
-    let e = build(&clusters, &clas, &served.services, &d).unwrap_err();
+    let e = build(&clusters, &clas, &served, &d).unwrap_err();
     assert_eq!(e, ["Cluster \"b\": 10.0.0.1:81/TCP is already claimed by cluster \"a\""]);
     clusters.insert("b".to_owned(), Arc::new(l4(&cluster("b", "10.0.0.1", 81.0, "UDP"))));
-    assert_eq!(build(&clusters, &clas, &served.services, &d).unwrap().services.len(), 2, "another protocol is another service");
+    assert_eq!(build(&clusters, &clas, &served, &d).unwrap().services.len(), 2, "another protocol is another service");
 }
 
 #[test]
 fn build_maps_again_only_what_changed() {
     let d = Defaults::default();
     let mut clusters = BTreeMap::new();
-    let mut clas = BTreeMap::new();
+    let mut clas = OrdMap::new();
     for (n, vip) in [("a", "10.0.0.1"), ("b", "10.0.0.2"), ("c", "10.0.0.3")] {
         clusters.insert(n.to_owned(), Arc::new(l4(&cluster(n, vip, 80.0, "TCP"))));
         let ep = cla(n, &[("10.1.0.5", 80, HealthStatus::Healthy, 0, None)]);
         clas.insert(n.to_owned(), ClaState::Known(Arc::new(decode_cla(&ep).unwrap())));
     }
-    let first = build(&clusters, &clas, &BTreeMap::new(), &d).unwrap();
+    let first = build(&clusters, &clas, &Built::default(), &d).unwrap();
     assert_eq!(first.mapped, 3);
 
     // Nothing changed: every service is the same allocation.
-    let again = build(&clusters, &clas, &first.services, &d).unwrap();
+    let again = build(&clusters, &clas, &first, &d).unwrap();
     assert_eq!(again.mapped, 0);
     assert!(again.services.iter().all(|(n, s)| Arc::ptr_eq(&s.mapped, &first.services[n].mapped)));
 
     // One assignment changes: that service only is mapped again.
     let ep = cla("b", &[("10.1.0.6", 80, HealthStatus::Healthy, 0, None)]);
     clas.insert("b".to_owned(), ClaState::Known(Arc::new(decode_cla(&ep).unwrap())));
-    let one = build(&clusters, &clas, &again.services, &d).unwrap();
+    let one = build(&clusters, &clas, &again, &d).unwrap();
     assert_eq!(one.mapped, 1);
     assert_eq!(one.services["b"].endpoints[0].address, "10.1.0.6".parse::<std::net::IpAddr>().unwrap().into());
     assert!(Arc::ptr_eq(&one.services["a"].mapped, &first.services["a"].mapped));
@@ -345,13 +345,108 @@ fn build_maps_again_only_what_changed() {
     // again, and equal to what was served (so nothing is sent on).
     let same = decode_cla(&ep).unwrap();
     clas.insert("b".to_owned(), ClaState::Known(Arc::new(same)));
-    let resent = build(&clusters, &clas, &one.services, &d).unwrap();
+    let resent = build(&clusters, &clas, &one, &d).unwrap();
     assert_eq!(resent.mapped, 1);
     assert_eq!(resent.services, one.services);
 
     // Other defaults: everything is mapped again (the endpoint limit may differ).
     let other = Defaults { limit: 64, ..d };
-    let all = build(&clusters, &clas, &resent.services, &other).unwrap();
+    let all = build(&clusters, &clas, &resent, &other).unwrap();
     assert_eq!(all.mapped, 3);
     assert_eq!(all.services["a"].service.limit, Some(64));
+}
+
+/// What the xDS client does with each response: only the clusters that
+/// changed, or whose assignment changed, are looked at. Random edits
+/// (clusters added, moved onto taken VIPs, removed; assignments received,
+/// said absent, withdrawn) give the same state, the same changes and the
+/// same refusals as building from every cluster.
+#[test]
+fn updating_the_changed_clusters_gives_what_building_everything_gives() {
+    let d = Defaults::default();
+    let mut rng = 0x2545_f491_4f6c_dd1d_u64;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let mut clusters: BTreeMap<String, Arc<L4Cluster>> = BTreeMap::new();
+    let mut clas: OrdMap<String, ClaState> = OrdMap::new();
+    let mut prev = Built::default();
+    let (mut accepted, mut refused, mut changes) = (0, 0, 0);
+    for step in 0..600 {
+        let (clusters_before, clas_before) = (clusters.clone(), clas.clone());
+        let mut edited = BTreeSet::new();
+        for _ in 0..1 + next() % 3 {
+            // One edit per name, as a response names a resource once.
+            let n = format!("c{}", next() % 12);
+            if !edited.insert(n.clone()) {
+                continue;
+            }
+            match next() % 6 {
+                0 => {
+                    clusters.remove(&n);
+                }
+                1 | 2 => {
+                    // Few VIPs and ports: clusters collide now and then.
+                    let vip = format!("10.0.0.{}", next() % 5);
+                    let port = 80.0 + (next() % 3) as f64;
+                    // An equal cluster is kept as it is held (as the client does).
+                    let c = l4(&cluster(&n, &vip, port, "TCP"));
+                    if clusters.get(&n).is_none_or(|held| **held != c) {
+                        clusters.insert(n.clone(), Arc::new(c));
+                    }
+                }
+                3 => {
+                    clas.insert(n, ClaState::Absent);
+                }
+                4 => {
+                    clas.remove(&n);
+                }
+                _ => {
+                    let addrs: Vec<String> = (0..1 + next() % 3).map(|_| format!("10.1.0.{}", next() % 8)).collect();
+                    let mut seen = BTreeSet::new();
+                    let eps: Vec<Ep<'_>> =
+                        addrs.iter().filter(|a| seen.insert(a.as_str())).map(|a| (a.as_str(), 0, HealthStatus::Healthy, 0, None)).collect();
+                    let state = ClaState::Known(Arc::new(decode_cla(&cla(&n, &eps)).unwrap()));
+                    if clas.get(&n) != Some(&state) {
+                        clas.insert(n.clone(), state);
+                    }
+                }
+            }
+        }
+        // What the client works out from the two states (each cluster
+        // names the assignment of its own name here).
+        let mut touched: BTreeSet<String> = BTreeSet::new();
+        for n in clusters_before.keys().chain(clusters.keys()) {
+            if clusters_before.get(n) != clusters.get(n) {
+                touched.insert(n.clone());
+            }
+        }
+        for (n, _) in clas_before.diff(&clas).map(|d| match d {
+            imbl::ordmap::DiffItem::Add(k, v) | imbl::ordmap::DiffItem::Remove(k, v) => (k, v),
+            imbl::ordmap::DiffItem::Update { new, .. } => new,
+        }) {
+            touched.insert(n.clone());
+        }
+        let full = build(&clusters, &clas, &prev, &d);
+        let changed = update(&prev, &touched, |n| clusters.get(n), &clas, &d);
+        match (full, changed) {
+            (Ok(f), Ok(c)) => {
+                assert_eq!(f, c, "step {step}");
+                assert_eq!(c.endpoints(), c.services.values().map(|s| s.endpoints.len()).sum::<usize>(), "step {step}");
+                accepted += 1;
+                changes += c.changed.len();
+                prev = c;
+            }
+            (Err(f), Err(c)) => {
+                assert_eq!(f, c, "step {step}");
+                refused += 1;
+                (clusters, clas) = (clusters_before, clas_before);
+            }
+            (f, c) => panic!("step {step}: building everything gave {f:?}, updating {c:?}"),
+        }
+    }
+    assert!(accepted > 200 && refused > 20 && changes > 200, "the walk covers both outcomes: {accepted} accepted, {refused} refused, {changes} changes");
 }
