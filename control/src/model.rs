@@ -9,7 +9,7 @@
 //! source wrote it (a file, or a peer on the network). Every problem is
 //! reported, with where it came from.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use sluice_dataplane::addr::Addr;
@@ -270,18 +270,38 @@ impl Resolved {
 #[derive(Clone, Debug, Default)]
 pub struct Model {
     sources: BTreeMap<String, Desired>,
+    /// The sources whose endpoints are in service-name order (the xDS
+    /// source's are): a service's endpoints are found by binary search.
+    by_service: BTreeSet<String>,
+}
+
+/// True when `eps` is in service-name order.
+fn in_service_order(eps: &[EndpointDef]) -> bool {
+    eps.windows(2).all(|w| w[0].service <= w[1].service)
+}
+
+/// Where `service`'s endpoints are in `eps`, which is in service-name order.
+fn run_of(eps: &[EndpointDef], service: &str) -> std::ops::Range<usize> {
+    let start = eps.partition_point(|e| &*e.service < service);
+    start..start + eps[start..].partition_point(|e| &*e.service == service)
 }
 
 impl Model {
     /// Replaces everything `source` owns with `desired` (upsert and prune);
     /// returns what it owned before.
     pub fn set(&mut self, source: &str, desired: Desired) -> Option<Desired> {
+        if in_service_order(&desired.endpoints) {
+            self.by_service.insert(source.to_owned());
+        } else {
+            self.by_service.remove(source);
+        }
         self.sources.insert(source.to_owned(), desired)
     }
 
     /// Drops everything `source` owns.
     pub fn remove(&mut self, source: &str) {
         self.sources.remove(source);
+        self.by_service.remove(source);
     }
 
     /// What `source` owns.
@@ -305,6 +325,14 @@ impl Model {
     /// back with the same call), or `None` when `source` owns nothing.
     pub fn set_endpoints(&mut self, source: &str, service: &str, endpoints: Vec<EndpointDef>) -> Option<Vec<EndpointDef>> {
         let d = self.sources.get_mut(source)?;
+        if self.by_service.contains(source) {
+            if endpoints.iter().all(|e| &*e.service == service) {
+                // In place, and still in order.
+                let run = run_of(&d.endpoints, service);
+                return Some(d.endpoints.splice(run, endpoints).collect());
+            }
+            self.by_service.remove(source);
+        }
         let of = |e: &EndpointDef| &*e.service == service;
         let Some(start) = d.endpoints.iter().position(of) else {
             d.endpoints.extend(endpoints);
@@ -332,8 +360,9 @@ impl Model {
     pub fn resolve_endpoints(&self, svc: &ResolvedService) -> Result<Vec<EndpointDef>, Vec<Problem>> {
         let mut p = Problems::default();
         let mut s = ResolvedService { endpoints: Vec::new(), name: svc.name.clone(), ..*svc };
-        for d in self.sources.values() {
-            for e in d.endpoints.iter().filter(|e| *e.service == *svc.name) {
+        for (source, d) in &self.sources {
+            let eps = if self.by_service.contains(source) { &d.endpoints[run_of(&d.endpoints, &svc.name)] } else { &d.endpoints[..] };
+            for e in eps.iter().filter(|e| *e.service == *svc.name) {
                 admit(e, &mut s, &mut p);
             }
         }
@@ -619,6 +648,8 @@ mod tests {
         assert!(m.resolve_endpoints(&first.services["c"]).unwrap().is_empty());
         assert!(m.set_endpoints("xds", "c", vec![ep("c", 3, "10.0.2.3")]).unwrap().is_empty());
         assert_eq!(m.resolve_endpoints(&first.services["c"]).unwrap(), m.resolve(&Defaults::default()).unwrap().services["c"].endpoints);
+        assert!(m.by_service.contains("xds"), "xds's endpoints stay in service order (found by binary search)");
+        assert!(in_service_order(&m.get("xds").unwrap().endpoints));
 
         // What resolve refuses, this refuses with the same words.
         m.set_endpoints("xds", "a", vec![ep("a", 0, "10.0.0.1"), ep("a", 0, "10.0.0.9"), ep("a", 40, "10.0.0.8")]).unwrap();
@@ -631,6 +662,7 @@ mod tests {
 
         // Endpoints a source did not send together are all replaced.
         m.set("k8s", Desired { endpoints: vec![ep("b", 5, "10.0.1.5"), ep("c", 7, "10.0.2.7"), ep("b", 6, "10.0.1.6")], ..Default::default() });
+        assert!(!m.by_service.contains("k8s"), "not in service order: searched from end to end");
         let old = m.set_endpoints("k8s", "b", vec![ep("b", 8, "10.0.1.8")]).unwrap();
         assert_eq!(old.iter().map(|e| e.id).collect::<Vec<_>>(), vec![5, 6]);
         let ids: Vec<u32> = m.get("k8s").unwrap().endpoints.iter().map(|e| e.id).collect();
