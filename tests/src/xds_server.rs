@@ -368,6 +368,8 @@ pub struct Sent {
     pub names: Vec<String>,
     /// Delta removals.
     pub removed: Vec<String>,
+    /// When it was handed to the stream.
+    pub at: std::time::Instant,
 }
 
 #[derive(Default)]
@@ -483,6 +485,12 @@ impl XdsServer {
     /// Every response sent so far.
     pub fn sent(&self) -> Vec<Sent> {
         self.lock().sent.clone()
+    }
+
+    /// The version and time of the last response of type `type_url` sent
+    /// (without copying every response, as [`Self::sent`] does).
+    pub fn last_sent(&self, type_url: &str) -> Option<(String, std::time::Instant)> {
+        self.lock().sent.iter().rev().find(|s| s.type_url == type_url).map(|s| (s.version.clone(), s.at))
     }
 
     /// The NACK messages received, by type.
@@ -689,6 +697,7 @@ impl SotwStream {
             nonce,
             names: names.into_iter().collect(),
             removed: Vec::new(),
+            at: std::time::Instant::now(),
         });
         let _ = self.out.try_send(Ok(resp));
     }
@@ -830,6 +839,7 @@ impl DeltaStream {
             nonce,
             names: changed.iter().map(|r| r.name.clone()).collect(),
             removed,
+            at: std::time::Instant::now(),
         });
         let _ = self.out.try_send(Ok(resp));
     }
