@@ -49,6 +49,9 @@ pub struct Snapshot {
     /// Sorted per VIP: [`return_key`] of every endpoint (input port and
     /// MAC) of every service the VIP routes to.
     return_keys: Vec<u64>,
+    /// Per VIP index: the routes (indices) that match it. Made with the
+    /// classifier and shared as it is, while the routes stay the same.
+    vip_routes: Arc<Vec<Vec<u32>>>,
 }
 
 /// One 64-bit key for (input port, source MAC).
@@ -104,11 +107,13 @@ impl Snapshot {
         // Who may send return traffic from each VIP: the endpoints (as the
         // port and MAC their frames come from) of the services it routes to.
         let mut allowed: Vec<Vec<u64>> = vec![Vec::new(); classifier.vips().len()];
-        for r in routes {
-            let Some(svc) = services.get(r.service as usize) else { continue };
+        let mut vip_routes: Vec<Vec<u32>> = vec![Vec::new(); classifier.vips().len()];
+        for (ri, r) in routes.iter().enumerate() {
             for v in &r.matches.vips {
-                let Some(a) = classifier.vip_index(*v).and_then(|i| allowed.get_mut(i)) else { continue };
-                a.extend(svc.endpoints().map(|e| return_key(e.port, e.mac)));
+                let Some(i) = classifier.vip_index(*v).filter(|i| *i < allowed.len()) else { continue };
+                vip_routes[i].push(u32::try_from(ri).unwrap_or(u32::MAX));
+                let Some(svc) = services.get(r.service as usize) else { continue };
+                allowed[i].extend(svc.endpoints().map(|e| return_key(e.port, e.mac)));
             }
         }
         let mut return_spans = Vec::with_capacity(allowed.len());
@@ -126,6 +131,7 @@ impl Snapshot {
             by_key,
             return_spans,
             return_keys,
+            vip_routes: Arc::new(vip_routes),
         }
     }
 
@@ -163,14 +169,18 @@ impl Snapshot {
             .collect();
         vips.sort_unstable();
         vips.dedup();
-        let mut fresh: Vec<Vec<u64>> = vec![Vec::new(); vips.len()];
-        for r in routes {
-            let Some(svc) = services.get(r.service as usize) else { continue };
-            for v in &r.matches.vips {
-                let Some(k) = c.vip_index(*v).and_then(|i| vips.binary_search(&i).ok()) else { continue };
-                fresh[k].extend(svc.endpoints().map(|e| return_key(e.port, e.mac)));
-            }
-        }
+        // The routes of those VIPs only (not a pass over every route).
+        let fresh: Vec<Vec<u64>> = vips
+            .iter()
+            .map(|&v| {
+                let mut keys = Vec::new();
+                for &ri in self.vip_routes.get(v).map(Vec::as_slice).unwrap_or_default() {
+                    let Some(svc) = routes.get(ri as usize).and_then(|r| services.get(r.service as usize)) else { continue };
+                    keys.extend(svc.endpoints().map(|e| return_key(e.port, e.mac)));
+                }
+                keys
+            })
+            .collect();
         let mut return_spans = Vec::with_capacity(self.return_spans.len());
         let mut return_keys = Vec::with_capacity(self.return_keys.len());
         let mut fresh = vips.iter().zip(fresh).peekable();
@@ -195,6 +205,7 @@ impl Snapshot {
             by_key,
             return_spans,
             return_keys,
+            vip_routes: Arc::clone(&self.vip_routes),
         }
     }
 
