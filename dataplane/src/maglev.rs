@@ -178,6 +178,8 @@ struct Walker {
     pos: u32,
     skip: u32,
     endpoint: u16,
+    /// Slots claimed in the current batch of rounds (see [`fill_with`]).
+    claimed: u32,
 }
 
 impl Table {
@@ -325,6 +327,12 @@ fn fill(m: u32, eps: &[(EndpointId, u32)]) -> Vec<u16> {
 /// and adds zero to the counts. Walkers of an endpoint that reached its
 /// quota are swept out at the end of the round (they could claim nothing
 /// more, and the turn order of the others is unchanged).
+///
+/// Rounds go in batches in which no endpoint can reach its quota (each of
+/// its walkers claims at most one slot a round): there a probe claims a
+/// free slot without looking at the quota, and each walker counts its
+/// claims, charged to its endpoint after the batch. The result is the
+/// same; a probe costs about a third less.
 fn fill_with(m: u32, eps: &[(EndpointId, u32)], tail: u64) -> Vec<u16> {
     let mut room = quotas(m, eps);
     let reps = replicas(eps);
@@ -337,6 +345,7 @@ fn fill_with(m: u32, eps: &[(EndpointId, u32)], tail: u64) -> Vec<u16> {
                 skip: reduce(hash_u64(key, SEED_SKIP), m - 1) + 1,
                 // Indices into `eps` are below the limit (<= 65536).
                 endpoint: u16::try_from(i).unwrap_or(u16::MAX),
+                claimed: 0,
             });
         }
     }
@@ -347,11 +356,44 @@ fn fill_with(m: u32, eps: &[(EndpointId, u32)], tail: u64) -> Vec<u16> {
     let mut owner = vec![0u16; m as usize + 1];
     let sink = m as usize;
     let mut filled = 0u32;
+    let to_events = |filled: u32, walkers: usize| u64::from(m - filled) * walkers as u64 <= tail * u64::from(m);
+    // Batches until one would be a single round: from then on endpoints
+    // are near their quotas, and rounds go one at a time.
+    let mut batching = true;
     while filled < m {
-        if u64::from(m - filled) * active.len() as u64 <= tail * u64::from(m) {
+        if to_events(filled, active.len()) {
             owner.truncate(m as usize);
             finish_by_events(m, &active, &mut room, &used, &mut owner);
             return owner;
+        }
+        let safe = if batching { safe_rounds(&reps, &room) } else { 0 };
+        batching = safe > 1;
+        if batching {
+            // `safe` rounds (or until the switch to events) with room for
+            // every claim.
+            for _ in 0..safe {
+                if filled == m || to_events(filled, active.len()) {
+                    break;
+                }
+                for w in &mut active {
+                    let slot = w.pos;
+                    let next = w.pos + w.skip;
+                    w.pos = if next >= m { next - m } else { next };
+                    let word = &mut used[(slot >> 6) as usize];
+                    let claim = (!*word >> (slot & 63)) & 1;
+                    *word |= claim << (slot & 63);
+                    let mask = 0usize.wrapping_sub(claim as usize);
+                    owner[sink ^ ((sink ^ slot as usize) & mask)] = w.endpoint;
+                    w.claimed += claim as u32;
+                    filled += claim as u32;
+                }
+            }
+            for w in &mut active {
+                room[usize::from(w.endpoint)] -= w.claimed;
+                w.claimed = 0;
+            }
+            active.retain(|w| room[usize::from(w.endpoint)] != 0);
+            continue;
         }
         let mut newly_full = false;
         for w in &mut active {
@@ -376,6 +418,13 @@ fn fill_with(m: u32, eps: &[(EndpointId, u32)], tail: u64) -> Vec<u16> {
     }
     owner.truncate(m as usize);
     owner
+}
+
+/// Rounds that every active walker can probe without its endpoint reaching
+/// its quota: the least, over endpoints with room (and so with walkers),
+/// of room / walkers.
+fn safe_rounds(reps: &[u32], room: &[u32]) -> u32 {
+    reps.iter().zip(room).filter(|(_, &r)| r > 0).map(|(&w, &r)| r / w.max(1)).min().unwrap_or(0)
 }
 
 /// Reduction modulo a table size (< 2^24) of values below 2^48, by a
@@ -433,23 +482,36 @@ impl Modulus {
 /// would have found them, (round, turn order). A slot whose first visitor
 /// belongs to an endpoint that filled up meanwhile goes to the next one
 /// with room, as a probing walker of a full endpoint claims nothing.
+///
+/// A visit is one `u64`, `rounds << 32 | turn`, and names its slot (a
+/// walker reaches one slot a round): the first visits are sorted once, and
+/// only the visits that replace a full endpoint's go through a heap.
 fn finish_by_events(m: u32, active: &[Walker], room: &mut [u32], used: &[u64], owner: &mut [u16]) {
     use std::cmp::Reverse;
     use std::collections::BinaryHeap;
 
     let md = Modulus::new(m);
-    let free: Vec<u32> = (0..m).filter(|&s| used[(s >> 6) as usize] & (1u64 << (s & 63)) == 0).collect();
+    let mut free: Vec<u32> = Vec::new();
+    for (base, &word) in (0u32..).step_by(64).zip(used) {
+        let mut open = !word;
+        while open != 0 {
+            let s = base + open.trailing_zeros();
+            if s >= m {
+                break;
+            }
+            free.push(s);
+            open &= open - 1;
+        }
+    }
+    let pos: Vec<u32> = active.iter().map(|w| w.pos).collect();
     let inverse: Vec<u64> = active.iter().map(|w| md.inverse(u64::from(w.skip))).collect();
-    // An event: (rounds from now) << 32 | turn; smaller happens first.
-    let visit = |turn: usize, slot: u32| -> u64 {
-        let w = &active[turn];
-        let ahead = if slot >= w.pos { slot - w.pos } else { slot + m - w.pos };
-        let rounds = md.mul(u64::from(ahead), inverse[turn]);
-        (rounds << 32) | turn as u64
+    let rounds_to = |turn: usize, slot: u32| -> u64 {
+        let p = pos[turn];
+        let ahead = if slot >= p { slot - p } else { slot + m - p };
+        md.mul(u64::from(ahead), inverse[turn])
     };
     // The first visit of each free slot, over walkers kept as plain arrays
     // so that the inner loop is a running minimum in registers.
-    let pos: Vec<u32> = active.iter().map(|w| w.pos).collect();
     let first = |slot: u32| -> u64 {
         let mut best = u64::MAX;
         for (turn, (&p, &inv)) in pos.iter().zip(&inverse).enumerate() {
@@ -458,10 +520,27 @@ fn finish_by_events(m: u32, active: &[Walker], room: &mut [u32], used: &[u64], o
         }
         best
     };
-    let mut events: BinaryHeap<Reverse<(u64, u32)>> =
-        free.iter().enumerate().map(|(i, &slot)| Reverse((first(slot), u32::try_from(i).unwrap_or(u32::MAX)))).collect();
-    while let Some(Reverse((event, i))) = events.pop() {
-        let slot = free[i as usize];
+    let slot_of = |event: u64| -> u32 {
+        let turn = (event & 0xffff_ffff) as usize;
+        let w = &active[turn];
+        // rounds < m and skip < m < 2^24: below 2^48.
+        u32::try_from(md.reduce(u64::from(w.pos) + (event >> 32) * u64::from(w.skip))).unwrap_or(0)
+    };
+    let mut sorted: Vec<u64> = free.iter().map(|&slot| first(slot)).collect();
+    sorted.sort_unstable();
+    let mut later: BinaryHeap<Reverse<u64>> = BinaryHeap::new();
+    let mut next_sorted = 0;
+    loop {
+        let event = match (sorted.get(next_sorted), later.peek()) {
+            (Some(&a), Some(&Reverse(b))) if b < a => later.pop().map_or(a, |Reverse(b)| b),
+            (Some(&a), _) => {
+                next_sorted += 1;
+                a
+            }
+            (None, Some(_)) => later.pop().map_or(0, |Reverse(b)| b),
+            (None, None) => break,
+        };
+        let slot = slot_of(event);
         let turn = (event & 0xffff_ffff) as usize;
         let e = usize::from(active[turn].endpoint);
         if room[e] != 0 {
@@ -472,11 +551,11 @@ fn finish_by_events(m: u32, active: &[Walker], room: &mut [u32], used: &[u64], o
         // Its endpoint is full: the next visit by a walker with room.
         let next = (0..active.len())
             .filter(|&t| room[usize::from(active[t].endpoint)] != 0)
-            .map(|t| visit(t, slot))
+            .map(|t| (rounds_to(t, slot) << 32) | t as u64)
             .filter(|&v| v > event)
             .min();
         if let Some(v) = next {
-            events.push(Reverse((v, i)));
+            later.push(Reverse(v));
         }
     }
 }
@@ -598,6 +677,56 @@ mod tests {
             for tail in [1, 2, 8, 1000] {
                 assert!(fill_with(m, &eps, tail) == probed, "m {m} n {} tail {tail}", eps.len());
             }
+        }
+    }
+
+    /// The population by its definition, plainly: walkers take turns, one
+    /// slot each per round, claiming it when free and their endpoint is
+    /// below its quota.
+    fn fill_by_definition(m: u32, eps: &[(EndpointId, u32)]) -> Vec<u16> {
+        let mut room = quotas(m, eps);
+        let mut walkers: Vec<(u32, u32, usize)> = Vec::new();
+        for (i, (&(id, _), &r)) in eps.iter().zip(&replicas(eps)).enumerate() {
+            for k in 0..r {
+                let key = (u64::from(k) << 16) | u64::from(id);
+                walkers.push((reduce(hash_u64(key, SEED_OFFSET), m), reduce(hash_u64(key, SEED_SKIP), m - 1) + 1, i));
+            }
+        }
+        let mut owner: Vec<Option<u16>> = vec![None; m as usize];
+        let mut filled = 0;
+        while filled < m {
+            for (pos, skip, e) in &mut walkers {
+                let slot = *pos as usize;
+                *pos = (*pos + *skip) % m;
+                if owner[slot].is_none() && room[*e] > 0 {
+                    owner[slot] = Some(u16::try_from(*e).unwrap());
+                    room[*e] -= 1;
+                    filled += 1;
+                }
+            }
+        }
+        owner.into_iter().map(Option::unwrap).collect()
+    }
+
+    #[test]
+    fn the_population_is_its_definition() {
+        // Batched probing and the event finish are ways of computing the
+        // definition faster; every table must be the one it gives.
+        let mut cases: Vec<(u32, Vec<(EndpointId, u32)>)> = vec![
+            (13, uniform(3)),
+            (6421, (0..10).map(|i| (i * 3, 1)).collect()),
+            (6421, (0..32).map(|i| (i, 1 + u32::from(i % 3))).collect()),
+            (65537, uniform(100)),
+            (65537, (0..50).map(|i| (i, if i == 0 { 1000 } else { 1 })).collect()),
+        ];
+        for seed in 0..60u64 {
+            let n = 2 + (hash_u64(seed, 3) % 60) as u16;
+            let m = next_prime(u32::from(n) * (2 + (hash_u64(seed, 4) % 300) as u32)).min(65537);
+            let eps = (0..n).map(|i| (i * 3, 1 + (hash_u64(u64::from(i), seed) % 7) as u32)).collect();
+            cases.push((m, eps));
+        }
+        for (m, eps) in cases {
+            assert!(fill(m, &eps) == fill_by_definition(m, &eps), "m {m} n {}", eps.len());
         }
     }
 
