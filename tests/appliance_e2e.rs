@@ -72,6 +72,7 @@ fn load_balances_real_traffic_and_reloads_without_disturbing_other_flows() {
     let st = topo.status();
     assert_eq!(st["sources"]["file"]["accepted"], true);
     assert_eq!(st["sources"]["file"]["rebuilt"], serde_json::json!(["web"]), "only the changed service was rebuilt");
+    assert_eq!(st["sources"]["file"]["rebuilt_count"], 1);
 
     held.only_moved("be3");
     let after = topo.client(&["short", "20.0.0.1", "120", "16"]);

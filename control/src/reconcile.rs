@@ -368,7 +368,9 @@ impl Reconciler {
                 s.accepted = true;
                 s.accepted_total += 1;
                 s.problems.clear();
+                s.rebuilt_count = rebuilt.len();
                 s.rebuilt = rebuilt;
+                s.rebuilt.truncate(crate::admin::state::REBUILT_SHOWN);
                 info!(source, trigger, "configuration applied");
             }
             Err(problems) => {
@@ -379,6 +381,7 @@ impl Reconciler {
                 }
                 s.problems = problems.iter().map(ToString::to_string).collect();
                 s.rebuilt.clear();
+                s.rebuilt_count = 0;
             }
         }
     }
@@ -482,7 +485,8 @@ impl Reconciler {
         info!(
             generation,
             why,
-            rebuilt = ?c.rebuilt,
+            rebuilt = %Names::log(&c.rebuilt),
+            rebuilt_count = c.rebuilt.len(),
             unresolved = c.unresolved.len(),
             resolve_us = std::mem::take(&mut self.resolve_us),
             compile_us,
@@ -611,6 +615,39 @@ async fn next_value<T: Clone>(rx: &mut Option<watch::Receiver<T>>) -> Option<T> 
     std::future::pending().await
 }
 
+/// A list of names for a log line or a status: at most `shown` of them, then
+/// how many more. A publication that rebuilt 10,000 services logs 16
+/// names, not a 130 KB line.
+#[derive(Debug)]
+pub struct Names<'a> {
+    /// The names.
+    pub names: &'a [String],
+    /// How many to show.
+    pub shown: usize,
+}
+
+/// Names shown in a log line.
+pub const LOG_NAMES: usize = 16;
+
+impl<'a> Names<'a> {
+    /// The first [`LOG_NAMES`] of `names`.
+    pub fn log(names: &'a [String]) -> Self {
+        Names { names, shown: LOG_NAMES }
+    }
+}
+
+impl std::fmt::Display for Names<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let shown = &self.names[..self.names.len().min(self.shown)];
+        write!(f, "{shown:?}")?;
+        match self.names.len() - shown.len() {
+            0 => Ok(()),
+            more => write!(f, " and {more} more"),
+        }
+    }
+}
+
+
 #[cfg(test)]
 mod tests {
     use std::path::PathBuf;
@@ -706,6 +743,36 @@ mod tests {
         r.apply(desired("xds", svc("web", &[(0, "10.0.0.5")])));
         assert!(lock(&shared.state).sources["xds"].accepted);
         assert_eq!(r.publisher().generation(), g + 1);
+    }
+
+    #[test]
+    fn a_source_status_names_some_rebuilt_services_and_counts_all() {
+        let (mut r, shared, _rx) = reconciler();
+        let mut d = Desired::default();
+        for i in 0..100u32 {
+            let mut one = svc(&format!("s{i:03}"), &[(0, "10.0.0.5")]);
+            one.routes[0].matches.vips = vec![Addr::v4([20, 0, 1, u8::try_from(i).unwrap()])];
+            d.services.append(&mut one.services);
+            d.routes.append(&mut one.routes);
+            d.endpoints.append(&mut one.endpoints);
+        }
+        r.apply(desired("xds", d));
+        let st = lock(&shared.state).sources["xds"].clone();
+        assert!(st.accepted, "{:?}", st.problems);
+        assert_eq!(st.rebuilt_count, 100);
+        assert_eq!(st.rebuilt.len(), crate::admin::state::REBUILT_SHOWN);
+        assert_eq!(st.rebuilt[0], "s000");
+    }
+
+    #[test]
+    fn long_lists_of_names_are_cut() {
+        let few: Vec<String> = vec!["web".into(), "dns".into()];
+        assert_eq!(Names::log(&few).to_string(), r#"["web", "dns"]"#);
+        assert_eq!(Names::log(&[]).to_string(), "[]");
+        let many: Vec<String> = (0..10_000).map(|i| format!("svc{i}")).collect();
+        let line = Names::log(&many).to_string();
+        assert!(line.starts_with(r#"["svc0", "svc1", "#) && line.ends_with(r#""svc15"] and 9984 more"#), "{line}");
+        assert!(line.len() < 200);
     }
 
     /// web on 20.0.0.1 and dns on 20.0.0.2, with these endpoints.

@@ -138,6 +138,10 @@ pub struct RouteMeta {
     pub vips: Vec<String>,
 }
 
+/// Rebuilt services named in a source's status: a change that rebuilt
+/// 10,000 services shows the first 64 and the count.
+pub const REBUILT_SHOWN: usize = 64;
+
 /// What the reconciler last did with a source's state.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct SourceStatus {
@@ -149,8 +153,11 @@ pub struct SourceStatus {
     pub trigger: String,
     /// Why its last state was refused (empty when accepted).
     pub problems: Vec<String>,
-    /// Services whose tables its last accepted change rebuilt.
+    /// Services whose tables its last accepted change rebuilt (the first
+    /// [`REBUILT_SHOWN`] of them, in name order).
     pub rebuilt: Vec<String>,
+    /// How many services that change rebuilt.
+    pub rebuilt_count: usize,
     /// States accepted.
     pub accepted_total: u64,
     /// States refused.

@@ -131,7 +131,10 @@ pub fn render(st: &Value) -> String {
     let _ = writeln!(o, "healthy: {} | ready: {}", health(&st["healthy"], &st["not_healthy"]), health(&st["ready"], &st["not_ready"]));
     for (name, src) in st["sources"].as_object().into_iter().flatten() {
         if src["accepted"].as_bool().unwrap_or(false) {
-            let _ = writeln!(o, "source {name}: applied ({}), rebuilt {}", s(&src["trigger"]), src["rebuilt"]);
+            let shown = src["rebuilt"].as_array().map_or(0, Vec::len);
+            let count = src["rebuilt_count"].as_u64().and_then(|c| usize::try_from(c).ok()).unwrap_or(shown);
+            let more = if count > shown { format!(" and {} more", count - shown) } else { String::new() };
+            let _ = writeln!(o, "source {name}: applied ({}), rebuilt {count}: {}{more}", s(&src["trigger"]), src["rebuilt"]);
         } else {
             let _ = writeln!(o, "source {name}: REJECTED ({}), still serving its previous state:", s(&src["trigger"]));
             for p in src["problems"].as_array().into_iter().flatten() {
