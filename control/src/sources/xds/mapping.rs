@@ -620,8 +620,12 @@ fn lb_endpoint(
     Ok(LbEndpoint { address, port, weight, health, priority, id, path: path.to_owned() })
 }
 
+/// [`ORIGIN`], shared by every origin this source gives (one allocation,
+/// not one per endpoint).
+static ORIGIN_FILE: std::sync::LazyLock<Arc<str>> = std::sync::LazyLock::new(|| Arc::from(ORIGIN));
+
 fn origin(path: String) -> Origin {
-    Origin { file: ORIGIN.into(), pos: None, path: path.into() }
+    Origin { file: Arc::clone(&ORIGIN_FILE), pos: None, path: path.into() }
 }
 
 /// The service of cluster `c` with the endpoints of `cla`.
