@@ -8,7 +8,8 @@ use serde::Serialize;
 use sluice_dataplane::verdict::DropReason;
 
 use super::health;
-use super::state::{lock, PortLoss, PortMeta, RouteMeta, ServiceMeta, Shared, SourceStatus};
+use super::state::{lock, ControlState, PortLoss, PortMeta, RouteMeta, ServiceMeta, Shared, SourceStatus};
+use sluice_dataplane::addr::Addr;
 use crate::compile::EndpointState;
 
 #[derive(Serialize)]
@@ -32,27 +33,89 @@ struct WorkerView {
     generation: u64,
 }
 
+/// A value written with its `Display` form (no `String` made for it).
+struct Shown<T>(T);
+
+impl<T: std::fmt::Display> Serialize for Shown<T> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(&self.0)
+    }
+}
+
 #[derive(Serialize)]
-struct EndpointView {
-    service: String,
+struct EndpointView<'a> {
+    service: &'a str,
     id: u32,
-    address: String,
+    address: Shown<Addr>,
     weight: u32,
-    mac: Option<String>,
-    port: Option<String>,
-    state: String,
-    reason: Option<String>,
+    mac: Option<Shown<sluice_ffi::MacAddr>>,
+    port: Option<&'a str>,
+    state: &'static str,
+    reason: Option<&'a str>,
     packets: u64,
     bytes: u64,
 }
 
 #[derive(Serialize)]
-struct ServiceView {
+struct ServiceView<'a> {
     #[serde(flatten)]
-    meta: ServiceMeta,
+    meta: &'a ServiceMeta,
     packets: u64,
     bytes: u64,
 }
+
+/// The services, endpoints and routes of the status, written as they are
+/// read from the control state: with 10,000 services of 10 endpoints, a
+/// view of each made first was 20 MB and 500,000 allocations per request.
+struct Listing<'a> {
+    sh: &'a Shared,
+    st: &'a ControlState,
+}
+
+struct ServicesOf<'a>(Listing<'a>);
+struct EndpointsOf<'a>(Listing<'a>);
+
+impl Serialize for ServicesOf<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let Listing { sh, st } = self.0;
+        s.collect_seq(st.services.iter().map(|m| {
+            let (packets, bytes) = sh.service_count(st, m.slot);
+            ServiceView { meta: m, packets, bytes }
+        }))
+    }
+}
+
+impl Serialize for EndpointsOf<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let Listing { sh, st } = self.0;
+        s.collect_seq(st.all_endpoints().map(|e| {
+            let (packets, bytes) = sh.endpoint_count(st, e.counter);
+            EndpointView {
+                service: &e.service,
+                id: e.id,
+                address: Shown(e.address),
+                weight: e.weight,
+                mac: e.mac.map(|m| Shown(sluice_ffi::MacAddr(m))),
+                port: e.port.as_deref(),
+                state: e.state.name(),
+                reason: match &e.state {
+                    EndpointState::Unreachable(r) => Some(r.as_str()),
+                    _ => None,
+                },
+                packets,
+                bytes,
+            }
+        }))
+    }
+}
+
+impl Clone for Listing<'_> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl Copy for Listing<'_> {}
 
 #[derive(Serialize)]
 struct PortView {
@@ -69,7 +132,7 @@ struct PortView {
 }
 
 #[derive(Serialize)]
-struct StatusView {
+struct StatusView<'a> {
     version: String,
     dpdk: String,
     config: String,
@@ -91,9 +154,9 @@ struct StatusView {
     ports: Vec<PortView>,
     workers: Vec<WorkerView>,
     drops: Vec<(String, u64)>,
-    services: Vec<ServiceView>,
-    routes: Vec<RouteMeta>,
-    endpoints: Vec<EndpointView>,
+    services: ServicesOf<'a>,
+    routes: &'a [RouteMeta],
+    endpoints: EndpointsOf<'a>,
 }
 
 /// The `/status` document.
@@ -181,36 +244,65 @@ pub fn status(sh: &Shared) -> String {
         ports,
         workers,
         drops,
-        services: st
-            .services
-            .iter()
-            .map(|s| {
-                let (packets, bytes) = sh.service_count(&st, s.slot);
-                ServiceView { meta: s.clone(), packets, bytes }
-            })
-            .collect(),
-        routes: st.routes.clone(),
-        endpoints: st
-            .all_endpoints()
-            .map(|e| {
-                let (packets, bytes) = sh.endpoint_count(&st, e.counter);
-                EndpointView {
-                    service: e.service.to_string(),
-                    id: e.id,
-                    address: e.address.to_string(),
-                    weight: e.weight,
-                    mac: e.mac.map(|m| sluice_ffi::MacAddr(m).to_string()),
-                    port: e.port.as_deref().map(str::to_owned),
-                    state: e.state.name().to_owned(),
-                    reason: match &e.state {
-                        EndpointState::Unreachable(r) => Some(r.clone()),
-                        _ => None,
-                    },
-                    packets,
-                    bytes,
-                }
-            })
-            .collect(),
+        services: ServicesOf(Listing { sh, st: &st }),
+        routes: &st.routes,
+        endpoints: EndpointsOf(Listing { sh, st: &st }),
     };
     serde_json::to_string_pretty(&view).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::admin::state::{IdlePool, WorkerEntry};
+    use crate::compile::EndpointStatus;
+
+    #[test]
+    fn status_lists_services_and_endpoints_as_their_own_fields() {
+        let sh = Shared::new("c.yaml".into(), Vec::new(), Arc::new(IdlePool), Vec::<WorkerEntry>::new(), 1);
+        {
+            let mut st = lock(&sh.state);
+            st.services.push(ServiceMeta {
+                name: "web".into(),
+                slot: 0,
+                algorithm: "maglev".into(),
+                flow_table: false,
+                limit: 32,
+                table_size: 6421,
+                ready: true,
+            });
+            let ep = |id: u32, addr: &str, state: EndpointState| EndpointStatus {
+                service: "web".into(),
+                id,
+                address: addr.parse().unwrap(),
+                weight: 2,
+                mac: (state == EndpointState::Ready).then_some([2, 0, 0, 0, 0, 0x0a]),
+                port: (state == EndpointState::Ready).then(|| "p0".into()),
+                state,
+                counter: id,
+                hop: None,
+            };
+            st.endpoints.push(
+                vec![ep(0, "10.0.0.5", EndpointState::Ready), ep(1, "2001:db8::6", EndpointState::Unreachable("no route".into()))]
+                    .into(),
+            );
+        }
+        let v: serde_json::Value = serde_json::from_str(&status(&sh)).unwrap();
+        assert_eq!(
+            v["services"],
+            serde_json::json!([{"name": "web", "algorithm": "maglev", "flow_table": false, "limit": 32, "table_size": 6421,
+                "ready": true, "packets": 0, "bytes": 0}])
+        );
+        assert_eq!(
+            v["endpoints"],
+            serde_json::json!([
+                {"service": "web", "id": 0, "address": "10.0.0.5", "weight": 2, "mac": "02:00:00:00:00:0a", "port": "p0",
+                    "state": "ready", "reason": null, "packets": 0, "bytes": 0},
+                {"service": "web", "id": 1, "address": "2001:db8::6", "weight": 2, "mac": null, "port": null,
+                    "state": "unreachable", "reason": "no route", "packets": 0, "bytes": 0},
+            ])
+        );
+    }
 }
