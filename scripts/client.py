@@ -11,6 +11,7 @@
                                         forever (for the demo)
 """
 import json
+import os
 import socket
 import sys
 import threading
@@ -91,8 +92,11 @@ def hold(vip, n, secs, out):
     for _, _, name, ok in conns:
         r = res.setdefault(name, [0, 0])
         r[0 if ok else 1] += 1
-    with open(out, "w") as fh:
+    # Written whole, then renamed: the test waits for the file to exist and
+    # reads it at once (it read an empty file once, mid-write).
+    with open(out + ".tmp", "w") as fh:
         json.dump(res, fh)
+    os.replace(out + ".tmp", out)
 
 
 def load(vip, rate):
