@@ -103,7 +103,7 @@ fn main() {
                 health: Health::Serving,
                 priority: 0,
                 id: None,
-                path: format!("endpoints[0].lb_endpoints[{e}]"),
+                at: (0, e as u32),
             })
             .collect();
         clas.insert(name, ClaState::Known(Arc::new(Cla { endpoints })));

@@ -647,7 +647,6 @@ impl std::fmt::Display for Names<'_> {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use std::path::PathBuf;

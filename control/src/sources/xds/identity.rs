@@ -26,8 +26,6 @@
 //! endpoint's identifier except those that collided with it (directly, or
 //! through a slot freed or taken in a later round).
 
-use std::collections::HashMap;
-
 use sluice_dataplane::addr::Addr;
 
 /// How an endpoint is identified.
@@ -77,13 +75,13 @@ pub fn assign(keys: &[Key], limit: u32) -> Result<Vec<u32>, String> {
     }
     let mut ids: Vec<Option<u32>> = vec![None; keys.len()];
     let mut taken = vec![false; limit as usize];
-    let mut claimed_by: HashMap<u32, usize> = HashMap::new();
     for (i, k) in keys.iter().enumerate() {
         if let Key::Explicit(id) = *k {
             if id >= limit {
                 return Err(format!("endpoint identifier {id} is beyond the limit {limit} (identifiers are 0..{})", limit - 1));
             }
-            if let Some(j) = claimed_by.insert(id, i) {
+            if taken[id as usize] {
+                let j = ids.iter().position(|x| *x == Some(id)).unwrap_or(i);
                 return Err(format!("endpoint identifier {id} is given to two endpoints (#{j} and #{i})"));
             }
             taken[id as usize] = true;
@@ -107,20 +105,17 @@ pub fn assign(keys: &[Key], limit: u32) -> Result<Vec<u32>, String> {
         if pending.is_empty() {
             break;
         }
-        let mut winners: HashMap<u32, usize> = HashMap::new();
         let mut next = Vec::new();
-        // In rank order: the first claimant of a free slot wins it.
+        // In rank order: the first claimant of a free slot wins it (and
+        // takes it at once, so later claimants of it wait a round).
         for &(rank, a, i) in &pending {
             let s = slot(a, round, limit);
-            if taken[s as usize] || winners.contains_key(&s) {
+            if taken[s as usize] {
                 next.push((rank, a, i));
             } else {
-                winners.insert(s, i);
+                taken[s as usize] = true;
+                ids[i] = Some(s);
             }
-        }
-        for (s, i) in winners {
-            taken[s as usize] = true;
-            ids[i] = Some(s);
         }
         pending = next;
     }
@@ -133,6 +128,8 @@ pub fn assign(keys: &[Key], limit: u32) -> Result<Vec<u32>, String> {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashMap;
+
     use super::*;
 
     fn addrs(n: usize, seed: u32) -> Vec<Addr> {
@@ -257,5 +254,54 @@ mod tests {
         let mut ids = assign(&keys, 1000).unwrap();
         ids.sort_unstable();
         assert_eq!(ids, (0..1000).collect::<Vec<u32>>());
+    }
+
+    /// The rule as the module states it, round by round: every claim of a
+    /// round is made against the slots taken before the round; of the
+    /// claimants of one slot the lowest rank wins.
+    fn by_the_rule(keys: &[Key], limit: u32) -> Vec<u32> {
+        let mut ids: Vec<Option<u32>> = keys.iter().map(|k| if let Key::Explicit(id) = k { Some(*id) } else { None }).collect();
+        let mut taken: Vec<bool> = (0..limit).map(|s| ids.contains(&Some(s))).collect();
+        let mut pending: Vec<(u64, Addr, usize)> = keys
+            .iter()
+            .enumerate()
+            .filter_map(|(i, k)| if let Key::Address(a) = k { Some((hash(*a, 0), *a, i)) } else { None })
+            .collect();
+        pending.sort_unstable();
+        for round in 0..ROUNDS {
+            let mut winners: HashMap<u32, usize> = HashMap::new();
+            let mut next = Vec::new();
+            for &(rank, a, i) in &pending {
+                let s = slot(a, round, limit);
+                if taken[s as usize] || winners.contains_key(&s) {
+                    next.push((rank, a, i));
+                } else {
+                    winners.insert(s, i);
+                }
+            }
+            for (s, i) in winners {
+                taken[s as usize] = true;
+                ids[i] = Some(s);
+            }
+            pending = next;
+        }
+        let mut free = (0..limit).filter(|s| !taken[*s as usize]);
+        for &(_, _, i) in &pending {
+            ids[i] = free.next();
+        }
+        ids.into_iter().map(Option::unwrap).collect()
+    }
+
+    #[test]
+    fn identifiers_follow_the_rule() {
+        for seed in 0..200u32 {
+            let n = 1 + (seed as usize * 7) % 60;
+            let limit = u32::try_from(n).unwrap() + seed % 40;
+            let mut keys: Vec<Key> = addrs(n, seed).into_iter().map(Key::Address).collect();
+            if seed % 3 == 0 {
+                keys[0] = Key::Explicit(limit - 1);
+            }
+            assert_eq!(assign(&keys, limit).unwrap(), by_the_rule(&keys, limit), "seed {seed}: {n} endpoints, limit {limit}");
+        }
     }
 }

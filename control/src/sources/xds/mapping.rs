@@ -183,8 +183,26 @@ pub struct LbEndpoint {
     pub priority: u32,
     /// An identifier from its metadata.
     pub id: Option<u32>,
+    /// Where it is in the assignment: (i, j) of
+    /// `endpoints[i].lb_endpoints[j]` (written out only for a message).
+    pub at: (u32, u32),
+}
+
+impl LbEndpoint {
     /// `endpoints[i].lb_endpoints[j]`.
-    pub path: String,
+    pub fn path(&self) -> EndpointPath {
+        EndpointPath(self.at)
+    }
+}
+
+/// `endpoints[i].lb_endpoints[j]`, as a message shows it.
+#[derive(Clone, Copy, Debug)]
+pub struct EndpointPath(pub (u32, u32));
+
+impl std::fmt::Display for EndpointPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "endpoints[{}].lb_endpoints[{}]", self.0 .0, self.0 .1)
+    }
 }
 
 /// A `ClusterLoadAssignment`, checked.
@@ -548,12 +566,11 @@ pub fn eds_name(c: &Cluster) -> Option<String> {
 pub fn decode_cla(c: &ClusterLoadAssignment) -> Result<Cla, Vec<String>> {
     let mut errors = Vec::new();
     let mut out = Cla::default();
-    for (i, loc) in c.endpoints.iter().enumerate() {
-        for (j, e) in loc.lb_endpoints.iter().enumerate() {
-            let path = format!("endpoints[{i}].lb_endpoints[{j}]");
-            match lb_endpoint(e, loc.priority, &path) {
+    for (i, loc) in (0u32..).zip(&c.endpoints) {
+        for (j, e) in (0u32..).zip(&loc.lb_endpoints) {
+            match lb_endpoint(e, loc.priority, (i, j)) {
                 Ok(ep) => out.endpoints.push(ep),
-                Err(why) => errors.push(format!("{path}: {why}")),
+                Err(why) => errors.push(format!("{}: {why}", EndpointPath((i, j)))),
             }
         }
     }
@@ -567,7 +584,7 @@ pub fn decode_cla(c: &ClusterLoadAssignment) -> Result<Cla, Vec<String>> {
 fn lb_endpoint(
     e: &envoy_types::pb::envoy::config::endpoint::v3::LbEndpoint,
     priority: u32,
-    path: &str,
+    at: (u32, u32),
 ) -> Result<LbEndpoint, String> {
     let endpoint = match &e.host_identifier {
         Some(HostIdentifier::Endpoint(ep)) => ep,
@@ -617,7 +634,7 @@ fn lb_endpoint(
     if !errors.is_empty() {
         return Err(errors.join("; "));
     }
-    Ok(LbEndpoint { address, port, weight, health, priority, id, path: path.to_owned() })
+    Ok(LbEndpoint { address, port, weight, health, priority, id, at })
 }
 
 /// [`ORIGIN`], shared by every origin this source gives (one allocation,
@@ -640,14 +657,14 @@ pub fn map_service(c: &L4Cluster, cla: &Cla, defaults: &Defaults) -> Result<Mapp
         if e.port != 0 && e.port != u32::from(c.port) {
             errors.push(format!(
                 "{cla_name}: {}: port {} is not the service's port {}: Sluice forwards without port translation (use {} or 0)",
-                e.path, e.port, c.port, c.port
+                e.path(), e.port, c.port, c.port
             ));
         }
     }
-    let mut seen: BTreeMap<Addr, &str> = BTreeMap::new();
+    let mut seen: BTreeMap<Addr, EndpointPath> = BTreeMap::new();
     for e in &cla.endpoints {
-        if let Some(first) = seen.insert(e.address, &e.path) {
-            errors.push(format!("{cla_name}: {}: address {} is also at {first}: one endpoint per address", e.path, e.address));
+        if let Some(first) = seen.insert(e.address, e.path()) {
+            errors.push(format!("{cla_name}: {}: address {} is also at {first}: one endpoint per address", e.path(), e.address));
         }
     }
     if !errors.is_empty() {
@@ -659,7 +676,11 @@ pub fn map_service(c: &L4Cluster, cla: &Cla, defaults: &Defaults) -> Result<Mapp
     let serving = cla.endpoints.iter().filter(|e| e.health == Health::Serving).map(|e| e.priority).min();
     let degraded = cla.endpoints.iter().filter(|e| e.health == Health::Degraded).map(|e| e.priority).min();
     let service: Arc<str> = c.name.as_str().into();
-    let mut endpoints: Vec<EndpointDef> = Vec::new();
+    // One origin for all of them (the assignment): an endpoint's origin is
+    // shown only for problems the mapping refuses first (duplicates), and
+    // one allocation per endpoint was 8 MB with 100,000 endpoints.
+    let endpoint_origin = origin(cla_name.clone());
+    let mut endpoints: Vec<EndpointDef> = Vec::with_capacity(cla.endpoints.len());
     for (e, id) in cla.endpoints.iter().zip(ids) {
         let (take, draining) = match e.health {
             Health::Serving => (Some(e.priority) == serving, false),
@@ -675,7 +696,7 @@ pub fn map_service(c: &L4Cluster, cla: &Cla, defaults: &Defaults) -> Result<Mapp
                 weight: e.weight,
                 draining,
                 mac: None,
-                origin: origin(format!("{cla_name} {}", e.path)),
+                origin: endpoint_origin.clone(),
             });
         }
     }
