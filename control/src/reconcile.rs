@@ -615,32 +615,25 @@ async fn next_value<T: Clone>(rx: &mut Option<watch::Receiver<T>>) -> Option<T> 
     std::future::pending().await
 }
 
-/// A list of names for a log line or a status: at most `shown` of them, then
-/// how many more. A publication that rebuilt 10,000 services logs 16
-/// names, not a 130 KB line.
-#[derive(Debug)]
-pub struct Names<'a> {
-    /// The names.
-    pub names: &'a [String],
-    /// How many to show.
-    pub shown: usize,
-}
+/// Names for a log line: the first [`LOG_NAMES`], then how many more. A
+/// publication that rebuilt 10,000 services logs 16 names, not a 130 KB
+/// line.
+struct Names<'a>(&'a [String]);
 
 /// Names shown in a log line.
-pub const LOG_NAMES: usize = 16;
+const LOG_NAMES: usize = 16;
 
 impl<'a> Names<'a> {
-    /// The first [`LOG_NAMES`] of `names`.
-    pub fn log(names: &'a [String]) -> Self {
-        Names { names, shown: LOG_NAMES }
+    fn log(names: &'a [String]) -> Self {
+        Names(names)
     }
 }
 
 impl std::fmt::Display for Names<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let shown = &self.names[..self.names.len().min(self.shown)];
+        let shown = &self.0[..self.0.len().min(LOG_NAMES)];
         write!(f, "{shown:?}")?;
-        match self.names.len() - shown.len() {
+        match self.0.len() - shown.len() {
             0 => Ok(()),
             more => write!(f, " and {more} more"),
         }
