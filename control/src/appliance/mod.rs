@@ -293,7 +293,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
     }
     info!(workers = workers.len() + usize::from(on_main.is_some()), on_main_lcore = on_main.is_some(), "workers started");
 
-    let loss = loss::LossSampler::new(Arc::clone(&shared), &cfg.ports, netlink);
+    let loss = loss::LossSampler::new(Arc::clone(&shared), &cfg.ports, w16, cfg.dpdk.descriptors, netlink);
     let parts = control::Parts {
         shared: Arc::clone(&shared),
         reconciler,
