@@ -130,8 +130,10 @@ pub struct EndpointStatus {
 /// A compilation's result.
 #[derive(Debug)]
 pub struct Compiled {
-    /// The snapshot to publish.
-    pub snapshot: Snapshot,
+    /// The snapshot to publish, shared with the compiler (which builds the
+    /// next one after a change to a few services on it): handing it over
+    /// copies nothing.
+    pub snapshot: Arc<Snapshot>,
     /// Services whose tables were (re)built.
     pub rebuilt: Vec<String>,
     /// Every endpoint, service by service (in name order), each service's
@@ -145,8 +147,9 @@ pub struct Compiled {
     pub new_slots: NewSlots,
     /// Next hops whose MAC is missing: (port, address).
     pub unresolved: Vec<(u8, Addr)>,
-    /// Every next hop in use (resolved or not): (port, address).
-    pub next_hops: Vec<(u8, Addr)>,
+    /// Every next hop in use (resolved or not): (port, address). The same
+    /// list (shared) as the last compilation's while it did not change.
+    pub next_hops: Arc<Vec<(u8, Addr)>>,
 }
 
 impl Compiled {
@@ -340,6 +343,10 @@ pub struct Compiler {
     hops: BTreeMap<(u8, Addr), u32>,
     /// Next hops not resolved yet, with how many endpoints wait for each.
     waiting: BTreeMap<(u8, Addr), u32>,
+    /// Every next hop in use, made from `hops` and the gateways' next hops
+    /// (kept with it), until the keys of `hops` change: one endpoint's
+    /// change does not walk 100,000 next hops.
+    hop_list: Option<(Vec<Hop>, Arc<Vec<Hop>>)>,
     /// The last classifier built, with the routes it was built from.
     classified: Option<(Vec<RouteSpec>, Arc<Classifier>)>,
     /// What the last compilation published, when it succeeded (its routes
@@ -351,13 +358,18 @@ pub struct Compiler {
 /// services builds on.
 #[derive(Debug)]
 struct Last {
-    snapshot: Snapshot,
+    snapshot: Arc<Snapshot>,
     statuses: Vec<Arc<[EndpointStatus]>>,
     service_slots: Arc<Vec<(u32, String)>>,
 }
 
 /// Counts `entry`'s next hops in (`add`) or out of the compiler's totals.
-fn count_hops(hops: &mut BTreeMap<(u8, Addr), u32>, waiting: &mut BTreeMap<(u8, Addr), u32>, entry: &Entry, add: bool) {
+/// A next hop: (port, address).
+type Hop = (u8, Addr);
+
+/// Returns true when a next hop came into `hops` or left it.
+fn count_hops(hops: &mut BTreeMap<(u8, Addr), u32>, waiting: &mut BTreeMap<(u8, Addr), u32>, entry: &Entry, add: bool) -> bool {
+    let in_use = hops.len();
     for (h, unresolved) in entry.hops() {
         let maps: &mut [&mut BTreeMap<(u8, Addr), u32>] = if unresolved { &mut [&mut *hops, &mut *waiting] } else { &mut [&mut *hops] };
         for m in maps.iter_mut() {
@@ -371,6 +383,8 @@ fn count_hops(hops: &mut BTreeMap<(u8, Addr), u32>, waiting: &mut BTreeMap<(u8, 
             }
         }
     }
+    // Only adds or only removes: the set changed when its size did.
+    hops.len() != in_use
 }
 
 /// `extra` merged into the sorted keys of `counted`, sorted and without
@@ -398,9 +412,16 @@ impl Compiler {
             env: None,
             hops: BTreeMap::new(),
             waiting: BTreeMap::new(),
+            hop_list: None,
             classified: None,
             last: None,
         }
+    }
+
+    /// Numbers the next snapshot compiled `generation` (and those after it
+    /// from there), for a caller whose publisher numbers what it publishes.
+    pub fn number_next(&mut self, generation: u64) {
+        self.generation = generation.saturating_sub(1);
     }
 
     /// Compiles `r` for `topo`, with MACs from `neigh`. All or nothing: a
@@ -433,10 +454,10 @@ impl Compiler {
                 self.commit(r, j);
                 self.env = neigh.epoch().map(|e| (topo.clone(), e));
                 // try_compile left the gateways' next hops there.
-                c.next_hops = merged(&self.hops, &c.next_hops);
+                c.next_hops = self.hop_list(&c.next_hops);
                 c.unresolved = merged(&self.waiting, &c.unresolved);
                 self.last = Some(Last {
-                    snapshot: c.snapshot.clone(),
+                    snapshot: Arc::clone(&c.snapshot),
                     statuses: c.endpoints.clone(),
                     service_slots: Arc::clone(&c.service_slots),
                 });
@@ -520,17 +541,29 @@ impl Compiler {
         };
         self.generation += 1;
         debug_assert!(Arc::ptr_eq(classifier, &last.snapshot.classifier));
-        let snapshot = last.snapshot.with_changed(self.generation, routes, &replaced, ports(topo), gateway_v4, gateway_v6);
-        Ok(Compiled { snapshot, rebuilt, endpoints: statuses, service_slots: last.service_slots, new_slots: new, unresolved, next_hops: hops })
+        let snapshot = Arc::new(last.snapshot.with_changed(self.generation, routes, &replaced, ports(topo), gateway_v4, gateway_v6));
+        Ok(Compiled { snapshot, rebuilt, endpoints: statuses, service_slots: last.service_slots, new_slots: new, unresolved, next_hops: Arc::new(hops) })
+    }
+
+    /// Every next hop in use: the entries' and `gateways`.
+    fn hop_list(&mut self, gateways: &[Hop]) -> Arc<Vec<Hop>> {
+        match &self.hop_list {
+            Some((g, all)) if g.as_slice() == gateways => Arc::clone(all),
+            _ => {
+                let all = Arc::new(merged(&self.hops, gateways));
+                self.hop_list = Some((gateways.to_vec(), Arc::clone(&all)));
+                all
+            }
+        }
     }
 
     /// Keeps the entries compiled anew and frees the slots of services and
     /// endpoints that left.
     fn commit(&mut self, r: &Resolved, j: Journal) {
         for (name, entry) in j.fresh {
-            count_hops(&mut self.hops, &mut self.waiting, &entry, true);
+            let mut moved = count_hops(&mut self.hops, &mut self.waiting, &entry, true);
             if let Some(old) = self.entries.insert(name, entry) {
-                count_hops(&mut self.hops, &mut self.waiting, &old, false);
+                moved |= count_hops(&mut self.hops, &mut self.waiting, &old, false);
                 let now = &self.entries[old.input.name.as_str()].slots;
                 for (a, s) in old.slots.iter() {
                     if now.get(a).is_none() {
@@ -538,12 +571,17 @@ impl Compiler {
                     }
                 }
             }
+            if moved {
+                self.hop_list = None;
+            }
         }
         if self.entries.len() != r.services.len() {
             let gone: Vec<String> = self.entries.keys().filter(|k| !r.services.contains_key(*k)).cloned().collect();
             for name in gone {
                 if let Some(old) = self.entries.remove(&name) {
-                    count_hops(&mut self.hops, &mut self.waiting, &old, false);
+                    if count_hops(&mut self.hops, &mut self.waiting, &old, false) {
+                        self.hop_list = None;
+                    }
                     self.service_slots.give(old.key);
                     for (_, s) in old.slots.iter() {
                         self.endpoint_slots.give(*s);
@@ -615,8 +653,8 @@ impl Compiler {
                 c
             }
         };
-        let snapshot = Snapshot::with_classifier(self.generation, &routes, classifier, services, ports(topo), gateway_v4, gateway_v6);
-        Ok(Compiled { snapshot, rebuilt, endpoints: statuses, service_slots: Arc::new(service_slots), new_slots: new, unresolved, next_hops: hops })
+        let snapshot = Arc::new(Snapshot::with_classifier(self.generation, &routes, classifier, services, ports(topo), gateway_v4, gateway_v6));
+        Ok(Compiled { snapshot, rebuilt, endpoints: statuses, service_slots: Arc::new(service_slots), new_slots: new, unresolved, next_hops: Arc::new(hops) })
     }
 }
 
@@ -1067,5 +1105,46 @@ mod tests {
         let mut expect = vec![slot(&d, "dns", "10.200.0.11"), slot(&d, "web", "10.200.0.13"), freed];
         expect.sort_unstable();
         assert_eq!(again, expect, "the three endpoints that left and came back reuse the freed slots");
+    }
+
+    /// The list of next hops in use is the one from before (shared, not
+    /// walked again) while no next hop comes or goes, and follows every
+    /// one that does: a new endpoint address, one no endpoint uses any
+    /// more, a service leaving.
+    #[test]
+    fn the_next_hop_list_is_made_again_only_when_a_next_hop_comes_or_goes() {
+        let mut n = Epoch(HashMap::new(), 1);
+        for i in 11..15 {
+            n.0.insert((1, format!("10.200.0.{i}").parse().unwrap()), [2, 0xee, 0, 0, 0, i]);
+        }
+        let hops = |c: &Compiled| c.next_hops.iter().map(|(_, a)| a.to_string()).collect::<Vec<_>>();
+        let mut c = Compiler::new(16, 64);
+        let r1 = resolved(vec![ep("web", 0, "10.200.0.11"), ep("web", 1, "10.200.0.12"), ep("dns", 0, "10.200.0.11")]);
+        let a = c.compile(&r1, &topo(), &n).unwrap();
+        // The gateway's and the endpoints'.
+        assert_eq!(hops(&a), ["10.100.0.2", "10.200.0.11", "10.200.0.12"]);
+        // web's weight changes: the same next hops, the same list.
+        let mut heavier = ep("web", 1, "10.200.0.12");
+        heavier.weight = 5;
+        let r2 = resolved(vec![ep("web", 0, "10.200.0.11"), heavier, ep("dns", 0, "10.200.0.11")]);
+        let b = c.compile_changed(&r2, &["web".to_string()], &topo(), &n).unwrap();
+        assert_eq!(b.rebuilt, vec!["web".to_string()]);
+        assert!(Arc::ptr_eq(&a.next_hops, &b.next_hops), "not made again");
+        // .12 leaves web for .13: one next hop goes, one comes.
+        let r3 = resolved(vec![ep("web", 0, "10.200.0.11"), ep("web", 1, "10.200.0.13"), ep("dns", 0, "10.200.0.11")]);
+        let d = c.compile_changed(&r3, &["web".to_string()], &topo(), &n).unwrap();
+        assert_eq!(hops(&d), ["10.100.0.2", "10.200.0.11", "10.200.0.13"]);
+        // web leaves .11, which dns still uses: no next hop goes.
+        let r4 = resolved(vec![ep("web", 1, "10.200.0.13"), ep("dns", 0, "10.200.0.11")]);
+        let e = c.compile_changed(&r4, &["web".to_string()], &topo(), &n).unwrap();
+        assert!(Arc::ptr_eq(&d.next_hops, &e.next_hops));
+        // dns leaves: .11 goes.
+        let r5 = resolved(vec![ep("web", 1, "10.200.0.13")]);
+        let f = c.compile(&r5, &topo(), &n).unwrap();
+        assert_eq!(hops(&f), ["10.100.0.2", "10.200.0.13"]);
+        // A fresh compiler agrees with each list.
+        for (r, out) in [(&r3, &d), (&r4, &e), (&r5, &f)] {
+            assert_eq!(Compiler::new(16, 64).compile(r, &topo(), &n).unwrap().next_hops, out.next_hops);
+        }
     }
 }

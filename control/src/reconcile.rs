@@ -52,7 +52,7 @@ pub struct Reconciler {
     compiler: Compiler,
     publisher: Publisher<Snapshot>,
     macs: Macs,
-    next_hops: Vec<(u8, Addr)>,
+    next_hops: Arc<Vec<(u8, Addr)>>,
     hops: watch::Sender<Vec<(u8, Addr)>>,
     settings: watch::Sender<Settings>,
     shared: Arc<Shared>,
@@ -137,7 +137,7 @@ impl Reconciler {
             topo,
             publisher,
             macs: Macs::default(),
-            next_hops: Vec::new(),
+            next_hops: Arc::default(),
             hops,
             settings,
             shared,
@@ -396,6 +396,8 @@ impl Reconciler {
     /// endpoints of those services only.
     fn publish_with(&mut self, why: &str, changed: Option<&[String]>) -> Result<Vec<String>, String> {
         let t0 = Instant::now();
+        // Workers report the generation they use: the publisher's numbering.
+        self.compiler.number_next(self.publisher.generation() + 1);
         let c: Compiled = match changed {
             Some(names) => self.compiler.compile_changed(&self.resolved, names, &self.topo, &self.macs)?,
             None => self.compiler.compile(&self.resolved, &self.topo, &self.macs)?,
@@ -412,9 +414,7 @@ impl Reconciler {
                 }
             }
         }
-        let mut snapshot = c.snapshot;
-        // Workers report the generation they use: the publisher's numbering.
-        snapshot.generation = self.publisher.generation() + 1;
+        let snapshot = c.snapshot;
         // What the admin endpoint shows, made before its lock is taken: all
         // of it, or after a change to endpoints only, whether the changed
         // services are ready (nothing else of the views can have changed).
@@ -470,7 +470,9 @@ impl Reconciler {
         }
         self.garbage.push(Box::new(std::mem::replace(&mut st.endpoints, c.endpoints)));
         st.unresolved = c.unresolved.len();
-        let generation = self.publisher.publish(snapshot);
+        let numbered = snapshot.generation;
+        let generation = self.publisher.publish_shared(snapshot);
+        debug_assert_eq!(generation, numbered, "the snapshot carries the publisher's numbering");
         st.snapshot = Some(self.publisher.current());
         st.generation = generation;
         st.published_at = Some(Instant::now());
@@ -478,9 +480,10 @@ impl Reconciler {
         st.publish_seconds = t0.elapsed().as_secs_f64();
         st.snapshots_pending = self.publisher.pending();
         drop(st);
-        if c.next_hops != self.next_hops {
+        // The same list (shared) when no next hop came or went.
+        if !Arc::ptr_eq(&c.next_hops, &self.next_hops) && c.next_hops != self.next_hops {
             self.next_hops = c.next_hops;
-            self.hops.send_replace(self.next_hops.clone());
+            self.hops.send_replace(self.next_hops.to_vec());
         }
         info!(
             generation,

@@ -98,7 +98,13 @@ impl<T> Publisher<T> {
     /// Makes `next` current and returns its generation. Never waits; old
     /// values are freed by [`Publisher::reclaim`] (called here too).
     pub fn publish(&mut self, next: T) -> u64 {
-        let old = self.shared.current.swap(Arc::new(next));
+        self.publish_shared(Arc::new(next))
+    }
+
+    /// [`Publisher::publish`] of a value already shared (the publisher
+    /// holds one reference to it; whoever made it may keep others).
+    pub fn publish_shared(&mut self, next: Arc<T>) -> u64 {
+        let old = self.shared.current.swap(next);
         let g = self.shared.generation.fetch_add(1, Ordering::AcqRel) + 1;
         self.retired.push((g, old));
         self.reclaim();

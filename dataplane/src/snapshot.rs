@@ -26,6 +26,94 @@ pub struct NextHop {
     pub mac: [u8; 6],
 }
 
+/// Services in chunks of this many (a power of two).
+const CHUNK_BITS: u32 = 6;
+const CHUNK: usize = 1 << CHUNK_BITS;
+
+/// Services by index, in chunks that successive snapshots share: a
+/// snapshot that changes a few services copies the chunk pointers and the
+/// chunks of the changed services only. (As one vector of `Arc<Service>`,
+/// each publication took and later dropped a reference to every service,
+/// two passes over 10,000 scattered reference counts that were most of the
+/// time of a single endpoint change.) A lookup reads one chunk pointer
+/// more than a flat vector would.
+#[derive(Clone, Default)]
+pub struct Services {
+    chunks: Vec<Arc<[Arc<Service>]>>,
+    len: usize,
+}
+
+impl Services {
+    /// Number of services.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True when there is none.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The service at index `i`.
+    #[inline(always)]
+    pub fn get(&self, i: usize) -> Option<&Arc<Service>> {
+        self.chunks.get(i >> CHUNK_BITS)?.get(i & (CHUNK - 1))
+    }
+
+    /// The service at index `i`, to replace: its chunk is copied first
+    /// when another snapshot shares it.
+    fn get_mut(&mut self, i: usize) -> Option<&mut Arc<Service>> {
+        Arc::make_mut(self.chunks.get_mut(i >> CHUNK_BITS)?).get_mut(i & (CHUNK - 1))
+    }
+
+    /// Every service, by index.
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<Service>> + '_ {
+        self.chunks.iter().flat_map(|c| c.iter())
+    }
+
+    /// Binary search over services sorted by `f`'s order, as
+    /// [`slice::binary_search_by`].
+    pub fn binary_search_by<F: FnMut(&Arc<Service>) -> std::cmp::Ordering>(&self, mut f: F) -> Result<usize, usize> {
+        let (mut lo, mut hi) = (0, self.len);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            let Some(s) = self.get(mid) else { return Err(lo) };
+            match f(s) {
+                std::cmp::Ordering::Less => lo = mid + 1,
+                std::cmp::Ordering::Greater => hi = mid,
+                std::cmp::Ordering::Equal => return Ok(mid),
+            }
+        }
+        Err(lo)
+    }
+}
+
+impl From<Vec<Arc<Service>>> for Services {
+    fn from(v: Vec<Arc<Service>>) -> Services {
+        Services { len: v.len(), chunks: v.chunks(CHUNK).map(Arc::from).collect() }
+    }
+}
+
+impl std::ops::Index<usize> for Services {
+    type Output = Arc<Service>;
+    fn index(&self, i: usize) -> &Arc<Service> {
+        match self.get(i) {
+            Some(s) => s,
+            None => panic!("service index {i} out of range ({} services)", self.len),
+        }
+    }
+}
+
+impl std::fmt::Debug for Services {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
+/// Lists by index, in one: (start, length) of each index's list, and the
+/// lists one after the other.
+type Spans = (Vec<(u32, u32)>, Vec<u32>);
+
 /// Everything workers read.
 #[derive(Clone, Debug, Default)]
 pub struct Snapshot {
@@ -34,7 +122,7 @@ pub struct Snapshot {
     /// Routes (shared by successive snapshots while the routes stay).
     pub classifier: Arc<Classifier>,
     /// Services, indexed by [`RouteSpec::service`].
-    pub services: Vec<Arc<Service>>,
+    pub services: Services,
     /// Ports, by index.
     pub ports: Vec<PortInfo>,
     /// Where IPv4 return traffic (from a VIP) goes.
@@ -52,6 +140,9 @@ pub struct Snapshot {
     /// Per VIP index: the routes (indices) that match it. Made with the
     /// classifier and shared as it is, while the routes stay the same.
     vip_routes: Arc<Vec<Vec<u32>>>,
+    /// Per service index: the VIPs (indices) routed to it, sorted, as
+    /// spans of one list; made and shared as `vip_routes` is.
+    service_vips: Arc<Spans>,
 }
 
 /// One 64-bit key for (input port, source MAC).
@@ -61,7 +152,7 @@ fn return_key(port: u8, mac: [u8; 6]) -> u64 {
 }
 
 /// Services by stable key, sorted: (key, index).
-fn by_key(services: &[Arc<Service>]) -> Vec<(u32, u32)> {
+fn by_key(services: &Services) -> Vec<(u32, u32)> {
     let mut by_key: Vec<(u32, u32)> =
         services.iter().enumerate().map(|(i, s)| (s.key, u32::try_from(i).unwrap_or(u32::MAX))).collect();
     by_key.sort_unstable();
@@ -103,15 +194,19 @@ impl Snapshot {
         gateway_v4: Option<NextHop>,
         gateway_v6: Option<NextHop>,
     ) -> Snapshot {
+        let services = Services::from(services);
         let by_key = by_key(&services);
         // Who may send return traffic from each VIP: the endpoints (as the
         // port and MAC their frames come from) of the services it routes to.
         let mut allowed: Vec<Vec<u64>> = vec![Vec::new(); classifier.vips().len()];
         let mut vip_routes: Vec<Vec<u32>> = vec![Vec::new(); classifier.vips().len()];
+        // (service, VIP) pairs of every route.
+        let mut pairs: Vec<(u32, u32)> = Vec::new();
         for (ri, r) in routes.iter().enumerate() {
             for v in &r.matches.vips {
                 let Some(i) = classifier.vip_index(*v).filter(|i| *i < allowed.len()) else { continue };
                 vip_routes[i].push(u32::try_from(ri).unwrap_or(u32::MAX));
+                pairs.push((r.service, u32::try_from(i).unwrap_or(u32::MAX)));
                 let Some(svc) = services.get(r.service as usize) else { continue };
                 allowed[i].extend(svc.endpoints().map(|e| return_key(e.port, e.mac)));
             }
@@ -121,6 +216,18 @@ impl Snapshot {
         for a in allowed {
             push_keys(&mut return_spans, &mut return_keys, a);
         }
+        pairs.sort_unstable();
+        pairs.dedup();
+        let mut spans = Vec::with_capacity(services.len());
+        let mut at = 0;
+        for s in 0..u32::try_from(services.len()).unwrap_or(u32::MAX) {
+            let start = at;
+            while pairs.get(at).is_some_and(|p| p.0 == s) {
+                at += 1;
+            }
+            spans.push((u32::try_from(start).unwrap_or(u32::MAX), u32::try_from(at - start).unwrap_or(0)));
+        }
+        let service_vips = Arc::new((spans, pairs.into_iter().map(|p| p.1).collect()));
         Snapshot {
             generation,
             classifier,
@@ -132,6 +239,7 @@ impl Snapshot {
             return_spans,
             return_keys,
             vip_routes: Arc::new(vip_routes),
+            service_vips,
         }
     }
 
@@ -151,22 +259,19 @@ impl Snapshot {
         gateway_v6: Option<NextHop>,
     ) -> Snapshot {
         let mut services = self.services.clone();
-        let mut touched = vec![false; services.len()];
         let mut same_keys = true;
+        // The VIPs routed to a changed service (not a pass over every route).
+        let mut vips: Vec<usize> = Vec::new();
+        let (spans, service_vips) = &*self.service_vips;
         for (i, svc) in changed {
             if let Some(slot) = services.get_mut(*i) {
                 same_keys &= slot.key == svc.key;
                 *slot = Arc::clone(svc);
-                touched[*i] = true;
+                let (start, len) = spans.get(*i).map_or((0, 0), |&(s, l)| (s as usize, l as usize));
+                vips.extend(service_vips.get(start..start + len).unwrap_or_default().iter().map(|&v| v as usize));
             }
         }
         let by_key = if same_keys { self.by_key.clone() } else { by_key(&services) };
-        let c = &self.classifier;
-        let mut vips: Vec<usize> = routes
-            .iter()
-            .filter(|r| touched.get(r.service as usize).copied().unwrap_or(false))
-            .flat_map(|r| r.matches.vips.iter().filter_map(|v| c.vip_index(*v)))
-            .collect();
         vips.sort_unstable();
         vips.dedup();
         // The routes of those VIPs only (not a pass over every route).
@@ -206,6 +311,7 @@ impl Snapshot {
             return_spans,
             return_keys,
             vip_routes: Arc::clone(&self.vip_routes),
+            service_vips: Arc::clone(&self.service_vips),
         }
     }
 
@@ -308,6 +414,41 @@ mod tests {
         assert!(!part.return_allowed(vip("20.0.0.1"), 1, b), "its old one");
         assert!(part.return_allowed(vip("20.0.0.2"), 1, c), "unchanged");
         assert!(!part.return_allowed(vip("20.0.0.3"), 1, d), "service 3 has none left");
+    }
+
+    /// 200 services (four chunks, the last one short): replacing one gives
+    /// the services a whole assembly gives, copies only its chunk, and
+    /// leaves the snapshot it was made from as it was.
+    #[test]
+    fn a_change_shares_every_chunk_but_its_own() {
+        let n = 200u32;
+        let routes: Vec<RouteSpec> = (0..n).map(|i| route(i, &[&format!("20.0.{}.{}", i / 250, i % 250 + 1)])).collect();
+        let before: Vec<Arc<Service>> = (0..n).map(|i| svc(i, &[(1, [2, 0, 0, 0, 0, 1])], Delivery::L2)).collect();
+        let old = Snapshot::new(1, &routes, before.clone(), vec![PortInfo::default(); 2], None, None);
+        assert_eq!(old.services.len(), 200);
+        assert_eq!(old.services.chunks.len(), 4);
+        let fresh = svc(130, &[(1, [2, 0, 0, 0, 0, 2])], Delivery::L2);
+        let new = old.with_changed(2, &routes, &[(130, Arc::clone(&fresh))], vec![PortInfo::default(); 2], None, None);
+        for c in [0, 1, 3] {
+            assert!(Arc::ptr_eq(&old.services.chunks[c], &new.services.chunks[c]), "chunk {c} is shared");
+        }
+        assert!(!Arc::ptr_eq(&old.services.chunks[2], &new.services.chunks[2]), "the changed service's chunk is a copy");
+        assert!(Arc::ptr_eq(&new.services[130], &fresh));
+        assert!(Arc::ptr_eq(&old.services[130], &before[130]), "the old snapshot is unchanged");
+        let mut after = before.clone();
+        after[130] = fresh;
+        for (i, (a, b)) in new.services.iter().zip(&after).enumerate() {
+            assert!(Arc::ptr_eq(a, b), "service {i}");
+        }
+        assert_eq!(new.services.iter().count(), 200);
+        assert!(new.services.get(200).is_none());
+        assert!(Services::default().is_empty() && Services::default().get(0).is_none());
+        // Keys are in index order: searching by key finds what a slice search finds.
+        for key in [0, 63, 64, 199, 250] {
+            let want = after.binary_search_by(|s| s.key.cmp(&key)).map_err(|_| ());
+            assert_eq!(new.services.binary_search_by(|s| s.key.cmp(&key)).map_err(|_| ()), want, "key {key}");
+        }
+        assert_eq!(new.services.binary_search_by(|s| s.key.cmp(&250)), Err(200));
     }
 
     #[test]

@@ -205,7 +205,7 @@ fn with_endpoints(generation: u64, n: u16, draining: u16) -> Snapshot {
             })
             .collect::<Vec<_>>()
     };
-    let mut services = s.services.clone();
+    let mut services: Vec<_> = s.services.iter().cloned().collect();
     services[0] = service("web", 0, Algorithm::Maglev, false, eps(0));
     services[4] = service("sticky", 4, Algorithm::Maglev, true, eps(4));
     s = sluice_dataplane::snapshot::Snapshot::new(
