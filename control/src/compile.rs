@@ -363,10 +363,10 @@ struct Last {
     service_slots: Arc<Vec<(u32, String)>>,
 }
 
-/// Counts `entry`'s next hops in (`add`) or out of the compiler's totals.
 /// A next hop: (port, address).
 type Hop = (u8, Addr);
 
+/// Counts `entry`'s next hops in (`add`) or out of the compiler's totals.
 /// Returns true when a next hop came into `hops` or left it.
 fn count_hops(hops: &mut BTreeMap<(u8, Addr), u32>, waiting: &mut BTreeMap<(u8, Addr), u32>, entry: &Entry, add: bool) -> bool {
     let in_use = hops.len();

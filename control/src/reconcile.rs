@@ -480,10 +480,15 @@ impl Reconciler {
         st.publish_seconds = t0.elapsed().as_secs_f64();
         st.snapshots_pending = self.publisher.pending();
         drop(st);
-        // The same list (shared) when no next hop came or went.
-        if !Arc::ptr_eq(&c.next_hops, &self.next_hops) && c.next_hops != self.next_hops {
+        // The same list (shared) when no next hop came or went; a list
+        // made again is kept even when alike, so that the next publication
+        // finds it shared and compares nothing.
+        if !Arc::ptr_eq(&c.next_hops, &self.next_hops) {
+            let alike = c.next_hops == self.next_hops;
             self.next_hops = c.next_hops;
-            self.hops.send_replace(self.next_hops.to_vec());
+            if !alike {
+                self.hops.send_replace(self.next_hops.to_vec());
+            }
         }
         info!(
             generation,

@@ -340,6 +340,7 @@ impl Snapshot {
             + self.by_key.capacity() * 8
             + self.return_spans.capacity() * 8
             + self.return_keys.capacity() * 8
+            + (self.service_vips.0.capacity() * 8 + self.service_vips.1.capacity() * 4)
     }
 }
 

@@ -7,15 +7,17 @@
 //! with what DPDK received from it. The kernel counter is read first and
 //! DPDK's a moment later.
 //!
-//! The difference also holds frames still waiting in the driver's ring.
-//! While frames arrive, those may be many (a full ring under overload, with
-//! a busy worker behind), and a counter cannot take them back once they are
-//! received. So while the port is busy the figure published is a lower
-//! bound: the difference less what the ring can hold. Once no frame has
-//! reached the interface for a whole sampling period, the ring is empty
-//! and the difference is exact. The figure only grows (it is a counter),
-//! never counts a frame that DPDK received, and is exact once the port is
-//! quiet.
+//! The difference also holds frames on their way: in the kernel's
+//! per-CPU backlog (a veth counts a frame as it queues it there) and in the
+//! driver's ring. While frames arrive those may be many (full queues under
+//! overload, with a busy worker behind), and a counter cannot take them
+//! back once they are received. So while the port is busy the figure
+//! published is a lower bound: the difference less what those queues can
+//! hold. Once the kernel's count has not moved over a whole sampling
+//! period (two samples alike, 1-2 s after the last frame), nothing is on
+//! its way and the difference is exact. The figure only grows (it is a
+//! counter), never counts a frame that DPDK received, and is exact once
+//! the port is quiet.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -43,21 +45,38 @@ pub fn kernel_iface(p: &PortConfig) -> Option<String> {
 /// given (DPDK 22.11, `DFLT_FRAME_COUNT`).
 const AF_PACKET_FRAMES: u64 = 512;
 
-/// Frames a veth holds per queue in front of its XDP program
-/// (`VETH_RING_SIZE`); hardware drivers count a frame as they run XDP on it.
+/// Frames a veth may hold per queue in front of its XDP program
+/// (`VETH_RING_SIZE`). Whether they are counted yet depends on the driver;
+/// counting them only loosens the bound.
 const XDP_BACKLOG: u64 = 256;
 
-/// Frames the kernel counted as received that may still wait for DPDK: the
-/// driver's ring on every queue.
-fn ring_frames(p: &PortConfig, queues: u16, descriptors: u16) -> u64 {
-    let name = p.device_name();
+/// The kernel's per-CPU backlog when `/proc/sys/net/core/netdev_max_backlog`
+/// cannot be read (its default).
+const DEFAULT_BACKLOG: u64 = 1000;
+
+/// Frames the kernel may have counted as received that can still reach
+/// DPDK: the per-CPU backlogs (`backlog` each, on `cpus` CPUs) and the
+/// driver's ring on every queue (`queues` receive queues of `descriptors`,
+/// or net_af_packet's `qpairs` rings of `framecnt` frames).
+fn in_flight(p: &PortConfig, queues: u16, descriptors: u16, backlog: u64, cpus: u64) -> u64 {
+    let arg = |key: &str| p.device.split(',').skip(1).find_map(|kv| kv.strip_prefix(key)?.parse::<u64>().ok());
     let q = u64::from(queues.max(1));
-    if name.starts_with("net_af_packet") {
-        let framecnt = p.device.split(',').skip(1).find_map(|kv| kv.strip_prefix("framecnt=")?.parse().ok());
-        q * framecnt.unwrap_or(AF_PACKET_FRAMES)
+    let ring = if p.device_name().starts_with("net_af_packet") {
+        arg("qpairs=").unwrap_or(q).max(q) * arg("framecnt=").unwrap_or(AF_PACKET_FRAMES)
     } else {
         q * (u64::from(descriptors) + XDP_BACKLOG)
-    }
+    };
+    ring + backlog * cpus.max(1)
+}
+
+/// This machine's per-CPU backlog and CPU count.
+fn backlog_and_cpus() -> (u64, u64) {
+    let backlog = std::fs::read_to_string("/proc/sys/net/core/netdev_max_backlog")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(DEFAULT_BACKLOG);
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get() as u64);
+    (backlog, cpus)
 }
 
 #[derive(Debug)]
@@ -99,9 +118,10 @@ impl LossSampler {
     /// A sampler for `ports` (in the order of `shared.ports`), each with
     /// `queues` receive queues of `descriptors` descriptors.
     pub fn new(shared: Arc<Shared>, ports: &[PortConfig], queues: u16, descriptors: u16, netlink: rtnetlink::Handle) -> LossSampler {
+        let (backlog, cpus) = backlog_and_cpus();
         let ports = ports
             .iter()
-            .map(|p| Tracked { iface: kernel_iface(p), base: None, last_kernel: None, ring: ring_frames(p, queues, descriptors) })
+            .map(|p| Tracked { iface: kernel_iface(p), base: None, last_kernel: None, ring: in_flight(p, queues, descriptors, backlog, cpus) })
             .collect();
         LossSampler { shared, ports, netlink }
     }
@@ -154,10 +174,15 @@ mod tests {
     }
 
     #[test]
-    fn rings_by_device() {
-        assert_eq!(ring_frames(&port("net_af_packet0,iface=lbf,framecnt=32"), 2, 1024), 64);
-        assert_eq!(ring_frames(&port("net_af_packet0,iface=lbf"), 1, 1024), 512);
-        assert_eq!(ring_frames(&port("net_af_xdp0,iface=lbf"), 1, 1024), 1280);
+    fn frames_in_flight_by_device() {
+        // Two 32-frame rings, two CPUs' backlogs of 1000.
+        assert_eq!(in_flight(&port("net_af_packet0,iface=lbf,framecnt=32"), 2, 1024, 1000, 2), 64 + 2000);
+        assert_eq!(in_flight(&port("net_af_packet0,iface=lbf"), 1, 1024, 1000, 1), 512 + 1000);
+        // More rings than workers poll: all of them hold frames.
+        assert_eq!(in_flight(&port("net_af_packet0,iface=lbf,qpairs=4,framecnt=64"), 2, 1024, 0, 1), 256);
+        assert_eq!(in_flight(&port("net_af_xdp0,iface=lbf"), 1, 1024, 1000, 2), 1280 + 2000);
+        let (backlog, cpus) = backlog_and_cpus();
+        assert!(backlog > 0 && cpus > 0);
     }
 
     /// A port behind a 32-frame ring, sampled while a blast overruns it and
