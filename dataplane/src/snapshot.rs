@@ -159,13 +159,22 @@ fn by_key(services: &Services) -> Vec<(u32, u32)> {
     by_key
 }
 
-/// Appends one VIP's return keys, sorted and without duplicates, and its span.
-fn push_keys(spans: &mut Vec<(u32, u32)>, keys: &mut Vec<u64>, mut a: Vec<u64>) {
+/// Appends one list, sorted and without duplicates, and its span: one VIP's
+/// return keys, one service's VIPs.
+fn push_keys<T: Ord + Copy>(spans: &mut Vec<(u32, u32)>, keys: &mut Vec<T>, mut a: Vec<T>) {
     a.sort_unstable();
     a.dedup();
     let start = u32::try_from(keys.len()).unwrap_or(u32::MAX);
     spans.push((start, u32::try_from(a.len()).unwrap_or(0)));
     keys.extend_from_slice(&a);
+}
+
+/// The list at index `i` of lists kept as spans of one (empty when there is
+/// none).
+#[inline(always)]
+fn span<'a, T>(spans: &[(u32, u32)], list: &'a [T], i: usize) -> &'a [T] {
+    let Some(&(start, len)) = spans.get(i) else { return &[] };
+    list.get(start as usize..start as usize + len as usize).unwrap_or_default()
 }
 
 impl Snapshot {
@@ -200,13 +209,14 @@ impl Snapshot {
         // port and MAC their frames come from) of the services it routes to.
         let mut allowed: Vec<Vec<u64>> = vec![Vec::new(); classifier.vips().len()];
         let mut vip_routes: Vec<Vec<u32>> = vec![Vec::new(); classifier.vips().len()];
-        // (service, VIP) pairs of every route.
-        let mut pairs: Vec<(u32, u32)> = Vec::new();
+        let mut vips_of: Vec<Vec<u32>> = vec![Vec::new(); services.len()];
         for (ri, r) in routes.iter().enumerate() {
             for v in &r.matches.vips {
                 let Some(i) = classifier.vip_index(*v).filter(|i| *i < allowed.len()) else { continue };
                 vip_routes[i].push(u32::try_from(ri).unwrap_or(u32::MAX));
-                pairs.push((r.service, u32::try_from(i).unwrap_or(u32::MAX)));
+                if let Some(v) = vips_of.get_mut(r.service as usize) {
+                    v.push(u32::try_from(i).unwrap_or(u32::MAX));
+                }
                 let Some(svc) = services.get(r.service as usize) else { continue };
                 allowed[i].extend(svc.endpoints().map(|e| return_key(e.port, e.mac)));
             }
@@ -216,18 +226,11 @@ impl Snapshot {
         for a in allowed {
             push_keys(&mut return_spans, &mut return_keys, a);
         }
-        pairs.sort_unstable();
-        pairs.dedup();
-        let mut spans = Vec::with_capacity(services.len());
-        let mut at = 0;
-        for s in 0..u32::try_from(services.len()).unwrap_or(u32::MAX) {
-            let start = at;
-            while pairs.get(at).is_some_and(|p| p.0 == s) {
-                at += 1;
-            }
-            spans.push((u32::try_from(start).unwrap_or(u32::MAX), u32::try_from(at - start).unwrap_or(0)));
+        let (mut spans, mut vips) = (Vec::with_capacity(vips_of.len()), Vec::new());
+        for v in vips_of {
+            push_keys(&mut spans, &mut vips, v);
         }
-        let service_vips = Arc::new((spans, pairs.into_iter().map(|p| p.1).collect()));
+        let service_vips = Arc::new((spans, vips));
         Snapshot {
             generation,
             classifier,
@@ -267,8 +270,7 @@ impl Snapshot {
             if let Some(slot) = services.get_mut(*i) {
                 same_keys &= slot.key == svc.key;
                 *slot = Arc::clone(svc);
-                let (start, len) = spans.get(*i).map_or((0, 0), |&(s, l)| (s as usize, l as usize));
-                vips.extend(service_vips.get(start..start + len).unwrap_or_default().iter().map(|&v| v as usize));
+                vips.extend(span(spans, service_vips, *i).iter().map(|&v| v as usize));
             }
         }
         let by_key = if same_keys { self.by_key.clone() } else { by_key(&services) };
@@ -289,12 +291,12 @@ impl Snapshot {
         let mut return_spans = Vec::with_capacity(self.return_spans.len());
         let mut return_keys = Vec::with_capacity(self.return_keys.len());
         let mut fresh = vips.iter().zip(fresh).peekable();
-        for (i, &(start, len)) in self.return_spans.iter().enumerate() {
+        for i in 0..self.return_spans.len() {
             match fresh.next_if(|(v, _)| **v == i) {
                 Some((_, a)) => push_keys(&mut return_spans, &mut return_keys, a),
                 None => {
                     // Already sorted and without duplicates.
-                    let kept = self.return_keys.get(start as usize..(start + len) as usize).unwrap_or_default();
+                    let kept = span(&self.return_spans, &self.return_keys, i);
                     return_spans.push((u32::try_from(return_keys.len()).unwrap_or(u32::MAX), u32::try_from(kept.len()).unwrap_or(0)));
                     return_keys.extend_from_slice(kept);
                 }
@@ -321,9 +323,7 @@ impl Snapshot {
     /// that VIP routes to.
     #[inline]
     pub fn return_allowed(&self, vip: usize, port: u8, mac: [u8; 6]) -> bool {
-        let Some(&(start, len)) = self.return_spans.get(vip) else { return false };
-        let (start, len) = (start as usize, len as usize);
-        self.return_keys.get(start..start + len).is_some_and(|k| k.binary_search(&return_key(port, mac)).is_ok())
+        span(&self.return_spans, &self.return_keys, vip).binary_search(&return_key(port, mac)).is_ok()
     }
 
     /// The service with stable key `key`.

@@ -87,7 +87,7 @@ struct Tracked {
     /// The kernel's count at the previous sample.
     last_kernel: Option<u64>,
     /// Frames that may be in flight between the two counters.
-    ring: u64,
+    in_flight: u64,
 }
 
 impl Tracked {
@@ -101,7 +101,7 @@ impl Tracked {
         if quiet {
             gap
         } else {
-            gap.saturating_sub(self.ring)
+            gap.saturating_sub(self.in_flight)
         }
     }
 }
@@ -121,7 +121,7 @@ impl LossSampler {
         let (backlog, cpus) = backlog_and_cpus();
         let ports = ports
             .iter()
-            .map(|p| Tracked { iface: kernel_iface(p), base: None, last_kernel: None, ring: in_flight(p, queues, descriptors, backlog, cpus) })
+            .map(|p| Tracked { iface: kernel_iface(p), base: None, last_kernel: None, in_flight: in_flight(p, queues, descriptors, backlog, cpus) })
             .collect();
         LossSampler { shared, ports, netlink }
     }
@@ -193,7 +193,7 @@ mod tests {
     /// lost was one more than the client sent).
     #[test]
     fn frames_waiting_in_the_ring_are_never_counted_as_lost() {
-        let mut t = Tracked { iface: Some("lbf".into()), base: None, last_kernel: None, ring: 32 };
+        let mut t = Tracked { iface: Some("lbf".into()), base: None, last_kernel: None, in_flight: 32 };
         let mut published = 0;
         // (kernel received, DPDK received, truly lost so far)
         let samples = [
