@@ -374,7 +374,9 @@ pub struct Sent {
 
 #[derive(Default)]
 struct Shared {
-    snapshots: BTreeMap<String, Snapshot>,
+    /// Shared with the streams: a response reads them without copying
+    /// (or later freeing) 20,000 resources on the server's one thread.
+    snapshots: BTreeMap<String, Arc<Snapshot>>,
     requests: Vec<Logged>,
     sent: Vec<Sent>,
     streams: u64,
@@ -461,13 +463,13 @@ impl XdsServer {
     /// Sets the snapshot of `node` ([`DEFAULT_NODE`] for every node without
     /// its own); streams are told at once.
     pub fn set_snapshot(&self, node: &str, s: Snapshot) {
-        self.lock().snapshots.insert(node.to_owned(), s);
+        self.lock().snapshots.insert(node.to_owned(), Arc::new(s));
         self.changed.send_modify(|g| *g += 1);
     }
 
     /// Replaces every snapshot.
     pub fn set_all(&self, all: BTreeMap<String, Snapshot>) {
-        self.lock().snapshots = all;
+        self.lock().snapshots = all.into_iter().map(|(n, s)| (n, Arc::new(s))).collect();
         self.changed.send_modify(|g| *g += 1);
     }
 
@@ -510,7 +512,7 @@ impl XdsServer {
         self.lock().streams
     }
 
-    fn snapshot_for(&self, node: &str) -> Option<Snapshot> {
+    fn snapshot_for(&self, node: &str) -> Option<Arc<Snapshot>> {
         let g = self.lock();
         g.snapshots.get(node).or_else(|| g.snapshots.get(DEFAULT_NODE)).cloned()
     }
