@@ -47,7 +47,7 @@
 //! it holds, so a server with the same state sends nothing new (or the
 //! same state, which is acknowledged without a rebuild).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::hash::{BuildHasher, Hasher};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -266,12 +266,12 @@ impl Resources {
         self.eds.get(name).is_some_and(|u| !u.l4.is_empty())
     }
 
-    /// The assignments whose users, state or version differ in `next`.
-    fn eds_changed(&self, next: &Resources) -> BTreeSet<String> {
-        let mut out: BTreeSet<String> = changed_keys(&self.eds, &next.eds).cloned().collect();
-        out.extend(changed_keys(&self.clas, &next.clas).cloned());
-        out.extend(changed_keys(&self.cla_versions, &next.cla_versions).cloned());
-        out
+    /// The assignments whose users, state or version differ in `next` (one
+    /// may come up to three times).
+    fn eds_changed<'a>(&'a self, next: &'a Resources) -> impl Iterator<Item = &'a String> + 'a {
+        changed_keys(&self.eds, &next.eds)
+            .chain(changed_keys(&self.clas, &next.clas))
+            .chain(changed_keys(&self.cla_versions, &next.cla_versions))
     }
 
     /// The clusters whose service may differ in `next`: the clusters that
@@ -289,15 +289,22 @@ impl Resources {
     /// Drops the assignments no cluster needs any more, of those that
     /// changed since `prev` (which needed none it did not name).
     fn prune(&mut self, prev: &Resources) {
+        let (mut clas, mut versions) = (Vec::new(), Vec::new());
         for n in prev.eds_changed(self) {
-            if !self.is_l4_eds(&n) {
-                if let Some(ClaState::Known(_)) = self.clas.remove(&n) {
-                    self.known -= 1;
-                }
+            if !self.is_l4_eds(n) && self.clas.contains_key(n) {
+                clas.push(n.clone());
             }
-            if !self.is_eds(&n) {
-                self.cla_versions.remove(&n);
+            if !self.is_eds(n) && self.cla_versions.contains_key(n) {
+                versions.push(n.clone());
             }
+        }
+        for n in clas {
+            if let Some(ClaState::Known(_)) = self.clas.remove(&n) {
+                self.known -= 1;
+            }
+        }
+        for n in versions {
+            self.cla_versions.remove(&n);
         }
     }
 }
@@ -417,11 +424,12 @@ fn decode_cla_any(any: &Any) -> Result<ClusterLoadAssignment, String> {
 }
 
 /// The SotW resources of a response, unwrapped (`Resource` wrappers with a
-/// resource inside are opened; heartbeats without one are skipped).
-fn sotw_resources(resp: &DiscoveryResponse, type_url: &str) -> Result<Vec<Any>, Vec<String>> {
+/// resource inside are opened; heartbeats without one are skipped). Taken
+/// out of the response, not copied.
+fn sotw_resources(resp: &mut DiscoveryResponse, type_url: &str) -> Result<Vec<Any>, Vec<String>> {
     let mut out = Vec::new();
     let mut errors = Vec::new();
-    for (i, any) in resp.resources.iter().enumerate() {
+    for (i, any) in std::mem::take(&mut resp.resources).into_iter().enumerate() {
         if any.type_url == RESOURCE_TYPE {
             match Resource::decode(any.value.as_slice()) {
                 Ok(r) => match r.resource {
@@ -434,7 +442,7 @@ fn sotw_resources(resp: &DiscoveryResponse, type_url: &str) -> Result<Vec<Any>, 
             continue;
         }
         if any.type_url == type_url {
-            out.push(any.clone());
+            out.push(any);
         } else {
             errors.push(format!("resources[{i}]: a resource of type {:?} in a response of type {type_url:?}", any.type_url));
         }
@@ -549,10 +557,12 @@ impl Client {
         // did not come (kept up to date for the ones that changed).
         let now = Instant::now();
         for n in self.held.eds_changed(&next) {
-            if next.is_l4_eds(&n) && !next.clas.contains_key(&n) {
-                self.waiting.entry(n).or_insert(now);
+            if next.is_l4_eds(n) && !next.clas.contains_key(n) {
+                if !self.waiting.contains_key(n) {
+                    self.waiting.insert(n.clone(), now);
+                }
             } else {
-                self.waiting.remove(&n);
+                self.waiting.remove(n);
             }
         }
         self.held = next;
@@ -732,7 +742,7 @@ impl Client {
                     continue;
                 }
             };
-            let resp = match msg {
+            let mut resp = match msg {
                 Ok(Some(r)) => r,
                 Ok(None) => return End::Failed { error: "the server closed the ADS stream".into(), answered: s.answered },
                 Err(e) => return End::Failed { error: format!("ADS stream: {}", status_text(&e)), answered: s.answered },
@@ -756,7 +766,7 @@ impl Client {
             };
             s.nonces.insert(t, resp.nonce.clone());
             let trigger = format!("xDS {} version {:?}", short(t), resp.version_info);
-            let outcome = match self.sotw_next(t, &resp) {
+            let outcome = match self.sotw_next(t, &mut resp) {
                 Ok(next) => self.apply(next, &trigger).await,
                 Err(p) => Err(Refused::Problems(p)),
             };
@@ -782,7 +792,7 @@ impl Client {
     }
 
     /// What would be held after SotW response `resp` of type `t`.
-    fn sotw_next(&self, t: &'static str, resp: &DiscoveryResponse) -> Result<Resources, Vec<String>> {
+    fn sotw_next(&self, t: &'static str, resp: &mut DiscoveryResponse) -> Result<Resources, Vec<String>> {
         let anys = sotw_resources(resp, t)?;
         let mut errors = Vec::new();
         let mut next = self.held.clone();
@@ -899,7 +909,7 @@ impl Client {
                     continue;
                 }
             };
-            let resp = match msg {
+            let mut resp = match msg {
                 Ok(Some(r)) => r,
                 Ok(None) => return End::Failed { error: "the server closed the delta ADS stream".into(), answered: s.answered },
                 Err(e) => return End::Failed { error: format!("delta ADS stream: {}", status_text(&e)), answered: s.answered },
@@ -922,7 +932,7 @@ impl Client {
             };
             s.nonces.insert(t, resp.nonce.clone());
             let trigger = format!("xDS delta {} {:?}", short(t), resp.system_version_info);
-            let outcome = match self.delta_next(t, &resp, &s) {
+            let outcome = match self.delta_next(t, &mut resp, &s) {
                 Ok(next) => self.apply(next, &trigger).await,
                 Err(p) => Err(Refused::Problems(p)),
             };
@@ -944,19 +954,22 @@ impl Client {
         }
     }
 
-    /// What would be held after delta response `resp` of type `t`.
-    fn delta_next(&self, t: &'static str, resp: &DeltaDiscoveryResponse, s: &Stream) -> Result<Resources, Vec<String>> {
+    /// What would be held after delta response `resp` of type `t` (its
+    /// resources are taken out of it, not copied).
+    fn delta_next(&self, t: &'static str, resp: &mut DeltaDiscoveryResponse, s: &Stream) -> Result<Resources, Vec<String>> {
         let mut errors = Vec::new();
         let mut next = self.held.clone();
-        let mut seen = BTreeSet::new();
-        let mut items: Vec<(String, String, Any)> = Vec::new();
-        for (i, r) in resp.resources.iter().enumerate() {
-            if !seen.insert(r.name.clone()) {
+        let resources = std::mem::take(&mut resp.resources);
+        let mut seen: HashSet<&str> = HashSet::with_capacity(resources.len());
+        let repeated: Vec<bool> = resources.iter().map(|r| !seen.insert(&r.name)).collect();
+        let mut items: Vec<(String, String, Any)> = Vec::with_capacity(resources.len());
+        for (i, (r, repeated)) in resources.into_iter().zip(repeated).enumerate() {
+            if repeated {
                 errors.push(format!("{} {:?} appears twice in the response", short(t), r.name));
                 continue;
             }
-            match &r.resource {
-                Some(any) if any.type_url == t => items.push((r.name.clone(), r.version.clone(), any.clone())),
+            match r.resource {
+                Some(any) if any.type_url == t => items.push((r.name, r.version, any)),
                 Some(any) => errors.push(format!("resources[{i}] ({:?}): a resource of type {:?} in a response of type {t:?}", r.name, any.type_url)),
                 None => {} // a TTL heartbeat
             }
