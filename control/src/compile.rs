@@ -12,6 +12,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 
 use sluice_dataplane::addr::Addr;
+use sluice_dataplane::chunked::Chunked;
 use sluice_dataplane::classify::{Classifier, RouteSpec};
 use sluice_dataplane::service::{Delivery, EndpointSpec, Service, ServiceSpec};
 use sluice_dataplane::snapshot::{NextHop, PortInfo, Snapshot};
@@ -139,7 +140,7 @@ pub struct Compiled {
     /// Every endpoint, service by service (in name order), each service's
     /// by identifier; shared with the compiler's cache, so a compilation
     /// that changes one service copies no other service's statuses.
-    pub endpoints: Vec<Arc<[EndpointStatus]>>,
+    pub endpoints: Statuses,
     /// Services by counter slot: (slot, name), in name order (shared with
     /// the compiler, which finds changed services in it).
     pub service_slots: Arc<Vec<(u32, String)>>,
@@ -158,6 +159,13 @@ impl Compiled {
         self.endpoints.iter().flat_map(|s| s.iter())
     }
 }
+
+/// The endpoints' statuses of every service, in name order, in chunks
+/// that the compiler's copy shares: keeping the last compilation's and
+/// replacing a few services' copies their chunks only (as a plain `Vec`,
+/// each compilation took and later dropped a reference to every service's
+/// statuses, 10,000 scattered reference counts twice).
+pub type Statuses = Chunked<Arc<[EndpointStatus]>>;
 
 /// Counter slots given out for the first time (or again) by a compilation.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -359,7 +367,7 @@ pub struct Compiler {
 #[derive(Debug)]
 struct Last {
     snapshot: Arc<Snapshot>,
-    statuses: Vec<Arc<[EndpointStatus]>>,
+    statuses: Statuses,
     service_slots: Arc<Vec<(u32, String)>>,
 }
 
@@ -531,7 +539,9 @@ impl Compiler {
                 rebuilt.push(name.clone());
             }
             replaced.push((i, Arc::clone(&e.svc)));
-            statuses[i] = Arc::clone(&e.statuses);
+            if let Some(st) = statuses.get_mut(i) {
+                *st = Arc::clone(&e.statuses);
+            }
             j.fresh.push((name.clone(), e));
         }
         let (mut hops, mut unresolved) = (Vec::new(), Vec::new());
@@ -654,7 +664,7 @@ impl Compiler {
             }
         };
         let snapshot = Arc::new(Snapshot::with_classifier(self.generation, &routes, classifier, services, ports(topo), gateway_v4, gateway_v6));
-        Ok(Compiled { snapshot, rebuilt, endpoints: statuses, service_slots: Arc::new(service_slots), new_slots: new, unresolved, next_hops: Arc::new(hops) })
+        Ok(Compiled { snapshot, rebuilt, endpoints: statuses.into(), service_slots: Arc::new(service_slots), new_slots: new, unresolved, next_hops: Arc::new(hops) })
     }
 }
 

@@ -6,6 +6,7 @@
 
 pub mod addr;
 pub mod checksum;
+pub mod chunked;
 pub mod classify;
 pub mod counters;
 pub mod craft;

@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use crate::chunked::Chunked;
 use crate::classify::{Classifier, RouteSpec};
 use crate::service::Service;
 
@@ -26,89 +27,10 @@ pub struct NextHop {
     pub mac: [u8; 6],
 }
 
-/// Services in chunks of this many (a power of two).
-const CHUNK_BITS: u32 = 6;
-const CHUNK: usize = 1 << CHUNK_BITS;
-
 /// Services by index, in chunks that successive snapshots share: a
 /// snapshot that changes a few services copies the chunk pointers and the
-/// chunks of the changed services only. (As one vector of `Arc<Service>`,
-/// each publication took and later dropped a reference to every service,
-/// two passes over 10,000 scattered reference counts that were most of the
-/// time of a single endpoint change.) A lookup reads one chunk pointer
-/// more than a flat vector would.
-#[derive(Clone, Default)]
-pub struct Services {
-    chunks: Vec<Arc<[Arc<Service>]>>,
-    len: usize,
-}
-
-impl Services {
-    /// Number of services.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// True when there is none.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// The service at index `i`.
-    #[inline(always)]
-    pub fn get(&self, i: usize) -> Option<&Arc<Service>> {
-        self.chunks.get(i >> CHUNK_BITS)?.get(i & (CHUNK - 1))
-    }
-
-    /// The service at index `i`, to replace: its chunk is copied first
-    /// when another snapshot shares it.
-    fn get_mut(&mut self, i: usize) -> Option<&mut Arc<Service>> {
-        Arc::make_mut(self.chunks.get_mut(i >> CHUNK_BITS)?).get_mut(i & (CHUNK - 1))
-    }
-
-    /// Every service, by index.
-    pub fn iter(&self) -> impl Iterator<Item = &Arc<Service>> + '_ {
-        self.chunks.iter().flat_map(|c| c.iter())
-    }
-
-    /// Binary search over services sorted by `f`'s order, as
-    /// [`slice::binary_search_by`].
-    pub fn binary_search_by<F: FnMut(&Arc<Service>) -> std::cmp::Ordering>(&self, mut f: F) -> Result<usize, usize> {
-        let (mut lo, mut hi) = (0, self.len);
-        while lo < hi {
-            let mid = lo + (hi - lo) / 2;
-            let Some(s) = self.get(mid) else { return Err(lo) };
-            match f(s) {
-                std::cmp::Ordering::Less => lo = mid + 1,
-                std::cmp::Ordering::Greater => hi = mid,
-                std::cmp::Ordering::Equal => return Ok(mid),
-            }
-        }
-        Err(lo)
-    }
-}
-
-impl From<Vec<Arc<Service>>> for Services {
-    fn from(v: Vec<Arc<Service>>) -> Services {
-        Services { len: v.len(), chunks: v.chunks(CHUNK).map(Arc::from).collect() }
-    }
-}
-
-impl std::ops::Index<usize> for Services {
-    type Output = Arc<Service>;
-    fn index(&self, i: usize) -> &Arc<Service> {
-        match self.get(i) {
-            Some(s) => s,
-            None => panic!("service index {i} out of range ({} services)", self.len),
-        }
-    }
-}
-
-impl std::fmt::Debug for Services {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_list().entries(self.iter()).finish()
-    }
-}
+/// chunks of the changed services only.
+pub type Services = Chunked<Arc<Service>>;
 
 /// Lists by index, in one: (start, length) of each index's list, and the
 /// lists one after the other.
@@ -427,13 +349,13 @@ mod tests {
         let before: Vec<Arc<Service>> = (0..n).map(|i| svc(i, &[(1, [2, 0, 0, 0, 0, 1])], Delivery::L2)).collect();
         let old = Snapshot::new(1, &routes, before.clone(), vec![PortInfo::default(); 2], None, None);
         assert_eq!(old.services.len(), 200);
-        assert_eq!(old.services.chunks.len(), 4);
+        assert_eq!(old.services.chunks().len(), 4);
         let fresh = svc(130, &[(1, [2, 0, 0, 0, 0, 2])], Delivery::L2);
         let new = old.with_changed(2, &routes, &[(130, Arc::clone(&fresh))], vec![PortInfo::default(); 2], None, None);
         for c in [0, 1, 3] {
-            assert!(Arc::ptr_eq(&old.services.chunks[c], &new.services.chunks[c]), "chunk {c} is shared");
+            assert!(Arc::ptr_eq(&old.services.chunks()[c], &new.services.chunks()[c]), "chunk {c} is shared");
         }
-        assert!(!Arc::ptr_eq(&old.services.chunks[2], &new.services.chunks[2]), "the changed service's chunk is a copy");
+        assert!(!Arc::ptr_eq(&old.services.chunks()[2], &new.services.chunks()[2]), "the changed service's chunk is a copy");
         assert!(Arc::ptr_eq(&new.services[130], &fresh));
         assert!(Arc::ptr_eq(&old.services[130], &before[130]), "the old snapshot is unchanged");
         let mut after = before.clone();

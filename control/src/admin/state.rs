@@ -182,7 +182,7 @@ pub struct ControlState {
     /// Routes.
     pub routes: Vec<RouteMeta>,
     /// Endpoints, service by service (see [`ControlState::all_endpoints`]).
-    pub endpoints: Vec<Arc<[EndpointStatus]>>,
+    pub endpoints: crate::compile::Statuses,
     /// Counter values at the time a slot was (re)assigned: (packets, bytes).
     pub service_base: HashMap<u32, (u64, u64)>,
     /// Same, for endpoint slots.

@@ -278,10 +278,11 @@ mod tests {
                 counter: id,
                 hop: None,
             };
-            st.endpoints.push(
-                vec![ep(0, "10.0.0.5", EndpointState::Ready), ep(1, "2001:db8::6", EndpointState::Unreachable("no route".into()))]
-                    .into(),
-            );
+            st.endpoints = vec![Arc::from(vec![
+                ep(0, "10.0.0.5", EndpointState::Ready),
+                ep(1, "2001:db8::6", EndpointState::Unreachable("no route".into())),
+            ])]
+            .into();
         }
         let v: serde_json::Value = serde_json::from_str(&status(&sh)).unwrap();
         assert_eq!(
