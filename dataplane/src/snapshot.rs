@@ -51,14 +51,18 @@ pub struct Snapshot {
     pub gateway_v4: Option<NextHop>,
     /// Where IPv6 return traffic goes.
     pub gateway_v6: Option<NextHop>,
-    /// Services by stable key, sorted: (key, index).
-    by_key: Vec<(u32, u32)>,
+    /// Services by stable key, sorted: (key, index). Shared by successive
+    /// snapshots while no service comes, goes or changes its key (a
+    /// lookup reads it as it would read a `Vec`).
+    by_key: Arc<[(u32, u32)]>,
     /// Per VIP index: the range of `return_keys` holding who may send
     /// return traffic from that VIP.
-    return_spans: Vec<(u32, u32)>,
+    return_spans: Arc<[(u32, u32)]>,
     /// Sorted per VIP: [`return_key`] of every endpoint (input port and
-    /// MAC) of every service the VIP routes to.
-    return_keys: Vec<u64>,
+    /// MAC) of every service the VIP routes to. Shared with `return_spans`
+    /// by successive snapshots while a change leaves them the same (a
+    /// change of endpoints behind the same next hop, or of weights).
+    return_keys: Arc<[u64]>,
     /// Per VIP index: the routes (indices) that match it. Made with the
     /// classifier and shared as it is, while the routes stay the same.
     vip_routes: Arc<Vec<Vec<u32>>>,
@@ -74,11 +78,11 @@ fn return_key(port: u8, mac: [u8; 6]) -> u64 {
 }
 
 /// Services by stable key, sorted: (key, index).
-fn by_key(services: &Services) -> Vec<(u32, u32)> {
+fn by_key(services: &Services) -> Arc<[(u32, u32)]> {
     let mut by_key: Vec<(u32, u32)> =
         services.iter().enumerate().map(|(i, s)| (s.key, u32::try_from(i).unwrap_or(u32::MAX))).collect();
     by_key.sort_unstable();
-    by_key
+    by_key.into()
 }
 
 /// Appends one list, sorted and without duplicates, and its span: one VIP's
@@ -161,8 +165,8 @@ impl Snapshot {
             gateway_v4,
             gateway_v6,
             by_key,
-            return_spans,
-            return_keys,
+            return_spans: return_spans.into(),
+            return_keys: return_keys.into(),
             vip_routes: Arc::new(vip_routes),
             service_vips,
         }
@@ -195,7 +199,7 @@ impl Snapshot {
                 vips.extend(span(spans, service_vips, *i).iter().map(|&v| v as usize));
             }
         }
-        let by_key = if same_keys { self.by_key.clone() } else { by_key(&services) };
+        let by_key = if same_keys { Arc::clone(&self.by_key) } else { by_key(&services) };
         vips.sort_unstable();
         vips.dedup();
         // The routes of those VIPs only (not a pass over every route).
@@ -207,23 +211,31 @@ impl Snapshot {
                     let Some(svc) = routes.get(ri as usize).and_then(|r| services.get(r.service as usize)) else { continue };
                     keys.extend(svc.endpoints().map(|e| return_key(e.port, e.mac)));
                 }
+                keys.sort_unstable();
+                keys.dedup();
                 keys
             })
             .collect();
-        let mut return_spans = Vec::with_capacity(self.return_spans.len());
-        let mut return_keys = Vec::with_capacity(self.return_keys.len());
-        let mut fresh = vips.iter().zip(fresh).peekable();
-        for i in 0..self.return_spans.len() {
-            match fresh.next_if(|(v, _)| **v == i) {
-                Some((_, a)) => push_keys(&mut return_spans, &mut return_keys, a),
-                None => {
-                    // Already sorted and without duplicates.
-                    let kept = span(&self.return_spans, &self.return_keys, i);
-                    return_spans.push((u32::try_from(return_keys.len()).unwrap_or(u32::MAX), u32::try_from(kept.len()).unwrap_or(0)));
-                    return_keys.extend_from_slice(kept);
+        let (return_spans, return_keys) =
+            if vips.iter().zip(&fresh).all(|(&v, a)| span(&self.return_spans, &self.return_keys, v) == a.as_slice()) {
+                (Arc::clone(&self.return_spans), Arc::clone(&self.return_keys))
+            } else {
+                let mut return_spans = Vec::with_capacity(self.return_spans.len());
+                let mut return_keys = Vec::with_capacity(self.return_keys.len());
+                let mut fresh = vips.iter().zip(fresh).peekable();
+                for i in 0..self.return_spans.len() {
+                    match fresh.next_if(|(v, _)| **v == i) {
+                        Some((_, a)) => push_keys(&mut return_spans, &mut return_keys, a),
+                        None => {
+                            // Already sorted and without duplicates.
+                            let kept = span(&self.return_spans, &self.return_keys, i);
+                            return_spans.push((u32::try_from(return_keys.len()).unwrap_or(u32::MAX), u32::try_from(kept.len()).unwrap_or(0)));
+                            return_keys.extend_from_slice(kept);
+                        }
+                    }
                 }
-            }
-        }
+                (return_spans.into(), return_keys.into())
+            };
         Snapshot {
             generation,
             classifier: Arc::clone(&self.classifier),
@@ -259,9 +271,9 @@ impl Snapshot {
     pub fn heap_bytes(&self) -> usize {
         self.classifier.heap_bytes()
             + self.services.iter().map(|s| s.heap_bytes() + std::mem::size_of::<Service>()).sum::<usize>()
-            + self.by_key.capacity() * 8
-            + self.return_spans.capacity() * 8
-            + self.return_keys.capacity() * 8
+            + self.by_key.len() * 8
+            + self.return_spans.len() * 8
+            + self.return_keys.len() * 8
             + (self.service_vips.0.capacity() * 8 + self.service_vips.1.capacity() * 4)
     }
 }
@@ -337,6 +349,30 @@ mod tests {
         assert!(!part.return_allowed(vip("20.0.0.1"), 1, b), "its old one");
         assert!(part.return_allowed(vip("20.0.0.2"), 1, c), "unchanged");
         assert!(!part.return_allowed(vip("20.0.0.3"), 1, d), "service 3 has none left");
+    }
+
+    /// A change that leaves every VIP's return keys as they were (here a
+    /// service whose endpoints come and go behind one next hop, the same
+    /// port and MAC) shares them and the keys' index with the snapshot it
+    /// was made from; one that changes them does not. Both give what a
+    /// whole assembly gives.
+    #[test]
+    fn a_change_shares_the_return_keys_it_leaves_alone() {
+        let (a, b) = ([2, 0, 0, 0, 0, 0xa], [2, 0, 0, 0, 0, 0xb]);
+        let routes = [route(0, &["20.0.0.1"]), route(1, &["20.0.0.2", "2001:db8::2"])];
+        let ipip = Delivery::IpIp { src: Addr::v4([10, 0, 0, 254]) };
+        let before = vec![svc(0, &[(1, a)], ipip), svc(1, &[(1, b), (1, b)], ipip)];
+        let old = Snapshot::new(1, &routes, before.clone(), vec![PortInfo::default(); 2], None, None);
+        for (fresh, shared) in [(svc(1, &[(1, b)], ipip), true), (svc(1, &[(1, a), (1, b)], ipip), false)] {
+            let mut after = before.clone();
+            after[1] = Arc::clone(&fresh);
+            let whole = Snapshot::with_classifier(2, &routes, Arc::clone(&old.classifier), after, vec![PortInfo::default(); 2], None, None);
+            let part = old.with_changed(2, &routes, &[(1, fresh)], vec![PortInfo::default(); 2], None, None);
+            assert_eq!(format!("{part:?}"), format!("{whole:?}"));
+            assert_eq!(Arc::ptr_eq(&part.return_keys, &old.return_keys), shared);
+            assert_eq!(Arc::ptr_eq(&part.return_spans, &old.return_spans), shared);
+            assert!(Arc::ptr_eq(&part.by_key, &old.by_key), "no key changed");
+        }
     }
 
     /// 200 services (four chunks, the last one short): replacing one gives
