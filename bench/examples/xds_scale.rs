@@ -12,7 +12,11 @@
 //!    the response to its stream to the same (without the test server's
 //!    diff of its whole snapshot, done on the appliance's core here); and
 //!    what the appliance itself measures from the response's arrival to
-//!    its publication (`xds.to_live` in /status);
+//!    its publication (`xds.to_live` in /status); and from the server
+//!    handing the response to its stream to the appliance publishing the
+//!    snapshot that holds it (the time of its "snapshot published" log
+//!    line, on the same wall clock: without the 1 ms polling of
+//!    `/tables` and the admin endpoint's answer);
 //! 4. the same K changes applied as a file edit, as a baseline measured in
 //!    the same run: the ratio xDS / file says what the xDS path adds.
 //!
@@ -21,7 +25,8 @@
 //! appliance runs on `net_null` ports with endpoints behind a gateway.
 //!
 //! `XDS_SCALE_LOG=FILE` keeps the appliances' logs (each publication's
-//! compile and publish times) in FILE.
+//! compile and publish times) in FILE (else they go to a file in a
+//! temporary directory).
 //!
 //! ```text
 //! cargo run --release -p sluice-bench --example xds_scale -- \
@@ -148,21 +153,19 @@ struct Appliance {
     child: Child,
 }
 
-/// The appliance's log: appended to the file named by `XDS_SCALE_LOG`
-/// (to read its own per-publication timings), else discarded.
-fn log_to() -> Stdio {
-    match std::env::var_os("XDS_SCALE_LOG") {
-        Some(p) => std::fs::OpenOptions::new().create(true).append(true).open(p).map_or_else(|_| Stdio::null(), Stdio::from),
-        None => Stdio::null(),
-    }
+/// The appliances' log: the file named by `XDS_SCALE_LOG`, else `default`.
+fn log_path(default: &Path) -> PathBuf {
+    std::env::var_os("XDS_SCALE_LOG").map_or_else(|| default.to_owned(), PathBuf::from)
 }
 
 impl Appliance {
-    fn start(sluice: &Path, cfg: &Path, admin: u16) -> Appliance {
+    /// Starts `sluice run`, its log appended to `log`.
+    fn start(sluice: &Path, cfg: &Path, admin: u16, log: &Path) -> Appliance {
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(log).expect("open the appliance's log");
         let child = Command::new(sluice)
             .args(["run", "--config", cfg.to_str().unwrap()])
             .stdout(Stdio::null())
-            .stderr(log_to())
+            .stderr(log)
             .spawn()
             .expect("start sluice run");
         let a = Appliance { child };
@@ -184,6 +187,38 @@ impl Drop for Appliance {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Microseconds since the Unix epoch of a log line's timestamp
+/// (`2026-11-26T13:33:10.493519Z`, UTC, as `tracing` writes it).
+fn log_time_us(line: &str) -> Option<i64> {
+    let t = line.get(..27)?;
+    let n = |a: usize, b: usize| t.get(a..b)?.parse::<i64>().ok();
+    let (y, m, d) = (n(0, 4)?, n(5, 7)?, n(8, 10)?);
+    let (hh, mm, ss, us) = (n(11, 13)?, n(14, 16)?, n(17, 19)?, n(20, 26)?);
+    // Days from the civil date (H. Hinnant's algorithm).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + d - 1;
+    let days = era * 146_097 + yoe * 365 + yoe / 4 - yoe / 100 + doy - 719_468;
+    Some(((days * 86_400 + hh * 3600 + mm * 60 + ss) * 1_000_000) + us)
+}
+
+/// When the appliance published the snapshot made for each xDS version of
+/// the assignments, from its log: version -> microseconds since the epoch.
+fn published_at(log: &str) -> std::collections::HashMap<String, i64> {
+    let mut at = std::collections::HashMap::new();
+    for line in log.lines().filter(|l| l.contains("snapshot published")) {
+        // why="xDS delta ClusterLoadAssignment \"7\"" or why="xDS ClusterLoadAssignment version \"7\""
+        let Some((_, rest)) = line.split_once("ClusterLoadAssignment ") else { continue };
+        let rest = rest.strip_prefix("version ").unwrap_or(rest);
+        let Some((v, _)) = rest.strip_prefix("\\\"").and_then(|r| r.split_once("\\\"")) else { continue };
+        if let Some(t) = log_time_us(line) {
+            at.entry(v.to_owned()).or_insert(t);
+        }
+    }
+    at
 }
 
 fn summary(h: &Histogram<u64>) -> Value {
@@ -211,6 +246,14 @@ fn main() {
     let a = args();
     let dir = std::env::temp_dir().join(format!("sluice-xds-scale-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
+    let log = log_path(&dir.join("sluice.log"));
+    // The wall clock of an instant of this process (the appliance's log
+    // has wall-clock times).
+    let (base, base_wall) = (Instant::now(), std::time::SystemTime::now());
+    let wall_us = |at: Instant| -> i64 {
+        let since = base_wall.duration_since(std::time::UNIX_EPOCH).unwrap();
+        i64::try_from((since + at.saturating_duration_since(base)).as_micros()).unwrap()
+    };
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
     let server = XdsServer::new();
     server.set_snapshot(DEFAULT_NODE, Snapshot::new("0", &[], &[]).unwrap());
@@ -232,7 +275,8 @@ fn main() {
         format!("{head}xds-control-plane: {{enabled: true, server-address: \"{}\", node-id: bench, mode: {}}}\n", running.addr, a.mode),
     )
     .unwrap();
-    let app = Appliance::start(&a.sluice, &cfg, admin);
+    let log_from = std::fs::metadata(&log).map_or(0, |m| m.len());
+    let app = Appliance::start(&a.sluice, &cfg, admin, &log);
     until("connected", || json_at(admin, "/status")["xds"]["state"] == "connected");
     let rss_before = rss_kib(app.child.id());
 
@@ -268,6 +312,8 @@ fn main() {
     // 3. Single changes: endpoint 0 of one cluster gets a new address.
     let mut h = Histogram::<u64>::new_with_bounds(1, 600_000_000, 3).unwrap();
     let mut hs = Histogram::<u64>::new_with_bounds(1, 600_000_000, 3).unwrap();
+    // (version, when the server sent it), for the log's publication times.
+    let mut sent_at: Vec<(String, i64)> = Vec::new();
     for k in 1..=a.changes {
         let i = (k * 7919) % n;
         let new = std::net::Ipv4Addr::from(0x0a63_0000_u32 + k as u32).to_string(); // 10.99.x.y
@@ -286,9 +332,18 @@ fn main() {
         let (version, at) = server.last_sent(CLA_TYPE).expect("an assignment was sent");
         assert_eq!(version, snap.version, "the change was sent in one response");
         hs.saturating_record(live.saturating_duration_since(at).as_micros() as u64);
+        sent_at.push((version, wall_us(at)));
     }
     let own = json_at(admin, "/status")["xds"]["to_live"].clone();
     drop(app);
+    // From the server sending each change to the appliance publishing it.
+    let text = std::fs::read(&log).unwrap_or_default();
+    let published = published_at(&String::from_utf8_lossy(text.get(usize::try_from(log_from).unwrap_or(0)..).unwrap_or_default()));
+    let mut hp = Histogram::<u64>::new_with_bounds(1, 600_000_000, 3).unwrap();
+    for (version, sent) in &sent_at {
+        let at = published.get(version).unwrap_or_else(|| panic!("no publication of version {version} in the appliance's log {}", log.display()));
+        hp.saturating_record(u64::try_from(at - sent).unwrap_or(0));
+    }
 
     // 4. Baseline: the same services and changes from a file.
     let file_cfg = dir.join("file.yaml");
@@ -311,7 +366,7 @@ fn main() {
         std::fs::rename(&tmp, path).unwrap();
     };
     write_file(&addrs, &file_cfg);
-    let file_app = Appliance::start(&a.sluice, &file_cfg, admin);
+    let file_app = Appliance::start(&a.sluice, &file_cfg, admin, &log);
     until("the file's services live", || live(last));
     let file_rss = rss_kib(file_app.child.id());
     let mut fh = Histogram::<u64>::new_with_bounds(1, 600_000_000, 3).unwrap();
@@ -337,6 +392,7 @@ fn main() {
         "rss_kib": {"before": rss_before, "with_services": rss_after, "file_source_with_services": file_rss},
         "single_change_to_live": summary(&h),
         "single_change_sent_to_live": summary(&hs),
+        "single_change_sent_to_published": summary(&hp),
         "appliance_measured_response_to_publish": own,
         "baseline_file_edit_to_live": summary(&fh),
         "ratio_xds_p99_over_file_p99": p99(&h) / p99(&fh),
