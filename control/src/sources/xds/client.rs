@@ -349,6 +349,23 @@ struct Client {
     /// From a response's arrival to its state being published, in
     /// microseconds (changes that were published only).
     to_live: Option<hdrhistogram::Histogram<u64>>,
+    /// SotW: the digest of each assignment held, as the last accepted
+    /// response carried it. Every response repeats every assignment; one
+    /// whose bytes are those of an assignment held is not decoded again.
+    sotw_clas: HashMap<u128, String>,
+}
+
+/// A digest of a resource's encoded bytes: two SipHash passes with fixed,
+/// different keys (128 bits, the same in every run). Equal digests are
+/// taken for equal bytes.
+fn digest(bytes: &[u8]) -> u128 {
+    let mut a = std::hash::DefaultHasher::new();
+    let mut b = std::hash::DefaultHasher::new();
+    a.write_u8(0);
+    b.write_u8(1);
+    a.write(bytes);
+    b.write(bytes);
+    (u128::from(a.finish()) << 64) | u128::from(b.finish())
 }
 
 /// Per-stream protocol state.
@@ -452,6 +469,55 @@ fn sotw_resources(resp: &mut DiscoveryResponse, type_url: &str) -> Result<Vec<An
     } else {
         Err(errors)
     }
+}
+
+/// The assignments of a SotW response into `next` (what is held, `held`,
+/// becoming what the response makes): each one decoded and checked, but
+/// for one whose bytes are those of an assignment held (`known`: the
+/// digests of the assignments held, as they came), which is that
+/// assignment. Returns the digests of the assignments the response holds,
+/// and how many it decoded.
+fn sotw_assignments(held: &Resources, known: &HashMap<u128, String>, anys: &[Any], next: &mut Resources, errors: &mut Vec<String>) -> (HashMap<u128, String>, usize) {
+    let mut seen = BTreeSet::new();
+    let mut kept = HashMap::with_capacity(anys.len());
+    let mut decoded = 0;
+    for a in anys {
+        let d = digest(&a.value);
+        // Held already (`next` starts as what is held).
+        if let Some(name) = known.get(&d).filter(|n| matches!(held.clas.get(*n), Some(ClaState::Known(_)))) {
+            if !seen.insert(name.clone()) {
+                errors.push(format!("ClusterLoadAssignment {name:?} appears twice in the response"));
+                continue;
+            }
+            kept.insert(d, name.clone());
+            continue;
+        }
+        decoded += 1;
+        match decode_cla_any(a) {
+            Ok(c) => {
+                if !seen.insert(c.cluster_name.clone()) {
+                    errors.push(format!("ClusterLoadAssignment {:?} appears twice in the response", c.cluster_name));
+                    continue;
+                }
+                if !held.is_eds(&c.cluster_name) {
+                    debug!(name = %c.cluster_name, "assignment not subscribed to: ignored");
+                    continue;
+                }
+                if !held.is_l4_eds(&c.cluster_name) {
+                    continue; // an assignment of a cluster that is not an L4 service
+                }
+                match mapping::decode_cla(&c) {
+                    Ok(cla) => {
+                        kept.insert(d, c.cluster_name.clone());
+                        next.set_cla(c.cluster_name.clone(), ClaState::Known(Arc::new(cla)));
+                    }
+                    Err(es) => errors.extend(es.into_iter().map(|e| format!("ClusterLoadAssignment {:?}: {e}", c.cluster_name))),
+                }
+            }
+            Err(e) => errors.push(e),
+        }
+    }
+    (kept, decoded)
 }
 
 /// Decodes clusters, by name.
@@ -767,7 +833,15 @@ impl Client {
             s.nonces.insert(t, resp.nonce.clone());
             let trigger = format!("xDS {} version {:?}", short(t), resp.version_info);
             let outcome = match self.sotw_next(t, &mut resp) {
-                Ok(next) => self.apply(next, &trigger).await,
+                Ok((next, digests)) => {
+                    let applied = self.apply(next, &trigger).await;
+                    if let (Ok(()), Some(mut d)) = (&applied, digests) {
+                        // Of the assignments held now (a pruned one is gone).
+                        d.retain(|_, n| matches!(self.held.clas.get(n), Some(ClaState::Known(_))));
+                        self.sotw_clas = d;
+                    }
+                    applied
+                }
                 Err(p) => Err(Refused::Problems(p)),
             };
             let reply = match outcome {
@@ -791,11 +865,14 @@ impl Client {
         }
     }
 
-    /// What would be held after SotW response `resp` of type `t`.
-    fn sotw_next(&self, t: &'static str, resp: &mut DiscoveryResponse) -> Result<Resources, Vec<String>> {
+    /// What would be held after SotW response `resp` of type `t`, and for
+    /// assignments the digest of each one it holds (to keep once applied).
+    #[allow(clippy::type_complexity)]
+    fn sotw_next(&self, t: &'static str, resp: &mut DiscoveryResponse) -> Result<(Resources, Option<HashMap<u128, String>>), Vec<String>> {
         let anys = sotw_resources(resp, t)?;
         let mut errors = Vec::new();
         let mut next = self.held.clone();
+        let mut digests = None;
         if t == CLUSTER_TYPE {
             let mut items = Vec::new();
             for a in &anys {
@@ -806,34 +883,11 @@ impl Client {
             }
             next.set_clusters(clusters_of(items, &mut errors));
         } else {
-            let mut seen = BTreeSet::new();
-            for a in &anys {
-                match decode_cla_any(a) {
-                    Ok(c) => {
-                        if !seen.insert(c.cluster_name.clone()) {
-                            errors.push(format!("ClusterLoadAssignment {:?} appears twice in the response", c.cluster_name));
-                            continue;
-                        }
-                        if !self.held.is_eds(&c.cluster_name) {
-                            debug!(name = %c.cluster_name, "assignment not subscribed to: ignored");
-                            continue;
-                        }
-                        if !self.held.is_l4_eds(&c.cluster_name) {
-                            continue; // an assignment of a cluster that is not an L4 service
-                        }
-                        match mapping::decode_cla(&c) {
-                            Ok(cla) => {
-                                next.set_cla(c.cluster_name.clone(), ClaState::Known(Arc::new(cla)));
-                            }
-                            Err(es) => errors.extend(es.into_iter().map(|e| format!("ClusterLoadAssignment {:?}: {e}", c.cluster_name))),
-                        }
-                    }
-                    Err(e) => errors.push(e),
-                }
-            }
+            let (kept, _) = sotw_assignments(&self.held, &self.sotw_clas, &anys, &mut next, &mut errors);
+            digests = Some(kept);
         }
         if errors.is_empty() {
-            Ok(next)
+            Ok((next, digests))
         } else {
             Err(errors)
         }
@@ -1111,6 +1165,7 @@ pub async fn run(
         received: Instant::now(),
         // Up to an hour, three significant digits (valid bounds: never None).
         to_live: hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000, 3).ok(),
+        sotw_clas: HashMap::new(),
     };
     let mut attempt = 0u32;
     let mut first = true;
@@ -1171,6 +1226,45 @@ mod tests {
     /// The index of who names which assignment, the counts and the pruning
     /// are kept up to date from the changes alone: after random changes
     /// they are what a pass over every cluster gives.
+    /// SotW repeats every assignment in every response: one that comes
+    /// again as it was held is not decoded again, and the state is the one
+    /// decoding everything gives; one no longer held is decoded.
+    #[test]
+    fn a_sotw_assignment_that_comes_again_as_it_was_is_not_decoded_again() {
+        use crate::sources::xds::mapping::tests::{cla, healthy};
+        use prost::Message;
+        let any = |name: &str, addr: &str| Any { type_url: CLA_TYPE.into(), value: cla(name, &[healthy(addr)]).encode_to_vec() };
+        let mut held = Resources::default();
+        for i in 0..3 {
+            held.insert_cluster(format!("c{i}"), self::held(&format!("c{i}"), &format!("e{i}"), true));
+        }
+        let first = [any("e0", "10.0.0.1"), any("e1", "10.0.0.2"), any("e2", "10.0.0.3")];
+        let (mut next, mut errors) = (held.clone(), Vec::new());
+        let (known, decoded) = sotw_assignments(&held, &HashMap::new(), &first, &mut next, &mut errors);
+        assert_eq!((decoded, known.len()), (3, 3));
+        assert!(errors.is_empty(), "{errors:?}");
+        let held = next;
+        let second = [any("e0", "10.0.0.1"), any("e1", "10.0.0.9"), any("e2", "10.0.0.3")];
+        let mut next = held.clone();
+        let (again, decoded) = sotw_assignments(&held, &known, &second, &mut next, &mut errors);
+        assert_eq!(decoded, 1, "only the changed one");
+        let mut all = held.clone();
+        let (every, decoded) = sotw_assignments(&held, &HashMap::new(), &second, &mut all, &mut errors);
+        assert_eq!(decoded, 3);
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(again, every, "the same digests");
+        assert!(next.clas.len() == 3 && next.clas.iter().all(|(k, v)| all.clas.get(k) == Some(v)), "the same assignments");
+        // Twice in one response, as it was held: refused as before.
+        let twice = [any("e0", "10.0.0.1"), any("e0", "10.0.0.1")];
+        sotw_assignments(&held, &known, &twice, &mut held.clone(), &mut errors);
+        assert_eq!(errors, ["ClusterLoadAssignment \"e0\" appears twice in the response"]);
+        // No longer held as known: decoded.
+        let mut gone = held.clone();
+        gone.set_cla("e0".into(), ClaState::Absent);
+        let (_, decoded) = sotw_assignments(&gone, &known, &first[..1], &mut gone.clone(), &mut Vec::new());
+        assert_eq!(decoded, 1);
+    }
+
     #[test]
     fn what_is_held_is_kept_as_a_pass_over_everything_would_make_it() {
         let mut rng = 0x9e37_79b9_7f4a_7c15_u64;

@@ -844,4 +844,4 @@ pub fn update<'a>(
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

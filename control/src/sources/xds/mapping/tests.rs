@@ -33,9 +33,9 @@ fn cluster(name: &str, vip: &str, port: f64, proto: &str) -> Cluster {
 }
 
 /// (address, port, health, priority, weight)
-type Ep<'a> = (&'a str, u32, HealthStatus, u32, Option<u32>);
+pub(crate) type Ep<'a> = (&'a str, u32, HealthStatus, u32, Option<u32>);
 
-fn cla(name: &str, eps: &[Ep<'_>]) -> ClusterLoadAssignment {
+pub(crate) fn cla(name: &str, eps: &[Ep<'_>]) -> ClusterLoadAssignment {
     let mut by_prio: BTreeMap<u32, Vec<PbLbEndpoint>> = BTreeMap::new();
     for (a, port, h, prio, w) in eps {
         by_prio.entry(*prio).or_default().push(PbLbEndpoint {
@@ -64,7 +64,7 @@ fn cla(name: &str, eps: &[Ep<'_>]) -> ClusterLoadAssignment {
     }
 }
 
-fn healthy(a: &str) -> Ep<'_> {
+pub(crate) fn healthy(a: &str) -> Ep<'_> {
     (a, 3306, HealthStatus::Healthy, 0, None)
 }
 
