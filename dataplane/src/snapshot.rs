@@ -90,9 +90,14 @@ fn by_key(services: &Services) -> Arc<[(u32, u32)]> {
 fn push_keys<T: Ord + Copy>(spans: &mut Vec<(u32, u32)>, keys: &mut Vec<T>, mut a: Vec<T>) {
     a.sort_unstable();
     a.dedup();
+    push_sorted(spans, keys, &a);
+}
+
+/// Appends one list already sorted and without duplicates, and its span.
+fn push_sorted<T: Copy>(spans: &mut Vec<(u32, u32)>, keys: &mut Vec<T>, a: &[T]) {
     let start = u32::try_from(keys.len()).unwrap_or(u32::MAX);
     spans.push((start, u32::try_from(a.len()).unwrap_or(0)));
-    keys.extend_from_slice(&a);
+    keys.extend_from_slice(a);
 }
 
 /// The list at index `i` of lists kept as spans of one (empty when there is
@@ -222,17 +227,13 @@ impl Snapshot {
             } else {
                 let mut return_spans = Vec::with_capacity(self.return_spans.len());
                 let mut return_keys = Vec::with_capacity(self.return_keys.len());
-                let mut fresh = vips.iter().zip(fresh).peekable();
+                let mut fresh = vips.iter().zip(&fresh).peekable();
                 for i in 0..self.return_spans.len() {
-                    match fresh.next_if(|(v, _)| **v == i) {
-                        Some((_, a)) => push_keys(&mut return_spans, &mut return_keys, a),
-                        None => {
-                            // Already sorted and without duplicates.
-                            let kept = span(&self.return_spans, &self.return_keys, i);
-                            return_spans.push((u32::try_from(return_keys.len()).unwrap_or(u32::MAX), u32::try_from(kept.len()).unwrap_or(0)));
-                            return_keys.extend_from_slice(kept);
-                        }
-                    }
+                    let list = match fresh.next_if(|(v, _)| **v == i) {
+                        Some((_, a)) => a.as_slice(),
+                        None => span(&self.return_spans, &self.return_keys, i),
+                    };
+                    push_sorted(&mut return_spans, &mut return_keys, list);
                 }
                 (return_spans.into(), return_keys.into())
             };

@@ -266,6 +266,11 @@ impl Resources {
         self.eds.get(name).is_some_and(|u| !u.l4.is_empty())
     }
 
+    /// True when assignment `name` is held with its endpoints.
+    fn holds_known(&self, name: &str) -> bool {
+        matches!(self.clas.get(name), Some(ClaState::Known(_)))
+    }
+
     /// The assignments whose users, state or version differ in `next` (one
     /// may come up to three times).
     fn eds_changed<'a>(&'a self, next: &'a Resources) -> impl Iterator<Item = &'a String> + 'a {
@@ -483,38 +488,41 @@ fn sotw_assignments(held: &Resources, known: &HashMap<u128, String>, anys: &[Any
     let mut decoded = 0;
     for a in anys {
         let d = digest(&a.value);
-        // Held already (`next` starts as what is held).
-        if let Some(name) = known.get(&d).filter(|n| matches!(held.clas.get(*n), Some(ClaState::Known(_)))) {
-            if !seen.insert(name.clone()) {
-                errors.push(format!("ClusterLoadAssignment {name:?} appears twice in the response"));
-                continue;
+        // Held already (`next` starts as what is held), or decoded.
+        let (name, fresh) = match known.get(&d).filter(|n| held.holds_known(n)) {
+            Some(name) => (name.clone(), None),
+            None => {
+                decoded += 1;
+                match decode_cla_any(a) {
+                    Ok(c) => (c.cluster_name.clone(), Some(c)),
+                    Err(e) => {
+                        errors.push(e);
+                        continue;
+                    }
+                }
             }
-            kept.insert(d, name.clone());
+        };
+        if !seen.insert(name.clone()) {
+            errors.push(format!("ClusterLoadAssignment {name:?} appears twice in the response"));
             continue;
         }
-        decoded += 1;
-        match decode_cla_any(a) {
-            Ok(c) => {
-                if !seen.insert(c.cluster_name.clone()) {
-                    errors.push(format!("ClusterLoadAssignment {:?} appears twice in the response", c.cluster_name));
-                    continue;
-                }
-                if !held.is_eds(&c.cluster_name) {
-                    debug!(name = %c.cluster_name, "assignment not subscribed to: ignored");
-                    continue;
-                }
-                if !held.is_l4_eds(&c.cluster_name) {
-                    continue; // an assignment of a cluster that is not an L4 service
-                }
-                match mapping::decode_cla(&c) {
-                    Ok(cla) => {
-                        kept.insert(d, c.cluster_name.clone());
-                        next.set_cla(c.cluster_name.clone(), ClaState::Known(Arc::new(cla)));
-                    }
-                    Err(es) => errors.extend(es.into_iter().map(|e| format!("ClusterLoadAssignment {:?}: {e}", c.cluster_name))),
-                }
+        let Some(c) = fresh else {
+            kept.insert(d, name);
+            continue;
+        };
+        if !held.is_eds(&name) {
+            debug!(name = %name, "assignment not subscribed to: ignored");
+            continue;
+        }
+        if !held.is_l4_eds(&name) {
+            continue; // an assignment of a cluster that is not an L4 service
+        }
+        match mapping::decode_cla(&c) {
+            Ok(cla) => {
+                kept.insert(d, name.clone());
+                next.set_cla(name, ClaState::Known(Arc::new(cla)));
             }
-            Err(e) => errors.push(e),
+            Err(es) => errors.extend(es.into_iter().map(|e| format!("ClusterLoadAssignment {name:?}: {e}"))),
         }
     }
     (kept, decoded)
@@ -837,7 +845,7 @@ impl Client {
                     let applied = self.apply(next, &trigger).await;
                     if let (Ok(()), Some(mut d)) = (&applied, digests) {
                         // Of the assignments held now (a pruned one is gone).
-                        d.retain(|_, n| matches!(self.held.clas.get(n), Some(ClaState::Known(_))));
+                        d.retain(|_, n| self.held.holds_known(n));
                         self.sotw_clas = d;
                     }
                     applied
@@ -1223,9 +1231,6 @@ mod tests {
         HeldCluster { l4: l4.then(|| Arc::new(c)), eds: Some(eds.into()) }
     }
 
-    /// The index of who names which assignment, the counts and the pruning
-    /// are kept up to date from the changes alone: after random changes
-    /// they are what a pass over every cluster gives.
     /// SotW repeats every assignment in every response: one that comes
     /// again as it was held is not decoded again, and the state is the one
     /// decoding everything gives; one no longer held is decoded.
@@ -1265,6 +1270,9 @@ mod tests {
         assert_eq!(decoded, 1);
     }
 
+    /// The index of who names which assignment, the counts and the pruning
+    /// are kept up to date from the changes alone: after random changes
+    /// they are what a pass over every cluster gives.
     #[test]
     fn what_is_held_is_kept_as_a_pass_over_everything_would_make_it() {
         let mut rng = 0x9e37_79b9_7f4a_7c15_u64;
