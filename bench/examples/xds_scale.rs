@@ -335,6 +335,10 @@ fn main() {
         sent_at.push((version, wall_us(at)));
     }
     let own = json_at(admin, "/status")["xds"]["to_live"].clone();
+    // Resident after the changes too: the load's transient memory is
+    // freed by then (the reading at "live" still holds some of it).
+    let rss_settled = rss_kib(app.child.id());
+    eprintln!("RSS after the single changes: {rss_settled} KiB");
     drop(app);
     // From the server sending each change to the appliance publishing it.
     let text = std::fs::read(&log).unwrap_or_default();
@@ -379,6 +383,9 @@ fn main() {
         until_every("a file change live", CHANGE_POLL, || shows(admin, i, &new));
         fh.saturating_record(t0.elapsed().as_micros() as u64);
     }
+    // After up to 50 reloads of the whole file.
+    let file_rss_reloaded = rss_kib(file_app.child.id());
+    eprintln!("file source RSS {file_rss} KiB at live, {file_rss_reloaded} KiB after the edits");
     drop(file_app);
     rt.block_on(running.stop());
 
@@ -389,7 +396,7 @@ fn main() {
         "endpoints_per_cluster": e,
         "to_live_ms": to_live.as_secs_f64() * 1e3,
         "sent_to_live_ms": sent_to_live.as_secs_f64() * 1e3,
-        "rss_kib": {"before": rss_before, "with_services": rss_after, "file_source_with_services": file_rss},
+        "rss_kib": {"before": rss_before, "with_services": rss_after, "after_changes": rss_settled, "file_source_with_services": file_rss, "file_source_after_edits": file_rss_reloaded},
         "single_change_to_live": summary(&h),
         "single_change_sent_to_live": summary(&hs),
         "single_change_sent_to_published": summary(&hp),

@@ -34,6 +34,54 @@ pub use crate::routing::NeighMap;
 /// How often replaced snapshots are looked at for freeing.
 const RECLAIM_EVERY: Duration = Duration::from_millis(50);
 
+/// Free heap (bytes inside the allocator's arenas) from which a release
+/// hands pages back to the kernel.
+const RELEASE_FROM: usize = 16 << 20;
+
+/// Least time between two heap releases.
+const RELEASE_EVERY: Duration = Duration::from_secs(1);
+
+/// When to give the heap's free pages back to the kernel: after a
+/// publication that compiled the whole model (a configuration reload, a
+/// bulk xDS load; not a change to a few services' endpoints), once the
+/// snapshot it replaced and the state it replaced are freed, at most once
+/// per [`RELEASE_EVERY`]. Without it each reload of a large configuration
+/// that runs on another thread leaves that thread's arena at its peak: a
+/// 10,000-service file reloaded twelve times grew the appliance from 304
+/// to 1,114 MiB resident.
+#[derive(Debug, Default)]
+struct HeapRelease {
+    /// A whole-model publication happened since the last release.
+    wanted: bool,
+    last: Option<Instant>,
+}
+
+impl HeapRelease {
+    fn after_full_publication(&mut self) {
+        self.wanted = true;
+    }
+
+    /// Whether to release now, with `pending` replaced snapshots not freed
+    /// yet (counts it as done when it says yes).
+    fn due(&mut self, pending: usize, now: Instant) -> bool {
+        let rested = self.last.is_none_or(|t| now.saturating_duration_since(t) >= RELEASE_EVERY);
+        if !self.wanted || pending != 0 || !rested {
+            return false;
+        }
+        self.wanted = false;
+        self.last = Some(now);
+        true
+    }
+}
+
+/// Gives free heap pages back to the kernel (on a blocking thread: it
+/// takes milliseconds with hundreds of MB free).
+fn release_heap() {
+    let t0 = Instant::now();
+    let r = sluice_ffi::heap::release(RELEASE_FROM);
+    tracing::debug!(free_mib = r.free >> 20, used_mib = r.used >> 20, trimmed = r.trimmed, took_us = micros(t0.elapsed()), "heap release");
+}
+
 /// The settings of the running appliance that only a restart applies.
 fn restart_only(c: &ApplianceConfig) -> impl PartialEq + '_ {
     (&c.dpdk, &c.ports, c.admin, c.flow_entries, c.flow_idle_secs, c.max_services, c.max_endpoints)
@@ -67,6 +115,7 @@ pub struct Reconciler {
     /// resolved model), freed once the source has its answer: freeing
     /// 100,000 endpoints takes milliseconds the source need not wait for.
     garbage: Vec<Box<dyn Send>>,
+    heap: HeapRelease,
 }
 
 /// What a publication changes of the admin endpoint's views.
@@ -146,6 +195,7 @@ impl Reconciler {
             learned_rx: None,
             resolve_us: 0,
             garbage: Vec::new(),
+            heap: HeapRelease::default(),
             started_with: cfg,
             file,
         }
@@ -400,7 +450,10 @@ impl Reconciler {
         self.compiler.number_next(self.publisher.generation() + 1);
         let c: Compiled = match changed {
             Some(names) => self.compiler.compile_changed(&self.resolved, names, &self.topo, &self.macs)?,
-            None => self.compiler.compile(&self.resolved, &self.topo, &self.macs)?,
+            None => {
+                self.heap.after_full_publication();
+                self.compiler.compile(&self.resolved, &self.topo, &self.macs)?
+            }
         };
         let compile_us = micros(t0.elapsed());
         // Said once, when the service is compiled, not at every publication.
@@ -581,7 +634,12 @@ impl Reconciler {
                     }
                     Err(_) => neigh_open = false,
                 },
-                _ = tick.tick() => self.reclaim(),
+                _ = tick.tick() => {
+                    self.reclaim();
+                    if self.heap.due(self.publisher.pending(), Instant::now()) {
+                        drop(tokio::task::spawn_blocking(release_heap));
+                    }
+                }
             }
         }
     }
@@ -713,6 +771,20 @@ mod tests {
 
     fn desired(source: &str, d: Desired) -> SourceMsg {
         SourceMsg::Desired { source: source.into(), desired: d, trigger: "test".into(), reply: None }
+    }
+
+    #[test]
+    fn the_heap_is_released_once_after_a_whole_publication_and_its_old_snapshot_are_gone() {
+        let t0 = Instant::now();
+        let mut h = HeapRelease::default();
+        assert!(!h.due(0, t0), "nothing published yet");
+        h.after_full_publication();
+        assert!(!h.due(1, t0), "the replaced snapshot is still held");
+        assert!(h.due(0, t0));
+        assert!(!h.due(0, t0 + RELEASE_EVERY), "once per whole publication");
+        h.after_full_publication();
+        assert!(!h.due(0, t0 + RELEASE_EVERY / 2), "not sooner than RELEASE_EVERY after the last");
+        assert!(h.due(0, t0 + RELEASE_EVERY));
     }
 
     #[test]

@@ -23,9 +23,11 @@
 //!
 //! The modules stand in layers, each importing only those below it: `sys`;
 //! the plain ids (`ids`), the keep-alive registry (`keep`) and `mbuf`;
-//! `error`; `eal`; `mempool` and `ring`; `port`; `io`.
+//! `error`; `eal`; `mempool` and `ring`; `port`; `io`. `heap` (the C
+//! heap's statistics and trim) stands apart: it uses no DPDK.
 
 pub mod eal;
+pub mod heap;
 pub mod error;
 mod ids;
 pub mod io;
