@@ -117,11 +117,17 @@ async fn metrics_handler(State(app): State<App>) -> Response {
     }
 }
 
-async fn status_handler(State(app): State<App>) -> Response {
+/// `/status[?service=NAME][&endpoints=N|all]`
+async fn status_handler(State(app): State<App>, Query(q): Query<Vec<(String, String)>>) -> Response {
     app.counters.requests.fetch_add(1, Ordering::Relaxed);
+    let query = match views::StatusQuery::from_params(q.iter().map(|(k, v)| (k.as_str(), v.as_str()))) {
+        Ok(query) => query,
+        Err(e) => return (StatusCode::BAD_REQUEST, format!("{e}\n")).into_response(),
+    };
     let sh = Arc::clone(&app.shared);
-    match tokio::task::spawn_blocking(move || views::status(&sh)).await {
-        Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
+    match tokio::task::spawn_blocking(move || views::status(&sh, &query)).await {
+        Ok(Ok(body)) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
+        Ok(Err(views::NoService(name))) => (StatusCode::NOT_FOUND, format!("no service {name:?}\n")).into_response(),
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("status failed: {e}\n")).into_response(),
     }
 }

@@ -64,6 +64,50 @@ struct ServiceView<'a> {
     bytes: u64,
 }
 
+/// Endpoints `/status` lists unless asked for more (`?endpoints=all`):
+/// 100,000 of them made a 30 MB document that `sluice status` printed as
+/// 100,000 rows.
+pub const ENDPOINTS_LISTED: usize = 1000;
+
+/// What `/status` lists: every service or one (`?service=NAME`), and up to
+/// how many endpoints (`?endpoints=N`, `all`; [`ENDPOINTS_LISTED`] unless
+/// said).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StatusQuery {
+    /// Only this service, its routes and its endpoints.
+    pub service: Option<String>,
+    /// Most endpoints listed; `None` lists all.
+    pub endpoints: Option<usize>,
+}
+
+impl Default for StatusQuery {
+    fn default() -> Self {
+        StatusQuery { service: None, endpoints: Some(ENDPOINTS_LISTED) }
+    }
+}
+
+impl StatusQuery {
+    /// From the query string's parameters; an unknown one or a bad value
+    /// is an error that says what is accepted.
+    pub fn from_params<'a>(params: impl IntoIterator<Item = (&'a str, &'a str)>) -> Result<StatusQuery, String> {
+        let mut q = StatusQuery::default();
+        for (k, v) in params {
+            match k {
+                "service" if !v.is_empty() => q.service = Some(v.to_owned()),
+                "service" => return Err("service is a service's name".into()),
+                "endpoints" if v == "all" => q.endpoints = None,
+                "endpoints" => q.endpoints = Some(v.parse().map_err(|_| format!("endpoints is a number or all, not {v:?}"))?),
+                other => return Err(format!("unknown parameter {other:?}: /status takes service=NAME and endpoints=N|all")),
+            }
+        }
+        Ok(q)
+    }
+
+    fn shows(&self, service: &str) -> bool {
+        self.service.as_deref().is_none_or(|s| s == service)
+    }
+}
+
 /// The services, endpoints and routes of the status, written as they are
 /// read from the control state: with 10,000 services of 10 endpoints, a
 /// view of each made first was 20 MB and 500,000 allocations per request.
@@ -71,6 +115,7 @@ struct ServiceView<'a> {
 struct Listing<'a> {
     sh: &'a Shared,
     st: &'a ControlState,
+    query: &'a StatusQuery,
 }
 
 struct ServicesOf<'a>(Listing<'a>);
@@ -78,8 +123,8 @@ struct EndpointsOf<'a>(Listing<'a>);
 
 impl Serialize for ServicesOf<'_> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let Listing { sh, st } = self.0;
-        s.collect_seq(st.services.iter().map(|m| {
+        let Listing { sh, st, query } = self.0;
+        s.collect_seq(st.services.iter().filter(|m| query.shows(&m.name)).map(|m| {
             let (packets, bytes) = sh.service_count(st, m.slot);
             ServiceView { meta: m, packets, bytes }
         }))
@@ -88,8 +133,9 @@ impl Serialize for ServicesOf<'_> {
 
 impl Serialize for EndpointsOf<'_> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        let Listing { sh, st } = self.0;
-        s.collect_seq(st.all_endpoints().map(|e| {
+        let Listing { sh, st, query } = self.0;
+        let listed = st.all_endpoints().filter(|e| query.shows(&e.service)).take(query.endpoints.unwrap_or(usize::MAX));
+        s.collect_seq(listed.map(|e| {
             let (packets, bytes) = sh.endpoint_count(st, e.counter);
             EndpointView {
                 service: &e.service,
@@ -149,12 +195,21 @@ struct StatusView<'a> {
     workers: Vec<WorkerView>,
     drops: Vec<(String, u64)>,
     services: ServicesOf<'a>,
-    routes: &'a [RouteMeta],
+    routes: Vec<&'a RouteMeta>,
+    /// Endpoints in the document (see [`StatusQuery`]).
     endpoints: EndpointsOf<'a>,
+    /// Endpoints there are (of the service asked for, or in all).
+    endpoints_total: usize,
+    /// Endpoints left out of the list (`?endpoints=all` lists them).
+    endpoints_omitted: usize,
 }
 
-/// The `/status` document.
-pub fn status(sh: &Shared) -> String {
+/// The service asked for is not served.
+#[derive(Debug)]
+pub struct NoService(pub String);
+
+/// The `/status` document, listing what `query` asks for.
+pub fn status(sh: &Shared, query: &StatusQuery) -> Result<String, NoService> {
     let now = Instant::now();
     let not_healthy = health::unhealthy(sh, now);
     let not_ready = health::unready(sh, now);
@@ -216,6 +271,16 @@ pub fn status(sh: &Shared) -> String {
     let bird = lock(&sh.bird).as_ref().map(|x| lock(x).clone());
     let kubernetes = lock(&sh.kube).as_ref().map(|k| lock(k).clone());
     let st = lock(&sh.state);
+    if let Some(name) = &query.service {
+        if !st.services.iter().any(|m| &m.name == name) {
+            return Err(NoService(name.clone()));
+        }
+    }
+    let endpoints_total = match &query.service {
+        None => st.endpoints.iter().map(|s| s.len()).sum(),
+        Some(name) => st.all_endpoints().filter(|e| &*e.service == name.as_str()).count(),
+    };
+    let endpoints_omitted = endpoints_total.saturating_sub(query.endpoints.unwrap_or(usize::MAX));
     let view = StatusView {
         xds,
         bird,
@@ -238,11 +303,13 @@ pub fn status(sh: &Shared) -> String {
         ports,
         workers,
         drops,
-        services: ServicesOf(Listing { sh, st: &st }),
-        routes: &st.routes,
-        endpoints: EndpointsOf(Listing { sh, st: &st }),
+        services: ServicesOf(Listing { sh, st: &st, query }),
+        routes: st.routes.iter().filter(|r| query.shows(&r.service)).collect(),
+        endpoints: EndpointsOf(Listing { sh, st: &st, query }),
+        endpoints_total,
+        endpoints_omitted,
     };
-    serde_json::to_string_pretty(&view).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+    Ok(serde_json::to_string_pretty(&view).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}")))
 }
 
 #[cfg(test)]
@@ -284,7 +351,7 @@ mod tests {
             ])]
             .into();
         }
-        let v: serde_json::Value = serde_json::from_str(&status(&sh)).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&status(&sh, &StatusQuery::default()).unwrap()).unwrap();
         assert_eq!(
             v["services"],
             serde_json::json!([{"name": "web", "algorithm": "maglev", "flow_table": false, "limit": 32, "table_size": 6421,
@@ -299,5 +366,93 @@ mod tests {
                     "state": "unreachable", "reason": "no route", "packets": 0, "bytes": 0},
             ])
         );
+    }
+
+    /// `n` services of `per` endpoints each, "s0".."s{n-1}", with a route each.
+    fn shared_with(n: usize, per: u32) -> Shared {
+        let sh = Shared::new("c.yaml".into(), Vec::new(), Arc::new(IdlePool), Vec::<WorkerEntry>::new(), 1);
+        {
+            let mut st = lock(&sh.state);
+            let mut eps = Vec::new();
+            for i in 0..n {
+                let name = format!("s{i}");
+                st.services.push(ServiceMeta {
+                    name: name.clone(),
+                    slot: u32::try_from(i).unwrap(),
+                    algorithm: "maglev".into(),
+                    flow_table: false,
+                    limit: 32,
+                    table_size: 6421,
+                    ready: true,
+                });
+                st.routes.push(RouteMeta { name: format!("r{i}"), service: name.clone(), priority: 0, vips: vec![format!("10.9.0.{i}")] });
+                let service: Arc<str> = name.into();
+                let list: Vec<EndpointStatus> = (0..per)
+                    .map(|id| EndpointStatus {
+                        service: Arc::clone(&service),
+                        id,
+                        address: format!("10.0.{i}.{id}").parse().unwrap(),
+                        weight: 1,
+                        mac: None,
+                        port: None,
+                        state: EndpointState::Ready,
+                        counter: id,
+                        hop: None,
+                    })
+                    .collect();
+                eps.push(Arc::from(list));
+            }
+            st.endpoints = eps.into();
+        }
+        sh
+    }
+
+    fn doc(sh: &Shared, params: &[(&str, &str)]) -> serde_json::Value {
+        let q = StatusQuery::from_params(params.iter().copied()).unwrap();
+        serde_json::from_str(&status(sh, &q).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn status_lists_a_thousand_endpoints_unless_asked_and_says_how_many_it_left_out() {
+        // 120 services x 10: 1,200 endpoints.
+        let sh = shared_with(120, 10);
+        let v = doc(&sh, &[]);
+        assert_eq!(v["endpoints"].as_array().unwrap().len(), ENDPOINTS_LISTED);
+        assert_eq!((v["endpoints_total"].as_u64(), v["endpoints_omitted"].as_u64()), (Some(1200), Some(200)));
+        assert_eq!(v["services"].as_array().unwrap().len(), 120, "every service is listed");
+        let v = doc(&sh, &[("endpoints", "all")]);
+        assert_eq!(v["endpoints"].as_array().unwrap().len(), 1200);
+        assert_eq!(v["endpoints_omitted"], 0);
+        let v = doc(&sh, &[("endpoints", "5")]);
+        assert_eq!(v["endpoints"].as_array().unwrap().len(), 5);
+        assert_eq!(v["endpoints_omitted"], 1195);
+    }
+
+    #[test]
+    fn status_of_one_service_lists_its_routes_and_endpoints_only() {
+        let sh = shared_with(120, 10);
+        let v = doc(&sh, &[("service", "s117")]);
+        let names = |k: &str, f: &str| v[k].as_array().unwrap().iter().map(|x| x[f].as_str().unwrap().to_owned()).collect::<Vec<_>>();
+        assert_eq!(names("services", "name"), ["s117"]);
+        assert_eq!(names("routes", "name"), ["r117"]);
+        assert_eq!(names("endpoints", "service"), vec!["s117"; 10]);
+        assert_eq!(v["endpoints"][3]["address"], "10.0.117.3");
+        assert_eq!((v["endpoints_total"].as_u64(), v["endpoints_omitted"].as_u64()), (Some(10), Some(0)));
+        let Err(NoService(name)) = status(&sh, &StatusQuery { service: Some("nope".into()), endpoints: None }) else { panic!("an unknown service") };
+        assert_eq!(name, "nope");
+    }
+
+    #[test]
+    fn status_parameters_are_checked() {
+        assert_eq!(StatusQuery::from_params([]), Ok(StatusQuery::default()));
+        assert_eq!(
+            StatusQuery::from_params([("service", "web"), ("endpoints", "all")]),
+            Ok(StatusQuery { service: Some("web".into()), endpoints: None })
+        );
+        let err = |p: &[(&str, &str)]| StatusQuery::from_params(p.iter().copied()).unwrap_err();
+        assert_eq!(err(&[("endpoints", "many")]), "endpoints is a number or all, not \"many\"");
+        assert_eq!(err(&[("endpoints", "-1")]), "endpoints is a number or all, not \"-1\"");
+        assert!(err(&[("service", "")]).contains("service's name"));
+        assert!(err(&[("verbose", "1")]).contains("unknown parameter \"verbose\""));
     }
 }

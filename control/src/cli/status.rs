@@ -13,7 +13,8 @@ use serde_json::Value;
 ///
 /// Reads /status from the admin endpoint and prints ports, workers,
 /// services, endpoints (with each one's share of its service's packets)
-/// and drops.
+/// and drops. Endpoints are listed up to --endpoints (1000 unless said);
+/// --service shows one service, its routes and all its endpoints.
 #[derive(Debug, clap::Args)]
 pub struct StatusArgs {
     /// Admin endpoint of the appliance (admin.listen in its configuration).
@@ -22,6 +23,33 @@ pub struct StatusArgs {
     /// Print the raw JSON instead of tables.
     #[arg(long)]
     pub json: bool,
+    /// Only this service: its routes and its endpoints.
+    #[arg(long, value_name = "NAME")]
+    pub service: Option<String>,
+    /// Most endpoints listed, or `all` (default: 1000, or all of --service's).
+    #[arg(long, value_name = "N|all")]
+    pub endpoints: Option<String>,
+}
+
+impl StatusArgs {
+    /// The `/status` path with these arguments' query.
+    fn path(&self) -> String {
+        let mut q = form_urlencoded::Serializer::new(String::new());
+        if let Some(s) = &self.service {
+            q.append_pair("service", s);
+        }
+        match (&self.endpoints, &self.service) {
+            (Some(n), _) => {
+                q.append_pair("endpoints", n);
+            }
+            (None, Some(_)) => {
+                q.append_pair("endpoints", "all");
+            }
+            (None, None) => {}
+        }
+        let q = q.finish();
+        if q.is_empty() { "/status".into() } else { format!("/status?{q}") }
+    }
 }
 
 /// GETs `path` from `addr` (HTTP/1.0) and returns the body.
@@ -263,6 +291,9 @@ pub fn render(st: &Value) -> String {
         })
         .collect();
     table(&mut o, &["SERVICE", "ID", "ADDRESS", "MAC", "STATE", "PACKETS", "SHARE"], &rows);
+    if let Some(n) = st["endpoints_omitted"].as_u64().filter(|&n| n > 0) {
+        let _ = writeln!(o, "({n} of {} endpoints not listed: --endpoints all lists them, --service NAME one service's)", s(&st["endpoints_total"]));
+    }
     let drops = st["drops"].as_array().cloned().unwrap_or_default();
     if !drops.is_empty() {
         let _ = writeln!(o, "\nDROPS");
@@ -300,7 +331,7 @@ fn kubernetes(o: &mut String, k: &Value) {
 
 /// Runs `sluice status`.
 pub fn run(args: &StatusArgs) -> Result<ExitCode> {
-    let body = http_get(args.admin, "/status")?;
+    let body = http_get(args.admin, &args.path())?;
     if args.json {
         println!("{body}");
         return Ok(ExitCode::SUCCESS);
@@ -314,6 +345,28 @@ pub fn run(args: &StatusArgs) -> Result<ExitCode> {
 mod tests {
     use super::*;
     use crate::sources::kube::{KubeStatus, RefusedObject};
+
+    #[test]
+    fn the_arguments_make_the_query() {
+        let args = |service: Option<&str>, endpoints: Option<&str>| StatusArgs {
+            admin: "127.0.0.1:9091".parse().unwrap(),
+            json: false,
+            service: service.map(str::to_owned),
+            endpoints: endpoints.map(str::to_owned),
+        };
+        assert_eq!(args(None, None).path(), "/status");
+        assert_eq!(args(None, Some("all")).path(), "/status?endpoints=all");
+        assert_eq!(args(Some("web"), None).path(), "/status?service=web&endpoints=all");
+        assert_eq!(args(Some("ns/a b"), Some("10")).path(), "/status?service=ns%2Fa+b&endpoints=10");
+    }
+
+    #[test]
+    fn endpoints_left_out_are_counted_under_the_table() {
+        let st = serde_json::json!({"endpoints": [], "endpoints_total": 1200, "endpoints_omitted": 200});
+        assert!(render(&st).contains("(200 of 1200 endpoints not listed: --endpoints all lists them"), "{}", render(&st));
+        let st = serde_json::json!({"endpoints": [], "endpoints_total": 3, "endpoints_omitted": 0});
+        assert!(!render(&st).contains("not listed"));
+    }
 
     #[test]
     fn the_kubernetes_source_is_shown_with_why_nothing_is_served() {
