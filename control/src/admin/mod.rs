@@ -103,7 +103,7 @@ async fn fallback(method: Method, uri: Uri) -> Response {
     }
     (
         StatusCode::NOT_FOUND,
-        format!("no {}: try /metrics, /status, /healthz, /readyz, /tables, /tables/SERVICE[?runs=false], /explain or /latency\n", uri.path()),
+        format!("no {}: try /metrics, /status[?service=NAME][&endpoints=N|all], /healthz, /readyz, /tables, /tables/SERVICE[?runs=false], /explain or /latency\n", uri.path()),
     )
         .into_response()
 }

@@ -278,7 +278,7 @@ pub fn status(sh: &Shared, query: &StatusQuery) -> Result<String, NoService> {
     }
     let endpoints_total = match &query.service {
         None => st.endpoints.iter().map(|s| s.len()).sum(),
-        Some(name) => st.all_endpoints().filter(|e| &*e.service == name.as_str()).count(),
+        Some(_) => st.all_endpoints().filter(|e| query.shows(&e.service)).count(),
     };
     let endpoints_omitted = endpoints_total.saturating_sub(query.endpoints.unwrap_or(usize::MAX));
     let view = StatusView {
