@@ -35,6 +35,16 @@ fn get(port: u16, path: &str) -> Option<String> {
     head.starts_with("HTTP/1.1 200").then(|| body.to_owned())
 }
 
+/// The status line the admin endpoint answers `path` with.
+fn status_line(port: u16, path: &str) -> String {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("the admin endpoint");
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+    let mut buf = String::new();
+    let _ = s.read_to_string(&mut buf);
+    buf.lines().next().unwrap_or("").to_owned()
+}
+
 fn json_at(port: u16, path: &str) -> Value {
     get(port, path).and_then(|b| serde_json::from_str(&b).ok()).unwrap_or(Value::Null)
 }
@@ -213,6 +223,23 @@ fn two_appliances_pick_the_same_endpoint_for_every_slot_whatever_the_order() {
     let (ea, eb) = (json_at(pa, q), json_at(pb, q));
     assert!(ea.to_string().contains("10.50."), "{ea}");
     assert_eq!(ea, eb);
+
+    // /status lists endpoints up to a limit and narrows to one service.
+    let all = json_at(pa, "/status?endpoints=all");
+    let total = all["endpoints_total"].as_u64().expect("endpoints_total");
+    assert_eq!(all["endpoints"].as_array().map(|e| e.len() as u64), Some(total), "{all}");
+    assert_eq!(all["endpoints_omitted"], 0);
+    let two = json_at(pa, "/status?endpoints=2");
+    assert_eq!(two["endpoints"].as_array().map(Vec::len), Some(2));
+    assert_eq!(two["endpoints_omitted"].as_u64(), Some(total - 2));
+    let alpha = json_at(pa, "/status?service=alpha");
+    let names: Vec<&Value> = alpha["services"].as_array().expect("services").iter().map(|s| &s["name"]).collect();
+    assert_eq!(names, [&Value::from("alpha")]);
+    let eps = alpha["endpoints"].as_array().expect("endpoints");
+    assert!(!eps.is_empty() && eps.iter().all(|e| e["service"] == "alpha"), "{alpha}");
+    assert_eq!(Some(eps.len() as u64), alpha["endpoints_total"].as_u64());
+    assert!(status_line(pa, "/status?service=nope").starts_with("HTTP/1.1 404"));
+    assert!(status_line(pa, "/status?endpoints=many").starts_with("HTTP/1.1 400"));
 
     let (ca, _, erra) = a.stop("INT", Duration::from_secs(20));
     let (cb, _, errb) = b.stop("INT", Duration::from_secs(20));
