@@ -24,25 +24,25 @@ fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
-/// GET `path` from the admin endpoint at `port`: the body, if 200.
-fn get(port: u16, path: &str) -> Option<String> {
+/// GET `path` from the admin endpoint at `port`: the status line and the body.
+fn answer(port: u16, path: &str) -> Option<(String, String)> {
     let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
     write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").ok()?;
     let mut buf = String::new();
     s.read_to_string(&mut buf).ok()?;
     let (head, body) = buf.split_once("\r\n\r\n")?;
-    head.starts_with("HTTP/1.1 200").then(|| body.to_owned())
+    Some((head.lines().next().unwrap_or("").to_owned(), body.to_owned()))
+}
+
+/// GET `path` from the admin endpoint at `port`: the body, if 200.
+fn get(port: u16, path: &str) -> Option<String> {
+    answer(port, path).and_then(|(status, body)| status.starts_with("HTTP/1.1 200").then_some(body))
 }
 
 /// The status line the admin endpoint answers `path` with.
 fn status_line(port: u16, path: &str) -> String {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("the admin endpoint");
-    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
-    let mut buf = String::new();
-    let _ = s.read_to_string(&mut buf);
-    buf.lines().next().unwrap_or("").to_owned()
+    answer(port, path).map(|(status, _)| status).unwrap_or_default()
 }
 
 fn json_at(port: u16, path: &str) -> Value {

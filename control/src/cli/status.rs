@@ -38,14 +38,9 @@ impl StatusArgs {
         if let Some(s) = &self.service {
             q.append_pair("service", s);
         }
-        match (&self.endpoints, &self.service) {
-            (Some(n), _) => {
-                q.append_pair("endpoints", n);
-            }
-            (None, Some(_)) => {
-                q.append_pair("endpoints", "all");
-            }
-            (None, None) => {}
+        // One service's endpoints are all listed unless a limit is given.
+        if let Some(n) = self.endpoints.as_deref().or(self.service.as_ref().map(|_| "all")) {
+            q.append_pair("endpoints", n);
         }
         let q = q.finish();
         if q.is_empty() { "/status".into() } else { format!("/status?{q}") }
