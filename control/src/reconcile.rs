@@ -55,7 +55,8 @@ const RELEASE_QUIET: Duration = Duration::from_millis(500);
 /// [`RELEASE_QUIET`], at most once per [`RELEASE_EVERY`]. Without it each
 /// reload of a large configuration that runs on another thread leaves
 /// that thread's arena at its peak: a 10,000-service file reloaded twelve
-/// times grew the appliance from 304 to 1,114 MiB resident.
+/// times grew the appliance from 304 to 1,066 MiB resident
+/// (`bench/results/reload_memory-before-heap-release.json`).
 #[derive(Debug, Default)]
 struct HeapRelease {
     /// A whole-model publication happened since the last release.
