@@ -88,6 +88,13 @@ pub struct WorkerCounters {
     pub idle_cycles: Counter,
     /// Pauses taken after empty poll rounds (see `worker::IdlePolicy`).
     pub idle_pauses: Counter,
+    /// 1 while the worker's pauses can wait on receive interrupts (every
+    /// input has them and the policy asks for them), else 0.
+    pub interrupts_armed: Counter,
+    /// Of those, pauses spent waiting on receive interrupts rather than asleep.
+    pub interrupt_waits: Counter,
+    /// Of those, waits that a receive interrupt ended before their time.
+    pub interrupt_wakeups: Counter,
     /// Snapshot generation in use.
     pub generation: Counter,
     /// Live flow-table entries evicted to make room.
@@ -121,6 +128,9 @@ impl WorkerCounters {
             busy_cycles: Counter::default(),
             idle_cycles: Counter::default(),
             idle_pauses: Counter::default(),
+            interrupts_armed: Counter::default(),
+            interrupt_waits: Counter::default(),
+            interrupt_wakeups: Counter::default(),
             generation: Counter::default(),
             flow_evictions: Counter::default(),
             drops: std::array::from_fn(|_| Counter::default()),

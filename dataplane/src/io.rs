@@ -39,6 +39,17 @@ pub trait PacketBuf {
     fn prefetch(&self) {}
 }
 
+/// What [`PacketIo::wait`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Waited {
+    /// It cannot wait for this pause: sleep instead.
+    Unable,
+    /// An input signalled traffic before the time was up.
+    Woken,
+    /// The time passed with no signal.
+    TimedOut,
+}
+
 /// Burst receive and transmit for one worker.
 ///
 /// Inputs and outputs are small indexes the worker was configured with
@@ -58,6 +69,20 @@ pub trait PacketIo {
     /// Frees every packet of `burst` (in bulk where the backend can).
     fn free(&mut self, burst: &mut Burst<Self::Buf>) {
         burst.clear();
+    }
+
+    /// Prepares [`PacketIo::wait`] on the calling thread, the one that
+    /// polls: true when every input can wake it (receive interrupts).
+    fn arm_wait(&mut self) -> bool {
+        false
+    }
+
+    /// Waits until an input has packets or about `us` microseconds have
+    /// passed, where the backend can ([`PacketIo::arm_wait`] said so);
+    /// [`Waited::Unable`] at once where it cannot, and the caller sleeps.
+    fn wait(&mut self, us: u32) -> Waited {
+        let _ = us;
+        Waited::Unable
     }
 
     /// A hint that memory at `addr` is read soon: a cache prefetch where the

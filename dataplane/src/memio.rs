@@ -4,7 +4,7 @@
 
 use std::collections::VecDeque;
 
-use crate::io::{Burst, PacketBuf, PacketIo};
+use crate::io::{Burst, PacketBuf, PacketIo, Waited};
 
 /// Headroom of a [`MemBuf`], as in a DPDK mbuf.
 pub const HEADROOM: usize = 128;
@@ -89,6 +89,14 @@ pub struct MemIo {
     pub freed: usize,
     /// Prefetch hints received (they are only counted).
     pub prefetches: std::cell::Cell<u64>,
+    /// The inputs signal arrivals ([`PacketIo::arm_wait`] is true): a wait
+    /// ends at once when a frame waits on an input, else times out.
+    pub interrupts: bool,
+    /// The pauses waited on the inputs, in microseconds.
+    pub waited: Vec<u32>,
+    /// Waits that end signalled although no frame shows yet (a device
+    /// whose interrupt comes before its data is readable).
+    pub early_signals: usize,
 }
 
 impl MemIo {
@@ -100,6 +108,9 @@ impl MemIo {
             tx_limit: usize::MAX,
             freed: 0,
             prefetches: std::cell::Cell::new(0),
+            interrupts: false,
+            waited: Vec::new(),
+            early_signals: 0,
         }
     }
 }
@@ -134,6 +145,26 @@ impl PacketIo for MemIo {
     fn free(&mut self, burst: &mut Burst<MemBuf>) {
         self.freed += burst.len();
         burst.clear();
+    }
+
+    fn arm_wait(&mut self) -> bool {
+        self.interrupts
+    }
+
+    fn wait(&mut self, us: u32) -> Waited {
+        if !self.interrupts {
+            return Waited::Unable;
+        }
+        self.waited.push(us);
+        if self.early_signals > 0 {
+            self.early_signals -= 1;
+            return Waited::Woken;
+        }
+        if self.inputs.iter().any(|q| !q.is_empty()) {
+            Waited::Woken
+        } else {
+            Waited::TimedOut
+        }
     }
 
     fn prefetch(&self, _addr: *const u8) {

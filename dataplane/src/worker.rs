@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use crate::counters::{Ledger, WorkerCounters};
 use crate::flow::FragKey;
-use crate::io::{Burst, PacketBuf, PacketIo, BURST};
+use crate::io::{Burst, PacketBuf, PacketIo, Waited, BURST};
 use crate::latency::{Recorder, SharedLatency};
 use crate::pipeline::{FragEvent, Pipeline, PipelineConfig};
 use crate::rcu::Reader;
@@ -33,11 +33,15 @@ pub struct IdlePolicy {
     /// The longest pause, in microseconds; 0 polls without ever pausing
     /// (dedicated cores).
     pub max_pause_us: u32,
+    /// Spend pauses waiting on the inputs' receive interrupts where every
+    /// input has them (and the pause is long enough for the backend): the
+    /// first packet ends the pause.
+    pub rx_interrupts: bool,
 }
 
 impl IdlePolicy {
     /// Never pause.
-    pub const BUSY_POLL: IdlePolicy = IdlePolicy { spin_rounds: 0, max_pause_us: 0 };
+    pub const BUSY_POLL: IdlePolicy = IdlePolicy { spin_rounds: 0, max_pause_us: 0, rx_interrupts: false };
     /// First pause of a run of empty rounds, in microseconds; each further
     /// empty round doubles it up to the maximum.
     pub const FIRST_PAUSE_US: u32 = 1;
@@ -59,13 +63,18 @@ impl Backoff {
         Backoff { policy, empty: 0, next_us: IdlePolicy::FIRST_PAUSE_US }
     }
 
+    /// Starts over, as after a round that took packets in.
+    pub fn reset(&mut self) {
+        self.empty = 0;
+        self.next_us = IdlePolicy::FIRST_PAUSE_US;
+    }
+
     /// After a round that took `n` packets in: how long to pause, in
     /// microseconds (0: poll again at once).
     #[inline]
     pub fn after(&mut self, n: usize) -> u32 {
         if n > 0 || self.policy.max_pause_us == 0 {
-            self.empty = 0;
-            self.next_us = IdlePolicy::FIRST_PAUSE_US;
+            self.reset();
             return 0;
         }
         if self.empty < self.policy.spin_rounds {
@@ -486,8 +495,9 @@ impl<IO: PacketIo> Worker<IO> {
     }
 
     /// [`Worker::run`], pausing when it finds nothing as `policy` says:
-    /// `pause(us)` is called between rounds and should sleep about `us`
-    /// microseconds. Time paused counts as idle.
+    /// waiting on receive interrupts where the policy asks for them and
+    /// the inputs have them, else `pause(us)`, called between rounds, which
+    /// should sleep about `us` microseconds. Time paused counts as idle.
     pub fn run_with(
         &mut self,
         stop: &AtomicBool,
@@ -497,13 +507,30 @@ impl<IO: PacketIo> Worker<IO> {
         pause: impl Fn(u32),
     ) {
         let mut backoff = Backoff::new(policy);
+        let interrupts = policy.rx_interrupts && policy.max_pause_us > 0 && self.io.arm_wait();
+        if interrupts {
+            self.counters.interrupts_armed.add(1);
+        }
         let mut last = cycles();
         while !stop.load(Ordering::Relaxed) {
             let n = self.poll(clock_ms());
             let wait = backoff.after(n);
             if wait > 0 {
                 self.counters.idle_pauses.add(1);
-                pause(wait);
+                match if interrupts { self.io.wait(wait) } else { Waited::Unable } {
+                    Waited::Unable => pause(wait),
+                    Waited::Woken => {
+                        self.counters.interrupt_waits.add(1);
+                        self.counters.interrupt_wakeups.add(1);
+                        // Traffic is coming, and the device may show it a
+                        // little after its interrupt (a tap reads its file
+                        // descriptor once a signal says it has data): poll
+                        // closely again instead of going back to the longest
+                        // pause.
+                        backoff.reset();
+                    }
+                    Waited::TimedOut => self.counters.interrupt_waits.add(1),
+                }
             }
             let now = cycles();
             let spent = now.wrapping_sub(last);
@@ -565,19 +592,19 @@ mod tests {
 
     #[test]
     fn pauses_double_up_to_the_bound_after_the_spin() {
-        let mut b = Backoff::new(IdlePolicy { spin_rounds: 3, max_pause_us: 50 });
+        let mut b = Backoff::new(IdlePolicy { spin_rounds: 3, max_pause_us: 50, rx_interrupts: false });
         assert_eq!(pauses(&mut b, &[0; 12]), [0, 0, 0, 1, 2, 4, 8, 16, 32, 50, 50, 50]);
     }
 
     #[test]
     fn traffic_starts_over() {
-        let mut b = Backoff::new(IdlePolicy { spin_rounds: 1, max_pause_us: 1000 });
+        let mut b = Backoff::new(IdlePolicy { spin_rounds: 1, max_pause_us: 1000, rx_interrupts: false });
         assert_eq!(pauses(&mut b, &[0, 0, 0, 0, 5, 0, 0, 0]), [0, 1, 2, 4, 0, 0, 1, 2]);
     }
 
     #[test]
     fn the_bound_holds_without_overflow() {
-        let mut b = Backoff::new(IdlePolicy { spin_rounds: 0, max_pause_us: u32::MAX });
+        let mut b = Backoff::new(IdlePolicy { spin_rounds: 0, max_pause_us: u32::MAX, rx_interrupts: false });
         let p = pauses(&mut b, &[0; 40]);
         assert_eq!(p[31], 1 << 31);
         assert!(p[32..].iter().all(|&x| x == u32::MAX));

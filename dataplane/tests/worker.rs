@@ -477,7 +477,7 @@ fn an_idle_worker_pauses_and_traffic_is_taken_before_the_next_pause() {
     let p = Publisher::new(appliance(1));
     let mut w = worker(&p);
     let ctr = Arc::clone(w.counters());
-    let policy = IdlePolicy { spin_rounds: 2, max_pause_us: 8 };
+    let policy = IdlePolicy { spin_rounds: 2, max_pause_us: 8, rx_interrupts: false };
     let stop = AtomicBool::new(false);
     let asked = RefCell::new(Vec::new());
     w.run_with(&stop, || 1, || 0, policy, |us| {
@@ -504,6 +504,59 @@ fn an_idle_worker_pauses_and_traffic_is_taken_before_the_next_pause() {
     assert_eq!(ctr.busy_polls.get(), 2);
     assert_eq!(ctr.idle_polls.get(), 8 + 3);
     assert_eq!(drain(&mut w, 1).len(), 40);
+    assert_conserved(&mut w);
+}
+
+#[test]
+fn pauses_wait_on_receive_interrupts_where_the_inputs_have_them() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let policy = IdlePolicy { spin_rounds: 2, max_pause_us: 8, rx_interrupts: true };
+    // 12 empty rounds: 2 spun, 10 paused.
+    let run = |w: &mut H, policy: IdlePolicy, pause: &dyn Fn(u32)| {
+        let stop = AtomicBool::new(false);
+        let rounds = AtomicU64::new(0);
+        let clock_ms = || {
+            if rounds.fetch_add(1, Ordering::Relaxed) + 1 == 12 {
+                stop.store(true, Ordering::Relaxed);
+            }
+            1
+        };
+        w.run_with(&stop, clock_ms, || 0, policy, pause);
+    };
+
+    // Inputs that signal arrivals: every pause is a wait on them.
+    let p = Publisher::new(appliance(1));
+    let mut w = worker(&p);
+    let ctr = Arc::clone(w.counters());
+    w.io_mut().interrupts = true;
+    run(&mut w, policy, &|_| panic!("slept although the inputs can wake the worker"));
+    assert_eq!(w.io_mut().waited, [1, 2, 4, 8, 8, 8, 8, 8, 8, 8], "the same back-off, spent waiting");
+    assert_eq!((ctr.idle_pauses.get(), ctr.interrupt_waits.get(), ctr.interrupt_wakeups.get()), (10, 10, 0));
+    assert_eq!(ctr.interrupts_armed.get(), 1);
+
+    // An interrupt ends a wait before its frame shows: the worker polls
+    // closely again (spins, then the shortest pauses) instead of waiting
+    // the longest pause for what is already there.
+    let mut w = worker(&p);
+    let ctr = Arc::clone(w.counters());
+    w.io_mut().interrupts = true;
+    w.io_mut().early_signals = 1;
+    run(&mut w, policy, &|_| panic!("slept although the inputs can wake the worker"));
+    assert_eq!(w.io_mut().waited, [1, 1, 2, 4, 8, 8, 8, 8]);
+    assert_eq!((ctr.interrupt_waits.get(), ctr.interrupt_wakeups.get()), (8, 1));
+
+    // The same inputs with the policy's switch off, and inputs without
+    // interrupts: the worker sleeps.
+    for (interrupts, switch) in [(true, false), (false, true)] {
+        let mut w = worker(&p);
+        let ctr = Arc::clone(w.counters());
+        w.io_mut().interrupts = interrupts;
+        let slept = std::cell::RefCell::new(Vec::new());
+        run(&mut w, IdlePolicy { rx_interrupts: switch, ..policy }, &|us| slept.borrow_mut().push(us));
+        assert_eq!(slept.borrow().len(), 10);
+        assert!(w.io_mut().waited.is_empty());
+        assert_eq!((ctr.interrupts_armed.get(), ctr.interrupt_waits.get()), (0, 0));
+    }
     assert_conserved(&mut w);
 }
 

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use sluice_dataplane::gen::GenIo;
-use sluice_dataplane::io::{Burst, PacketIo};
+use sluice_dataplane::io::{Burst, PacketIo, Waited};
 
 use crate::mempool::Mempool;
 
@@ -19,7 +19,14 @@ pub struct QueueIo {
     pub rx: Vec<RxQueue>,
     /// Outputs, by index.
     pub tx: Vec<TxQueue>,
+    /// Every input's receive interrupt is armed on the polling thread.
+    armed: bool,
 }
+
+/// The shortest pause spent waiting on receive interrupts, in
+/// microseconds: DPDK's wait counts in milliseconds, and shorter pauses
+/// sleep.
+pub const INTERRUPT_WAIT_MIN_US: u32 = 1000;
 
 impl PacketIo for QueueIo {
     type Buf = Mbuf;
@@ -46,6 +53,33 @@ impl PacketIo for QueueIo {
     #[inline]
     fn free(&mut self, burst: &mut Burst<Mbuf>) {
         free_burst(burst);
+    }
+
+    fn arm_wait(&mut self) -> bool {
+        // Every input, or none: one that cannot wake the thread would wait
+        // out the whole pause.
+        self.armed = !self.rx.is_empty() && self.rx.iter().all(RxQueue::arm_interrupt);
+        self.armed
+    }
+
+    fn wait(&mut self, us: u32) -> Waited {
+        if !self.armed || us < INTERRUPT_WAIT_MIN_US {
+            return Waited::Unable;
+        }
+        for q in &self.rx {
+            q.set_interrupt(true);
+        }
+        // A packet that came between the last poll and the switch above
+        // may raise no interrupt on some devices: the pause bounds its wait.
+        let woken = crate::port::wait_for_rx(us / INTERRUPT_WAIT_MIN_US);
+        for q in &self.rx {
+            q.set_interrupt(false);
+        }
+        if woken {
+            Waited::Woken
+        } else {
+            Waited::TimedOut
+        }
     }
 
     #[inline(always)]

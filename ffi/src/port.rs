@@ -69,11 +69,24 @@ pub struct PortConfig {
     /// MTU to set before the device starts, if any. A driver that cannot
     /// change its MTU is accepted when its MTU is at least this.
     pub mtu: Option<u16>,
+    /// Ask the device for receive interrupts, so that an idle poller can
+    /// sleep until traffic comes ([`RxQueue::arm_interrupt`]). A device
+    /// that fails to start with them is started again without.
+    pub rx_interrupts: bool,
 }
 
 impl Default for PortConfig {
     fn default() -> Self {
-        PortConfig { rx_queues: 1, tx_queues: 1, rx_desc: 1024, tx_desc: 1024, rss: true, promiscuous: true, mtu: None }
+        PortConfig {
+            rx_queues: 1,
+            tx_queues: 1,
+            rx_desc: 1024,
+            tx_desc: 1024,
+            rss: true,
+            promiscuous: true,
+            mtu: None,
+            rx_interrupts: false,
+        }
     }
 }
 
@@ -259,6 +272,8 @@ struct PortInner {
     /// Serialises control-path reads (statistics, link) of this port.
     ctl: Mutex<()>,
     _pool: Arc<Mempool>,
+    /// Started with receive interrupts requested.
+    rx_interrupts: bool,
     /// Dropped last: the EAL outlives the close above.
     claim: PortClaim,
 }
@@ -408,6 +423,47 @@ fn set_mtu(id: PortId, info: &PortInfo, want: u16) -> Result<()> {
     )))
 }
 
+/// `rte_eth_dev_configure` of a port not started.
+fn configure(id: PortId, info: &PortInfo, cfg: &PortConfig, conf: &sys::rte_eth_conf) -> Result<()> {
+    // SAFETY: valid port id and configuration structure.
+    let ret = unsafe { sys::rte_eth_dev_configure(id.0, cfg.rx_queues, cfg.tx_queues, conf) };
+    if ret != 0 {
+        return Err(call_error("rte_eth_dev_configure", format!("{id} {}", info.name), ret));
+    }
+    Ok(())
+}
+
+/// Sets up the queues of a configured port, receiving into `pool`, and its MTU.
+fn set_up_queues(id: PortId, info: &PortInfo, cfg: &PortConfig, pool: &Arc<Mempool>) -> Result<()> {
+    let (mut nrx, mut ntx) = (cfg.rx_desc, cfg.tx_desc);
+    // SAFETY: valid port and out pointers.
+    let ret = unsafe { sys::rte_eth_dev_adjust_nb_rx_tx_desc(id.0, &mut nrx, &mut ntx) };
+    if ret != 0 {
+        return Err(call_error("rte_eth_dev_adjust_nb_rx_tx_desc", id.to_string(), ret));
+    }
+    // SOCKET_ID_ANY (-1) as the unsigned value DPDK expects.
+    let socket = u32::try_from(info.socket).unwrap_or(u32::MAX);
+    for q in 0..cfg.rx_queues {
+        // SAFETY: configured port; null rxconf means the driver default;
+        // the pool outlives the port (held by its `PortInner`).
+        let ret = unsafe { sys::rte_eth_rx_queue_setup(id.0, q, nrx, socket, std::ptr::null(), pool.as_ptr()) };
+        if ret != 0 {
+            return Err(call_error("rte_eth_rx_queue_setup", format!("{id} q{q}"), ret));
+        }
+    }
+    for q in 0..cfg.tx_queues {
+        // SAFETY: configured port; null txconf means the driver default.
+        let ret = unsafe { sys::rte_eth_tx_queue_setup(id.0, q, ntx, socket, std::ptr::null()) };
+        if ret != 0 {
+            return Err(call_error("rte_eth_tx_queue_setup", format!("{id} q{q}"), ret));
+        }
+    }
+    if let Some(mtu) = cfg.mtu {
+        set_mtu(id, info, mtu)?;
+    }
+    Ok(())
+}
+
 /// A configured, started Ethernet port.
 pub struct Port {
     inner: Arc<PortInner>,
@@ -461,48 +517,40 @@ impl Port {
             conf.rxmode.mq_mode = sys::RTE_ETH_MQ_RX_RSS;
             conf.rx_adv_conf.rss_conf.rss_hf = rss_hf;
         }
-        // SAFETY: valid port id and configuration structure.
-        let ret = unsafe { sys::rte_eth_dev_configure(id.0, cfg.rx_queues, cfg.tx_queues, &conf) };
-        if ret != 0 {
-            return Err(call_error("rte_eth_dev_configure", format!("{id} {}", info.name), ret));
+        if cfg.rx_interrupts {
+            conf.intr_conf.set_rxq(1);
         }
+        configure(id, &info, cfg, &conf)?;
         // From here on, dropping `inner` closes the device (stopping it
         // first once it is started).
-        let mut inner =
-            PortInner { id, started: false, restore_promisc: None, ctl: Mutex::new(()), _pool: Arc::clone(pool), claim };
-        let (mut nrx, mut ntx) = (cfg.rx_desc, cfg.tx_desc);
-        // SAFETY: valid port and out pointers.
-        let ret = unsafe { sys::rte_eth_dev_adjust_nb_rx_tx_desc(id.0, &mut nrx, &mut ntx) };
-        if ret != 0 {
-            return Err(call_error("rte_eth_dev_adjust_nb_rx_tx_desc", id.to_string(), ret));
-        }
-        // SOCKET_ID_ANY (-1) as the unsigned value DPDK expects.
-        let socket = u32::try_from(info.socket).unwrap_or(u32::MAX);
-        for q in 0..cfg.rx_queues {
-            // SAFETY: configured port; null rxconf means the driver default;
-            // the pool outlives the port (held by `inner`).
-            let ret = unsafe { sys::rte_eth_rx_queue_setup(id.0, q, nrx, socket, std::ptr::null(), pool.as_ptr()) };
-            if ret != 0 {
-                return Err(call_error("rte_eth_rx_queue_setup", format!("{id} q{q}"), ret));
-            }
-        }
-        for q in 0..cfg.tx_queues {
-            // SAFETY: configured port; null txconf means the driver default.
-            let ret = unsafe { sys::rte_eth_tx_queue_setup(id.0, q, ntx, socket, std::ptr::null()) };
-            if ret != 0 {
-                return Err(call_error("rte_eth_tx_queue_setup", format!("{id} q{q}"), ret));
-            }
-        }
-        if let Some(mtu) = cfg.mtu {
-            set_mtu(id, &info, mtu)?;
-        }
+        let mut inner = PortInner {
+            id,
+            started: false,
+            restore_promisc: None,
+            ctl: Mutex::new(()),
+            _pool: Arc::clone(pool),
+            rx_interrupts: cfg.rx_interrupts,
+            claim,
+        };
+        set_up_queues(id, &info, cfg, pool)?;
         // Read before the start, which replays DPDK's own flag onto the
         // device: for kernel-backed drivers it starts off, whatever the
         // kernel interface had.
         // SAFETY: configured port; a plain query.
         let promisc_before = unsafe { sys::rte_eth_promiscuous_get(id.0) } == 1 || kernel_promiscuous(info.if_index);
         // SAFETY: every queue is set up.
-        let ret = unsafe { sys::rte_eth_dev_start(id.0) };
+        let mut ret = unsafe { sys::rte_eth_dev_start(id.0) };
+        if ret != 0 && cfg.rx_interrupts {
+            // Some devices cannot start with receive interrupts (no
+            // interrupt vector for them): without, the worker sleeps on a
+            // timer instead.
+            conf.intr_conf.set_rxq(0);
+            inner.rx_interrupts = false;
+            configure(id, &info, cfg, &conf)?;
+            set_up_queues(id, &info, cfg, pool)?;
+            // SAFETY: every queue is set up again.
+            ret = unsafe { sys::rte_eth_dev_start(id.0) };
+        }
         if ret != 0 {
             return Err(call_error("rte_eth_dev_start", format!("{id} {}", info.name), ret));
         }
@@ -671,6 +719,73 @@ impl RxQueue {
             usize::from(n)
         }
     }
+}
+
+impl RxQueue {
+    /// Registers this queue's receive interrupt with the calling thread's
+    /// DPDK epoll instance, for [`wait_for_rx`]: true when the device gives
+    /// one (it was started with `rx_interrupts` and its driver has them).
+    /// Call on the thread that polls the queue, once.
+    pub fn arm_interrupt(&self) -> bool {
+        if !self.port.rx_interrupts {
+            return false;
+        }
+        // A device without receive interrupts answers with an error log
+        // line ("Rx Intr handle unset"): asked of every device, that is no
+        // error, so logging is quiet for the question.
+        // SAFETY: plain reads and writes of EAL's log level.
+        let level = unsafe { sys::rte_log_get_global_level() };
+        // SAFETY: as above.
+        unsafe { sys::rte_log_set_global_level(sys::RTE_LOG_EMERG) };
+        // SAFETY: started port, valid queue; RTE_EPOLL_PER_THREAD names the
+        // calling thread's epoll instance (created by EAL on first use); no
+        // user data.
+        let ret = unsafe {
+            sys::rte_eth_dev_rx_intr_ctl_q(
+                self.port.id.0,
+                self.queue.0,
+                sys::RTE_EPOLL_PER_THREAD,
+                sys::RTE_INTR_EVENT_ADD as i32,
+                std::ptr::null_mut(),
+            )
+        };
+        // SAFETY: as above.
+        unsafe { sys::rte_log_set_global_level(level) };
+        ret == 0
+    }
+
+    /// Turns the queue's receive interrupt on or off. Devices whose
+    /// interrupt is always on (a tap's file descriptor) have no switch.
+    pub fn set_interrupt(&self, on: bool) {
+        // SAFETY: started port, valid queue. The result is ignored: ENOTSUP
+        // means the interrupt needs no switching.
+        unsafe {
+            if on {
+                sys::rte_eth_dev_rx_intr_enable(self.port.id.0, self.queue.0);
+            } else {
+                sys::rte_eth_dev_rx_intr_disable(self.port.id.0, self.queue.0);
+            }
+        }
+    }
+}
+
+/// Waits up to `timeout_ms` milliseconds for a receive interrupt of a
+/// queue armed on the calling thread ([`RxQueue::arm_interrupt`]): true
+/// when one came (a packet arrived), false on timeout.
+pub fn wait_for_rx(timeout_ms: u32) -> bool {
+    const EVENTS: i32 = 8;
+    let mut events = [sys::rte_epoll_event::default(); EVENTS as usize];
+    // SAFETY: the calling thread's epoll instance; `events` has room for
+    // the count given. EAL acknowledges each interrupt before returning.
+    let n = unsafe {
+        sys::rte_epoll_wait(
+            sys::RTE_EPOLL_PER_THREAD,
+            events.as_mut_ptr(),
+            EVENTS,
+            i32::try_from(timeout_ms).unwrap_or(i32::MAX),
+        )
+    };
+    n > 0
 }
 
 /// A transmit queue, used by one thread.

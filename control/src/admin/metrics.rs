@@ -106,7 +106,7 @@ type WorkerMetric = (&'static str, &'static str, fn(&WorkerCounters) -> u64);
 /// A metric read from a port's statistics.
 type PortMetric = (&'static str, &'static str, fn(&PortStats) -> u64);
 
-const WORKER_COUNTERS: [WorkerMetric; 15] = [
+const WORKER_COUNTERS: [WorkerMetric; 17] = [
     ("rx_packets", "Packets received from ports.", |w| w.rx_packets.get()),
     ("rx_bytes", "Bytes received from ports.", |w| w.rx_bytes.get()),
     ("tx_packets", "Packets sent.", |w| w.tx_packets.get()),
@@ -118,6 +118,8 @@ const WORKER_COUNTERS: [WorkerMetric; 15] = [
     ("busy_polls", "Poll rounds that received packets.", |w| w.busy_polls.get()),
     ("idle_polls", "Poll rounds that received nothing.", |w| w.idle_polls.get()),
     ("idle_pauses", "Pauses (sleeps) after poll rounds that received nothing; 0 with dpdk.busyPoll.", |w| w.idle_pauses.get()),
+    ("interrupt_waits", "Idle pauses spent waiting on the ports' receive interrupts instead of asleep (dpdk.rxInterrupts).", |w| w.interrupt_waits.get()),
+    ("interrupt_wakeups", "Interrupt waits that a receive interrupt ended early: traffic woke the worker.", |w| w.interrupt_wakeups.get()),
     ("flow_evictions", "Live flow-table entries evicted to make room.", |w| w.flow_evictions.get()),
     ("icmp_too_big", "ICMP fragmentation-needed / packet-too-big errors sent to clients whose packets no longer fit a tunnel.", |w| w.icmp_too_big.get()),
     ("steered_out_packets", "Packets handed to the worker that owns their flow.", |w| w.steered_out.get()),
@@ -328,6 +330,13 @@ impl Collector for SluiceCollector {
             "Time a worker spent in poll rounds that received nothing.",
             Kind::Counter,
             sh.workers.iter().map(|w| (worker(w), secs(w.counters.idle_cycles.get()))),
+        )?;
+        family(
+            &mut e,
+            "sluice_worker_rx_interrupts",
+            "1 when a worker's idle pauses wait on receive interrupts (every port queue it polls has them; dpdk.rxInterrupts), 0 when it sleeps.",
+            Kind::Gauge,
+            sh.workers.iter().map(|w| (worker(w), f(w.counters.interrupts_armed.get()))),
         )?;
         family(
             &mut e,

@@ -47,6 +47,7 @@ pub fn start(eal: &Eal, cfg: &ApplianceConfig, workers: u16) -> Result<Machine> 
             rx_desc: cfg.dpdk.descriptors,
             tx_desc: cfg.dpdk.descriptors,
             mtu: Some(pc.mtu),
+            rx_interrupts: cfg.dpdk.rx_interrupts && !cfg.dpdk.busy_poll,
             ..FfiPortConfig::default()
         };
         let port = Port::start(eal, id, &q, &pool)

@@ -121,7 +121,7 @@ fn idle_policy(d: &crate::config::DpdkConfig) -> IdlePolicy {
     if d.busy_poll {
         IdlePolicy::BUSY_POLL
     } else {
-        IdlePolicy { spin_rounds: IDLE_SPIN_ROUNDS, max_pause_us: d.idle_pause_max_us }
+        IdlePolicy { spin_rounds: IDLE_SPIN_ROUNDS, max_pause_us: d.idle_pause_max_us, rx_interrupts: d.rx_interrupts }
     }
 }
 
@@ -269,7 +269,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
         .map_err(|ps| anyhow!("the first snapshot could not be built: {}", ps.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")))?;
 
     let idle = idle_policy(&cfg.dpdk);
-    info!(busy_poll = cfg.dpdk.busy_poll, idle_pause_max_us = idle.max_pause_us, "worker idle policy");
+    info!(busy_poll = cfg.dpdk.busy_poll, idle_pause_max_us = idle.max_pause_us, rx_interrupts = idle.rx_interrupts, "worker idle policy");
     let stop = Arc::new(AtomicBool::new(false));
     let mut workers = workers::Workers::new(Arc::clone(&stop));
     let mut on_main = None;

@@ -83,6 +83,9 @@ pub struct DpdkConfig {
     /// The longest pause of a worker that finds nothing, in microseconds
     /// (`dpdk.idlePauseMaxMicros`).
     pub idle_pause_max_us: u32,
+    /// Idle workers wait on their ports' receive interrupts, where every
+    /// port they poll has them, instead of sleeping (`dpdk.rxInterrupts`).
+    pub rx_interrupts: bool,
     /// Workers keep a histogram of each packet's time through them
     /// (`dpdk.latencyHistogram`), served at the admin endpoint's `/latency`.
     pub latency_histogram: bool,
@@ -373,6 +376,7 @@ fn dpdk_defaults() -> DpdkConfig {
         extra_args: Vec::new(),
         busy_poll: false,
         idle_pause_max_us: 2000,
+        rx_interrupts: true,
         latency_histogram: false,
     }
 }
@@ -391,6 +395,7 @@ fn dpdk(n: Node<'_>, p: &mut Problems) -> DpdkConfig {
             "extraArgs",
             "busyPoll",
             "idlePauseMaxMicros",
+            "rxInterrupts",
             "latencyHistogram",
         ],
     );
@@ -414,6 +419,7 @@ fn dpdk(n: Node<'_>, p: &mut Problems) -> DpdkConfig {
     n.field("busyPoll", |n| n.boolean(p).map(|v| d.busy_poll = v));
     let (lo, hi) = bounds::IDLE_PAUSE_MAX_MICROS;
     n.field("idlePauseMaxMicros", |n| n.int(p, lo, hi).map(|v| d.idle_pause_max_us = v as u32));
+    n.field("rxInterrupts", |n| n.boolean(p).map(|v| d.rx_interrupts = v));
     n.field("latencyHistogram", |n| n.boolean(p).map(|v| d.latency_histogram = v));
     d
 }
@@ -727,12 +733,13 @@ gateways:
     #[test]
     fn idle_policy_fields() {
         let port = "ports: [{name: a, device: net_null0}]\n";
-        let c = parse_str(&format!("dpdk: {{busyPoll: true, idlePauseMaxMicros: 50, latencyHistogram: true}}\n{port}"), Path::new("c.yaml")).unwrap();
-        assert!(c.dpdk.busy_poll && c.dpdk.latency_histogram);
+        let c = parse_str(&format!("dpdk: {{busyPoll: true, idlePauseMaxMicros: 50, latencyHistogram: true, rxInterrupts: false}}\n{port}"), Path::new("c.yaml")).unwrap();
+        assert!(c.dpdk.busy_poll && c.dpdk.latency_histogram && !c.dpdk.rx_interrupts);
         assert_eq!(c.dpdk.idle_pause_max_us, 50);
         let d = parse_str(port, Path::new("c.yaml")).unwrap();
         assert_eq!((d.dpdk.busy_poll, d.dpdk.idle_pause_max_us, d.dpdk.latency_histogram), (false, 2000, false));
-        assert_eq!(problems(&format!("dpdk: {{busyPoll: 1, idlePauseMaxMicros: 0, latencyHistogram: 2}}\n{port}")).len(), 3);
+        assert!(d.dpdk.rx_interrupts, "on by default");
+        assert_eq!(problems(&format!("dpdk: {{busyPoll: 1, idlePauseMaxMicros: 0, latencyHistogram: 2, rxInterrupts: 3}}\n{port}")).len(), 4);
         assert_eq!(problems(&format!("dpdk: {{idlePauseMaxMicros: 100001}}\n{port}")).len(), 1);
     }
 
