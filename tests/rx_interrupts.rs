@@ -65,13 +65,17 @@ fn taps() -> String {
     )
 }
 
-fn quiet_namespace(tag: &str) -> Netns {
+/// A namespace of the test's own, without IPv6 chatter (router
+/// solicitations, MLD) on the taps, so the only frames are the test's; and
+/// an empty directory for the configurations.
+fn setup(tag: &str) -> (Netns, std::path::PathBuf) {
     let ns = Netns::new(tag);
-    // No IPv6 chatter (router solicitations, MLD) on the taps: the only
-    // frames are the test's.
     ns.sysctl("net.ipv6.conf.all.disable_ipv6", "1");
     ns.sysctl("net.ipv6.conf.default.disable_ipv6", "1");
-    ns
+    let dir = std::env::temp_dir().join(format!("sluice-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    (ns, dir)
 }
 
 #[test]
@@ -79,10 +83,7 @@ fn traffic_after_idle_wakes_the_worker_through_the_receive_interrupt() {
     if !privileged() {
         return;
     }
-    let ns = quiet_namespace("intr");
-    let dir = std::env::temp_dir().join(format!("sluice-intr-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let (ns, dir) = setup("intr");
     let admin = 19301;
     let cfg = config(&dir, "on", admin, &taps(), "");
     let mut lb = start(&ns, &cfg, admin);
@@ -128,10 +129,7 @@ fn without_interrupts_the_worker_sleeps_its_pauses() {
     if !privileged() {
         return;
     }
-    let ns = quiet_namespace("nointr");
-    let dir = std::env::temp_dir().join(format!("sluice-nointr-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let (ns, dir) = setup("nointr");
     let null = "  - {name: front, device: \"net_null0,no-rx=1\", addresses: [10.1.0.1/24], kernelInterface: \"\"}\n  - {name: back, device: \"net_null1,no-rx=1\", addresses: [10.2.0.1/24], kernelInterface: \"\"}";
     for (tag, ports, extra) in [("off", taps(), ", rxInterrupts: false"), ("null", null.to_owned(), "")] {
         let admin = if tag == "off" { 19302 } else { 19303 };

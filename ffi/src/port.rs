@@ -517,10 +517,19 @@ impl Port {
             conf.rxmode.mq_mode = sys::RTE_ETH_MQ_RX_RSS;
             conf.rx_adv_conf.rss_conf.rss_hf = rss_hf;
         }
-        if cfg.rx_interrupts {
-            conf.intr_conf.set_rxq(1);
+        // Receive interrupts where asked; a device that refuses them, here
+        // or at the start below, is set up again without (its worker then
+        // sleeps its pauses instead of waiting on them).
+        let mut rx_interrupts = cfg.rx_interrupts;
+        conf.intr_conf.set_rxq(u32::from(rx_interrupts));
+        if let Err(e) = configure(id, &info, cfg, &conf) {
+            if !rx_interrupts {
+                return Err(e);
+            }
+            rx_interrupts = false;
+            conf.intr_conf.set_rxq(0);
+            configure(id, &info, cfg, &conf)?;
         }
-        configure(id, &info, cfg, &conf)?;
         // From here on, dropping `inner` closes the device (stopping it
         // first once it is started).
         let mut inner = PortInner {
@@ -529,7 +538,7 @@ impl Port {
             restore_promisc: None,
             ctl: Mutex::new(()),
             _pool: Arc::clone(pool),
-            rx_interrupts: cfg.rx_interrupts,
+            rx_interrupts,
             claim,
         };
         set_up_queues(id, &info, cfg, pool)?;
@@ -540,10 +549,7 @@ impl Port {
         let promisc_before = unsafe { sys::rte_eth_promiscuous_get(id.0) } == 1 || kernel_promiscuous(info.if_index);
         // SAFETY: every queue is set up.
         let mut ret = unsafe { sys::rte_eth_dev_start(id.0) };
-        if ret != 0 && cfg.rx_interrupts {
-            // Some devices cannot start with receive interrupts (no
-            // interrupt vector for them): without, the worker sleeps on a
-            // timer instead.
+        if ret != 0 && inner.rx_interrupts {
             conf.intr_conf.set_rxq(0);
             inner.rx_interrupts = false;
             configure(id, &info, cfg, &conf)?;
