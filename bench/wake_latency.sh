@@ -101,7 +101,7 @@ routes:
 YAML
   ip netns exec "$A" "$SLUICE" run --config "$WORK/c.yaml" > "$WORK/$mode.log" 2>&1 &
   SPID=$!
-  for _ in $(seq 100); do metric sluice_worker_idle_polls_total >/dev/null 2>&1 && [ -n "$(metric sluice_worker_idle_polls_total)" ] && break; sleep 0.1; done
+  for _ in $(seq 100); do [ -n "$(metric sluice_worker_idle_polls_total)" ] && break; sleep 0.1; done
   ip netns exec "$A" ip link set slw1 netns "$B"
   ip netns exec "$A" ip addr add 10.1.0.2/24 dev slw0
   ip netns exec "$A" ip route add 20.0.0.0/24 via 10.1.0.1

@@ -117,7 +117,7 @@ const WORKER_COUNTERS: [WorkerMetric; 17] = [
     ("held_fragments", "Later IP fragments held for their first fragment.", |w| w.stashed.get()),
     ("busy_polls", "Poll rounds that received packets.", |w| w.busy_polls.get()),
     ("idle_polls", "Poll rounds that received nothing.", |w| w.idle_polls.get()),
-    ("idle_pauses", "Pauses (sleeps) after poll rounds that received nothing; 0 with dpdk.busyPoll.", |w| w.idle_pauses.get()),
+    ("idle_pauses", "Pauses after poll rounds that received nothing (sleeps, or waits on receive interrupts: interrupt_waits); 0 with dpdk.busyPoll.", |w| w.idle_pauses.get()),
     ("interrupt_waits", "Idle pauses spent waiting on the ports' receive interrupts instead of asleep (dpdk.rxInterrupts).", |w| w.interrupt_waits.get()),
     ("interrupt_wakeups", "Interrupt waits that a receive interrupt ended early: traffic woke the worker.", |w| w.interrupt_wakeups.get()),
     ("flow_evictions", "Live flow-table entries evicted to make room.", |w| w.flow_evictions.get()),
