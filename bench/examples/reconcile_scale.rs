@@ -10,6 +10,14 @@
 //! `Model::resolve_endpoints`, `Compiler::compile_changed`), checked to give
 //! the same services as compiling everything.
 //!
+//!
+//! It also reports the heap each layer of the initial load holds, all of
+//! them kept alive as the appliance keeps them: the xDS resources as the
+//! client decodes them, the mapping, the model (the source's desired
+//! state), the resolved model, and the compiler (its per-service entries
+//! and the snapshot, whose Maglev tables are counted apart). In bytes
+//! (glibc's in-use count), so it does not depend on the host's speed.
+//!
 //! ```text
 //! cargo run --release -p sluice-bench --example reconcile_scale -- \
 //!     [--services 10000] [--endpoints 10] [--rounds 20] [--out bench/results/reconcile_scale.json]
@@ -71,7 +79,13 @@ fn median(v: &mut [f64]) -> f64 {
     v[v.len() / 2]
 }
 
+/// Heap in use now, in bytes.
+fn heap() -> i64 {
+    i64::try_from(sluice_ffi::heap::in_use()).unwrap()
+}
+
 fn main() {
+    let h_start = heap();
     let services = arg("--services", 10_000);
     let per = arg("--endpoints", 10);
     let rounds = arg("--rounds", 20).max(1);
@@ -108,6 +122,7 @@ fn main() {
             .collect();
         clas.insert(name, ClaState::Known(Arc::new(Cla { endpoints })));
     }
+    let h_resources = heap();
     let topo = Topology {
         ports: vec![TopoPort {
             name: "back".into(),
@@ -120,15 +135,36 @@ fn main() {
     // Every endpoint's MAC is known (as after ARP on a quiet segment).
     let macs = Macs((0..services * per).map(|i| ((0u8, addr(i)), [2, 1, 0, 0, 0, 1])).collect());
 
+    let h_macs = heap();
     let t = Instant::now();
     let mut built = build(&clusters, &clas, &Built::default(), &defaults).unwrap();
+    let h_mapping = heap();
     let mut model = Model::default();
     model.set("xds", built.desired());
+    let h_model = heap();
     let resolved = model.resolve(&defaults).unwrap();
+    let h_resolved = heap();
     let mut compiler = Compiler::new(services as u32 + 16, (services * per) as u32 + 16);
     let first = compiler.compile(&resolved, &topo, &macs).unwrap();
+    let h_compiled = heap();
     let initial_s = t.elapsed().as_secs_f64();
     assert_eq!(first.rebuilt.len(), services);
+    let tables: usize = first.snapshot.services.iter().filter_map(|s| s.table.as_ref()).map(|t| t.heap_bytes()).sum();
+    let tables = i64::try_from(tables).unwrap();
+    let mib = |b: i64| (b as f64 / f64::from(1u32 << 20) * 10.0).round() / 10.0;
+    let per_endpoint = |b: i64| b / i64::try_from(services * per).unwrap();
+    let layers = [
+        ("xds_resources", h_resources - h_start),
+        ("xds_mapping", h_mapping - h_macs),
+        ("model", h_model - h_mapping),
+        ("resolved", h_resolved - h_model),
+        ("compiled_without_tables", h_compiled - h_resolved - tables),
+        ("maglev_tables", tables),
+    ];
+    let total: i64 = layers.iter().map(|l| l.1).sum();
+    let heap_mib: serde_json::Map<String, serde_json::Value> = layers.iter().map(|(k, v)| ((*k).to_owned(), json!(mib(*v)))).chain([("total".to_owned(), json!(mib(total)))]).collect();
+    let heap_bytes_per_endpoint: serde_json::Map<String, serde_json::Value> =
+        layers.iter().map(|(k, v)| ((*k).to_owned(), json!(per_endpoint(*v)))).chain([("total".to_owned(), json!(per_endpoint(total)))]).collect();
     // The path a change to endpoints only takes (the reconciler's
     // Endpoints message): the same start, kept apart.
     let mut model2 = model.clone();
@@ -209,6 +245,8 @@ fn main() {
         "rounds": rounds,
         "load_average": std::fs::read_to_string("/proc/loadavg").unwrap_or_default().split_whitespace().take(3).collect::<Vec<_>>().join(" "),
         "initial_load_s": initial_s,
+        "heap_mib_initial_load": heap_mib,
+        "heap_bytes_per_endpoint_initial_load": heap_bytes_per_endpoint,
         "median_ms": {
             "xds_mapping_build": b,
             "xds_mapping_build_every_cluster_reused": br,

@@ -27,6 +27,14 @@ pub fn usage() -> (usize, usize) {
     (mi.fordblks, mi.uordblks)
 }
 
+/// Bytes of heap in use: allocated inside the arenas plus allocations
+/// the allocator mapped on their own (`uordblks + hblkhd`).
+pub fn in_use() -> usize {
+    // SAFETY: as in `usage`.
+    let mi = unsafe { libc::mallinfo2() };
+    mi.uordblks + mi.hblkhd
+}
+
 /// When at least `threshold` bytes are free inside the arenas, gives every
 /// whole free page back to the kernel (`malloc_trim(0)`: all arenas, pages
 /// in the middle too). Takes each arena's lock in turn: run it off any
@@ -63,6 +71,11 @@ mod tests {
         assert!(r.free >= 32 << 20, "the freed blocks are free in the arena: {r:?}");
         let r = release(1);
         assert!(r.trimmed);
+        // A block above the mmap threshold is counted in use too.
+        let before = in_use();
+        let big = vec![1u8; 64 << 20];
+        assert!(in_use() >= before + (64 << 20), "{} -> {}", before, in_use());
+        drop(big);
         assert_eq!(keep.map(|k| k.len()), Some(64 << 10));
     }
 }
