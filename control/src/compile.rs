@@ -226,9 +226,6 @@ impl Slots {
 /// draining, static MAC).
 type EndpointInput = (u32, Addr, u32, bool, Option<[u8; 6]>);
 
-/// A next hop (port, address) and the MAC the neighbour table gave for it.
-type LookedUp = ((u8, Addr), Option<[u8; 6]>);
-
 /// What of a resolved service the compilation depends on (not where its
 /// definitions came from): compared field by field, without a string but
 /// the name, on every compilation for every service.
@@ -276,18 +273,27 @@ struct Entry {
     input: Input,
     /// Its counter slot.
     key: u32,
-    /// Endpoint counter slots, by address.
-    slots: Sorted<Addr, u32>,
-    /// Incarnations, by (address, identifier).
-    incarnations: Sorted<(Addr, u32), u32>,
-    /// The dataplane's form of it.
-    spec: ServiceSpec,
-    /// The built service (tables).
+    /// What each endpoint keeps while its address stays in the service,
+    /// by address.
+    slots: Sorted<Addr, Kept>,
+    /// The built service (tables), which also tells the spec it was built
+    /// from.
     svc: Arc<Service>,
-    /// Its endpoints' statuses.
+    /// Its endpoints' statuses (with the next hop each looked up, and the
+    /// MAC found).
     statuses: Arc<[EndpointStatus]>,
-    /// The neighbour entries it looked up: (port, address) and the MAC found.
-    looked_up: Vec<LookedUp>,
+}
+
+/// What an endpoint keeps across compilations while its address stays in
+/// its service.
+#[derive(Clone, Copy, Debug)]
+struct Kept {
+    /// Its counter slot.
+    counter: u32,
+    /// The identifier it had, and its incarnation under it (a new
+    /// identifier for the same address is a new incarnation).
+    id: u32,
+    incarnation: u32,
 }
 
 /// A small map as a vector sorted by key (a service's endpoints: a tenth
@@ -320,7 +326,7 @@ impl Entry {
 
     /// True when every MAC it looked up is still what `neigh` says.
     fn macs_hold(&self, neigh: &dyn Neighbors) -> bool {
-        self.looked_up.iter().all(|&((port, a), mac)| neigh.mac(port, a) == mac)
+        self.statuses.iter().all(|e| e.hop.is_none_or(|(port, a)| neigh.mac(port, a) == e.mac))
     }
 }
 
@@ -575,9 +581,9 @@ impl Compiler {
             if let Some(old) = self.entries.insert(name, entry) {
                 moved |= count_hops(&mut self.hops, &mut self.waiting, &old, false);
                 let now = &self.entries[old.input.name.as_str()].slots;
-                for (a, s) in old.slots.iter() {
+                for (a, k) in old.slots.iter() {
                     if now.get(a).is_none() {
-                        self.endpoint_slots.give(*s);
+                        self.endpoint_slots.give(k.counter);
                     }
                 }
             }
@@ -593,8 +599,8 @@ impl Compiler {
                         self.hop_list = None;
                     }
                     self.service_slots.give(old.key);
-                    for (_, s) in old.slots.iter() {
-                        self.endpoint_slots.give(*s);
+                    for (_, k) in old.slots.iter() {
+                        self.endpoint_slots.give(k.counter);
                     }
                 }
             }
@@ -721,30 +727,25 @@ fn compile_service(
     let shared_name: Arc<str> = Arc::from(name.as_str());
     let port_names: Vec<Arc<str>> = topo.ports.iter().map(|p| Arc::from(p.name.as_str())).collect();
     let mut slots = Vec::with_capacity(s.endpoints.len());
-    let mut incarnations = Vec::with_capacity(s.endpoints.len());
     let mut statuses = Vec::with_capacity(s.endpoints.len());
     let mut specs = Vec::with_capacity(s.endpoints.len());
-    let mut looked_up = Vec::new();
     for e in &s.endpoints {
-        let counter = match old.and_then(|o| o.slots.get(&e.address)) {
-            Some(&c) => c,
+        let kept = old.and_then(|o| o.slots.get(&e.address));
+        let counter = match kept {
+            Some(k) => k.counter,
             None => ids.endpoints.take(&mut new.endpoints, &mut j.endpoints).ok_or_else(|| {
                 format!("more than {} endpoints: raise capacity.endpoints", ids.endpoints.cap)
             })?,
         };
-        slots.push((e.address, counter));
-        let incarnation = match old.and_then(|o| o.incarnations.get(&(e.address, e.id))) {
-            Some(&i) => i,
-            None => {
+        let incarnation = match kept {
+            Some(k) if k.id == e.id => k.incarnation,
+            _ => {
                 *ids.next_incarnation = ids.next_incarnation.wrapping_add(1).max(1);
                 *ids.next_incarnation
             }
         };
-        incarnations.push(((e.address, e.id), incarnation));
+        slots.push((e.address, Kept { counter, id: e.id, incarnation }));
         let p = place(e, s.delivery, topo, neigh);
-        if let Some(h) = p.hop {
-            looked_up.push((h, p.placed.map(|x| x.mac)));
-        }
         statuses.push(EndpointStatus {
             service: Arc::clone(&shared_name),
             id: e.id,
@@ -780,19 +781,10 @@ fn compile_service(
         endpoints: specs,
     };
     let svc = match old {
-        Some(o) if o.spec == spec => Arc::clone(&o.svc),
+        Some(o) if o.svc.is_built_from(&spec) => Arc::clone(&o.svc),
         _ => Arc::new(Service::build(&spec).map_err(|e| format!("service {name:?}: {e}"))?),
     };
-    Ok(Entry {
-        input: Input::of(s),
-        key,
-        slots: Sorted::new(slots),
-        incarnations: Sorted::new(incarnations),
-        spec,
-        svc,
-        statuses: statuses.into(),
-        looked_up,
-    })
+    Ok(Entry { input: Input::of(s), key, slots: Sorted::new(slots), svc, statuses: statuses.into() })
 }
 
 #[derive(Clone, Copy)]
@@ -923,6 +915,18 @@ mod tests {
         assert_ne!(web.endpoint(1).unwrap().incarnation, old.endpoint(1).unwrap().incarnation);
         assert_eq!(web.endpoint(0).unwrap().incarnation, old.endpoint(0).unwrap().incarnation);
         assert_eq!(c2.new_slots.endpoints.len(), 1);
+
+        // An address that takes another identifier keeps its counter slot
+        // and is a new incarnation; the others keep theirs.
+        let r3 = resolved(vec![ep("web", 2, "10.200.0.11"), ep("web", 1, "10.200.0.13"), ep("dns", 0, "10.200.0.11")]);
+        let c3 = c.compile(&r3, &topo(), &neigh).unwrap();
+        let (now, before) = (&c3.snapshot.services[1], &c2.snapshot.services[1]);
+        assert_eq!(now.endpoint(2).unwrap().counter, before.endpoint(0).unwrap().counter);
+        assert_ne!(now.endpoint(2).unwrap().incarnation, before.endpoint(0).unwrap().incarnation);
+        assert_eq!(now.endpoint(1).unwrap().incarnation, before.endpoint(1).unwrap().incarnation);
+        assert!(now.endpoint(0).is_none());
+        assert!(c3.new_slots.endpoints.is_empty());
+        assert_eq!(c3.rebuilt, vec!["web".to_string()]);
     }
 
     #[test]

@@ -122,6 +122,10 @@ pub struct Service {
     pub table: Option<Table>,
     /// Endpoints by identifier (draining ones included).
     endpoints: Box<[Option<Endpoint>]>,
+    /// The spec's `flow_table` and `table_size` (the fields above hold
+    /// what they resolved to), so that [`Service::is_built_from`] needs no
+    /// copy of the spec.
+    asked: (bool, u32),
 }
 
 impl Service {
@@ -147,7 +151,21 @@ impl Service {
             limit: spec.limit,
             table,
             endpoints: endpoints.into_boxed_slice(),
+            asked: (spec.flow_table, spec.table_size),
         })
+    }
+
+    /// True when building `spec` would give this service: the same
+    /// fields and the same endpoints (the control plane keeps built
+    /// services instead of their specs, and compares with them).
+    pub fn is_built_from(&self, spec: &ServiceSpec) -> bool {
+        self.key == spec.key
+            && self.algorithm == spec.algorithm
+            && self.limit == spec.limit
+            && self.asked == (spec.flow_table, spec.table_size)
+            && self.endpoints().count() == spec.endpoints.len()
+            && spec.endpoints.iter().all(|e| self.endpoint(e.id) == Some(e))
+            && self.name == spec.name
     }
 
     /// The endpoint with identifier `id`.
@@ -221,6 +239,57 @@ mod tests {
         assert_eq!(s.endpoints().count(), 2);
         let only_draining = Service::build(&spec(vec![ep(3, true)])).unwrap();
         assert!(!only_draining.has_ready_endpoint());
+    }
+
+    #[test]
+    fn a_service_tells_the_spec_it_was_built_from() {
+        let base = spec(vec![ep(0, false), ep(3, true)]);
+        let s = Service::build(&base).unwrap();
+        assert!(s.is_built_from(&base));
+        assert!(s.is_built_from(&spec(vec![ep(3, true), ep(0, false)])), "the order of endpoints does not matter");
+        let mut changes: Vec<ServiceSpec> = Vec::new();
+        let mut c = base.clone();
+        c.name = "t".into();
+        changes.push(c);
+        let mut c = base.clone();
+        c.key = 2;
+        changes.push(c);
+        let mut c = base.clone();
+        c.algorithm = Algorithm::Random;
+        changes.push(c);
+        let mut c = base.clone();
+        c.flow_table = true;
+        changes.push(c);
+        let mut c = base.clone();
+        c.limit = 16;
+        changes.push(c);
+        let mut c = base.clone();
+        c.table_size = default_size(8);
+        changes.push(c);
+        changes.push(spec(vec![ep(0, false)]));
+        changes.push(spec(vec![ep(0, false), ep(3, true), ep(5, false)]));
+        changes.push(spec(vec![ep(0, false), ep(3, false)]));
+        changes.push(spec(vec![ep(0, false), ep(0, false), ep(3, true)]));
+        let mut c = base.clone();
+        c.endpoints[0].weight = 2;
+        changes.push(c);
+        let mut c = base.clone();
+        c.endpoints[1].incarnation = 9;
+        changes.push(c);
+        let mut c = base.clone();
+        c.endpoints[1].mac[0] = 6;
+        changes.push(c);
+        for (i, c) in changes.iter().enumerate() {
+            assert!(!s.is_built_from(c), "change {i} is seen: {c:?}");
+        }
+        // A random service always has a flow table: asking for one is
+        // still a different spec.
+        let mut r = base.clone();
+        r.algorithm = Algorithm::Random;
+        let built = Service::build(&r).unwrap();
+        assert!(built.is_built_from(&r));
+        r.flow_table = true;
+        assert!(!built.is_built_from(&r));
     }
 
     #[test]
