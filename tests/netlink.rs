@@ -173,7 +173,7 @@ async fn body(a: &Netns, b: &Netns, ia: &str, ib: &str) {
     // A next hop of port 0 (no kernel interface) and one of a port that
     // does not exist are ignored.
     let start = Instant::now();
-    n.want(vec![(1, peer4), (1, peer6), (0, addr("10.77.0.3")), (5, addr("10.77.0.4"))]);
+    n.want(&[(1, peer4), (1, peer6), (0, addr("10.77.0.3")), (5, addr("10.77.0.4"))]);
     let took4 = published(&mut rx, start, "IPv4 resolution", |m| m.get(&(1, peer4)) == Some(&mac_b)).await;
     let took6 = published(&mut rx, start, "IPv6 resolution", |m| m.get(&(1, peer6)) == Some(&mac_b)).await;
     eprintln!("from want(): IPv4 next hop published after {took4:?}, IPv6 after {took6:?}");
@@ -196,11 +196,11 @@ async fn body(a: &Netns, b: &Netns, ia: &str, ib: &str) {
     eprintln!("from `ip link set address` starting: new MAC published after {took:?}");
 
     // Wanting less deletes the managed entry that is no longer wanted.
-    n.want(vec![(1, peer4)]);
+    n.want(&[(1, peer4)]);
     n.settle().await.unwrap();
     assert_eq!(managed(a, ia), vec!["10.77.0.2".to_owned()]);
     assert!(!rx.borrow().contains_key(&(1, peer6)));
-    n.want(vec![(1, peer4), (1, peer6)]);
+    n.want(&[(1, peer4), (1, peer6)]);
     published(&mut rx, Instant::now(), "re-resolution", |m| m.len() == 2).await;
 
     // The peer's addresses go away: both next hops turn unresolved.

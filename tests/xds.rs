@@ -92,7 +92,7 @@ impl Appliance {
             }],
             gateways: vec![],
         };
-        let (hops_tx, _hops_rx) = watch::channel(Vec::new());
+        let (hops_tx, _hops_rx) = watch::channel(Arc::new(Vec::new()));
         let (settings_tx, _settings_rx) = watch::channel(Settings::of(&state.config));
         let mut r = Reconciler::new(state, topo, Publisher::new(DpSnapshot::default()), Arc::clone(&shared), hops_tx, settings_tx);
         r.start().unwrap();

@@ -112,7 +112,7 @@ pub struct Reconciler {
     publisher: Publisher<Snapshot>,
     macs: Macs,
     next_hops: Arc<Vec<(u8, Addr)>>,
-    hops: watch::Sender<Vec<(u8, Addr)>>,
+    hops: watch::Sender<Arc<Vec<(u8, Addr)>>>,
     settings: watch::Sender<Settings>,
     shared: Arc<Shared>,
     served: Option<watch::Sender<Servable>>,
@@ -182,7 +182,7 @@ impl Reconciler {
         topo: Topology,
         publisher: Publisher<Snapshot>,
         shared: Arc<Shared>,
-        hops: watch::Sender<Vec<(u8, Addr)>>,
+        hops: watch::Sender<Arc<Vec<(u8, Addr)>>>,
         settings: watch::Sender<Settings>,
     ) -> Reconciler {
         let mut model = Model::default();
@@ -549,7 +549,7 @@ impl Reconciler {
             let alike = c.next_hops == self.next_hops;
             self.next_hops = c.next_hops;
             if !alike {
-                self.hops.send_replace(self.next_hops.to_vec());
+                self.hops.send_replace(Arc::clone(&self.next_hops));
             }
         }
         info!(
@@ -752,7 +752,7 @@ mod tests {
         }
     }
 
-    type Hops = watch::Receiver<Vec<(u8, Addr)>>;
+    type Hops = watch::Receiver<Arc<Vec<(u8, Addr)>>>;
 
     fn reconciler() -> (Reconciler, Arc<Shared>, Hops) {
         let text = "ports: [{name: p, device: net_null0, addresses: [10.0.0.1/24]}]\n";
@@ -771,7 +771,7 @@ mod tests {
             }],
             gateways: vec![],
         };
-        let (tx, rx) = watch::channel(Vec::new());
+        let (tx, rx) = watch::channel(Arc::new(Vec::new()));
         let (settings, _) = watch::channel(Settings::of(&state.config));
         let mut r = Reconciler::new(state, topo, Publisher::new(Snapshot::default()), Arc::clone(&shared), tx, settings);
         r.start().unwrap();

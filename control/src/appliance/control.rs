@@ -43,7 +43,7 @@ pub struct Parts {
     /// Owner of the model and the publisher (already started).
     pub reconciler: Reconciler,
     /// The next hops the reconciler wants resolved.
-    pub hops: watch::Receiver<Vec<(u8, Addr)>>,
+    pub hops: watch::Receiver<Arc<Vec<(u8, Addr)>>>,
     /// The accepted file's settings (the xDS and Kubernetes sources follow them).
     pub settings: watch::Receiver<Settings>,
     /// The configuration file.
@@ -115,13 +115,13 @@ pub async fn run(p: Parts, stop: CancellationToken) -> Result<()> {
     let neighbours = Arc::new(neighbours);
     {
         let (nb, c) = (Arc::clone(&neighbours), rest_cancel.clone());
-        nb.want(hops.borrow_and_update().clone());
+        nb.want(&hops.borrow_and_update());
         tasks.spawn(async move {
             loop {
                 tokio::select! {
                     () = c.cancelled() => return "next-hop follower",
                     r = hops.changed() => match r {
-                        Ok(()) => nb.want(hops.borrow_and_update().clone()),
+                        Ok(()) => nb.want(&hops.borrow_and_update()),
                         Err(_) => return "next-hop follower",
                     },
                 }

@@ -257,7 +257,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
             .collect(),
         gateways: cfg.gateways.clone(),
     };
-    let (hops_tx, hops_rx) = watch::channel(Vec::new());
+    let (hops_tx, hops_rx) = watch::channel(Arc::new(Vec::new()));
     let (settings_tx, settings_rx) = watch::channel(Settings::of(&initial.config));
     let mut reconciler = Reconciler::new(initial.clone(), topo, publisher, Arc::clone(&shared), hops_tx, settings_tx);
     let (served_tx, served_rx) = watch::channel(crate::routing::bird::Servable::default());

@@ -571,8 +571,8 @@ impl Neighbours {
 
     /// Sets the next hops to keep resolved (replacing the previous set).
     /// Returns at once; the task reconciles.
-    pub fn want(&self, hops: Vec<(u8, Addr)>) {
-        let set: HashSet<(u8, Addr)> = hops.into_iter().collect();
+    pub fn want(&self, hops: &[(u8, Addr)]) {
+        let set: HashSet<(u8, Addr)> = hops.iter().copied().collect();
         self.wanted.send_if_modified(|cur| {
             if *cur == set {
                 return false;
@@ -586,7 +586,7 @@ impl Neighbours {
     /// interfaces has been deleted (at shutdown). Fails if a delete failed
     /// or the task has no netlink connection at the moment.
     pub async fn clear(&self) -> Result<(), RoutingError> {
-        self.want(Vec::new());
+        self.want(&[]);
         self.settle().await
     }
 
