@@ -2,9 +2,10 @@
 //!
 //! The compiler places each endpoint (which port, which next hop, which
 //! MAC), keeps stable counter slots and incarnations across compilations,
-//! and caches each service's compiled form with the spec it came from: a
-//! service whose spec did not change is reused as it is, so only changed
-//! services' tables are rebuilt. The route classifier is kept with the
+//! and caches each service's compiled form (which tells the spec it was
+//! built from, so no copy of the spec is kept): a service whose spec did
+//! not change is reused as it is, so only changed services' tables are
+//! rebuilt. The route classifier is kept with the
 //! routes it was built from and reused while they stay the same (a change
 //! to endpoints does not touch them).
 
