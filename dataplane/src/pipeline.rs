@@ -525,7 +525,7 @@ impl State {
         len: usize,
     ) -> Verdict {
         let Some(port) = cx.snap.ports.get(usize::from(ep.port)) else { return Verdict::Drop(DropReason::NoEndpoint) };
-        let r = match ep.delivery {
+        let r = match svc.delivery(ep) {
             Delivery::L2 => forward_l2(pkt, p, port.mac, ep.mac),
             Delivery::IpIp { src } => {
                 let t = Tunnel { src, dst: ep.addr, src_mac: port.mac, dst_mac: ep.mac, mtu: port.mtu };

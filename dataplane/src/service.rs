@@ -102,8 +102,30 @@ pub struct ServiceSpec {
     pub endpoints: Vec<EndpointSpec>,
 }
 
-/// An endpoint as the fast path reads it: the spec itself.
-pub type Endpoint = EndpointSpec;
+/// An endpoint as the fast path reads it: its spec in 48 bytes (the spec
+/// is 80), the outer source of IP-in-IP being kept once per service.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Endpoint {
+    /// The endpoint's address (outer destination when encapsulating).
+    pub addr: Addr,
+    /// Identifier within the service.
+    pub id: EndpointId,
+    /// Changes whenever the identifier is given to a different endpoint.
+    pub incarnation: u32,
+    /// Relative weight; 0 takes no new flows.
+    pub weight: u32,
+    /// Slot of its counters in each worker.
+    pub counter: u32,
+    /// 0: layer-2 delivery; k: IP-in-IP from the service's tunnel source
+    /// k - 1.
+    tunnel: u32,
+    /// Output port index.
+    pub port: u8,
+    /// MAC of the next hop.
+    pub mac: [u8; 6],
+    /// Draining: no new flows.
+    pub draining: bool,
+}
 
 /// A service, compiled.
 #[derive(Clone, Debug)]
@@ -122,6 +144,9 @@ pub struct Service {
     pub table: Option<Table>,
     /// Endpoints by identifier (draining ones included).
     endpoints: Box<[Option<Endpoint>]>,
+    /// The outer sources of the endpoints delivered by IP-in-IP (each
+    /// once), which their records name.
+    tunnel_src: Box<[Addr]>,
     /// The spec's `flow_table` and `table_size` (the fields above hold
     /// what they resolved to), so that [`Service::is_built_from`] needs no
     /// copy of the spec.
@@ -140,8 +165,31 @@ impl Service {
         let table = Table::build(m, spec.limit, &takers)?;
         let n = spec.endpoints.iter().map(|e| usize::from(e.id) + 1).max().unwrap_or(0);
         let mut endpoints = vec![None; n];
+        let mut tunnel_src: Vec<Addr> = Vec::new();
         for e in &spec.endpoints {
-            endpoints[usize::from(e.id)] = Some(*e);
+            let tunnel = match e.delivery {
+                Delivery::L2 => 0,
+                Delivery::IpIp { src } => {
+                    let i = tunnel_src.iter().position(|&a| a == src).unwrap_or_else(|| {
+                        tunnel_src.push(src);
+                        tunnel_src.len() - 1
+                    });
+                    // At most one source per endpoint, and endpoints are
+                    // fewer than 65537.
+                    u32::try_from(i + 1).unwrap_or(u32::MAX)
+                }
+            };
+            endpoints[usize::from(e.id)] = Some(Endpoint {
+                addr: e.addr,
+                id: e.id,
+                incarnation: e.incarnation,
+                weight: e.weight,
+                counter: e.counter,
+                tunnel,
+                port: e.port,
+                mac: e.mac,
+                draining: e.draining,
+            });
         }
         Ok(Service {
             name: spec.name.clone(),
@@ -151,6 +199,7 @@ impl Service {
             limit: spec.limit,
             table,
             endpoints: endpoints.into_boxed_slice(),
+            tunnel_src: tunnel_src.into_boxed_slice(),
             asked: (spec.flow_table, spec.table_size),
         })
     }
@@ -164,7 +213,7 @@ impl Service {
             && self.limit == spec.limit
             && self.asked == (spec.flow_table, spec.table_size)
             && self.endpoints().count() == spec.endpoints.len()
-            && spec.endpoints.iter().all(|e| self.endpoint(e.id) == Some(e))
+            && spec.endpoints.iter().all(|e| self.endpoint(e.id).is_some_and(|x| self.spec_of(x) == *e))
             && self.name == spec.name
     }
 
@@ -185,6 +234,30 @@ impl Service {
         self.endpoints.iter().flatten()
     }
 
+    /// How endpoint `ep` (one of this service's) is delivered.
+    #[inline(always)]
+    pub fn delivery(&self, ep: &Endpoint) -> Delivery {
+        match (ep.tunnel as usize).checked_sub(1) {
+            None => Delivery::L2,
+            Some(i) => Delivery::IpIp { src: self.tunnel_src.get(i).copied().unwrap_or(Addr(0)) },
+        }
+    }
+
+    /// The spec of endpoint `ep` (one of this service's).
+    pub fn spec_of(&self, ep: &Endpoint) -> EndpointSpec {
+        EndpointSpec {
+            id: ep.id,
+            incarnation: ep.incarnation,
+            weight: ep.weight,
+            draining: ep.draining,
+            addr: ep.addr,
+            port: ep.port,
+            mac: ep.mac,
+            delivery: self.delivery(ep),
+            counter: ep.counter,
+        }
+    }
+
     /// True when at least one endpoint takes new flows.
     pub fn has_ready_endpoint(&self) -> bool {
         self.table.is_some()
@@ -194,6 +267,7 @@ impl Service {
     pub fn heap_bytes(&self) -> usize {
         self.table.as_ref().map_or(0, Table::heap_bytes)
             + self.endpoints.len() * std::mem::size_of::<Option<Endpoint>>()
+            + self.tunnel_src.len() * std::mem::size_of::<Addr>()
             + self.name.capacity()
     }
 }
@@ -290,6 +364,31 @@ mod tests {
         assert!(built.is_built_from(&r));
         r.flow_table = true;
         assert!(!built.is_built_from(&r));
+    }
+
+    #[test]
+    fn endpoint_records_are_small_and_keep_their_delivery() {
+        assert_eq!(std::mem::size_of::<Option<Endpoint>>(), 48);
+        let a = Addr::v4([192, 0, 2, 1]);
+        let b = Addr::v6([0x20, 1, 0xd, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]);
+        let mut eps = vec![ep(0, false), ep(1, false), ep(2, false), ep(5, true)];
+        eps[1].delivery = Delivery::IpIp { src: a };
+        eps[2].delivery = Delivery::IpIp { src: b };
+        eps[3].delivery = Delivery::IpIp { src: a };
+        let sp = spec(eps.clone());
+        let s = Service::build(&sp).unwrap();
+        for e in &eps {
+            let got = s.endpoint(e.id).unwrap();
+            assert_eq!(s.spec_of(got), *e);
+            assert_eq!(s.delivery(got), e.delivery);
+        }
+        assert_eq!(s.tunnel_src.len(), 2, "each source once");
+        assert!(s.is_built_from(&sp));
+        let mut other = sp.clone();
+        other.endpoints[3].delivery = Delivery::IpIp { src: b };
+        assert!(!s.is_built_from(&other), "another tunnel source is another spec");
+        other.endpoints[3].delivery = Delivery::L2;
+        assert!(!s.is_built_from(&other));
     }
 
     #[test]

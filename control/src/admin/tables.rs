@@ -217,7 +217,7 @@ pub fn explain(snap: &Snapshot, flow: &Flow) -> Explanation {
         return x;
     };
     x.endpoint = Some((ep.id, ep.addr.to_string()));
-    x.delivery = Some(match ep.delivery {
+    x.delivery = Some(match svc.delivery(ep) {
         Delivery::L2 => format!("NAT-less, out of port {} to MAC {}", ep.port, sluice_ffi::MacAddr(ep.mac)),
         Delivery::IpIp { src } => format!("IP-in-IP from {src} to {}, out of port {} via MAC {}", ep.addr, ep.port, sluice_ffi::MacAddr(ep.mac)),
     });
