@@ -5,7 +5,8 @@
 //!    handing the clusters to its stream) (the admin endpoint's `/explain` of a flow to
 //!    the last cluster's VIP names its service: the workers' snapshot has
 //!    it), with the first cluster checked too;
-//! 2. resident memory of the appliance before and after;
+//! 2. resident memory of the appliance before, at the moment the last
+//!    cluster is live, and 2 s later (once a heap release has run);
 //! 3. K single-endpoint changes, one after the other: from the server
 //!    having it (`set_snapshot`) to `/tables/<service>` showing the new
 //!    endpoint (p50, p99, max with hdrhistogram); from the server handing
@@ -241,6 +242,9 @@ const LOAD_POLL: Duration = Duration::from_millis(2);
 /// How often a change is polled for: 1 ms (the summary costs the
 /// appliance about 0.1 ms).
 const CHANGE_POLL: Duration = Duration::from_millis(1);
+/// How long after the load the settled RSS is read: past the appliance's
+/// lull before a heap release (500 ms) and the release itself.
+const SETTLE: Duration = Duration::from_secs(2);
 
 fn main() {
     let a = args();
@@ -308,6 +312,11 @@ fn main() {
     assert!(live(0), "the first cluster is live too");
     let rss_after = rss_kib(app.child.id());
     eprintln!("{n} clusters live in {to_live:?} from set_snapshot, {sent_to_live:?} from the server sending them; RSS {rss_before} KiB -> {rss_after} KiB");
+    // Resident once the load has settled: the appliance gives the heap's
+    // free pages back after a bulk publication, in the first lull.
+    std::thread::sleep(SETTLE);
+    let rss_settled_load = rss_kib(app.child.id());
+    eprintln!("RSS {SETTLE:?} later: {rss_settled_load} KiB");
 
     // 3. Single changes: endpoint 0 of one cluster gets a new address.
     let mut h = Histogram::<u64>::new_with_bounds(1, 600_000_000, 3).unwrap();
@@ -396,7 +405,7 @@ fn main() {
         "endpoints_per_cluster": e,
         "to_live_ms": to_live.as_secs_f64() * 1e3,
         "sent_to_live_ms": sent_to_live.as_secs_f64() * 1e3,
-        "rss_kib": {"before": rss_before, "with_services": rss_after, "after_changes": rss_settled, "file_source_with_services": file_rss, "file_source_after_edits": file_rss_reloaded},
+        "rss_kib": {"before": rss_before, "with_services": rss_after, "with_services_settled": rss_settled_load, "after_changes": rss_settled, "file_source_with_services": file_rss, "file_source_after_edits": file_rss_reloaded},
         "single_change_to_live": summary(&h),
         "single_change_sent_to_live": summary(&hs),
         "single_change_sent_to_published": summary(&hp),

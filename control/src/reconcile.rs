@@ -36,7 +36,7 @@ const RECLAIM_EVERY: Duration = Duration::from_millis(50);
 
 /// Free heap (bytes inside the allocator's arenas) from which a release
 /// hands pages back to the kernel.
-const RELEASE_FROM: usize = 16 << 20;
+const RELEASE_FROM: usize = 4 << 20;
 
 /// Least time between two heap releases.
 const RELEASE_EVERY: Duration = Duration::from_secs(1);
@@ -48,9 +48,22 @@ const RELEASE_EVERY: Duration = Duration::from_secs(1);
 /// single changes that followed from 1-4 to 11 ms).
 const RELEASE_QUIET: Duration = Duration::from_millis(500);
 
+/// Services compiled by a change to endpoints only from which the
+/// publication counts as bulk for [`HeapRelease`], as a whole one does (the
+/// first xDS load of 10,000 clusters arrives as such a change and leaves
+/// tens of MB free in the arenas).
+const RELEASE_BULK: usize = 1000;
+
+/// Whether a publication that compiled everything (`changed` none) or the
+/// services `changed` is bulk, for [`HeapRelease`].
+fn bulk(changed: Option<&[String]>) -> bool {
+    changed.is_none_or(|c| c.len() >= RELEASE_BULK)
+}
+
 /// When to give the heap's free pages back to the kernel: after a
-/// publication that compiled the whole model (a configuration reload, a
-/// bulk xDS load; not a change to a few services' endpoints), once the
+/// publication that compiled the whole model or [`RELEASE_BULK`] services
+/// (a configuration reload, a bulk xDS load; not a change to a few
+/// services' endpoints), once the
 /// snapshot it replaced is freed and nothing was published for
 /// [`RELEASE_QUIET`], at most once per [`RELEASE_EVERY`]. Without it each
 /// reload of a large configuration that runs on another thread leaves
@@ -463,7 +476,7 @@ impl Reconciler {
             Some(names) => self.compiler.compile_changed(&self.resolved, names, &self.topo, &self.macs)?,
             None => self.compiler.compile(&self.resolved, &self.topo, &self.macs)?,
         };
-        self.heap.published(changed.is_none(), Instant::now());
+        self.heap.published(bulk(changed), Instant::now());
         let compile_us = micros(t0.elapsed());
         // Said once, when the service is compiled, not at every publication.
         // (Found by name: a pass over every service's statuses would touch
@@ -780,6 +793,15 @@ mod tests {
 
     fn desired(source: &str, d: Desired) -> SourceMsg {
         SourceMsg::Desired { source: source.into(), desired: d, trigger: "test".into(), reply: None }
+    }
+
+    #[test]
+    fn a_change_to_the_endpoints_of_many_services_is_bulk() {
+        let names = |n: usize| (0..n).map(|i| format!("s{i}")).collect::<Vec<_>>();
+        assert!(bulk(None));
+        assert!(!bulk(Some(&names(1))));
+        assert!(!bulk(Some(&names(RELEASE_BULK - 1))));
+        assert!(bulk(Some(&names(RELEASE_BULK))));
     }
 
     #[test]
