@@ -51,7 +51,7 @@ const RELEASE_QUIET: Duration = Duration::from_millis(500);
 /// Services compiled by a change to endpoints only from which the
 /// publication counts as bulk for [`HeapRelease`], as a whole one does (the
 /// first xDS load of 10,000 clusters arrives as such a change and leaves
-/// tens of MB free in the arenas).
+/// 8-15 MiB free in the arenas).
 const RELEASE_BULK: usize = 1000;
 
 /// Whether a publication that compiled everything (`changed` none) or the

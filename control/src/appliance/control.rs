@@ -115,13 +115,20 @@ pub async fn run(p: Parts, stop: CancellationToken) -> Result<()> {
     let neighbours = Arc::new(neighbours);
     {
         let (nb, c) = (Arc::clone(&neighbours), rest_cancel.clone());
-        nb.want(&hops.borrow_and_update());
+        // The list is taken (shared) out of the channel, and the channel's
+        // lock let go, before the set is made from it: the reconciler's
+        // next send does not wait for that.
+        let wanted = Arc::clone(&hops.borrow_and_update());
+        nb.want(&wanted);
         tasks.spawn(async move {
             loop {
                 tokio::select! {
                     () = c.cancelled() => return "next-hop follower",
                     r = hops.changed() => match r {
-                        Ok(()) => nb.want(&hops.borrow_and_update()),
+                        Ok(()) => {
+                            let wanted = Arc::clone(&hops.borrow_and_update());
+                            nb.want(&wanted);
+                        }
                         Err(_) => return "next-hop follower",
                     },
                 }
