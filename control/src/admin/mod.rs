@@ -78,6 +78,7 @@ struct App {
     shared: Arc<Shared>,
     registry: Arc<Registry>,
     counters: Arc<AdminCounters>,
+    digests: Arc<tables::Digests>,
 }
 
 /// The routes.
@@ -175,7 +176,7 @@ async fn table_handler(
         Some(other) => return (StatusCode::BAD_REQUEST, format!("runs is true or false, not {other:?}\n")).into_response(),
     };
     if !runs {
-        return match tables::summary_for(&snap, &service) {
+        return match tables::summary_for(&snap, &service, &app.digests) {
             Some(s) => json(&s),
             None => (StatusCode::NOT_FOUND, format!("no service {service:?}\n")).into_response(),
         };
@@ -245,7 +246,7 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
 /// connections up to a second to finish.
 pub async fn serve(listener: TcpListener, shared: Arc<Shared>, limits: Limits, counters: Arc<AdminCounters>, cancel: CancellationToken) {
     let registry = Arc::new(metrics::registry(Arc::clone(&shared), Arc::clone(&counters)));
-    let app = App { shared, registry, counters: Arc::clone(&counters) };
+    let app = App { shared, registry, counters: Arc::clone(&counters), digests: Arc::default() };
     let service = router(app, limits);
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     let mut conns = tokio::task::JoinSet::new();

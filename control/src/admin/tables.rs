@@ -4,6 +4,9 @@
 //! the explanation of one flow (which route, service and endpoint it gets,
 //! and why).
 
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, Weak};
+
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 use sluice_dataplane::addr::Addr;
@@ -40,21 +43,58 @@ pub struct TableDump {
     pub runs: Vec<(String, u32)>,
 }
 
-fn slot_addresses(s: &Service) -> Vec<Option<Addr>> {
-    let Some(t) = &s.table else { return Vec::new() };
-    (0..t.size() as usize).map(|i| s.endpoint(t.entries().get(i)).map(|e| e.addr)).collect()
+/// The endpoint address of every slot, in order.
+fn slots(s: &Service) -> impl Iterator<Item = Option<Addr>> + '_ {
+    let size = s.table.as_ref().map_or(0, |t| t.size() as usize);
+    (0..size).map(move |i| s.table.as_ref().and_then(|t| s.endpoint(t.entries().get(i))).map(|e| e.addr))
 }
 
+/// The summary, its digest taken slot by slot.
 fn summary(s: &Service) -> TableSummary {
-    summary_of(s, &slot_addresses(s))
+    summary_of(s, digest(slots(s)))
 }
 
-fn summary_of(s: &Service, slots: &[Option<Addr>]) -> TableSummary {
+/// SHA-256 of the endpoint address of every slot, in hex.
+fn digest(slots: impl Iterator<Item = Option<Addr>>) -> String {
     let mut h = Sha256::new();
     for a in slots {
         // An empty slot (cannot happen in a built table) hashes as ::.
         h.update(a.unwrap_or_default().v6_bytes());
     }
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The digests of the tables summed up lately. A built service never
+/// changes (a change builds another), so a table polled again, as while a
+/// change is awaited, is not hashed again: hashing its slots (16 bytes
+/// each, 100 KiB at the default size for 32 endpoints) took most of a
+/// poll's time.
+#[derive(Debug, Default)]
+pub struct Digests(Mutex<VecDeque<(Weak<Service>, String)>>);
+
+/// How many digests are kept: the services summed up last.
+const DIGESTS_KEPT: usize = 64;
+
+impl Digests {
+    /// The digest of `s`'s table.
+    fn of(&self, s: &Arc<Service>) -> String {
+        // A kept weak reference keeps the service's allocation, so no other
+        // service can be at the same address while its digest is kept.
+        if let Some((_, d)) = crate::admin::state::lock(&self.0).iter().find(|(w, _)| std::ptr::eq(w.as_ptr(), Arc::as_ptr(s))) {
+            return d.clone();
+        }
+        let d = digest(slots(s));
+        let mut kept = crate::admin::state::lock(&self.0);
+        kept.retain(|(w, _)| w.strong_count() > 0);
+        if kept.len() >= DIGESTS_KEPT {
+            kept.pop_front();
+        }
+        kept.push_back((Arc::downgrade(s), d.clone()));
+        d
+    }
+}
+
+fn summary_of(s: &Service, digest: String) -> TableSummary {
     let counts = s.table.as_ref().map(|t| t.counts(s.limit)).unwrap_or_default();
     let endpoints = s
         .endpoints()
@@ -69,25 +109,26 @@ fn summary_of(s: &Service, slots: &[Option<Addr>]) -> TableSummary {
         flow_table: s.flow_table,
         size: s.table.as_ref().map_or(0, |t| t.size()),
         endpoints,
-        digest: h.finalize().iter().map(|b| format!("{b:02x}")).collect(),
+        digest,
     }
 }
 
 /// The service named `service`.
-fn named<'a>(snap: &'a Snapshot, service: &str) -> Option<&'a Service> {
+fn named<'a>(snap: &'a Snapshot, service: &str) -> Option<&'a Arc<Service>> {
     // The compiler lays services out in name order: a binary search (the
     // admin endpoint is polled while changes are timed; a pass over 10,000
     // names costs the control thread as much as a change does). A snapshot
     // made in another order is searched from end to end.
     match snap.services.binary_search_by(|s| s.name.as_str().cmp(service)) {
-        Ok(i) => snap.services.get(i).map(|s| &**s),
-        Err(_) => snap.services.iter().map(|s| &**s).find(|s| s.name == service),
+        Ok(i) => snap.services.get(i),
+        Err(_) => snap.services.iter().find(|s| s.name == service),
     }
 }
 
-/// One service's table summed up, without its slots (cheap enough to poll).
-pub fn summary_for(snap: &Snapshot, service: &str) -> Option<TableSummary> {
-    named(snap, service).map(summary)
+/// One service's table summed up, without its slots (cheap enough to poll:
+/// its digest is taken once, then kept in `digests`).
+pub fn summary_for(snap: &Snapshot, service: &str, digests: &Digests) -> Option<TableSummary> {
+    named(snap, service).map(|s| summary_of(s, digests.of(s)))
 }
 
 /// Every service's table, by service name.
@@ -100,7 +141,7 @@ pub fn summaries(snap: &Snapshot) -> Vec<TableSummary> {
 /// One service's table in full.
 pub fn dump(snap: &Snapshot, service: &str) -> Option<TableDump> {
     let s = named(snap, service)?;
-    let slots = slot_addresses(s);
+    let slots: Vec<Option<Addr>> = slots(s).collect();
     // Runs by address first; each run's address is written out once.
     let mut runs: Vec<(Option<Addr>, u32)> = Vec::new();
     for a in &slots {
@@ -114,7 +155,7 @@ pub fn dump(snap: &Snapshot, service: &str) -> Option<TableDump> {
         .into_iter()
         .map(|(a, n)| (a.map_or_else(|| "-".to_owned(), |a| names.get(&a).cloned().unwrap_or_else(|| a.to_string())), n))
         .collect();
-    Some(TableDump { summary: summary_of(s, &slots), runs })
+    Some(TableDump { summary: summary_of(s, digest(slots.iter().copied())), runs })
 }
 
 /// The endpoint a flow gets, and why.
@@ -279,6 +320,34 @@ mod tests {
         let d = dump(&snap(&[(0, "10.0.0.1"), (1, "10.0.0.2")]), "web").unwrap();
         assert_eq!(d.runs.iter().map(|r| r.1).sum::<u32>(), d.summary.size);
         assert!(dump(&snap(&[(0, "10.0.0.1")]), "nope").is_none());
+    }
+
+    #[test]
+    fn a_kept_digest_is_the_digest_of_that_table_only() {
+        let digests = Digests::default();
+        let a = snap(&[(0, "10.0.0.1"), (1, "10.0.0.2"), (2, "10.0.0.3")]);
+        let fresh = summaries(&a).remove(0);
+        assert_eq!(summary_for(&a, "web", &digests).unwrap(), fresh);
+        assert_eq!(summary_for(&a, "web", &digests).unwrap(), fresh, "kept, and still the same");
+        // The service rebuilt with other endpoints (a change, as published
+        // while the old one is still kept): its own digest, not the kept one.
+        let b = snap(&[(0, "10.0.0.1"), (1, "10.0.0.9"), (2, "10.0.0.3")]);
+        let changed = summary_for(&b, "web", &digests).unwrap();
+        assert_eq!(changed, summaries(&b).remove(0));
+        assert_ne!(changed.digest, fresh.digest);
+        // Gone services are let go; never more than DIGESTS_KEPT kept.
+        drop((a, b));
+        for i in 0..DIGESTS_KEPT + 3 {
+            let s = snap(&[(0, "10.0.0.1"), (1, &format!("10.0.1.{i}"))]);
+            assert_eq!(summary_for(&s, "web", &digests).unwrap(), summaries(&s).remove(0));
+            assert_eq!(crate::admin::state::lock(&digests.0).len(), 1, "only live services are kept");
+        }
+        let live: Vec<Snapshot> = (0..DIGESTS_KEPT + 3).map(|i| snap(&[(0, &format!("10.0.2.{i}"))])).collect();
+        for s in &live {
+            summary_for(s, "web", &digests).unwrap();
+        }
+        assert_eq!(crate::admin::state::lock(&digests.0).len(), DIGESTS_KEPT);
+        assert_eq!(summary_for(&live[0], "web", &digests).unwrap(), summaries(&live[0]).remove(0), "let go, then taken again");
     }
 
     #[test]
