@@ -393,8 +393,12 @@ fn main() {
         fh.saturating_record(t0.elapsed().as_micros() as u64);
     }
     // After up to 50 reloads of the whole file.
+    // Right after the last edit (each reload parses the whole file: its
+    // transient memory is still there), and once settled.
     let file_rss_reloaded = rss_kib(file_app.child.id());
-    eprintln!("file source RSS {file_rss} KiB at live, {file_rss_reloaded} KiB after the edits");
+    std::thread::sleep(SETTLE);
+    let file_rss_settled = rss_kib(file_app.child.id());
+    eprintln!("file source RSS {file_rss} KiB at live, {file_rss_reloaded} KiB right after the edits, {file_rss_settled} KiB {SETTLE:?} later");
     drop(file_app);
     rt.block_on(running.stop());
 
@@ -405,7 +409,7 @@ fn main() {
         "endpoints_per_cluster": e,
         "to_live_ms": to_live.as_secs_f64() * 1e3,
         "sent_to_live_ms": sent_to_live.as_secs_f64() * 1e3,
-        "rss_kib": {"before": rss_before, "with_services": rss_after, "with_services_settled": rss_settled_load, "after_changes": rss_settled, "file_source_with_services": file_rss, "file_source_after_edits": file_rss_reloaded},
+        "rss_kib": {"before": rss_before, "with_services": rss_after, "with_services_settled": rss_settled_load, "after_changes": rss_settled, "file_source_with_services": file_rss, "file_source_after_edits": file_rss_reloaded, "file_source_after_edits_settled": file_rss_settled},
         "single_change_to_live": summary(&h),
         "single_change_sent_to_live": summary(&hs),
         "single_change_sent_to_published": summary(&hp),
