@@ -41,7 +41,7 @@ fn normal(mut d: Desired) -> Desired {
         s.origin = Origin::default();
     }
     for e in &mut d.endpoints {
-        e.origin = Origin::default();
+        e.origin = Arc::default();
     }
     d.routes.sort_by(|a, b| a.name.cmp(&b.name));
     d.services.sort_by(|a, b| a.name.cmp(&b.name));

@@ -752,7 +752,7 @@ mod tests {
                     weight: 1,
                     draining: false,
                     mac: Some([2, 0, 0, 0, 0, 1]),
-                    origin: Origin::default(),
+                    origin: Arc::default(),
                 })
                 .collect(),
             routes: vec![RouteDef {

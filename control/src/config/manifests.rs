@@ -675,7 +675,7 @@ fn endpoint_slice(d: &Object, n: Node<'_>, svc: &str, p: &mut Problems, out: &mu
                 weight: 1,
                 draining,
                 mac: None,
-                origin: Origin { file: e.file().into(), pos: e.pos(), path: e.path().into() },
+                origin: std::sync::Arc::new(Origin { file: e.file().into(), pos: e.pos(), path: e.path().into() }),
             });
         })
     });

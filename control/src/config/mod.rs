@@ -604,7 +604,7 @@ fn service(n: Node<'_>, p: &mut Problems, out: &mut Desired) {
                     weight: weight as u32,
                     draining,
                     mac,
-                    origin: origin(&n),
+                    origin: std::sync::Arc::new(origin(&n)),
                 });
             }
         })

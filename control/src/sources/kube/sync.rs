@@ -446,7 +446,7 @@ mod tests {
             s.origin = Origin::default();
         }
         for e in &mut d.endpoints {
-            e.origin = Origin::default();
+            e.origin = std::sync::Arc::default();
         }
         d.routes.sort_by(|a, b| a.name.cmp(&b.name));
         d.services.sort_by(|a, b| a.name.cmp(&b.name));
