@@ -46,25 +46,90 @@ impl fmt::Debug for Mempool {
 /// Default space for packet data in each mbuf (2048 plus DPDK's headroom).
 pub const DEFAULT_DATA_ROOM: u16 = 2048 + 128;
 
+/// The pool's name as a C string, once the request is known to be sound.
+fn check(name: &str, count: u32) -> Result<CString> {
+    let cname = CString::new(name).map_err(|_| Error::NulInArgument(name.to_owned()))?;
+    if count == 0 {
+        return Err(Error::Call {
+            call: "rte_pktmbuf_pool_create",
+            what: name.to_owned(),
+            errno: libc::EINVAL,
+            reason: "a pool needs at least one mbuf".into(),
+        });
+    }
+    Ok(cname)
+}
+
 impl Mempool {
     /// Creates a pool of `count` mbufs with a per-lcore cache of `cache`
-    /// and `data_room` bytes of buffer each (headroom included).
+    /// and `data_room` bytes of buffer each (headroom included), laid out
+    /// as `rte_pktmbuf_pool_create` does: no mbuf crosses a page of the
+    /// memory it is in, as a device reading physical addresses needs.
     pub fn new(eal: &Eal, name: &str, count: u32, cache: u32, data_room: u16) -> Result<Arc<Mempool>> {
-        let cname = CString::new(name).map_err(|_| Error::NulInArgument(name.to_owned()))?;
-        if count == 0 {
-            return Err(Error::Call {
-                call: "rte_pktmbuf_pool_create",
-                what: name.to_owned(),
-                errno: libc::EINVAL,
-                reason: "a pool needs at least one mbuf".into(),
-            });
-        }
-        let socket = eal.socket_id();
+        let cname = check(name, count)?;
         // SAFETY: `cname` is a valid C string; the EAL is initialised.
-        let p = unsafe { sys::rte_pktmbuf_pool_create(cname.as_ptr(), count, cache, 0, data_room, socket) };
-        let ptr = NonNull::new(p).ok_or_else(|| {
-            call_error("rte_pktmbuf_pool_create", format!("{name}, {count} mbufs of {data_room} B"), 0)
-        })?;
+        let p = unsafe { sys::rte_pktmbuf_pool_create(cname.as_ptr(), count, cache, 0, data_room, eal.socket_id()) };
+        Mempool::made(eal, name, p, "rte_pktmbuf_pool_create", count, data_room)
+    }
+
+    /// [`Mempool::new`], with the mbufs packed end to end across pages
+    /// (`RTE_MEMPOOL_F_NO_IOVA_CONTIG`), for memory no device reads by
+    /// physical address: without hugepages (`--no-huge`), where the pages
+    /// are 4 KiB. There a page-bound pool spaces its 2.4 KiB mbufs 4 KiB
+    /// apart, and `net_af_xdp` registers the pool with the kernel as
+    /// `mbufs x mbuf size` bytes from its first: the mbufs beyond that are
+    /// outside the area, and the kernel drops without a count every frame
+    /// sent from one of them (measured: 26 frames sent on a veth, 15 left).
+    pub fn packed(eal: &Eal, name: &str, count: u32, cache: u32, data_room: u16) -> Result<Arc<Mempool>> {
+        let cname = check(name, count)?;
+        let elt = u32::try_from(std::mem::size_of::<sys::rte_mbuf>()).unwrap_or(u32::MAX) + u32::from(data_room);
+        let private = u32::try_from(std::mem::size_of::<sys::rte_pktmbuf_pool_private>()).unwrap_or(u32::MAX);
+        // What rte_pktmbuf_pool_create does, with one more flag; the pool
+        // keeps the empty pool's default operations (ring_mp_mc, as
+        // rte_pktmbuf_pool_create chooses on this platform).
+        // SAFETY: `cname` is a valid C string; the EAL is initialised.
+        let p = unsafe {
+            sys::rte_mempool_create_empty(
+                cname.as_ptr(),
+                count,
+                elt,
+                cache,
+                private,
+                eal.socket_id(),
+                sys::RTE_MEMPOOL_F_NO_IOVA_CONTIG,
+            )
+        };
+        let Some(mp) = NonNull::new(p) else {
+            return Err(call_error("rte_mempool_create_empty", format!("{name}, {count} mbufs of {data_room} B"), 0));
+        };
+        let mut pool_private =
+            sys::rte_pktmbuf_pool_private { mbuf_data_room_size: data_room, mbuf_priv_size: 0, flags: 0 };
+        // SAFETY: `mp` is an empty pool made for mbufs of this size with
+        // room for the private area; `pool_private` outlives the call
+        // (copied into the pool); rte_pktmbuf_init is the per-object
+        // initialiser rte_pktmbuf_pool_create uses.
+        let populated = unsafe {
+            sys::rte_pktmbuf_pool_init(mp.as_ptr(), std::ptr::from_mut(&mut pool_private).cast());
+            let n = sys::rte_mempool_populate_default(mp.as_ptr());
+            if n >= 0 {
+                sys::rte_mempool_obj_iter(mp.as_ptr(), Some(sys::rte_pktmbuf_init), std::ptr::null_mut());
+            }
+            n
+        };
+        if populated < 0 {
+            // SAFETY: no object of the pool was handed out.
+            unsafe { sys::rte_mempool_free(mp.as_ptr()) };
+            return Err(call_error(
+                "rte_mempool_populate_default",
+                format!("{name}, {count} mbufs of {data_room} B"),
+                populated,
+            ));
+        }
+        Mempool::made(eal, name, p, "rte_mempool_create_empty", count, data_room)
+    }
+
+    fn made(eal: &Eal, name: &str, p: *mut sys::rte_mempool, call: &'static str, count: u32, data_room: u16) -> Result<Arc<Mempool>> {
+        let ptr = NonNull::new(p).ok_or_else(|| call_error(call, format!("{name}, {count} mbufs of {data_room} B"), 0))?;
         Ok(Arc::new(Mempool { ptr, name: name.to_owned(), keep: Some(eal.keep(Holder::Pool)) }))
     }
 

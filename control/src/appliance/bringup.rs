@@ -36,7 +36,10 @@ pub struct Machine {
 /// Starts the pool, the ports and their taps, each with one queue per worker.
 pub fn start(eal: &Eal, cfg: &ApplianceConfig, workers: u16) -> Result<Machine> {
     let cache = if cfg.dpdk.mbufs >= 4096 { 256 } else { 0 };
-    let pool = Mempool::new(eal, "sluice_pool", cfg.dpdk.mbufs, cache, DEFAULT_DATA_ROOM)
+    // Without hugepages no device reads the pool by physical address, and
+    // mbufs packed across pages are what net_af_xdp needs (Mempool::packed).
+    let make = if cfg.dpdk.hugepages { Mempool::new } else { Mempool::packed };
+    let pool = make(eal, "sluice_pool", cfg.dpdk.mbufs, cache, DEFAULT_DATA_ROOM)
         .context("creating the packet pool (lower dpdk.mbufs or raise dpdk.memoryMB)")?;
     let mut ports = Vec::new();
     for (i, pc) in cfg.ports.iter().enumerate() {
