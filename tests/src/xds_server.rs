@@ -746,6 +746,17 @@ impl DeltaStream {
         } else {
             RequestKind::Other
         };
+        // An ACK or NACK that changes no subscription asks for nothing new:
+        // answering it would find nothing to send (the versions the client
+        // holds were recorded when the response went out; a newer snapshot
+        // is pushed by the watch). As go-control-plane's delta server, it is
+        // not compared with the whole snapshot again: that took a few ms per
+        // ACK at 10,000 assignments, on the core the appliance under test
+        // shares with this server in the benchmarks.
+        let answer = !st.requested
+            || !r.resource_names_subscribe.is_empty()
+            || !r.resource_names_unsubscribe.is_empty()
+            || matches!(kind, RequestKind::Initial | RequestKind::Other);
         self.server.log(Logged {
             stream: self.id,
             delta: true,
@@ -788,7 +799,9 @@ impl DeltaStream {
                 st.told_absent.remove(n);
             }
         }
-        self.respond(t);
+        if answer {
+            self.respond(t);
+        }
     }
 
     fn respond(&mut self, t: &'static str) {
