@@ -10,6 +10,7 @@
 #include <rte_memory.h>
 #include <rte_mempool.h>
 #include <rte_mbuf.h>
+#include <rte_mbuf_pool_ops.h>
 #include <rte_ring.h>
 #include <rte_ether.h>
 #include <rte_ethdev.h>

@@ -84,9 +84,7 @@ impl Mempool {
         let cname = check(name, count)?;
         let elt = u32::try_from(std::mem::size_of::<sys::rte_mbuf>()).unwrap_or(u32::MAX) + u32::from(data_room);
         let private = u32::try_from(std::mem::size_of::<sys::rte_pktmbuf_pool_private>()).unwrap_or(u32::MAX);
-        // What rte_pktmbuf_pool_create does, with one more flag; the pool
-        // keeps the empty pool's default operations (ring_mp_mc, as
-        // rte_pktmbuf_pool_create chooses on this platform).
+        // What rte_pktmbuf_pool_create does, with one more flag.
         // SAFETY: `cname` is a valid C string; the EAL is initialised.
         let p = unsafe {
             sys::rte_mempool_create_empty(
@@ -105,25 +103,28 @@ impl Mempool {
         let mut pool_private =
             sys::rte_pktmbuf_pool_private { mbuf_data_room_size: data_room, mbuf_priv_size: 0, flags: 0 };
         // SAFETY: `mp` is an empty pool made for mbufs of this size with
-        // room for the private area; `pool_private` outlives the call
-        // (copied into the pool); rte_pktmbuf_init is the per-object
-        // initialiser rte_pktmbuf_pool_create uses.
-        let populated = unsafe {
-            sys::rte_pktmbuf_pool_init(mp.as_ptr(), std::ptr::from_mut(&mut pool_private).cast());
-            let n = sys::rte_mempool_populate_default(mp.as_ptr());
-            if n >= 0 {
-                sys::rte_mempool_obj_iter(mp.as_ptr(), Some(sys::rte_pktmbuf_init), std::ptr::null_mut());
+        // room for the private area; the operations are those
+        // rte_pktmbuf_pool_create sets (the EAL's choice, a NUL-terminated
+        // static string); `pool_private` outlives the call (copied into the
+        // pool); rte_pktmbuf_init is the per-object initialiser
+        // rte_pktmbuf_pool_create uses.
+        let made = unsafe {
+            let ops = sys::rte_mempool_set_ops_byname(mp.as_ptr(), sys::rte_mbuf_best_mempool_ops(), std::ptr::null_mut());
+            if ops == 0 {
+                sys::rte_pktmbuf_pool_init(mp.as_ptr(), std::ptr::from_mut(&mut pool_private).cast());
+                let n = sys::rte_mempool_populate_default(mp.as_ptr());
+                if n >= 0 {
+                    sys::rte_mempool_obj_iter(mp.as_ptr(), Some(sys::rte_pktmbuf_init), std::ptr::null_mut());
+                }
+                ("rte_mempool_populate_default", n)
+            } else {
+                ("rte_mempool_set_ops_byname", ops)
             }
-            n
         };
-        if populated < 0 {
+        if made.1 < 0 {
             // SAFETY: no object of the pool was handed out.
             unsafe { sys::rte_mempool_free(mp.as_ptr()) };
-            return Err(call_error(
-                "rte_mempool_populate_default",
-                format!("{name}, {count} mbufs of {data_room} B"),
-                populated,
-            ));
+            return Err(call_error(made.0, format!("{name}, {count} mbufs of {data_room} B"), made.1));
         }
         Mempool::made(eal, name, p, "rte_mempool_create_empty", count, data_room)
     }
