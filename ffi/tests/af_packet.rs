@@ -23,21 +23,12 @@ fn af_packet_port_restores_promiscuous_mode_and_sets_the_mtu() {
     assert!(common::promiscuous(&veth.b));
 
     let prefix = common::file_prefix("afp");
-    let eal = Eal::init(&[
-        "--no-huge",
-        "-m",
-        "128",
-        "--no-pci",
-        "--no-telemetry",
-        "-l",
-        "0",
-        "--log-level=lib.eal:warning",
-        &format!("--file-prefix={prefix}"),
-        &format!("--vdev=net_af_packet0,iface={}", veth.a),
-        &format!("--vdev=net_af_packet1,iface={}", veth.b),
-        &format!("--vdev=net_af_packet2,iface={}", veth.b),
-    ])
-    .unwrap();
+    let vdevs = [
+        format!("--vdev=net_af_packet0,iface={}", veth.a),
+        format!("--vdev=net_af_packet1,iface={}", veth.b),
+        format!("--vdev=net_af_packet2,iface={}", veth.b),
+    ];
+    let eal = Eal::init(&common::eal_args(&prefix, 128, "0", &vdevs)).unwrap();
     let runtime = common::runtime_dir(&prefix);
     let mp_socket = runtime.join("mp_socket");
     assert!(mp_socket.exists());

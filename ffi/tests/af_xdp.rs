@@ -37,19 +37,7 @@ fn every_frame_an_af_xdp_port_takes_leaves_the_veth() {
     let _watchdog = common::Watchdog::new(60, "af_xdp frames");
     let veth = common::Veth::new("sfx");
     let prefix = common::file_prefix("afx");
-    let eal = Eal::init(&[
-        "--no-huge",
-        "-m",
-        "128",
-        "--no-pci",
-        "--no-telemetry",
-        "-l",
-        "0",
-        "--log-level=lib.eal:warning",
-        &format!("--file-prefix={prefix}"),
-        &format!("--vdev=net_af_xdp0,iface={}", veth.a),
-    ])
-    .unwrap();
+    let eal = Eal::init(&common::eal_args(&prefix, 128, "0", &[format!("--vdev=net_af_xdp0,iface={}", veth.a)])).unwrap();
     let runtime = common::runtime_dir(&prefix);
 
     // The PMD fills its receive ring with 1,024 of them at start.

@@ -13,24 +13,8 @@ use sluice_dataplane::io::{Burst, PacketBuf};
 use sluice_ffi::{ring_port, Eal, Error, Mempool, Port, PortConfig, Ring, DEFAULT_DATA_ROOM};
 
 fn eal_args() -> Vec<String> {
-    [
-        "--no-huge",
-        "-m",
-        "256",
-        "--no-pci",
-        "--no-telemetry",
-        "-l",
-        "0",
-        "--log-level=lib.eal:warning",
-        &format!("--file-prefix={}", common::file_prefix("fwd")),
-        "--vdev=net_null0",
-        "--vdev=net_null1",
-        "--vdev=net_null2",
-        "--vdev=net_null3",
-        "--vdev=net_null9",
-    ]
-    .map(String::from)
-    .to_vec()
+    let vdevs = ["net_null0", "net_null1", "net_null2", "net_null3", "net_null9"].map(|d| format!("--vdev={d}"));
+    common::eal_args(&common::file_prefix("fwd"), 256, "0", &vdevs)
 }
 
 /// Runs `f` on this process's main lcore. Tests are serialised there.

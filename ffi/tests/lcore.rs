@@ -11,19 +11,7 @@ use std::sync::Arc;
 use sluice_ffi::{Eal, LcoreId};
 
 fn eal_args() -> Vec<String> {
-    [
-        "--no-huge",
-        "-m",
-        "128",
-        "--no-pci",
-        "--no-telemetry",
-        "-l",
-        "0,1",
-        "--log-level=lib.eal:warning",
-        &format!("--file-prefix={}", common::file_prefix("lcore")),
-    ]
-    .map(String::from)
-    .to_vec()
+    common::eal_args(&common::file_prefix("lcore"), 128, "0,1", &[])
 }
 
 fn on_main<R: Send + 'static>(f: impl FnOnce(&Eal) -> R + Send + 'static) -> R {

@@ -15,19 +15,7 @@ use sluice_ffi::{ring_port, Eal, Holders, Mempool, Port, PortConfig, Ring, DEFAU
 #[test]
 fn shutdown_cleans_up_once_every_holder_is_gone() {
     let prefix = common::file_prefix("down-clean");
-    let eal = Eal::init(&[
-        "--no-huge",
-        "-m",
-        "128",
-        "--no-pci",
-        "--no-telemetry",
-        "-l",
-        "0,1",
-        "--log-level=lib.eal:warning",
-        &format!("--file-prefix={prefix}"),
-        "--vdev=net_null0",
-    ])
-    .unwrap();
+    let eal = Eal::init(&common::eal_args(&prefix, 128, "0,1", &["--vdev=net_null0".to_owned()])).unwrap();
     let runtime = common::runtime_dir(&prefix);
     let mp_socket = runtime.join("mp_socket");
     assert!(mp_socket.exists());

@@ -15,19 +15,7 @@ use sluice_ffi::{Eal, Error, Holders, Mempool, Port, PortConfig, Ring, DEFAULT_D
 #[test]
 fn shutdown_refuses_while_held_and_the_last_holder_cleans_up() {
     let prefix = common::file_prefix("down-defer");
-    let eal = Eal::init(&[
-        "--no-huge",
-        "-m",
-        "128",
-        "--no-pci",
-        "--no-telemetry",
-        "-l",
-        "0,1",
-        "--log-level=lib.eal:warning",
-        &format!("--file-prefix={prefix}"),
-        "--vdev=net_null0",
-    ])
-    .unwrap();
+    let eal = Eal::init(&common::eal_args(&prefix, 128, "0,1", &["--vdev=net_null0".to_owned()])).unwrap();
     let runtime = common::runtime_dir(&prefix);
     let mp_socket = runtime.join("mp_socket");
     assert!(mp_socket.exists());

@@ -13,18 +13,7 @@ use sluice_ffi::{Eal, Error, Holders, Mempool, Ring, DEFAULT_DATA_ROOM};
 #[test]
 fn a_leaked_pool_keeps_the_eal_up_under_its_mbufs() {
     let prefix = common::file_prefix("down-leak");
-    let eal = Eal::init(&[
-        "--no-huge",
-        "-m",
-        "128",
-        "--no-pci",
-        "--no-telemetry",
-        "-l",
-        "0",
-        "--log-level=lib.eal:warning",
-        &format!("--file-prefix={prefix}"),
-    ])
-    .unwrap();
+    let eal = Eal::init(&common::eal_args(&prefix, 128, "0", &[])).unwrap();
     let runtime = common::runtime_dir(&prefix);
     let mp_socket = runtime.join("mp_socket");
     assert!(mp_socket.exists());

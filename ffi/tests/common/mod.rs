@@ -26,6 +26,18 @@ pub fn file_prefix(tag: &str) -> String {
     format!("sluice-ffi-{tag}-{}", std::process::id())
 }
 
+/// EAL arguments of these tests: no hugepages, `mb` MiB, no PCI, no
+/// telemetry, lcores `lcores`, EAL warnings only, the file prefix `prefix`,
+/// then `more` (vdevs).
+pub fn eal_args(prefix: &str, mb: u32, lcores: &str, more: &[String]) -> Vec<String> {
+    let mut v: Vec<String> = ["--no-huge", "-m", &mb.to_string(), "--no-pci", "--no-telemetry", "-l", lcores, "--log-level=lib.eal:warning"]
+        .map(String::from)
+        .to_vec();
+    v.push(format!("--file-prefix={prefix}"));
+    v.extend(more.iter().cloned());
+    v
+}
+
 /// Runs `f` on the thread that initialised this process's EAL (with the
 /// arguments `args` gives, the first time) and returns its result; a panic
 /// in `f` is raised again here.
