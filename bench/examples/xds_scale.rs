@@ -392,9 +392,8 @@ fn main() {
         until_every("a file change live", CHANGE_POLL, || shows(admin, i, &new));
         fh.saturating_record(t0.elapsed().as_micros() as u64);
     }
-    // After up to 50 reloads of the whole file.
-    // Right after the last edit (each reload parses the whole file: its
-    // transient memory is still there), and once settled.
+    // After up to 50 reloads of the whole file: right after the last one
+    // (its parse of the whole file is still resident), and once settled.
     let file_rss_reloaded = rss_kib(file_app.child.id());
     std::thread::sleep(SETTLE);
     let file_rss_settled = rss_kib(file_app.child.id());

@@ -756,7 +756,7 @@ impl DeltaStream {
         let answer = !st.requested
             || !r.resource_names_subscribe.is_empty()
             || !r.resource_names_unsubscribe.is_empty()
-            || matches!(kind, RequestKind::Initial | RequestKind::Other);
+            || matches!(kind, RequestKind::Other);
         self.server.log(Logged {
             stream: self.id,
             delta: true,

@@ -45,8 +45,7 @@ pub struct TableDump {
 
 /// The endpoint address of every slot, in order.
 fn slots(s: &Service) -> impl Iterator<Item = Option<Addr>> + '_ {
-    let size = s.table.as_ref().map_or(0, |t| t.size() as usize);
-    (0..size).map(move |i| s.table.as_ref().and_then(|t| s.endpoint(t.entries().get(i))).map(|e| e.addr))
+    s.table.iter().flat_map(move |t| (0..t.size() as usize).map(move |i| s.endpoint(t.entries().get(i)).map(|e| e.addr)))
 }
 
 /// The summary, its digest taken slot by slot.
