@@ -53,10 +53,9 @@ pub mod limits {
     pub const BYTE_MATCH_END_MAX: u32 = MTU_MAX as u32;
 
     /// Bytes of a lookup table of `size` entries for identifiers below
-    /// `limit`: one per entry up to 256 identifiers, else two (as the
-    /// dataplane's `maglev::Entries`).
+    /// `limit`, as the dataplane's `maglev::Entries` takes them.
     pub fn table_bytes(limit: u32, size: u32) -> u64 {
-        u64::from(size) * if limit <= 256 { 1 } else { 2 }
+        sluice_dataplane::maglev::entries_bytes(limit, size)
     }
 }
 
@@ -427,11 +426,11 @@ impl Model {
                     over_budget = true;
                     p.push(s.origin.problem(format!(
                         "service {:?} takes the lookup tables of all services to {} MiB, over the budget of {} MiB \
-                         (capacity.tableMemoryMB; this service's table: {table_size} entries of {} byte(s))",
+                         (capacity.tableMemoryMB; this service's table: {table_size} entries of {} bits)",
                         s.name,
                         table_memory.div_ceil(1 << 20),
                         defaults.table_memory_mb,
-                        limits::table_bytes(limit, 1),
+                        if limit <= 256 { sluice_dataplane::maglev::entry_bits(limit) } else { 16 },
                     )));
                 }
                 services.insert(
@@ -770,18 +769,19 @@ mod tests {
     #[test]
     fn lookup_tables_share_one_memory_budget() {
         assert!(is_prime(limits::TABLE_SIZE_MAX) && !(limits::TABLE_SIZE_MAX + 1..1 << 24).any(is_prime), "the largest prime below 2^24");
-        assert_eq!((limits::table_bytes(256, 1000), limits::table_bytes(257, 1000)), (1000, 2000), "as maglev::Entries");
+        assert_eq!((limits::table_bytes(32, 1000), limits::table_bytes(256, 1000), limits::table_bytes(257, 1000)), (626, 1001, 2000), "as maglev::Entries");
         let defaults = Defaults { table_memory_mb: 1, ..Defaults::default() };
-        let names: Vec<String> = (0..200).map(|i| format!("s{i:03}")).collect();
+        let names: Vec<String> = (0..300).map(|i| format!("s{i:03}")).collect();
         let mut m = Model::default();
         m.set("a", Desired { services: names.iter().map(|n| svc(n)).collect(), ..Default::default() });
-        // 6421 bytes each (limit 32): the 164th crosses 1 MiB.
+        // 4015 bytes each (6421 entries of 5 bits, limit 32): the 262nd
+        // crosses 1 MiB.
         let errs: Vec<String> = m.resolve(&defaults).unwrap_err().iter().map(ToString::to_string).collect();
         assert_eq!(errs, [
-            "t.yaml: services.s163: service \"s163\" takes the lookup tables of all services to 2 MiB, over the budget of 1 MiB \
-             (capacity.tableMemoryMB; this service's table: 6421 entries of 1 byte(s))",
+            "t.yaml: services.s261: service \"s261\" takes the lookup tables of all services to 2 MiB, over the budget of 1 MiB \
+             (capacity.tableMemoryMB; this service's table: 6421 entries of 5 bits)",
         ]);
-        m.set("a", Desired { services: names[..163].iter().map(|n| svc(n)).collect(), ..Default::default() });
-        assert!(m.resolve(&defaults).is_ok(), "163 tables fit");
+        m.set("a", Desired { services: names[..261].iter().map(|n| svc(n)).collect(), ..Default::default() });
+        assert!(m.resolve(&defaults).is_ok(), "261 tables fit");
     }
 }

@@ -19,7 +19,9 @@
 //! - Balanced: each endpoint owns close to `M * weight / total_weight` entries.
 //! - Minimal disruption: removing one of N endpoints remaps about 1/N of
 //!   the entries, almost only those it owned.
-//! - Compact: entries are one byte when identifiers fit in `u8`, else two.
+//! - Compact: up to 256 identifiers, an entry takes as many bits as the
+//!   largest identifier needs (5 for the default limit of 32), packed end to
+//!   end; beyond, two bytes.
 
 use std::fmt;
 
@@ -34,16 +36,90 @@ const SEED_SKIP: u64 = 0x6d61_676c_6576_736b; // "maglevsk"
 /// The entries of a lookup table: endpoint identifiers.
 #[derive(Clone, PartialEq, Eq)]
 pub enum Entries {
-    /// One byte per entry (identifier limit <= 256).
-    U8(Box<[u8]>),
+    /// Identifiers below 256, `bits` bits each (1 to 8), packed end to end
+    /// from bit 0 of byte 0 (little-endian bit order).
+    Packed(Packed),
     /// Two bytes per entry.
     U16(Box<[u16]>),
+}
+
+/// Entries of `bits` bits each, packed end to end: entry `i` is bits
+/// `i * bits ..` of `data`, read as a little-endian `u16` from byte
+/// `i * bits / 8` (an entry never spans more than two bytes; one byte of
+/// padding ends the data, so the last entry reads two).
+#[derive(Clone, PartialEq, Eq)]
+pub struct Packed {
+    bits: u32,
+    len: u32,
+    /// `(1 << bits) - 1`.
+    mask: u16,
+    data: Box<[u8]>,
+}
+
+/// Bits per entry for identifiers below `limit`, when at most 256: as few
+/// as hold `limit - 1` (at least one).
+pub fn entry_bits(limit: u32) -> u32 {
+    (u32::BITS - limit.saturating_sub(1).leading_zeros()).max(1)
+}
+
+/// Bytes of the entries of a table of `size` entries for identifiers
+/// below `limit`: packed up to 256 identifiers, else two bytes each.
+pub fn entries_bytes(limit: u32, size: u32) -> u64 {
+    if limit <= 256 {
+        (u64::from(size) * u64::from(entry_bits(limit))).div_ceil(8) + 1
+    } else {
+        u64::from(size) * 2
+    }
+}
+
+impl Packed {
+    /// The entries `ids` (each below `1 << bits`), packed.
+    fn new(bits: u32, ids: impl ExactSizeIterator<Item = u16>) -> Packed {
+        let len = ids.len();
+        let mut data = vec![0u8; (len * bits as usize).div_ceil(8) + 1];
+        for (i, id) in ids.enumerate() {
+            let bit = i * bits as usize;
+            let v = id << (bit & 7);
+            data[bit >> 3] |= v.to_le_bytes()[0];
+            data[(bit >> 3) + 1] |= v.to_le_bytes()[1];
+        }
+        Packed { bits, len: u32::try_from(len).unwrap_or(u32::MAX), mask: (1u16 << bits) - 1, data: data.into_boxed_slice() }
+    }
+
+    /// Entry `i` (below `len`; 0 beyond).
+    #[inline(always)]
+    fn get(&self, i: usize) -> EndpointId {
+        let bit = i * self.bits as usize;
+        let b = bit >> 3;
+        let w = match self.data.get(b..b + 2) {
+            Some(&[lo, hi]) => u16::from_le_bytes([lo, hi]),
+            _ => 0,
+        };
+        (w >> (bit & 7)) & self.mask
+    }
+
+    /// Where entry `i` starts.
+    #[inline(always)]
+    fn addr(&self, i: usize) -> *const u8 {
+        self.data.as_ptr().wrapping_add((i * self.bits as usize) >> 3)
+    }
+
+    /// Bits per entry.
+    pub fn bits(&self) -> u32 {
+        self.bits
+    }
+}
+
+impl fmt::Debug for Packed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Packed(len {}, {} bits)", self.len, self.bits)
+    }
 }
 
 impl fmt::Debug for Entries {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Entries::U8(e) => write!(f, "Entries::U8(len {})", e.len()),
+            Entries::Packed(p) => write!(f, "Entries::{p:?}"),
             Entries::U16(e) => write!(f, "Entries::U16(len {})", e.len()),
         }
     }
@@ -53,7 +129,7 @@ impl Entries {
     /// Number of entries (M).
     pub fn len(&self) -> usize {
         match self {
-            Entries::U8(e) => e.len(),
+            Entries::Packed(p) => p.len as usize,
             Entries::U16(e) => e.len(),
         }
     }
@@ -67,7 +143,7 @@ impl Entries {
     #[inline(always)]
     pub fn get(&self, i: usize) -> EndpointId {
         match self {
-            Entries::U8(e) => EndpointId::from(e[i]),
+            Entries::Packed(p) => p.get(i),
             Entries::U16(e) => e[i],
         }
     }
@@ -75,17 +151,8 @@ impl Entries {
     /// Bytes of heap memory used.
     pub fn heap_bytes(&self) -> usize {
         match self {
-            Entries::U8(e) => e.len(),
+            Entries::Packed(p) => p.data.len(),
             Entries::U16(e) => e.len() * 2,
-        }
-    }
-
-    /// The raw bytes (little-endian for two-byte entries), for comparing
-    /// tables across processes.
-    pub fn to_bytes(&self) -> Vec<u8> {
-        match self {
-            Entries::U8(e) => e.to_vec(),
-            Entries::U16(e) => e.iter().flat_map(|x| x.to_le_bytes()).collect(),
         }
     }
 }
@@ -159,8 +226,8 @@ pub fn next_prime(n: u32) -> u32 {
 /// The default table size for a service whose identifiers are below
 /// `limit`: the smallest prime >= 200 x limit (at most 65537). At that
 /// size a full service moves at most about 1.2/N of its flows when one of
-/// its N endpoints leaves (see the tests), for one byte per entry up to
-/// 256 endpoints.
+/// its N endpoints leaves (see the tests), for 5 bits per entry at the
+/// default limit of 32.
 pub fn default_size(limit: u32) -> u32 {
     next_prime((limit.saturating_mul(200)).min(65537))
 }
@@ -209,8 +276,8 @@ impl Table {
         }
         let owner = fill(m, &eps);
         let entries = if limit <= 256 {
-            // Identifiers are below 256 (checked above).
-            Entries::U8(owner.iter().map(|&i| u8::try_from(eps[usize::from(i)].0).unwrap_or(u8::MAX)).collect())
+            // Identifiers are below the limit (checked above), so they fit.
+            Entries::Packed(Packed::new(entry_bits(limit), owner.iter().map(|&i| eps[usize::from(i)].0)))
         } else {
             Entries::U16(owner.iter().map(|&i| eps[usize::from(i)].0).collect())
         };
@@ -233,7 +300,7 @@ impl Table {
     pub fn entry_addr(&self, hash: u64) -> *const u8 {
         let i = reduce(hash, self.size()) as usize;
         match &self.entries {
-            Entries::U8(e) => e.as_ptr().wrapping_add(i),
+            Entries::Packed(p) => p.addr(i),
             Entries::U16(e) => e.as_ptr().wrapping_add(i).cast(),
         }
     }
@@ -594,15 +661,40 @@ mod tests {
         assert!(TableError::NotPrime(100).to_string().contains("101"));
     }
 
+    fn ids(t: &Table) -> Vec<EndpointId> {
+        (0..t.size() as usize).map(|i| t.entries().get(i)).collect()
+    }
+
     #[test]
     fn entry_width_follows_the_limit() {
-        let small = Table::build(1009, 256, &uniform(10)).unwrap().unwrap();
-        assert!(matches!(small.entries(), Entries::U8(_)));
-        assert_eq!(small.heap_bytes(), 1009);
+        assert_eq!([1, 2, 3, 4, 5, 32, 33, 129, 256].map(entry_bits), [1, 1, 2, 2, 3, 5, 6, 8, 8]);
         let wide = Table::build(1009, 257, &uniform(10)).unwrap().unwrap();
         assert!(matches!(wide.entries(), Entries::U16(_)));
         assert_eq!(wide.heap_bytes(), 2018);
-        assert_eq!(small.entries().to_bytes(), wide.entries().to_bytes().chunks(2).map(|c| c[0]).collect::<Vec<_>>());
+        // Every packed width holds the same table, and takes what
+        // `entries_bytes` says (which the model budgets with).
+        for limit in [10, 16, 17, 32, 100, 128, 200, 256] {
+            let t = Table::build(1009, limit, &uniform(10)).unwrap().unwrap();
+            let Entries::Packed(p) = t.entries() else { panic!("limit {limit}: not packed") };
+            assert_eq!(p.bits(), entry_bits(limit));
+            assert_eq!(t.heap_bytes() as u64, entries_bytes(limit, 1009));
+            assert_eq!(ids(&t), ids(&wide), "limit {limit}");
+        }
+        assert_eq!(entries_bytes(32, 6421), 4015);
+        assert_eq!(entries_bytes(257, 1009), 2018);
+    }
+
+    #[test]
+    fn packed_entries_keep_every_bit_of_every_identifier() {
+        // Identifiers with every bit pattern, across byte boundaries, for
+        // each width: a wrong shift or mask shows here.
+        for bits in 1..=8u32 {
+            let n: u16 = 1 << bits;
+            let want: Vec<u16> = (0..1000u16).map(|i| i.wrapping_mul(37) % n).collect();
+            let p = Packed::new(bits, want.iter().copied());
+            assert_eq!(p.data.len(), (1000 * bits as usize).div_ceil(8) + 1);
+            assert_eq!((0..1000).map(|i| p.get(i)).collect::<Vec<_>>(), want, "{bits} bits");
+        }
     }
 
     #[test]
@@ -611,7 +703,7 @@ mod tests {
         let a = Table::build(65537, 1000, &eps).unwrap().unwrap();
         eps.reverse();
         let b = Table::build(65537, 1000, &eps).unwrap().unwrap();
-        assert_eq!(a.entries().to_bytes(), b.entries().to_bytes());
+        assert_eq!(a.entries(), b.entries());
         // A known prefix: tables must not change between versions either.
         let t = Table::build(13, 4, &uniform(3)).unwrap().unwrap();
         let first: Vec<u16> = (0..13).map(|i| t.entries().get(i)).collect();
