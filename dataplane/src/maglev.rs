@@ -73,17 +73,23 @@ pub fn entries_bytes(limit: u32, size: u32) -> u64 {
 }
 
 impl Packed {
-    /// The entries `ids` (each below `1 << bits`), packed.
-    fn new(bits: u32, ids: impl ExactSizeIterator<Item = u16>) -> Packed {
-        let len = ids.len();
-        let mut data = vec![0u8; (len * bits as usize).div_ceil(8) + 1];
-        for (i, id) in ids.enumerate() {
-            let bit = i * bits as usize;
-            let v = id << (bit & 7);
-            data[bit >> 3] |= v.to_le_bytes()[0];
-            data[(bit >> 3) + 1] |= v.to_le_bytes()[1];
+    /// The entries `ids` (each below `1 << bits`), packed: eight entries
+    /// at a time, which take exactly `bits` bytes.
+    fn new(bits: u32, ids: &[u16]) -> Packed {
+        let bytes = (ids.len() * bits as usize).div_ceil(8) + 1;
+        // Each group writes a whole word and keeps `bits` bytes of it.
+        let mut data = Vec::with_capacity(bytes + 8);
+        for group in ids.chunks(8) {
+            let mut acc = 0u64;
+            for (k, &id) in (0u32..).zip(group) {
+                acc |= u64::from(id) << (k * bits);
+            }
+            let keep = data.len() + bits as usize;
+            data.extend_from_slice(&acc.to_le_bytes());
+            data.truncate(keep);
         }
-        Packed { bits, len: u32::try_from(len).unwrap_or(u32::MAX), mask: (1u16 << bits) - 1, data: data.into_boxed_slice() }
+        data.resize(bytes, 0);
+        Packed { bits, len: u32::try_from(ids.len()).unwrap_or(u32::MAX), mask: (1u16 << bits) - 1, data: data.into_boxed_slice() }
     }
 
     /// Entry `i` (below `len`; 0 beyond).
@@ -274,12 +280,16 @@ impl Table {
         if eps.is_empty() {
             return Ok(None);
         }
-        let owner = fill(m, &eps);
+        let mut owner = fill(m, &eps);
+        // From indices into `eps` to identifiers.
+        for o in &mut owner {
+            *o = eps[usize::from(*o)].0;
+        }
         let entries = if limit <= 256 {
             // Identifiers are below the limit (checked above), so they fit.
-            Entries::Packed(Packed::new(entry_bits(limit), owner.iter().map(|&i| eps[usize::from(i)].0)))
+            Entries::Packed(Packed::new(entry_bits(limit), &owner))
         } else {
-            Entries::U16(owner.iter().map(|&i| eps[usize::from(i)].0).collect())
+            Entries::U16(owner.into_boxed_slice())
         };
         Ok(Some(Table { entries }))
     }
@@ -691,7 +701,7 @@ mod tests {
         for bits in 1..=8u32 {
             let n: u16 = 1 << bits;
             let want: Vec<u16> = (0..1000u16).map(|i| i.wrapping_mul(37) % n).collect();
-            let p = Packed::new(bits, want.iter().copied());
+            let p = Packed::new(bits, &want);
             assert_eq!(p.data.len(), (1000 * bits as usize).div_ceil(8) + 1);
             assert_eq!((0..1000).map(|i| p.get(i)).collect::<Vec<_>>(), want, "{bits} bits");
         }
