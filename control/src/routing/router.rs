@@ -528,24 +528,33 @@ pub fn from_manifests(dir: &Path, gateway: &str, p: &mut Problems) -> Vec<(Gatew
     out
 }
 
+/// What the routing tests (here and BIRD's renderer) start from.
 #[cfg(test)]
-mod tests {
+pub(crate) mod testing {
     use super::*;
     use crate::config::yaml::{document, Budget};
     use crate::config::IfAddr;
 
-    fn ports() -> Vec<PortConfig> {
+    /// Two ports: `front` on the DC gateways' VLAN, with both families,
+    /// and `back`.
+    pub fn ports() -> Vec<PortConfig> {
         let a = |s: &str, l| IfAddr { addr: s.parse().unwrap(), prefix: l };
-        vec![PortConfig {
-            name: "front".into(),
-            device: "net_null0".into(),
-            addresses: vec![a("169.254.100.1", 24), a("fd00:100::1", 64)],
+        let port = |name: &str, device: &str, addresses, kernel_interface: &str| PortConfig {
+            name: name.into(),
+            device: device.into(),
+            addresses,
             mtu: 1500,
-            kernel_interface: "vlan-100".into(),
-        }]
+            kernel_interface: kernel_interface.into(),
+        };
+        vec![
+            port("front", "net_null0", vec![a("169.254.100.1", 24), a("fd00:100::1", 64)], "vlan-100"),
+            port("back", "net_null1", vec![a("10.0.0.1", 24)], "sl1-back"),
+        ]
     }
 
-    fn check(text: &str) -> Result<(Option<Ipv4Addr>, Vec<RouterConfig>), Vec<String>> {
+    /// The `gatewayRouters` of a configuration text, resolved on
+    /// [`ports`], or the problems (as printed).
+    pub fn check(text: &str) -> Result<(Option<Ipv4Addr>, Vec<RouterConfig>), Vec<String>> {
         let v = document(text, &mut Budget::default()).unwrap();
         let mut p = Problems::default();
         let list = Node::root(&v, "c.yaml").field("gatewayRouters", |n| parse_list(n, &mut p)).unwrap_or_default();
@@ -556,6 +565,12 @@ mod tests {
             Err(p.0.iter().map(ToString::to_string).collect())
         }
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::check;
+    use super::*;
 
     #[test]
     fn the_seed_example_reads_with_its_names() {
@@ -623,7 +638,7 @@ gatewayRouters:
             "c.yaml:5:100: gatewayRouters[2].bgp.holdTime: \"24\" is not a duration: the unit is missing (ms, s or m)",
             "c.yaml:5:115: gatewayRouters[2].bgp.localPort: 0 is out of range 1..=65535",
             "c.yaml:6:100: gatewayRouters[3].bgp.holdTime: hold time 3500ms is not whole seconds",
-            "c.yaml:3:5: gatewayRouters[0].interface: \"nope\" is neither a port nor a port's kernel interface (ports: front (vlan-100))",
+            "c.yaml:3:5: gatewayRouters[0].interface: \"nope\" is neither a port nor a port's kernel interface (ports: front (vlan-100), back (sl1-back))",
             "c.yaml:8:5: gatewayRouters[5].bgp.bfd: BFD timers differ from those of gateway router \"e\" on the same interface \"vlan-100\": BIRD sets them per interface",
             "c.yaml:9:5: gatewayRouters[6].name: gateway router \"e\" is defined twice (first at c.yaml:7:5: gatewayRouters[4])",
             "c.yaml:11:5: gatewayRouters[8].name: gateway routers \"g.h\" and \"g-h\" have the same BIRD protocol name gw_g_h: rename one",

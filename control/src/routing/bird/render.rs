@@ -100,34 +100,10 @@ mod tests {
     use std::path::{Path, PathBuf};
 
     use super::*;
-    use crate::config::yaml::{document, Budget};
-    use crate::config::{node::Node, IfAddr, PortConfig};
-    use crate::problem::Problems;
     use crate::routing::router;
 
     fn routers(text: &str) -> (Ipv4Addr, Vec<RouterConfig>) {
-        let a = |s: &str, l| IfAddr { addr: s.parse().unwrap(), prefix: l };
-        let ports = vec![
-            PortConfig {
-                name: "front".into(),
-                device: "net_null0".into(),
-                addresses: vec![a("169.254.100.1", 24), a("fd00:100::1", 64)],
-                mtu: 1500,
-                kernel_interface: "vlan-100".into(),
-            },
-            PortConfig {
-                name: "back".into(),
-                device: "net_null1".into(),
-                addresses: vec![a("10.0.0.1", 24)],
-                mtu: 1500,
-                kernel_interface: "sl1-back".into(),
-            },
-        ];
-        let v = document(text, &mut Budget::default()).unwrap();
-        let mut p = Problems::default();
-        let list = Node::root(&v, "c.yaml").field("gatewayRouters", |n| router::parse_list(n, &mut p)).unwrap_or_default();
-        let (id, rs) = router::resolve(list, &ports, None, &mut p);
-        assert!(p.is_empty(), "{:?}", p.0);
+        let (id, rs) = router::testing::check(text).unwrap();
         (id.unwrap(), rs)
     }
 
