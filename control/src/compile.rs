@@ -124,9 +124,30 @@ pub struct EndpointStatus {
     pub state: EndpointState,
     /// Counter slot.
     pub counter: u32,
-    /// The next hop whose MAC the kernel resolves for it: (port, address);
-    /// none when the configuration gives the MAC or it cannot be reached.
-    pub hop: Option<(u8, Addr)>,
+    /// The next hop whose MAC the kernel resolves for it; none when the
+    /// configuration gives the MAC or it cannot be reached.
+    pub hop: Option<LookedUp>,
+}
+
+/// A next hop looked up in the neighbour table, (port, address), in 18
+/// bytes with byte alignment: an `Option<(u8, Addr)>` takes 48, a third of
+/// every endpoint's status (100,000 endpoints: 3 MiB more).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LookedUp {
+    port: u8,
+    address: [u8; 16],
+}
+
+impl LookedUp {
+    /// The next hop `address` on port `port`.
+    pub fn new((port, address): (u8, Addr)) -> LookedUp {
+        LookedUp { port, address: address.0.to_ne_bytes() }
+    }
+
+    /// (port, address).
+    pub fn get(self) -> (u8, Addr) {
+        (self.port, Addr(u128::from_ne_bytes(self.address)))
+    }
 }
 
 /// A compilation's result.
@@ -322,12 +343,15 @@ impl Entry {
     /// The next hops it looks up, and those not resolved yet (each
     /// endpoint's; a hop may appear more than once).
     fn hops(&self) -> impl Iterator<Item = ((u8, Addr), bool)> + '_ {
-        self.statuses.iter().filter_map(|e| Some((e.hop?, e.state == EndpointState::Unresolved)))
+        self.statuses.iter().filter_map(|e| Some((e.hop?.get(), e.state == EndpointState::Unresolved)))
     }
 
     /// True when every MAC it looked up is still what `neigh` says.
     fn macs_hold(&self, neigh: &dyn Neighbors) -> bool {
-        self.statuses.iter().all(|e| e.hop.is_none_or(|(port, a)| neigh.mac(port, a) == e.mac))
+        self.statuses.iter().all(|e| e.hop.is_none_or(|h| {
+            let (port, a) = h.get();
+            neigh.mac(port, a) == e.mac
+        }))
     }
 }
 
@@ -756,7 +780,7 @@ fn compile_service(
             port: p.placed.and_then(|x| port_names.get(usize::from(x.port)).cloned()),
             state: if p.state == EndpointState::Ready && e.draining { EndpointState::Draining } else { p.state },
             counter,
-            hop: p.hop,
+            hop: p.hop.map(LookedUp::new),
         });
         if let Some(pl) = p.placed {
             specs.push(EndpointSpec {
@@ -842,6 +866,15 @@ fn place(e: &EndpointDef, mode: DeliveryMode, topo: &Topology, neigh: &dyn Neigh
 mod tests {
     use super::*;
     use crate::model::{Defaults, Desired, Model, Origin, RouteDef, ServiceDef};
+
+    #[test]
+    fn an_endpoint_status_is_112_bytes_and_keeps_its_next_hop() {
+        assert_eq!(std::mem::size_of::<EndpointStatus>(), 112);
+        for a in ["10.200.0.11", "fd00::1:2"] {
+            let h = (3, a.parse().unwrap());
+            assert_eq!(LookedUp::new(h).get(), h);
+        }
+    }
     use sluice_dataplane::classify::RouteMatch;
 
     fn topo() -> Topology {
