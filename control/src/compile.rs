@@ -295,51 +295,36 @@ struct Entry {
     input: Input,
     /// Its counter slot.
     key: u32,
-    /// What each endpoint keeps while its address stays in the service,
-    /// by address.
-    slots: Sorted<Addr, Kept>,
     /// The built service (tables), which also tells the spec it was built
     /// from.
     svc: Arc<Service>,
     /// Its endpoints' statuses (with the next hop each looked up, and the
-    /// MAC found).
+    /// MAC found), which also hold what each endpoint keeps while its
+    /// address stays in the service: its counter slot and identifier.
     statuses: Arc<[EndpointStatus]>,
-}
-
-/// What an endpoint keeps across compilations while its address stays in
-/// its service.
-#[derive(Clone, Copy, Debug)]
-struct Kept {
-    /// Its counter slot.
-    counter: u32,
-    /// The identifier it had, and its incarnation under it (a new
+    /// Each status's endpoint's incarnation under its identifier (a new
     /// identifier for the same address is a new incarnation).
-    id: u32,
-    incarnation: u32,
-}
-
-/// A small map as a vector sorted by key (a service's endpoints: a tenth
-/// of the memory of a `HashMap`, and no hashing).
-#[derive(Debug)]
-struct Sorted<K, V>(Box<[(K, V)]>);
-
-impl<K: Ord, V> Sorted<K, V> {
-    /// The map of `pairs` (keys unique: a service's addresses are).
-    fn new(mut pairs: Vec<(K, V)>) -> Self {
-        pairs.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        Sorted(pairs.into_boxed_slice())
-    }
-
-    fn get(&self, k: &K) -> Option<&V> {
-        self.0.binary_search_by(|p| p.0.cmp(k)).ok().map(|i| &self.0[i].1)
-    }
-
-    fn iter(&self) -> impl Iterator<Item = (&K, &V)> {
-        self.0.iter().map(|(k, v)| (k, v))
-    }
+    incarnations: Box<[u32]>,
+    /// Indices into `statuses`, by address (with `incarnations`, 8 bytes
+    /// an endpoint, where a map from address to what it keeps took 32).
+    by_address: Box<[u32]>,
 }
 
 impl Entry {
+    fn new(input: Input, key: u32, svc: Arc<Service>, statuses: Arc<[EndpointStatus]>, incarnations: Vec<u32>) -> Entry {
+        // A service has fewer than 2^32 endpoints (identifiers are u16).
+        let mut by_address: Vec<u32> = (0..u32::try_from(statuses.len()).unwrap_or(u32::MAX)).collect();
+        by_address.sort_unstable_by_key(|&i| statuses[i as usize].address);
+        Entry { input, key, svc, statuses, incarnations: incarnations.into_boxed_slice(), by_address: by_address.into_boxed_slice() }
+    }
+
+    /// The status of its endpoint at address `a`, with its incarnation.
+    fn kept(&self, a: Addr) -> Option<(&EndpointStatus, u32)> {
+        let i = self.by_address.binary_search_by_key(&a, |&i| self.statuses[i as usize].address).ok()?;
+        let i = self.by_address[i] as usize;
+        Some((self.statuses.get(i)?, *self.incarnations.get(i)?))
+    }
+
     /// The next hops it looks up, and those not resolved yet (each
     /// endpoint's; a hop may appear more than once).
     fn hops(&self) -> impl Iterator<Item = ((u8, Addr), bool)> + '_ {
@@ -605,10 +590,10 @@ impl Compiler {
             let mut moved = count_hops(&mut self.hops, &mut self.waiting, &entry, true);
             if let Some(old) = self.entries.insert(name, entry) {
                 moved |= count_hops(&mut self.hops, &mut self.waiting, &old, false);
-                let now = &self.entries[old.input.name.as_str()].slots;
-                for (a, k) in old.slots.iter() {
-                    if now.get(a).is_none() {
-                        self.endpoint_slots.give(k.counter);
+                let now = &self.entries[old.input.name.as_str()];
+                for e in old.statuses.iter() {
+                    if now.kept(e.address).is_none() {
+                        self.endpoint_slots.give(e.counter);
                     }
                 }
             }
@@ -624,8 +609,8 @@ impl Compiler {
                         self.hop_list = None;
                     }
                     self.service_slots.give(old.key);
-                    for (_, k) in old.slots.iter() {
-                        self.endpoint_slots.give(k.counter);
+                    for e in old.statuses.iter() {
+                        self.endpoint_slots.give(e.counter);
                     }
                 }
             }
@@ -751,25 +736,24 @@ fn compile_service(
     };
     let shared_name: Arc<str> = Arc::from(name.as_str());
     let port_names: Vec<Arc<str>> = topo.ports.iter().map(|p| Arc::from(p.name.as_str())).collect();
-    let mut slots = Vec::with_capacity(s.endpoints.len());
     let mut statuses = Vec::with_capacity(s.endpoints.len());
+    let mut incarnations = Vec::with_capacity(s.endpoints.len());
     let mut specs = Vec::with_capacity(s.endpoints.len());
     for e in &s.endpoints {
-        let kept = old.and_then(|o| o.slots.get(&e.address));
+        let kept = old.and_then(|o| o.kept(e.address));
         let counter = match kept {
-            Some(k) => k.counter,
+            Some((k, _)) => k.counter,
             None => ids.endpoints.take(&mut new.endpoints, &mut j.endpoints).ok_or_else(|| {
                 format!("more than {} endpoints: raise capacity.endpoints", ids.endpoints.cap)
             })?,
         };
         let incarnation = match kept {
-            Some(k) if k.id == e.id => k.incarnation,
+            Some((k, incarnation)) if k.id == e.id => incarnation,
             _ => {
                 *ids.next_incarnation = ids.next_incarnation.wrapping_add(1).max(1);
                 *ids.next_incarnation
             }
         };
-        slots.push((e.address, Kept { counter, id: e.id, incarnation }));
         let p = place(e, s.delivery, topo, neigh);
         statuses.push(EndpointStatus {
             service: Arc::clone(&shared_name),
@@ -782,6 +766,7 @@ fn compile_service(
             counter,
             hop: p.hop.map(LookedUp::new),
         });
+        incarnations.push(incarnation);
         if let Some(pl) = p.placed {
             specs.push(EndpointSpec {
                 id: u16::try_from(e.id).map_err(|_| format!("endpoint identifier {} too large", e.id))?,
@@ -809,7 +794,7 @@ fn compile_service(
         Some(o) if o.svc.is_built_from(&spec) => Arc::clone(&o.svc),
         _ => Arc::new(Service::build(&spec).map_err(|e| format!("service {name:?}: {e}"))?),
     };
-    Ok(Entry { input: Input::of(s), key, slots: Sorted::new(slots), svc, statuses: statuses.into() })
+    Ok(Entry::new(Input::of(s), key, svc, statuses.into(), incarnations))
 }
 
 #[derive(Clone, Copy)]
