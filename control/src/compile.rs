@@ -851,6 +851,7 @@ fn place(e: &EndpointDef, mode: DeliveryMode, topo: &Topology, neigh: &dyn Neigh
 mod tests {
     use super::*;
     use crate::model::{Defaults, Desired, Model, Origin, RouteDef, ServiceDef};
+    use sluice_dataplane::classify::RouteMatch;
 
     #[test]
     fn an_endpoint_status_is_112_bytes_and_keeps_its_next_hop() {
@@ -860,7 +861,6 @@ mod tests {
             assert_eq!(LookedUp::new(h).get(), h);
         }
     }
-    use sluice_dataplane::classify::RouteMatch;
 
     fn topo() -> Topology {
         let ifa = |s: &str| {

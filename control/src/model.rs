@@ -430,7 +430,7 @@ impl Model {
                         s.name,
                         table_memory.div_ceil(1 << 20),
                         defaults.table_memory_mb,
-                        if limit <= 256 { sluice_dataplane::maglev::entry_bits(limit) } else { 16 },
+                        sluice_dataplane::maglev::entry_bits(limit),
                     )));
                 }
                 services.insert(

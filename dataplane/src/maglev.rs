@@ -56,14 +56,18 @@ pub struct Packed {
     data: Box<[u8]>,
 }
 
-/// Bits per entry for identifiers below `limit`, when at most 256: as few
-/// as hold `limit - 1` (at least one).
+/// Bits per entry for identifiers below `limit`: up to 256, as few as
+/// hold `limit - 1` (at least one), packed; beyond, 16.
 pub fn entry_bits(limit: u32) -> u32 {
-    (u32::BITS - limit.saturating_sub(1).leading_zeros()).max(1)
+    if limit <= 256 {
+        (u32::BITS - limit.saturating_sub(1).leading_zeros()).max(1)
+    } else {
+        16
+    }
 }
 
 /// Bytes of the entries of a table of `size` entries for identifiers
-/// below `limit`: packed up to 256 identifiers, else two bytes each.
+/// below `limit`.
 pub fn entries_bytes(limit: u32, size: u32) -> u64 {
     if limit <= 256 {
         (u64::from(size) * u64::from(entry_bits(limit))).div_ceil(8) + 1
@@ -677,7 +681,7 @@ mod tests {
 
     #[test]
     fn entry_width_follows_the_limit() {
-        assert_eq!([1, 2, 3, 4, 5, 32, 33, 129, 256].map(entry_bits), [1, 1, 2, 2, 3, 5, 6, 8, 8]);
+        assert_eq!([1, 2, 3, 4, 5, 32, 33, 129, 256, 257].map(entry_bits), [1, 1, 2, 2, 3, 5, 6, 8, 8, 16]);
         let wide = Table::build(1009, 257, &uniform(10)).unwrap().unwrap();
         assert!(matches!(wide.entries(), Entries::U16(_)));
         assert_eq!(wide.heap_bytes(), 2018);
