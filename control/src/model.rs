@@ -52,8 +52,10 @@ pub mod limits {
     /// (`offset + length`): none beyond the largest MTU.
     pub const BYTE_MATCH_END_MAX: u32 = MTU_MAX as u32;
 
-    /// Bytes of a lookup table of `size` entries for identifiers below
-    /// `limit`, as the dataplane's `maglev::Entries` takes them.
+    /// Bytes of a lookup table of `size` entries for a service of at most
+    /// `limit` endpoints: the most the dataplane's `maglev::Entries` take
+    /// (fewer endpoints may take fewer bits an entry), so the budget holds
+    /// whatever endpoints come.
     pub fn table_bytes(limit: u32, size: u32) -> u64 {
         sluice_dataplane::maglev::entries_bytes(limit, size)
     }

@@ -22,6 +22,9 @@ pub struct Pin {
     /// The endpoint's incarnation, so a reused identifier is not mistaken
     /// for the endpoint that had it before.
     pub incarnation: u32,
+    /// Where the endpoint was in its service's records when pinned: looked
+    /// at first (it moves only when endpoints come or go).
+    pub at: u16,
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -239,7 +242,7 @@ mod tests {
     }
 
     fn pin(e: u16) -> Pin {
-        Pin { service: 7, endpoint: e, incarnation: 1 }
+        Pin { service: 7, endpoint: e, incarnation: 1, at: e }
     }
 
     #[test]

@@ -19,9 +19,11 @@
 //! - Balanced: each endpoint owns close to `M * weight / total_weight` entries.
 //! - Minimal disruption: removing one of N endpoints remaps about 1/N of
 //!   the entries, almost only those it owned.
-//! - Compact: up to 256 identifiers, an entry takes as many bits as the
-//!   largest identifier needs (5 for the default limit of 32), packed end to
-//!   end; beyond, two bytes.
+//! - Compact: up to 256 names, an entry takes as many bits as the largest
+//!   name needs, packed end to end; beyond, two bytes. Names are
+//!   identifiers (5 bits for the default limit of 32), or, as services
+//!   build them, positions among the service's endpoints (4 bits for 10
+//!   endpoints, whatever the limit).
 
 use std::fmt;
 
@@ -33,7 +35,8 @@ pub type EndpointId = u16;
 const SEED_OFFSET: u64 = 0x6d61_676c_6576_6f66; // "maglevof"
 const SEED_SKIP: u64 = 0x6d61_676c_6576_736b; // "maglevsk"
 
-/// The entries of a lookup table: endpoint identifiers.
+/// The entries of a lookup table: endpoint identifiers, or positions of
+/// endpoints in their service (see [`Table::build_positions`]).
 #[derive(Clone, PartialEq, Eq)]
 pub enum Entries {
     /// Identifiers below 256, `bits` bits each (1 to 8), packed end to end
@@ -66,8 +69,9 @@ pub fn entry_bits(limit: u32) -> u32 {
     }
 }
 
-/// Bytes of the entries of a table of `size` entries for identifiers
-/// below `limit`.
+/// Bytes of the entries of a table of `size` entries for names below
+/// `limit`: the most a service's table of that size takes (it names
+/// endpoints by position, and a service has at most `limit` endpoints).
 pub fn entries_bytes(limit: u32, size: u32) -> u64 {
     if limit <= 256 {
         (u64::from(size) * u64::from(entry_bits(limit))).div_ceil(8) + 1
@@ -189,6 +193,9 @@ pub enum TableError {
     DuplicateId(EndpointId),
     /// The limit is 0 or above 65536.
     BadLimit(u32),
+    /// An endpoint is missing from the order that names entries by
+    /// position (see [`Table::build_positions`]).
+    NotInOrder(EndpointId),
 }
 
 impl fmt::Display for TableError {
@@ -200,6 +207,7 @@ impl fmt::Display for TableError {
             }
             TableError::DuplicateId(id) => write!(f, "endpoint identifier {id} appears twice"),
             TableError::BadLimit(l) => write!(f, "endpoint limit {l} is outside 1..=65536"),
+            TableError::NotInOrder(id) => write!(f, "endpoint identifier {id} is not among the service's endpoints"),
         }
     }
 }
@@ -264,6 +272,20 @@ impl Table {
     /// (identifier, weight), identifiers below `limit`. Endpoints with
     /// weight 0 get no entries. An empty (or all-zero) set gives `None`.
     pub fn build(m: u32, limit: u32, endpoints: &[(EndpointId, u32)]) -> Result<Option<Table>, TableError> {
+        Table::build_naming(m, limit, endpoints, None)
+    }
+
+    /// [`Table::build`], but each entry names its endpoint by position in
+    /// `order` (identifiers, ascending, each once, holding every one of
+    /// `endpoints`): entries take the bits `order.len()` positions need,
+    /// fewer than the limit's when the service has fewer endpoints than
+    /// its limit, and a service keeps its endpoints in a dense array.
+    /// Same table as [`Table::build`], named differently.
+    pub fn build_positions(m: u32, limit: u32, endpoints: &[(EndpointId, u32)], order: &[EndpointId]) -> Result<Option<Table>, TableError> {
+        Table::build_naming(m, limit, endpoints, Some(order))
+    }
+
+    fn build_naming(m: u32, limit: u32, endpoints: &[(EndpointId, u32)], order: Option<&[EndpointId]>) -> Result<Option<Table>, TableError> {
         if !is_prime(m) {
             return Err(TableError::NotPrime(m));
         }
@@ -284,14 +306,28 @@ impl Table {
         if eps.is_empty() {
             return Ok(None);
         }
+        // What an entry says of each endpoint of `eps`: its identifier, or
+        // its position in `order`; and how many names there are.
+        let (names, count) = match order {
+            None => (eps.iter().map(|e| e.0).collect::<Vec<_>>(), limit),
+            Some(order) => {
+                let mut names = Vec::with_capacity(eps.len());
+                for &(id, _) in &eps {
+                    let at = order.binary_search(&id).map_err(|_| TableError::NotInOrder(id))?;
+                    // `order` holds distinct identifiers, at most 65536.
+                    names.push(u16::try_from(at).unwrap_or(u16::MAX));
+                }
+                (names, u32::try_from(order.len()).unwrap_or(u32::MAX))
+            }
+        };
         let mut owner = fill(m, &eps);
-        // From indices into `eps` to identifiers.
+        // From indices into `eps` to names.
         for o in &mut owner {
-            *o = eps[usize::from(*o)].0;
+            *o = names[usize::from(*o)];
         }
-        let entries = if limit <= 256 {
-            // Identifiers are below the limit (checked above), so they fit.
-            Entries::Packed(Packed::new(entry_bits(limit), &owner))
+        let entries = if count <= 256 {
+            // Names are below the count, so they fit.
+            Entries::Packed(Packed::new(entry_bits(count), &owner))
         } else {
             Entries::U16(owner.into_boxed_slice())
         };
@@ -329,9 +365,10 @@ impl Table {
         self.entries.heap_bytes()
     }
 
-    /// Entries owned by each identifier, indexed by identifier.
-    pub fn counts(&self, limit: u32) -> Vec<u32> {
-        let mut c = vec![0u32; limit as usize];
+    /// Entries owned by each name (identifier or position), indexed by
+    /// name; names are below `n`.
+    pub fn counts(&self, n: u32) -> Vec<u32> {
+        let mut c = vec![0u32; n as usize];
         for i in 0..self.entries.len() {
             c[usize::from(self.entries.get(i))] += 1;
         }
@@ -696,6 +733,28 @@ mod tests {
         }
         assert_eq!(entries_bytes(32, 6421), 4015);
         assert_eq!(entries_bytes(257, 1009), 2018);
+    }
+
+    #[test]
+    fn positions_name_the_same_table_in_the_bits_the_endpoints_need() {
+        // Ten takers spread over a limit of 32, and two that take nothing
+        // (draining: in the order, not in the table).
+        let takers: Vec<(EndpointId, u32)> = [1u16, 4, 6, 9, 13, 17, 22, 25, 28, 31].iter().map(|&i| (i, 1 + u32::from(i % 3))).collect();
+        let mut order: Vec<EndpointId> = takers.iter().map(|e| e.0).chain([0, 30]).collect();
+        order.sort_unstable();
+        let by_id = Table::build(6421, 32, &takers).unwrap().unwrap();
+        let by_pos = Table::build_positions(6421, 32, &takers, &order).unwrap().unwrap();
+        let Entries::Packed(p) = by_pos.entries() else { panic!("not packed") };
+        assert_eq!((p.bits(), entry_bits(32)), (4, 5), "12 positions need 4 bits, 32 identifiers 5");
+        assert_eq!(by_pos.heap_bytes() as u64, entries_bytes(12, 6421));
+        assert!(by_pos.heap_bytes() as u64 <= entries_bytes(32, 6421), "the budget by limit holds");
+        let named: Vec<EndpointId> = ids(&by_pos).iter().map(|&at| order[usize::from(at)]).collect();
+        assert_eq!(named, ids(&by_id), "the same endpoint at every entry");
+        assert!(!named.contains(&0) && !named.contains(&30));
+        // Beyond 256 identifiers, a small service still packs.
+        let wide = Table::build_positions(1009, 1000, &[(700, 1), (999, 1)], &[700, 999]).unwrap().unwrap();
+        assert!(matches!(wide.entries(), Entries::Packed(_)));
+        assert_eq!(Table::build_positions(1009, 32, &[(5, 1)], &[4, 6]), Err(TableError::NotInOrder(5)));
     }
 
     #[test]

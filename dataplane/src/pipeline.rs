@@ -237,9 +237,9 @@ impl Pipeline {
                 continue;
             }
             let Some(t) = &svc.table else { continue };
-            let id = t.lookup(a.hash);
-            prefetch(svc.endpoint_addr(id));
-            if let Some(ep) = svc.endpoint(id) {
+            let at = t.lookup(a.hash);
+            prefetch(svc.endpoint_addr(at));
+            if let Some(ep) = svc.endpoint_at(at) {
                 if let Some(ec) = ctr.endpoints.get(ep.counter as usize) {
                     prefetch(std::ptr::from_ref(ec).cast());
                 }
@@ -434,7 +434,7 @@ impl State {
                 return Verdict::Stash;
             };
             let Some(svc) = snap.service_by_key(pin.service) else { return Verdict::Drop(DropReason::NoEndpoint) };
-            let Some(ep) = svc.endpoint(pin.endpoint).filter(|e| e.incarnation == pin.incarnation) else {
+            let Some(ep) = svc.pinned(&pin) else {
                 return Verdict::Drop(DropReason::NoEndpoint);
             };
             return self.deliver(cx, svc, ep, p, pkt, flow_hash(&p.flow), len);
@@ -475,7 +475,7 @@ impl State {
         };
         if p.frag == Fragment::First {
             let fk = frag_key(p);
-            let pin = Pin { service: svc.key, endpoint: ep.id, incarnation: ep.incarnation };
+            let pin = Pin { service: svc.key, endpoint: ep.id, incarnation: ep.incarnation, at: svc.position(ep) };
             self.frags.insert(&fk, pin, now_ms.max(1));
             self.frag_event = FragEvent::Pinned(fk);
         }
@@ -490,23 +490,25 @@ impl State {
         if svc.flow_table {
             let pin = if icmp { self.flows.peek(key, svc.key, now_s) } else { self.flows.lookup(key, svc.key, now_s) };
             if let Some(pin) = pin {
-                if let Some(ep) = svc.endpoint(pin.endpoint).filter(|e| e.incarnation == pin.incarnation) {
+                if let Some(ep) = svc.pinned(&pin) {
                     return Some(ep);
                 }
             }
         }
         let table = svc.table.as_ref()?;
         if icmp || svc.algorithm == Algorithm::Maglev {
-            let ep = svc.endpoint(table.lookup(hash))?;
+            let at = table.lookup(hash);
+            let ep = svc.endpoint_at(at)?;
             if svc.flow_table && !icmp {
-                self.flows.insert(key, Pin { service: svc.key, endpoint: ep.id, incarnation: ep.incarnation }, now_s);
+                self.flows.insert(key, Pin { service: svc.key, endpoint: ep.id, incarnation: ep.incarnation, at }, now_s);
             }
             return Some(ep);
         }
         // Random: a uniformly random table entry, so weights hold.
         let r = self.next_random();
-        let ep = svc.endpoint(table.lookup(r))?;
-        self.flows.insert(key, Pin { service: svc.key, endpoint: ep.id, incarnation: ep.incarnation }, now_s);
+        let at = table.lookup(r);
+        let ep = svc.endpoint_at(at)?;
+        self.flows.insert(key, Pin { service: svc.key, endpoint: ep.id, incarnation: ep.incarnation, at }, now_s);
         Some(ep)
     }
 

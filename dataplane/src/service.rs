@@ -1,5 +1,6 @@
 //! A service as workers see it: its algorithm, its lookup table, and its
-//! endpoints by identifier (with how to reach each one).
+//! endpoints (with how to reach each one), in one dense array ordered by
+//! identifier, which the table's entries index by position.
 //!
 //! Built from a [`ServiceSpec`] by the control plane and shared, immutable,
 //! between snapshots while the spec does not change (the control plane
@@ -10,6 +11,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use crate::addr::Addr;
+use crate::flow::Pin;
 use crate::maglev::{default_size, EndpointId, Table, TableError};
 
 /// How a service picks an endpoint for a new flow.
@@ -140,10 +142,12 @@ pub struct Service {
     pub flow_table: bool,
     /// Identifier limit.
     pub limit: u32,
-    /// Table of endpoints taking new flows; `None` when there is none.
+    /// Table of endpoints taking new flows, naming each by its position
+    /// in `endpoints` ([`Service::endpoint_at`]); `None` when there is none.
     pub table: Option<Table>,
-    /// Endpoints by identifier (draining ones included).
-    endpoints: Box<[Option<Endpoint>]>,
+    /// Endpoints, draining ones included, ordered by identifier, each
+    /// once: as many records as endpoints (not as the limit allows).
+    endpoints: Box<[Endpoint]>,
     /// The outer sources of the endpoints delivered by IP-in-IP (each
     /// once), which their records name.
     tunnel_src: Box<[Addr]>,
@@ -162,11 +166,13 @@ impl Service {
         // Draining endpoints are checked too (limit, duplicates).
         let all: Vec<(EndpointId, u32)> = spec.endpoints.iter().map(|e| (e.id, 0)).collect();
         Table::build(m, spec.limit, &all)?;
-        let table = Table::build(m, spec.limit, &takers)?;
-        let n = spec.endpoints.iter().map(|e| usize::from(e.id) + 1).max().unwrap_or(0);
-        let mut endpoints = vec![None; n];
+        let mut specs: Vec<&EndpointSpec> = spec.endpoints.iter().collect();
+        specs.sort_unstable_by_key(|e| e.id);
+        let order: Vec<EndpointId> = specs.iter().map(|e| e.id).collect();
+        let table = Table::build_positions(m, spec.limit, &takers, &order)?;
+        let mut endpoints = Vec::with_capacity(specs.len());
         let mut tunnel_src: Vec<Addr> = Vec::new();
-        for e in &spec.endpoints {
+        for e in specs {
             let tunnel = match e.delivery {
                 Delivery::L2 => 0,
                 Delivery::IpIp { src } => {
@@ -179,7 +185,7 @@ impl Service {
                     u32::try_from(i + 1).unwrap_or(u32::MAX)
                 }
             };
-            endpoints[usize::from(e.id)] = Some(Endpoint {
+            endpoints.push(Endpoint {
                 addr: e.addr,
                 id: e.id,
                 incarnation: e.incarnation,
@@ -217,21 +223,54 @@ impl Service {
             && self.name == spec.name
     }
 
+    /// The endpoint a table entry names (its position).
+    #[inline(always)]
+    pub fn endpoint_at(&self, at: u16) -> Option<&Endpoint> {
+        self.endpoints.get(usize::from(at))
+    }
+
+    /// Where the record of the endpoint at `at` lives (for a prefetch; not
+    /// read).
+    #[inline(always)]
+    pub fn endpoint_addr(&self, at: u16) -> *const u8 {
+        self.endpoints.as_ptr().wrapping_add(usize::from(at)).cast()
+    }
+
     /// The endpoint with identifier `id`.
-    #[inline(always)]
     pub fn endpoint(&self, id: EndpointId) -> Option<&Endpoint> {
-        self.endpoints.get(usize::from(id)).and_then(Option::as_ref)
+        self.endpoints.binary_search_by_key(&id, |e| e.id).ok().and_then(|i| self.endpoints.get(i))
     }
 
-    /// Where the slot of endpoint `id` lives (for a prefetch; not read).
+    /// The endpoint a flow was pinned to, if it is still the one that had
+    /// the identifier then: first where it was when pinned, then by
+    /// identifier (positions move when endpoints come or go).
     #[inline(always)]
-    pub fn endpoint_addr(&self, id: EndpointId) -> *const u8 {
-        self.endpoints.as_ptr().wrapping_add(usize::from(id)).cast()
+    pub fn pinned(&self, pin: &Pin) -> Option<&Endpoint> {
+        match self.endpoint_at(pin.at) {
+            Some(e) if e.id == pin.endpoint => Some(e),
+            _ => self.endpoint(pin.endpoint),
+        }
+        .filter(|e| e.incarnation == pin.incarnation)
     }
 
-    /// Every endpoint.
+    /// The position of `ep`, one of this service's endpoints (0 for
+    /// another).
+    #[inline(always)]
+    pub fn position(&self, ep: &Endpoint) -> u16 {
+        let offset = (std::ptr::from_ref(ep) as usize).wrapping_sub(self.endpoints.as_ptr() as usize);
+        u16::try_from(offset / std::mem::size_of::<Endpoint>()).ok().filter(|&i| usize::from(i) < self.endpoints.len()).unwrap_or(0)
+    }
+
+    /// Every endpoint, by identifier.
     pub fn endpoints(&self) -> impl Iterator<Item = &Endpoint> {
-        self.endpoints.iter().flatten()
+        self.endpoints.iter()
+    }
+
+    /// Entries of the table each endpoint owns, in the order of
+    /// [`Service::endpoints`] (all 0 without a table).
+    pub fn entry_counts(&self) -> Vec<u32> {
+        let n = u32::try_from(self.endpoints.len()).unwrap_or(u32::MAX);
+        self.table.as_ref().map_or_else(|| vec![0; self.endpoints.len()], |t| t.counts(n))
     }
 
     /// How endpoint `ep` (one of this service's) is delivered.
@@ -263,10 +302,10 @@ impl Service {
         self.table.is_some()
     }
 
-    /// Bytes of heap memory used: table, endpoint slots and name.
+    /// Bytes of heap memory used: table, endpoint records and name.
     pub fn heap_bytes(&self) -> usize {
         self.table.as_ref().map_or(0, Table::heap_bytes)
-            + self.endpoints.len() * std::mem::size_of::<Option<Endpoint>>()
+            + self.endpoints.len() * std::mem::size_of::<Endpoint>()
             + self.tunnel_src.len() * std::mem::size_of::<Addr>()
             + self.name.capacity()
     }
@@ -368,7 +407,7 @@ mod tests {
 
     #[test]
     fn endpoint_records_are_small_and_keep_their_delivery() {
-        assert_eq!(std::mem::size_of::<Option<Endpoint>>(), 48);
+        assert_eq!(std::mem::size_of::<Endpoint>(), 48);
         let a = Addr::v4([192, 0, 2, 1]);
         let b = Addr::v6([0x20, 1, 0xd, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]);
         let mut eps = vec![ep(0, false), ep(1, false), ep(2, false), ep(5, true)];
@@ -389,6 +428,34 @@ mod tests {
         assert!(!s.is_built_from(&other), "another tunnel source is another spec");
         other.endpoints[3].delivery = Delivery::L2;
         assert!(!s.is_built_from(&other));
+    }
+
+    #[test]
+    fn endpoints_are_dense_and_pins_find_theirs_after_a_move() {
+        let ids = [3u16, 5, 7];
+        let mut sp = spec(ids.iter().map(|&i| ep(i, false)).collect());
+        sp.endpoints.reverse();
+        let s = Service::build(&sp).unwrap();
+        assert_eq!(s.endpoints().map(|e| e.id).collect::<Vec<_>>(), ids, "by identifier, whatever the spec's order");
+        let t = s.table.as_ref().unwrap();
+        assert!((0..t.size() as usize).all(|i| t.entries().get(i) < 3), "entries are positions");
+        assert_eq!(s.heap_bytes() - t.heap_bytes() - s.name.capacity(), 3 * 48, "a record per endpoint, not per identifier below 8");
+        assert_eq!(s.entry_counts().iter().sum::<u32>(), t.size());
+        for (at, e) in (0u16..).zip(s.endpoints()) {
+            assert_eq!(s.endpoint_at(at), Some(e));
+            assert_eq!(s.position(e), at);
+            assert_eq!(s.endpoint(e.id), Some(e));
+        }
+        assert!(s.endpoint(4).is_none() && s.endpoint_at(3).is_none());
+        // Identifier 5 pinned at position 1; then 4 arrives before it.
+        let pin = Pin { service: 1, endpoint: 5, incarnation: 1, at: 1 };
+        assert_eq!(s.pinned(&pin).map(|e| e.id), Some(5));
+        let grown = Service::build(&spec([3u16, 4, 5, 7].iter().map(|&i| ep(i, false)).collect())).unwrap();
+        assert_eq!(grown.endpoint_at(1).map(|e| e.id), Some(4));
+        assert_eq!(grown.pinned(&pin).map(|e| e.id), Some(5), "found by identifier where it moved");
+        assert!(grown.pinned(&Pin { incarnation: 2, ..pin }).is_none(), "another incarnation is another endpoint");
+        assert!(grown.pinned(&Pin { endpoint: 6, ..pin }).is_none());
+        assert!(grown.pinned(&Pin { at: 99, ..pin }).is_some(), "a hint past the end is only a hint");
     }
 
     #[test]

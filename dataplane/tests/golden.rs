@@ -19,8 +19,8 @@ use sluice_dataplane::verdict::{DropReason, Verdict};
 /// The endpoint MAC the "web" table gives to `flow`.
 fn web_mac(snap: &Snapshot, svc: usize, flow: &Flow) -> [u8; 6] {
     let s = &snap.services[svc];
-    let id = s.table.as_ref().unwrap().lookup(flow_hash(flow));
-    s.endpoint(id).unwrap().mac
+    let at = s.table.as_ref().unwrap().lookup(flow_hash(flow));
+    s.endpoint_at(at).unwrap().mac
 }
 
 fn flow4(sport: u16, dport: u16, p: u8) -> Flow {
@@ -64,7 +64,7 @@ fn cases(snap: &Snapshot) -> Vec<Case> {
     let f6 = Flow { src: Addr::v6(CLIENT6), dst: Addr::v6(VIP6), sport: 5000, dport: 443, proto: proto::TCP };
     let ep6 = {
         let s = &snap.services[2];
-        *s.endpoint(s.table.as_ref().unwrap().lookup(flow_hash(&f6))).unwrap()
+        *s.endpoint_at(s.table.as_ref().unwrap().lookup(flow_hash(&f6))).unwrap()
     };
     let label = (flow_hash(&f6) as u32) & 0xfffff;
     let mut outer6 = craft::ipv6(APPLIANCE6, ep6.addr.v6_bytes(), proto::IPV6, &syn6_inner);

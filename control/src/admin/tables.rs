@@ -45,7 +45,7 @@ pub struct TableDump {
 
 /// The endpoint address of every slot, in order.
 fn slots(s: &Service) -> impl Iterator<Item = Option<Addr>> + '_ {
-    s.table.iter().flat_map(move |t| (0..t.size() as usize).map(move |i| s.endpoint(t.entries().get(i)).map(|e| e.addr)))
+    s.table.iter().flat_map(move |t| (0..t.size() as usize).map(move |i| s.endpoint_at(t.entries().get(i)).map(|e| e.addr)))
 }
 
 /// The summary, its digest taken slot by slot.
@@ -94,14 +94,7 @@ impl Digests {
 }
 
 fn summary_of(s: &Service, digest: String) -> TableSummary {
-    let counts = s.table.as_ref().map(|t| t.counts(s.limit)).unwrap_or_default();
-    let endpoints = s
-        .endpoints()
-        .filter_map(|e| {
-            let n = counts.get(usize::from(e.id)).copied().unwrap_or(0);
-            (n > 0).then(|| (e.id, e.addr.to_string(), n))
-        })
-        .collect();
+    let endpoints = s.endpoints().zip(s.entry_counts()).filter(|&(_, n)| n > 0).map(|(e, n)| (e.id, e.addr.to_string(), n)).collect();
     TableSummary {
         service: s.name.clone(),
         algorithm: s.algorithm.to_string(),
@@ -250,9 +243,9 @@ pub fn explain(snap: &Snapshot, flow: &Flow) -> Explanation {
         x.notes.push("random: no single endpoint can be named in advance".into());
         return x;
     }
-    let id = table.lookup(hash);
+    let at = table.lookup(hash);
     x.slot = Some((format!("{hash:#018x}"), slot));
-    let Some(ep) = svc.endpoint(id) else {
+    let Some(ep) = svc.endpoint_at(at) else {
         x.verdict = "the table points at a missing endpoint: dropped (no_endpoint)".into();
         return x;
     };
@@ -358,7 +351,7 @@ mod tests {
         let (id, addr) = x.endpoint.clone().unwrap();
         let want = s.services[0].table.as_ref().unwrap().lookup(flow_hash(&flow));
         assert_eq!(id, want);
-        assert_eq!(addr, s.services[0].endpoint(want).unwrap().addr.to_string());
+        assert_eq!(addr, s.services[0].endpoint_at(want).unwrap().addr.to_string());
         let x = explain(&s, &Flow { dport: 81, ..flow });
         assert!(x.verdict.contains("no route"), "{}", x.verdict);
         let x = explain(&s, &Flow { dst: "20.0.0.2".parse().unwrap(), ..flow });
