@@ -244,14 +244,16 @@ impl Slots {
     }
 }
 
-/// An endpoint as the compilation sees it: (identifier, address, weight,
-/// draining, static MAC).
-type EndpointInput = (u32, Addr, u32, bool, Option<[u8; 6]>);
+/// What of an endpoint the compilation depends on: (identifier, address,
+/// weight, draining, static MAC).
+fn endpoint_input(e: &EndpointDef) -> (u32, Addr, u32, bool, Option<[u8; 6]>) {
+    (e.id, e.address, e.weight, e.draining, e.mac)
+}
 
 /// What of a resolved service the compilation depends on (not where its
 /// definitions came from): compared field by field, without a string but
 /// the name, on every compilation for every service.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug)]
 struct Input {
     name: String,
     algorithm: sluice_dataplane::service::Algorithm,
@@ -259,8 +261,9 @@ struct Input {
     table_size: u32,
     flow_table: bool,
     delivery: DeliveryMode,
-    /// (identifier, address, weight, draining, static MAC), by identifier.
-    endpoints: Vec<EndpointInput>,
+    /// The resolved endpoints, shared with the resolved model (only
+    /// [`endpoint_input`] of each counts).
+    endpoints: Arc<[EndpointDef]>,
 }
 
 impl Input {
@@ -272,7 +275,7 @@ impl Input {
             table_size: s.table_size,
             flow_table: s.flow_table,
             delivery: s.delivery,
-            endpoints: s.endpoints.iter().map(|e| (e.id, e.address, e.weight, e.draining, e.mac)).collect(),
+            endpoints: Arc::clone(&s.endpoints),
         }
     }
 
@@ -282,8 +285,9 @@ impl Input {
             && self.table_size == s.table_size
             && self.flow_table == s.flow_table
             && self.delivery == s.delivery
-            && self.endpoints.len() == s.endpoints.len()
-            && self.endpoints.iter().zip(&s.endpoints).all(|(a, e)| *a == (e.id, e.address, e.weight, e.draining, e.mac))
+            && (Arc::ptr_eq(&self.endpoints, &s.endpoints)
+                || self.endpoints.len() == s.endpoints.len()
+                    && self.endpoints.iter().zip(s.endpoints.iter()).all(|(a, e)| endpoint_input(a) == endpoint_input(e)))
             && self.name == s.name
     }
 }
@@ -469,6 +473,7 @@ impl Compiler {
     fn compile_with(&mut self, r: &Resolved, changed: Option<&[String]>, topo: &Topology, neigh: &dyn Neighbors) -> Result<Compiled, String> {
         let mut j = Journal { next_incarnation: self.next_incarnation, ..Journal::default() };
         let at = changed.and_then(|c| Some((c, self.positions(r, c, topo, neigh)?)));
+        let whole = at.is_none();
         let outcome = match (at, self.last.take()) {
             (Some((names, at)), Some(last)) => self.try_compile_changed(r, names, &at, last, topo, neigh, &mut j),
             _ => self.try_compile(r, topo, neigh, &mut j),
@@ -476,6 +481,18 @@ impl Compiler {
         match outcome {
             Ok(mut c) => {
                 self.commit(r, j);
+                if whole {
+                    // A service kept as it was holds the endpoints it was
+                    // compiled from: it takes these equal ones instead, so
+                    // that the resolution they came from can be freed.
+                    for (name, s) in &r.services {
+                        if let Some(e) = self.entries.get_mut(name) {
+                            if !Arc::ptr_eq(&e.input.endpoints, &s.endpoints) {
+                                e.input.endpoints = Arc::clone(&s.endpoints);
+                            }
+                        }
+                    }
+                }
                 self.env = neigh.epoch().map(|e| (topo.clone(), e));
                 // try_compile left the gateways' next hops there.
                 c.next_hops = self.hop_list(&c.next_hops);
@@ -739,7 +756,7 @@ fn compile_service(
     let mut statuses = Vec::with_capacity(s.endpoints.len());
     let mut incarnations = Vec::with_capacity(s.endpoints.len());
     let mut specs = Vec::with_capacity(s.endpoints.len());
-    for e in &s.endpoints {
+    for e in s.endpoints.iter() {
         let kept = old.and_then(|o| o.kept(e.address));
         let counter = match kept {
             Some((k, _)) => k.counter,
@@ -900,6 +917,33 @@ mod tests {
             },
         );
         m.resolve(&Defaults::default()).unwrap()
+    }
+
+    #[test]
+    fn a_kept_service_holds_the_latest_resolution_of_its_endpoints_not_a_copy() {
+        let neigh: HashMap<(u8, Addr), [u8; 6]> =
+            [((1, "10.200.0.11".parse().unwrap()), [2, 0xee, 0, 0, 0, 11]), ((1, "10.200.0.12".parse().unwrap()), [2, 0xee, 0, 0, 0, 12])].into();
+        let eps = || vec![ep("web", 0, "10.200.0.11"), ep("web", 1, "10.200.0.12"), ep("dns", 0, "10.200.0.11")];
+        let mut c = Compiler::new(16, 64);
+        let r1 = resolved(eps());
+        c.compile(&r1, &topo(), &neigh).unwrap();
+        let held = |c: &Compiler, n: &str| Arc::clone(&c.entries[n].input.endpoints);
+        assert!(Arc::ptr_eq(&held(&c, "web"), &r1.services["web"].endpoints), "shared, not copied");
+        // Resolved again, equal: nothing is rebuilt, and the compiler lets
+        // go of the first resolution.
+        let r2 = resolved(eps());
+        assert!(!Arc::ptr_eq(&r1.services["web"].endpoints, &r2.services["web"].endpoints));
+        let again = c.compile(&r2, &topo(), &neigh).unwrap();
+        assert!(again.rebuilt.is_empty());
+        for n in ["web", "dns"] {
+            assert!(Arc::ptr_eq(&held(&c, n), &r2.services[n].endpoints), "{n}");
+            assert_eq!(Arc::strong_count(&r1.services[n].endpoints), 1, "{n}: only the first resolution holds its endpoints");
+        }
+        // A change of weight is a change.
+        let mut heavier = eps();
+        heavier[1].weight = 3;
+        let r3 = resolved(heavier);
+        assert_eq!(c.compile(&r3, &topo(), &neigh).unwrap().rebuilt, vec!["web".to_string()]);
     }
 
     #[test]

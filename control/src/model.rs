@@ -249,8 +249,9 @@ pub struct ResolvedService {
     pub flow_table: bool,
     /// Delivery.
     pub delivery: DeliveryMode,
-    /// Endpoints, by identifier.
-    pub endpoints: Vec<EndpointDef>,
+    /// Endpoints, by identifier: shared with the compiler, which keeps
+    /// what it compiled from (not a copy).
+    pub endpoints: Arc<[EndpointDef]>,
 }
 
 /// The merged, checked model.
@@ -360,18 +361,18 @@ impl Model {
     /// and checked from every source as [`Model::resolve`] does: after a
     /// change to endpoints only, which moves no other service, route or
     /// budget, the same as resolving everything again.
-    pub fn resolve_endpoints(&self, svc: &ResolvedService) -> Result<Vec<EndpointDef>, Vec<Problem>> {
+    pub fn resolve_endpoints(&self, svc: &ResolvedService) -> Result<Arc<[EndpointDef]>, Vec<Problem>> {
         let mut p = Problems::default();
-        let mut s = ResolvedService { endpoints: Vec::new(), name: svc.name.clone(), ..*svc };
+        let mut eps = Vec::new();
         for (source, d) in &self.sources {
-            let eps = if self.by_service.contains(source) { &d.endpoints[run_of(&d.endpoints, &svc.name)] } else { &d.endpoints[..] };
-            for e in eps.iter().filter(|e| *e.service == *svc.name) {
-                admit(e, &mut s, &mut p);
+            let run = if self.by_service.contains(source) { &d.endpoints[run_of(&d.endpoints, &svc.name)] } else { &d.endpoints[..] };
+            for e in run.iter().filter(|e| *e.service == *svc.name) {
+                admit(e, svc.limit, &mut eps, &mut p);
             }
         }
-        check_endpoints(&mut s, &mut Vec::new(), &mut p);
+        check_endpoints(&svc.name, &mut eps, &mut Vec::new(), &mut p);
         if p.is_empty() {
-            Ok(s.endpoints)
+            Ok(eps.into())
         } else {
             Err(p.0)
         }
@@ -381,7 +382,7 @@ impl Model {
     pub fn resolve(&self, defaults: &Defaults) -> Result<Resolved, Vec<Problem>> {
         use limits::{ENDPOINT_LIMIT_MAX, ENDPOINT_LIMIT_MIN, TABLE_SIZE_MAX};
         let mut p = Problems::default();
-        let mut services: BTreeMap<String, ResolvedService> = BTreeMap::new();
+        let mut services: BTreeMap<String, Gathering> = BTreeMap::new();
         let mut owners: HashMap<&str, &Origin> = HashMap::new();
         let budget = u64::from(defaults.table_memory_mb) << 20;
         let mut table_memory = 0u64;
@@ -437,15 +438,18 @@ impl Model {
                 }
                 services.insert(
                     s.name.clone(),
-                    ResolvedService {
-                        name: s.name.clone(),
-                        algorithm: s.algorithm.unwrap_or(defaults.algorithm),
-                        limit,
-                        table_size,
-                        flow_table: s.flow_table.unwrap_or(defaults.flow_table),
-                        delivery: s.delivery.unwrap_or(defaults.delivery),
-                        endpoints: Vec::new(),
-                    },
+                    (
+                        ResolvedService {
+                            name: s.name.clone(),
+                            algorithm: s.algorithm.unwrap_or(defaults.algorithm),
+                            limit,
+                            table_size,
+                            flow_table: s.flow_table.unwrap_or(defaults.flow_table),
+                            delivery: s.delivery.unwrap_or(defaults.delivery),
+                            endpoints: Arc::new([]),
+                        },
+                        Vec::new(),
+                    ),
                 );
             }
         }
@@ -453,29 +457,29 @@ impl Model {
         // Endpoints come grouped by service (every source sends them so):
         // the service is looked up again only when it changes, and
         // duplicates are found per service once all are in.
-        let mut current: Option<(&str, Option<&mut ResolvedService>)> = None;
+        let mut current: Option<(&str, Option<&mut Gathering>)> = None;
         for d in self.sources.values() {
             for (i, e) in d.endpoints.iter().enumerate() {
                 if current.as_ref().is_none_or(|(n, _)| *n != &*e.service) {
                     let mut svc = services.get_mut(&*e.service);
-                    if let Some(s) = svc.as_mut() {
+                    if let Some((_, eps)) = svc.as_mut() {
                         // Room for the service's run of endpoints at once.
-                        s.endpoints.reserve(d.endpoints[i..].iter().take_while(|x| x.service == e.service).count());
+                        eps.reserve(d.endpoints[i..].iter().take_while(|x| x.service == e.service).count());
                     }
                     current = Some((&*e.service, svc));
                 }
-                let Some((_, Some(svc))) = current.as_mut() else {
+                let Some((_, Some((svc, eps)))) = current.as_mut() else {
                     if !owners.contains_key(&*e.service) {
                         p.push(e.origin.problem(format!("endpoint of an unknown service {:?}", e.service)));
                     }
                     continue;
                 };
-                admit(e, svc, &mut p);
+                admit(e, svc.limit, eps, &mut p);
             }
         }
         let mut addrs: Vec<(Addr, usize)> = Vec::new();
-        for s in services.values_mut() {
-            check_endpoints(s, &mut addrs, &mut p);
+        for (s, eps) in services.values_mut() {
+            check_endpoints(&s.name, eps, &mut addrs, &mut p);
         }
 
         // As many as the sources give (not twice as many, as growing by
@@ -510,6 +514,13 @@ impl Model {
         }
         routes.sort_by(|a, b| a.name.cmp(&b.name));
         if p.is_empty() {
+            let services = services
+                .into_iter()
+                .map(|(name, (mut s, eps))| {
+                    s.endpoints = eps.into();
+                    (name, s)
+                })
+                .collect();
             Ok(Resolved { routes, services })
         } else {
             Err(p.0)
@@ -517,44 +528,47 @@ impl Model {
     }
 }
 
-/// Adds endpoint `e` to its service `svc` when it is within the service's
-/// limits, else says why not.
-fn admit(e: &EndpointDef, svc: &mut ResolvedService, p: &mut Problems) {
-    if e.id >= svc.limit {
+/// A service being resolved, with the endpoints it is given so far.
+type Gathering = (ResolvedService, Vec<EndpointDef>);
+
+/// Adds endpoint `e` to the endpoints `eps` of its service, whose limit is
+/// `limit`, when it is within the service's limits, else says why not.
+fn admit(e: &EndpointDef, limit: u32, eps: &mut Vec<EndpointDef>, p: &mut Problems) {
+    if e.id >= limit {
         p.push(e.origin.problem(format!(
             "endpoint identifier {} is beyond the limit of service {:?} (identifiers are 0..{})",
             e.id,
             e.service,
-            svc.limit - 1
+            limit - 1
         )));
     } else if e.weight > limits::WEIGHT_MAX {
         p.push(e.origin.problem(format!("endpoint weight {} is above the largest, {}", e.weight, limits::WEIGHT_MAX)));
     } else {
-        svc.endpoints.push(e.clone());
+        eps.push(e.clone());
     }
 }
 
-/// Orders a service's endpoints by identifier and reports identifiers and
-/// addresses that appear twice (`addrs`: scratch space).
-fn check_endpoints(s: &mut ResolvedService, addrs: &mut Vec<(Addr, usize)>, p: &mut Problems) {
+/// Orders the endpoints `eps` of service `name` by identifier and reports
+/// identifiers and addresses that appear twice (`addrs`: scratch space).
+fn check_endpoints(name: &str, eps: &mut [EndpointDef], addrs: &mut Vec<(Addr, usize)>, p: &mut Problems) {
     // Stable: of two with one identifier, the first defined stays first.
-    s.endpoints.sort_by_key(|e| e.id);
-    for w in s.endpoints.windows(2) {
+    eps.sort_by_key(|e| e.id);
+    for w in eps.windows(2) {
         if w[0].id == w[1].id {
             p.push(w[1].origin.problem(format!(
                 "duplicate endpoint identifier {} in service {:?} (also at {})",
-                w[1].id, s.name, w[0].origin
+                w[1].id, name, w[0].origin
             )));
         }
     }
-    if s.endpoints.len() > 1 {
+    if eps.len() > 1 {
         addrs.clear();
-        addrs.extend(s.endpoints.iter().enumerate().map(|(i, e)| (e.address, i)));
+        addrs.extend(eps.iter().enumerate().map(|(i, e)| (e.address, i)));
         addrs.sort_unstable();
         for w in addrs.windows(2) {
             if w[0].0 == w[1].0 {
-                let e = &s.endpoints[w[1].1];
-                p.push(e.origin.problem(format!("endpoint {} appears twice in service {:?}", e.address, s.name)));
+                let e = &eps[w[1].1];
+                p.push(e.origin.problem(format!("endpoint {} appears twice in service {:?}", e.address, name)));
             }
         }
     }
