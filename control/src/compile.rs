@@ -894,7 +894,7 @@ mod tests {
     }
 
     fn ep(svc: &str, id: u32, a: &str) -> EndpointDef {
-        EndpointDef { service: svc.into(), id, address: a.parse().unwrap(), weight: 1, draining: false, mac: None, origin: Arc::default() }
+        EndpointDef { service: Arc::new(svc.to_owned()), id, address: a.parse().unwrap(), weight: 1, draining: false, mac: None, origin: Arc::default() }
     }
 
     fn resolved(eps: Vec<EndpointDef>) -> Resolved {

@@ -746,7 +746,7 @@ mod tests {
             endpoints: eps
                 .iter()
                 .map(|(id, a)| EndpointDef {
-                    service: name.into(),
+                    service: Arc::new(name.to_owned()),
                     id: *id,
                     address: a.parse().unwrap(),
                     weight: 1,

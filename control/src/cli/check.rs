@@ -47,7 +47,7 @@ pub fn problems(path: &std::path::Path) -> Result<sources::Loaded, Vec<Problem>>
         .resolved
         .services
         .values()
-        .flat_map(|s| s.endpoints.iter().map(|e| ((&*e.service, e.id), &*e.origin)))
+        .flat_map(|s| s.endpoints.iter().map(|e| ((e.service.as_str(), e.id), &*e.origin)))
         .collect();
     match Compiler::new(cfg.max_services, cfg.max_endpoints).compile(&loaded.resolved, &topo, &AllResolved) {
         Err(e) => out.push(Problem::new(cfg.path.display().to_string(), "", e)),

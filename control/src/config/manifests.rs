@@ -669,7 +669,7 @@ fn endpoint_slice(d: &Object, n: Node<'_>, svc: &str, p: &mut Problems, out: &mu
                 return;
             };
             out.endpoints.push(EndpointDef {
-                service: svc.into(),
+                service: std::sync::Arc::new(svc.to_owned()),
                 id,
                 address: addr,
                 weight: 1,

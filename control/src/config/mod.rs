@@ -598,7 +598,7 @@ fn service(n: Node<'_>, p: &mut Problems, out: &mut Desired) {
             let mac = n.field("mac", |n| fields::mac(n, p)).flatten();
             if let (Some(id), Some(address)) = (id, address) {
                 out.endpoints.push(EndpointDef {
-                    service: name.as_str().into(),
+                    service: std::sync::Arc::new(name.clone()),
                     id: id as u32,
                     address,
                     weight: weight as u32,

@@ -675,7 +675,7 @@ pub fn map_service(c: &L4Cluster, cla: &Cla, defaults: &Defaults) -> Result<Mapp
 
     let serving = cla.endpoints.iter().filter(|e| e.health == Health::Serving).map(|e| e.priority).min();
     let degraded = cla.endpoints.iter().filter(|e| e.health == Health::Degraded).map(|e| e.priority).min();
-    let service: Arc<str> = c.name.as_str().into();
+    let service = Arc::new(c.name.clone());
     // One origin for all of them (the assignment): an endpoint's origin is
     // shown only for problems the mapping refuses first (duplicates), and
     // one allocation per endpoint was 8 MB with 100,000 endpoints.
