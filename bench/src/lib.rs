@@ -85,7 +85,7 @@ pub fn appliance(routes: u32, ports_per_vip: u32, services: u32, endpoints: u16)
                 dst_ports: vec![PortRange::single(port)],
                 protocols: vec![proto::TCP],
                 byte_matches: vec![],
-            },
+            }.into(),
         });
         targets.push((v, port));
     }

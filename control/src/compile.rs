@@ -911,7 +911,7 @@ mod tests {
                     name: "r".into(),
                     service: "web".into(),
                     priority: 0,
-                    matches: RouteMatch { vips: vec!["20.0.0.1".parse().unwrap()], ..RouteMatch::default() },
+                    matches: RouteMatch { vips: vec!["20.0.0.1".parse().unwrap()], ..RouteMatch::default() }.into(),
                     origin: Origin::default(),
                 }],
             },
@@ -1003,7 +1003,7 @@ mod tests {
         assert!(Arc::ptr_eq(&b.snapshot.classifier, &a.snapshot.classifier), "kept");
         // A route to a new VIP: built again, the new VIP is there.
         let mut r = resolved(vec![ep("web", 0, "10.200.0.12")]);
-        r.routes[0].matches.vips.push("20.0.0.2".parse().unwrap());
+        Arc::make_mut(&mut r.routes[0].matches).vips.push("20.0.0.2".parse().unwrap());
         let d = c.compile(&r, &topo(), &neigh).unwrap();
         assert!(d.snapshot.classifier.is_vip(vip("20.0.0.2")));
         assert!(!b.snapshot.classifier.is_vip(vip("20.0.0.2")));

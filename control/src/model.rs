@@ -149,8 +149,11 @@ pub struct RouteDef {
     pub service: String,
     /// Higher wins.
     pub priority: i32,
-    /// What it matches.
-    pub matches: RouteMatch,
+    /// What it matches, shared by every layer that keeps the route (a
+    /// source's state, the model, the resolved model, the compiler's
+    /// classifier cache): 144 bytes and up to six lists once, not four
+    /// times.
+    pub matches: Arc<RouteMatch>,
     /// Where it came from.
     pub origin: Origin,
 }
@@ -633,7 +636,7 @@ mod tests {
             name: name.into(),
             service: service.into(),
             priority: 1,
-            matches: RouteMatch { vips: vec!["20.0.0.1".parse().unwrap()], ..RouteMatch::default() },
+            matches: RouteMatch { vips: vec!["20.0.0.1".parse().unwrap()], ..RouteMatch::default() }.into(),
             origin: origin(&format!("routes.{name}")),
         }
     }
@@ -649,6 +652,17 @@ mod tests {
         let b = a.clone();
         assert!(std::sync::Arc::ptr_eq(&a.origin, &b.origin), "a copy shares where it came from");
         assert!(std::sync::Arc::ptr_eq(&a.service, &b.service), "and its service's name");
+    }
+
+    #[test]
+    fn a_route_match_is_shared_by_every_layer_not_copied() {
+        let mut m = Model::default();
+        let d = Desired { services: vec![svc("web")], routes: vec![route("r", "web")], endpoints: Vec::new() };
+        let given = Arc::clone(&d.routes[0].matches);
+        m.set("t", d);
+        let r = m.resolve(&Defaults::default()).unwrap();
+        assert!(Arc::ptr_eq(&r.routes[0].matches, &given));
+        assert_eq!(Arc::strong_count(&given), 3, "the source's copy, the model's and the resolution's: one match");
     }
 
     #[test]
@@ -764,9 +778,9 @@ mod tests {
         let mut heavy = ep("web", 0, "10.0.0.1");
         heavy.weight = limits::WEIGHT_MAX + 1;
         let mut far = route("far", "web");
-        far.matches.byte_matches = vec![ByteMatch { proto: 6, offset: 65535, len: 4, mask: u32::MAX, value: 0 }];
+        Arc::make_mut(&mut far.matches).byte_matches = vec![ByteMatch { proto: 6, offset: 65535, len: 4, mask: u32::MAX, value: 0 }];
         let mut reversed = route("reversed", "web");
-        reversed.matches.dst_ports = vec![PortRange { lo: 90, hi: 80 }];
+        Arc::make_mut(&mut reversed.matches).dst_ports = vec![PortRange { lo: 90, hi: 80 }];
         let mut m = Model::default();
         m.set(
             "xds",

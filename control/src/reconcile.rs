@@ -759,7 +759,7 @@ mod tests {
                 name: format!("{name}-route"),
                 service: name.into(),
                 priority: 0,
-                matches: RouteMatch { vips: vec!["20.0.0.1".parse().unwrap()], ..RouteMatch::default() },
+                matches: RouteMatch { vips: vec!["20.0.0.1".parse().unwrap()], ..RouteMatch::default() }.into(),
                 origin: Origin::default(),
             }],
         }
@@ -861,7 +861,7 @@ mod tests {
         let mut d = Desired::default();
         for i in 0..100u32 {
             let mut one = svc(&format!("s{i:03}"), &[(0, "10.0.0.5")]);
-            one.routes[0].matches.vips = vec![Addr::v4([20, 0, 1, u8::try_from(i).unwrap()])];
+            std::sync::Arc::make_mut(&mut one.routes[0].matches).vips = vec![Addr::v4([20, 0, 1, u8::try_from(i).unwrap()])];
             d.services.append(&mut one.services);
             d.routes.append(&mut one.routes);
             d.endpoints.append(&mut one.endpoints);
@@ -888,7 +888,7 @@ mod tests {
     /// web on 20.0.0.1 and dns on 20.0.0.2, with these endpoints.
     fn two(web: &[(u32, &str)], dns: &[(u32, &str)]) -> Desired {
         let (mut d, mut other) = (svc("web", web), svc("dns", dns));
-        other.routes[0].matches.vips = vec!["20.0.0.2".parse().unwrap()];
+        std::sync::Arc::make_mut(&mut other.routes[0].matches).vips = vec!["20.0.0.2".parse().unwrap()];
         d.services.append(&mut other.services);
         d.routes.append(&mut other.routes);
         d.endpoints.append(&mut other.endpoints);

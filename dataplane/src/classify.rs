@@ -94,8 +94,9 @@ pub struct RouteSpec {
     pub priority: i32,
     /// Index of the service in the snapshot.
     pub service: u32,
-    /// What it matches.
-    pub matches: RouteMatch,
+    /// What it matches (shared with the model it came from: every layer
+    /// that keeps a route keeps the same match, 144 bytes and its lists).
+    pub matches: std::sync::Arc<RouteMatch>,
 }
 
 /// What a route matches (L34Route), besides its name, priority and service.
@@ -554,7 +555,7 @@ mod tests {
                 dst_ports: dports.iter().map(|&(lo, hi)| PortRange { lo, hi }).collect(),
                 protocols: protos.to_vec(),
                 ..RouteMatch::default()
-            },
+            }.into(),
         }
     }
 
@@ -573,8 +574,9 @@ mod tests {
     fn meridio_example() {
         // The seed's L34Route: 20.0.0.1, TCP 4000-4001, any source.
         let mut r = route("vip-20-0-0-1-multi-ports-a", 10, &["20.0.0.1"], &[(4000, 4000), (4001, 4001)], &[proto::TCP]);
-        r.matches.src_cidrs = vec!["0.0.0.0/0".parse().unwrap()];
-        r.matches.src_ports = vec![PortRange::ANY];
+        let m = std::sync::Arc::make_mut(&mut r.matches);
+        m.src_cidrs = vec!["0.0.0.0/0".parse().unwrap()];
+        m.src_ports = vec![PortRange::ANY];
         let c = Classifier::build(&[r]);
         let hit = c.classify(&flow("1.2.3.4", "20.0.0.1", 5555, 4001, proto::TCP), true, Some(&[]));
         assert_eq!(name(&c, hit), Some("vip-20-0-0-1-multi-ports-a"));
@@ -605,7 +607,7 @@ mod tests {
     fn byte_matches_apply_to_their_protocol_only() {
         let mut r = route("syn-only", 9, &["10.0.0.1"], &[], &[proto::TCP, proto::UDP]);
         // tcp[13:1] & 0x02 = 0x02: SYN set.
-        r.matches.byte_matches = vec![ByteMatch { proto: proto::TCP, offset: 13, len: 1, mask: 0x02, value: 0x02 }];
+        std::sync::Arc::make_mut(&mut r.matches).byte_matches = vec![ByteMatch { proto: proto::TCP, offset: 13, len: 1, mask: 0x02, value: 0x02 }];
         let c = Classifier::build(&[r, route("rest", 1, &["10.0.0.1"], &[], &[])]);
         let f = flow("1.1.1.1", "10.0.0.1", 1, 80, proto::TCP);
         let mut syn = [0u8; 20];
@@ -702,7 +704,7 @@ mod tests {
                     byte_matches: bm
                         .map(|(off, v)| vec![ByteMatch { proto: proto::TCP, offset: off, len: 1, mask: 0x3, value: v }])
                         .unwrap_or_default(),
-                },
+                }.into(),
             })
     }
 

@@ -322,7 +322,7 @@ mod tests {
             matches: RouteMatch {
                 vips: vips.iter().map(|v| v.parse().unwrap_or_default()).collect(),
                 ..RouteMatch::default()
-            },
+            }.into(),
         }
     }
 

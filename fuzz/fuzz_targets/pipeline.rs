@@ -53,7 +53,7 @@ fn snapshot() -> Snapshot {
             dst_ports: vec![PortRange { lo: 0, hi: 1024 }],
             protocols,
             ..RouteMatch::default()
-        },
+        }.into(),
     };
     Snapshot::new(
         1,

@@ -92,7 +92,7 @@ fn snapshot(generation: u64) -> Snapshot {
             dst_ports: vec![PortRange { lo, hi }],
             protocols: protocols.to_vec(),
             ..RouteMatch::default()
-        },
+        }.into(),
     };
     Snapshot::new(
         generation,

@@ -296,7 +296,7 @@ mod tests {
                 protocols: vec![proto::TCP],
                 dst_ports: vec![PortRange::single(80)],
                 ..RouteMatch::default()
-            },
+            }.into(),
         };
         Snapshot::new(1, &[route], vec![Arc::new(Service::build(&spec).unwrap())], vec![PortInfo::default()], None, None)
     }

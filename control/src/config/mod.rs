@@ -624,35 +624,30 @@ pub(crate) fn route_fields(n: Node<'_>, p: &mut Problems, name: String, service:
     if !have_dst {
         n.bad(p, "missing field \"destinationCIDRs\" (the VIPs)");
     }
-    let mut r = RouteDef {
-        name,
-        service,
-        priority: n.field("priority", |n| n.int(p, i64::from(i32::MIN), i64::from(i32::MAX))).flatten().unwrap_or(0) as i32,
-        matches: RouteMatch { vips, ..RouteMatch::default() },
-        origin: origin(&n),
-    };
-    n.field("sourceCIDRs", |n| n.each(p, |n, p| r.matches.src_cidrs.extend(fields::cidr(n, p))));
-    n.field("sourcePorts", |n| n.each(p, |n, p| r.matches.src_ports.extend(fields::port_range(n, p))));
-    n.field("destinationPorts", |n| n.each(p, |n, p| r.matches.dst_ports.extend(fields::port_range(n, p))));
-    n.field("protocols", |n| n.each(p, |n, p| r.matches.protocols.extend(fields::protocol(n, p))));
-    n.field("byteMatches", |n| n.each(p, |n, p| r.matches.byte_matches.extend(fields::byte_match(n, p))));
-    r.matches.protocols.sort_unstable();
-    if r.matches.protocols.windows(2).any(|w| w[0] == w[1]) {
+    let priority = n.field("priority", |n| n.int(p, i64::from(i32::MIN), i64::from(i32::MAX))).flatten().unwrap_or(0) as i32;
+    let mut m = RouteMatch { vips, ..RouteMatch::default() };
+    n.field("sourceCIDRs", |n| n.each(p, |n, p| m.src_cidrs.extend(fields::cidr(n, p))));
+    n.field("sourcePorts", |n| n.each(p, |n, p| m.src_ports.extend(fields::port_range(n, p))));
+    n.field("destinationPorts", |n| n.each(p, |n, p| m.dst_ports.extend(fields::port_range(n, p))));
+    n.field("protocols", |n| n.each(p, |n, p| m.protocols.extend(fields::protocol(n, p))));
+    n.field("byteMatches", |n| n.each(p, |n, p| m.byte_matches.extend(fields::byte_match(n, p))));
+    m.protocols.sort_unstable();
+    if m.protocols.windows(2).any(|w| w[0] == w[1]) {
         n.bad(p, "a protocol is listed twice");
     }
-    let has_ports = [&r.matches.src_ports, &r.matches.dst_ports].iter().any(|l| !l.is_empty() && !l.contains(&sluice_dataplane::classify::PortRange::ANY));
-    if has_ports && r.matches.protocols.is_empty() {
+    let has_ports = [&m.src_ports, &m.dst_ports].iter().any(|l| !l.is_empty() && !l.contains(&sluice_dataplane::classify::PortRange::ANY));
+    if has_ports && m.protocols.is_empty() {
         n.bad(p, "ports are set but protocols are not: ports mean nothing without TCP, UDP or SCTP");
     }
-    for b in &r.matches.byte_matches {
-        if !r.matches.protocols.is_empty() && !r.matches.protocols.contains(&b.proto) {
+    for b in &m.byte_matches {
+        if !m.protocols.is_empty() && !m.protocols.contains(&b.proto) {
             n.bad(p, format!(
                 "a byte match is about {} but the route does not carry it: it would never apply",
                 fields::protocol_name(b.proto)
             ));
         }
     }
-    Some(r)
+    Some(RouteDef { name, service, priority, matches: std::sync::Arc::new(m), origin: origin(&n) })
 }
 
 fn route_inline(n: Node<'_>, p: &mut Problems) -> Option<RouteDef> {

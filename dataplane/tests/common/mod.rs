@@ -73,7 +73,7 @@ pub fn route(name: &str, service: u32, vip: Addr, dport: Option<u16>, protocols:
             dst_ports: dport.map(|p| vec![PortRange::single(p)]).unwrap_or_default(),
             protocols: protocols.to_vec(),
             ..RouteMatch::default()
-        },
+        }.into(),
     }
 }
 

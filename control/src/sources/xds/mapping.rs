@@ -716,12 +716,12 @@ pub fn map_service(c: &L4Cluster, cla: &Cla, defaults: &Defaults) -> Result<Mapp
             name: c.name.clone(),
             service: c.name.clone(),
             priority: 0,
-            matches: RouteMatch {
+            matches: Arc::new(RouteMatch {
                 vips: vec![c.vip],
                 dst_ports: vec![PortRange::single(c.port)],
                 protocols: vec![c.protocol],
                 ..RouteMatch::default()
-            },
+            }),
             origin: o,
         },
         endpoints,
