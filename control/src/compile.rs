@@ -368,9 +368,9 @@ pub struct Compiler {
     /// neighbour table has epochs), under which every entry is current.
     env: Option<(Topology, u64)>,
     /// Next hops the entries look up, with how many endpoints use each.
-    hops: BTreeMap<(u8, Addr), u32>,
+    hops: BTreeMap<HopKey, u32>,
     /// Next hops not resolved yet, with how many endpoints wait for each.
-    waiting: BTreeMap<(u8, Addr), u32>,
+    waiting: BTreeMap<HopKey, u32>,
     /// Every next hop in use, made from `hops` and the gateways' next hops
     /// (kept with it), until the keys of `hops` change: one endpoint's
     /// change does not walk 100,000 next hops.
@@ -394,12 +394,35 @@ struct Last {
 /// A next hop: (port, address).
 type Hop = (u8, Addr);
 
+/// A next hop as a key of the compiler's counts: the port, then the
+/// address's bytes, most significant first, so that keys sort as
+/// [`Hop`]s do. 17 bytes with byte alignment where a `Hop` takes 32 (its
+/// `u128` is 16-aligned): with every endpoint on a shared segment its own
+/// next hop, 100,000 of them, 3.4 MiB less.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct HopKey([u8; 17]);
+
+impl HopKey {
+    fn of((port, a): Hop) -> HopKey {
+        let mut k = [0u8; 17];
+        k[0] = port;
+        k[1..].copy_from_slice(&a.0.to_be_bytes());
+        HopKey(k)
+    }
+
+    fn hop(self) -> Hop {
+        let [port, rest @ ..] = self.0;
+        (port, Addr(u128::from_be_bytes(rest)))
+    }
+}
+
 /// Counts `entry`'s next hops in (`add`) or out of the compiler's totals.
 /// Returns true when a next hop came into `hops` or left it.
-fn count_hops(hops: &mut BTreeMap<(u8, Addr), u32>, waiting: &mut BTreeMap<(u8, Addr), u32>, entry: &Entry, add: bool) -> bool {
+fn count_hops(hops: &mut BTreeMap<HopKey, u32>, waiting: &mut BTreeMap<HopKey, u32>, entry: &Entry, add: bool) -> bool {
     let in_use = hops.len();
     for (h, unresolved) in entry.hops() {
-        let maps: &mut [&mut BTreeMap<(u8, Addr), u32>] = if unresolved { &mut [&mut *hops, &mut *waiting] } else { &mut [&mut *hops] };
+        let h = HopKey::of(h);
+        let maps: &mut [&mut BTreeMap<HopKey, u32>] = if unresolved { &mut [&mut *hops, &mut *waiting] } else { &mut [&mut *hops] };
         for m in maps.iter_mut() {
             if add {
                 *m.entry(h).or_insert(0) += 1;
@@ -417,8 +440,8 @@ fn count_hops(hops: &mut BTreeMap<(u8, Addr), u32>, waiting: &mut BTreeMap<(u8, 
 
 /// `extra` merged into the sorted keys of `counted`, sorted and without
 /// duplicates.
-fn merged(counted: &BTreeMap<(u8, Addr), u32>, extra: &[(u8, Addr)]) -> Vec<(u8, Addr)> {
-    let mut v: Vec<(u8, Addr)> = counted.keys().copied().collect();
+fn merged(counted: &BTreeMap<HopKey, u32>, extra: &[(u8, Addr)]) -> Vec<(u8, Addr)> {
+    let mut v: Vec<(u8, Addr)> = counted.keys().map(|k| k.hop()).collect();
     for h in extra {
         if let Err(i) = v.binary_search(h) {
             v.insert(i, *h);
@@ -917,6 +940,20 @@ mod tests {
             },
         );
         m.resolve(&Defaults::default()).unwrap()
+    }
+
+    #[test]
+    fn next_hop_keys_sort_as_next_hops_and_give_them_back() {
+        let hops: Vec<Hop> = [(0, "10.0.0.2"), (0, "10.0.0.10"), (0, "::1"), (1, "0.0.0.1"), (1, "2001:db8::1"), (0, "255.255.255.255")]
+            .iter()
+            .map(|&(p, a)| (p, a.parse().unwrap()))
+            .collect();
+        let mut by_hop = hops.clone();
+        by_hop.sort();
+        let mut by_key: Vec<HopKey> = hops.iter().map(|&h| HopKey::of(h)).collect();
+        by_key.sort();
+        assert_eq!(by_key.iter().map(|k| k.hop()).collect::<Vec<_>>(), by_hop);
+        assert_eq!(std::mem::size_of::<HopKey>(), 17);
     }
 
     #[test]
