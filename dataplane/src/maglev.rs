@@ -73,10 +73,9 @@ pub fn entry_bits(limit: u32) -> u32 {
 /// `limit`: the most a service's table of that size takes (it names
 /// endpoints by position, and a service has at most `limit` endpoints).
 pub fn entries_bytes(limit: u32, size: u32) -> u64 {
-    if limit <= 256 {
-        (u64::from(size) * u64::from(entry_bits(limit))).div_ceil(8) + 1
-    } else {
-        u64::from(size) * 2
+    match entry_bits(limit) {
+        16 => u64::from(size) * 2,
+        bits => (u64::from(size) * u64::from(bits)).div_ceil(8) + 1,
     }
 }
 
@@ -325,11 +324,10 @@ impl Table {
         for o in &mut owner {
             *o = names[usize::from(*o)];
         }
-        let entries = if count <= 256 {
-            // Names are below the count, so they fit.
-            Entries::Packed(Packed::new(entry_bits(count), &owner))
-        } else {
-            Entries::U16(owner.into_boxed_slice())
+        // Names are below the count, so they fit.
+        let entries = match entry_bits(count) {
+            16 => Entries::U16(owner.into_boxed_slice()),
+            bits => Entries::Packed(Packed::new(bits, &owner)),
         };
         Ok(Some(Table { entries }))
     }

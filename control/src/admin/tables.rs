@@ -349,9 +349,9 @@ mod tests {
         let x = explain(&s, &flow);
         assert_eq!((x.route.as_deref(), x.priority, x.service.as_deref()), (Some("r"), Some(3), Some("web")));
         let (id, addr) = x.endpoint.clone().unwrap();
-        let want = s.services[0].table.as_ref().unwrap().lookup(flow_hash(&flow));
-        assert_eq!(id, want);
-        assert_eq!(addr, s.services[0].endpoint_at(want).unwrap().addr.to_string());
+        let want = s.services[0].endpoint_at(s.services[0].table.as_ref().unwrap().lookup(flow_hash(&flow))).unwrap();
+        assert_eq!(id, want.id);
+        assert_eq!(addr, want.addr.to_string());
         let x = explain(&s, &Flow { dport: 81, ..flow });
         assert!(x.verdict.contains("no route"), "{}", x.verdict);
         let x = explain(&s, &Flow { dst: "20.0.0.2".parse().unwrap(), ..flow });

@@ -645,6 +645,8 @@ fn endpoint_slice(d: &Object, n: Node<'_>, svc: &str, p: &mut Problems, out: &mu
         },
         None => BTreeMap::new(),
     };
+    // One name for all the slice's endpoints.
+    let shared = std::sync::Arc::new(svc.to_owned());
     n.field("endpoints", |n| {
         n.each(p, |e, p| {
             let Some(addr) = e.required(p, "addresses", |a, p| {
@@ -669,7 +671,7 @@ fn endpoint_slice(d: &Object, n: Node<'_>, svc: &str, p: &mut Problems, out: &mu
                 return;
             };
             out.endpoints.push(EndpointDef {
-                service: std::sync::Arc::new(svc.to_owned()),
+                service: std::sync::Arc::clone(&shared),
                 id,
                 address: addr,
                 weight: 1,

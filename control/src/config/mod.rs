@@ -588,6 +588,8 @@ fn service(n: Node<'_>, p: &mut Problems, out: &mut Desired) {
         origin: origin(&n),
     };
     out.services.push(def);
+    // One name for all the service's endpoints.
+    let shared = std::sync::Arc::new(name);
     n.field("endpoints", |n| {
         n.each(p, |n, p| {
             n.mapping(p, &["id", "address", "weight", "draining", "mac"]);
@@ -598,7 +600,7 @@ fn service(n: Node<'_>, p: &mut Problems, out: &mut Desired) {
             let mac = n.field("mac", |n| fields::mac(n, p)).flatten();
             if let (Some(id), Some(address)) = (id, address) {
                 out.endpoints.push(EndpointDef {
-                    service: std::sync::Arc::new(name.clone()),
+                    service: std::sync::Arc::clone(&shared),
                     id: id as u32,
                     address,
                     weight: weight as u32,
