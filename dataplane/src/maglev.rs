@@ -80,23 +80,24 @@ pub fn entries_bytes(limit: u32, size: u32) -> u64 {
 }
 
 impl Packed {
-    /// The entries `ids` (each below `1 << bits`), packed: eight entries
-    /// at a time, which take exactly `bits` bytes.
-    fn new(bits: u32, ids: &[u16]) -> Packed {
-        let bytes = (ids.len() * bits as usize).div_ceil(8) + 1;
-        // Each group writes a whole word and keeps `bits` bytes of it.
-        let mut data = Vec::with_capacity(bytes + 8);
-        for group in ids.chunks(8) {
+    /// The entries `names[o]` for each `o` of `owners` (each name below
+    /// `1 << bits`), packed: eight entries at a time, which take exactly
+    /// `bits` bytes, written as one word (the next group's word overwrites
+    /// what lies beyond).
+    fn named(bits: u32, owners: &[u16], names: &[u16]) -> Packed {
+        let bytes = (owners.len() * bits as usize).div_ceil(8) + 1;
+        let mut data = vec![0u8; bytes + 8];
+        for (at, group) in (0..).step_by(bits as usize).zip(owners.chunks(8)) {
             let mut acc = 0u64;
-            for (k, &id) in (0u32..).zip(group) {
-                acc |= u64::from(id) << (k * bits);
+            for (k, &o) in (0u32..).zip(group) {
+                acc |= u64::from(names[usize::from(o)]) << (k * bits);
             }
-            let keep = data.len() + bits as usize;
-            data.extend_from_slice(&acc.to_le_bytes());
-            data.truncate(keep);
+            if let Some(word) = data.get_mut(at..at + 8) {
+                word.copy_from_slice(&acc.to_le_bytes());
+            }
         }
-        data.resize(bytes, 0);
-        Packed { bits, len: u32::try_from(ids.len()).unwrap_or(u32::MAX), mask: (1u16 << bits) - 1, data: data.into_boxed_slice() }
+        data.truncate(bytes);
+        Packed { bits, len: u32::try_from(owners.len()).unwrap_or(u32::MAX), mask: (1u16 << bits) - 1, data: data.into_boxed_slice() }
     }
 
     /// Entry `i` (below `len`; 0 beyond).
@@ -319,15 +320,12 @@ impl Table {
                 (names, u32::try_from(order.len()).unwrap_or(u32::MAX))
             }
         };
-        let mut owner = fill(m, &eps);
-        // From indices into `eps` to names.
-        for o in &mut owner {
-            *o = names[usize::from(*o)];
-        }
-        // Names are below the count, so they fit.
+        // Owners are indices into `eps`; entries name them. Names are
+        // below the count, so they fit.
+        let owner = fill(m, &eps);
         let entries = match entry_bits(count) {
-            16 => Entries::U16(owner.into_boxed_slice()),
-            bits => Entries::Packed(Packed::new(bits, &owner)),
+            16 => Entries::U16(owner.iter().map(|&o| names[usize::from(o)]).collect()),
+            bits => Entries::Packed(Packed::named(bits, &owner, &names)),
         };
         Ok(Some(Table { entries }))
     }
@@ -432,7 +430,146 @@ fn fill(m: u32, eps: &[(EndpointId, u32)]) -> Vec<u16> {
         // three times over.)
         return vec![0; m as usize];
     }
+    let reps = replicas(eps);
+    let walkers = reps.iter().map(|&r| r as usize).sum::<usize>();
+    if walkers <= FIRST_VISITS_MAX && m < FIRST_VISITS_M {
+        return fill_by_first_visits(m, eps, &reps);
+    }
     fill_with(m, eps, EVENT_TAIL)
+}
+
+/// Most walkers (replicas in all) for which [`fill`] computes every slot's
+/// first visit ([`fill_by_first_visits`]) instead of probing: that costs M
+/// x walkers steps of a few vector instructions, probing about M x ln
+/// walkers probes of a random bitmap access each.
+const FIRST_VISITS_MAX: usize = 24;
+
+/// Table sizes below which a first visit fits a `u32` key (and two do).
+const FIRST_VISITS_M: u32 = 1 << 23;
+
+/// Spans of rounds [`fill_by_first_visits`] counts first visits in.
+const SPANS: usize = 64;
+
+/// Slots a walker steps through at once in [`fill_by_first_visits`]: the
+/// lanes of its inner loop, which the compiler turns into vector code.
+const LANES: usize = 16;
+
+/// [`fill`] for a few walkers (at most [`FIRST_VISITS_MAX`], M below
+/// [`FIRST_VISITS_M`]), from the definition's other side: a slot goes to
+/// its first visitor, the walker that reaches it in the fewest rounds
+/// (earliest in turn order among those reaching it in the same round),
+/// unless that walker's endpoint filled up before.
+///
+/// Walker `t` starting at `pos` with `skip` reaches slot `s` after `r_t(s)
+/// = (s - pos) / skip mod M` rounds, so `r_t(s + 1) = r_t(s) + 1 / skip mod
+/// M`: each walker adds a constant to a key per slot, `r << 8 | t`, and
+/// each slot keeps the least key, in a loop without branches or random
+/// accesses. When no endpoint has more first visits than its quota, that
+/// is the table. Otherwise the first visits are counted by endpoint in
+/// [`SPANS`] spans of rounds, the first span in which an endpoint goes
+/// beyond its quota is walked in (round, turn) order up to that visit, and
+/// the slots first visited before its round are handed out as they are;
+/// the rest goes by events from the top of that round, as [`fill_with`]
+/// finishes ([`Visits::hand_out`]), with the first visits already known.
+#[allow(clippy::cast_possible_truncation)] // rounds below M < 2^23
+fn fill_by_first_visits(m: u32, eps: &[(EndpointId, u32)], reps: &[u32]) -> Vec<u16> {
+    let md = Modulus::new(m);
+    let mut walkers = walkers(m, eps, reps);
+    let inverse: Vec<u64> = walkers.iter().map(|w| md.inverse(u64::from(w.skip))).collect();
+    // Keys (r << 8 | t) stay below 2 * (M << 8) < 2^32.
+    let mk = m << 8;
+    let mut best = vec![u32::MAX; m as usize];
+    for (t, (w, &inv)) in (0u32..).zip(walkers.iter().zip(&inverse)) {
+        let r0 = |s: u64| md.mul(md.reduce(s + u64::from(m - w.pos)), inv);
+        // Below M, so below 2^23: the conversions hold.
+        let mut key: [u32; LANES] = std::array::from_fn(|j| ((r0(j as u64) as u32) << 8) | t);
+        let step = (md.mul(LANES as u64 % u64::from(m), inv) as u32) << 8;
+        let mut chunks = best.chunks_exact_mut(LANES);
+        for chunk in &mut chunks {
+            for (b, k) in chunk.iter_mut().zip(&mut key) {
+                *b = (*b).min(*k);
+                let n = *k + step;
+                *k = n.min(n.wrapping_sub(mk));
+            }
+        }
+        for (b, k) in chunks.into_remainder().iter_mut().zip(&key) {
+            *b = (*b).min(*k);
+        }
+    }
+    // The endpoint of each turn (keys name turns below 256).
+    let mut endpoint_at = [0u16; 256];
+    for (e, w) in endpoint_at.iter_mut().zip(&walkers) {
+        *e = w.endpoint;
+    }
+    let endpoint_of = |key: u32| endpoint_at[(key & 0xff) as usize];
+    // Each slot to its first visitor's endpoint, counting each endpoint's
+    // first visits by round, in 64 spans of rounds (rounds < M).
+    let shift = (u32::BITS - (m - 1).leading_zeros()).saturating_sub(6);
+    let span = |key: u32| ((key >> 8) >> shift) as usize;
+    let mut by_span = vec![0u32; eps.len() * SPANS];
+    let mut owner: Vec<u16> = best
+        .iter()
+        .map(|&k| {
+            let e = endpoint_of(k);
+            by_span[usize::from(e) * SPANS + span(k)] += 1;
+            e
+        })
+        .collect();
+    let mut room = quotas(m, eps);
+    // The first span in which an endpoint has more first visits than its
+    // quota allows, if there is one.
+    let full_span = by_span
+        .chunks_exact(SPANS)
+        .zip(&room)
+        .filter_map(|(spans, &r)| {
+            let mut seen = 0;
+            spans.iter().position(|&n| {
+                seen += n;
+                seen > r
+            })
+        })
+        .min();
+    let Some(full_span) = full_span else {
+        return owner;
+    };
+    // Before that span every first visit claims its slot.
+    for (e, spans) in by_span.chunks_exact(SPANS).enumerate() {
+        room[e] -= spans[..full_span].iter().sum::<u32>();
+    }
+    // From it on, in (round, turn) order, until an endpoint has no room:
+    // the round of that visit is the first one not handed out as it is.
+    // (Kept without a branch: which slots are late is random.)
+    let mut late = vec![0u32; best.len()];
+    let mut kept = 0;
+    for &k in &best {
+        late[kept] = k;
+        kept += usize::from(span(k) >= full_span);
+    }
+    late.truncate(kept);
+    late.sort_unstable();
+    let mut claims = 0;
+    for &k in &late {
+        let e = usize::from(endpoint_of(k));
+        if room[e] == 0 {
+            break;
+        }
+        room[e] -= 1;
+        claims += 1;
+    }
+    // (There is one: that span has a first visit beyond its endpoint's room.)
+    let Some(&stop) = late.get(claims) else {
+        return owner;
+    };
+    // Events from the top of its round; its turns before that visit are
+    // done (the events only look at later visits).
+    let full_round = stop >> 8;
+    let first: Vec<u64> = late[claims..].iter().map(|&k| (u64::from((k >> 8) - full_round) << 32) | u64::from(k & 0xff)).collect();
+    // The walkers at the top of that round.
+    for w in &mut walkers {
+        w.pos = u32::try_from(md.reduce(u64::from(w.pos) + u64::from(full_round) * u64::from(w.skip))).unwrap_or(0);
+    }
+    Visits::new(m, &walkers, inverse).hand_out(first, &mut room, &mut owner);
+    owner
 }
 
 /// [`fill`], switching to events when free slots x active walkers <=
@@ -452,19 +589,7 @@ fn fill(m: u32, eps: &[(EndpointId, u32)]) -> Vec<u16> {
 fn fill_with(m: u32, eps: &[(EndpointId, u32)], tail: u64) -> Vec<u16> {
     let mut room = quotas(m, eps);
     let reps = replicas(eps);
-    let mut active: Vec<Walker> = Vec::with_capacity(reps.iter().map(|&r| r as usize).sum());
-    for (i, (&(id, _), &r)) in eps.iter().zip(&reps).enumerate() {
-        for k in 0..r {
-            let key = (u64::from(k) << 16) | u64::from(id);
-            active.push(Walker {
-                pos: reduce(hash_u64(key, SEED_OFFSET), m),
-                skip: reduce(hash_u64(key, SEED_SKIP), m - 1) + 1,
-                // Indices into `eps` are below the limit (<= 65536).
-                endpoint: u16::try_from(i).unwrap_or(u16::MAX),
-                claimed: 0,
-            });
-        }
-    }
+    let mut active = walkers(m, eps, &reps);
     // Occupancy as a bitmap (8 KiB for M = 65537): the probe loop's only
     // random read, kept in L1.
     let mut used = vec![0u64; (m as usize).div_ceil(64)];
@@ -536,6 +661,25 @@ fn fill_with(m: u32, eps: &[(EndpointId, u32)], tail: u64) -> Vec<u16> {
     owner
 }
 
+/// The walkers of `eps` with `reps` replicas each, in turn order: by
+/// endpoint, then by replica.
+fn walkers(m: u32, eps: &[(EndpointId, u32)], reps: &[u32]) -> Vec<Walker> {
+    let mut out = Vec::with_capacity(reps.iter().map(|&r| r as usize).sum());
+    for (i, (&(id, _), &r)) in eps.iter().zip(reps).enumerate() {
+        for k in 0..r {
+            let key = (u64::from(k) << 16) | u64::from(id);
+            out.push(Walker {
+                pos: reduce(hash_u64(key, SEED_OFFSET), m),
+                skip: reduce(hash_u64(key, SEED_SKIP), m - 1) + 1,
+                // Indices into `eps` are below the limit (<= 65536).
+                endpoint: u16::try_from(i).unwrap_or(u16::MAX),
+                claimed: 0,
+            });
+        }
+    }
+    out
+}
+
 /// Rounds that every active walker can probe without its endpoint reaching
 /// its quota: the least, over endpoints with room (and so with walkers),
 /// of room / walkers.
@@ -595,19 +739,11 @@ impl Modulus {
 /// walker would next reach each free slot (walker at `pos` with `skip`
 /// reaches slot `s` after `(s - pos) / skip mod M` rounds; every slot is
 /// reached within M rounds), and hands out slots in the order the probes
-/// would have found them, (round, turn order). A slot whose first visitor
-/// belongs to an endpoint that filled up meanwhile goes to the next one
-/// with room, as a probing walker of a full endpoint claims nothing.
-///
-/// A visit is one `u64`, `rounds << 32 | turn`, and names its slot (a
-/// walker reaches one slot a round): the first visits are sorted once, and
-/// only the visits that replace a full endpoint's go through a heap.
+/// would have found them, (round, turn order) (see [`Visits::hand_out`]).
 fn finish_by_events(m: u32, active: &[Walker], room: &mut [u32], used: &[u64], owner: &mut [u16]) {
-    use std::cmp::Reverse;
-    use std::collections::BinaryHeap;
-
     let md = Modulus::new(m);
-    let mut free: Vec<u32> = Vec::new();
+    let visits = Visits::new(m, active, active.iter().map(|w| md.inverse(u64::from(w.skip))).collect());
+    let mut first: Vec<u64> = Vec::new();
     for (base, &word) in (0u32..).step_by(64).zip(used) {
         let mut open = !word;
         while open != 0 {
@@ -615,63 +751,95 @@ fn finish_by_events(m: u32, active: &[Walker], room: &mut [u32], used: &[u64], o
             if s >= m {
                 break;
             }
-            free.push(s);
+            first.push(visits.first(s));
             open &= open - 1;
         }
     }
-    let pos: Vec<u32> = active.iter().map(|w| w.pos).collect();
-    let inverse: Vec<u64> = active.iter().map(|w| md.inverse(u64::from(w.skip))).collect();
-    let rounds_to = |turn: usize, slot: u32| -> u64 {
-        let p = pos[turn];
-        let ahead = if slot >= p { slot - p } else { slot + m - p };
-        md.mul(u64::from(ahead), inverse[turn])
-    };
-    // The first visit of each free slot, over walkers kept as plain arrays
-    // so that the inner loop is a running minimum in registers.
-    let first = |slot: u32| -> u64 {
+    visits.hand_out(first, room, owner);
+}
+
+/// When walkers at the top of a round visit slots: a visit is one `u64`,
+/// `rounds << 32 | turn` (rounds from now, turn = index into the walkers),
+/// and names its slot (a walker reaches one slot a round).
+struct Visits<'a> {
+    m: u32,
+    md: Modulus,
+    active: &'a [Walker],
+    /// The walkers' positions and the inverses of their skips, as plain
+    /// arrays, so that [`Visits::first`] is a running minimum in registers.
+    pos: Vec<u32>,
+    inverse: Vec<u64>,
+}
+
+impl<'a> Visits<'a> {
+    fn new(m: u32, active: &'a [Walker], inverse: Vec<u64>) -> Self {
+        Visits { m, md: Modulus::new(m), active, pos: active.iter().map(|w| w.pos).collect(), inverse }
+    }
+
+    /// Rounds until walker `turn` reaches `slot`.
+    fn rounds_to(&self, turn: usize, slot: u32) -> u64 {
+        let p = self.pos[turn];
+        let ahead = if slot >= p { slot - p } else { slot + self.m - p };
+        self.md.mul(u64::from(ahead), self.inverse[turn])
+    }
+
+    /// The first visit of `slot`.
+    fn first(&self, slot: u32) -> u64 {
         let mut best = u64::MAX;
-        for (turn, (&p, &inv)) in pos.iter().zip(&inverse).enumerate() {
-            let ahead = if slot >= p { slot - p } else { slot + m - p };
-            best = best.min((md.mul(u64::from(ahead), inv) << 32) | turn as u64);
+        for (turn, (&p, &inv)) in self.pos.iter().zip(&self.inverse).enumerate() {
+            let ahead = if slot >= p { slot - p } else { slot + self.m - p };
+            best = best.min((self.md.mul(u64::from(ahead), inv) << 32) | turn as u64);
         }
         best
-    };
-    let slot_of = |event: u64| -> u32 {
-        let turn = (event & 0xffff_ffff) as usize;
-        let w = &active[turn];
+    }
+
+    /// The slot a visit names.
+    fn slot_of(&self, visit: u64) -> u32 {
+        let w = &self.active[(visit & 0xffff_ffff) as usize];
         // rounds < m and skip < m < 2^24: below 2^48.
-        u32::try_from(md.reduce(u64::from(w.pos) + (event >> 32) * u64::from(w.skip))).unwrap_or(0)
-    };
-    let mut sorted: Vec<u64> = free.iter().map(|&slot| first(slot)).collect();
-    sorted.sort_unstable();
-    let mut later: BinaryHeap<Reverse<u64>> = BinaryHeap::new();
-    let mut next_sorted = 0;
-    loop {
-        let event = match (sorted.get(next_sorted), later.peek()) {
-            (Some(&a), Some(&Reverse(b))) if b < a => later.pop().map_or(a, |Reverse(b)| b),
-            (Some(&a), _) => {
-                next_sorted += 1;
-                a
+        u32::try_from(self.md.reduce(u64::from(w.pos) + (visit >> 32) * u64::from(w.skip))).unwrap_or(0)
+    }
+
+    /// Hands out the free slots whose first visits are `first` (one each),
+    /// in the order of the visits, to the visitor's endpoint. A slot whose
+    /// first visitor belongs to an endpoint that filled up meanwhile goes
+    /// to the next visitor with room, as a probing walker of a full
+    /// endpoint claims nothing. The first visits are sorted once, and only
+    /// the visits that replace a full endpoint's go through a heap.
+    fn hand_out(&self, mut first: Vec<u64>, room: &mut [u32], owner: &mut [u16]) {
+        use std::cmp::Reverse;
+        use std::collections::BinaryHeap;
+
+        first.sort_unstable();
+        let mut later: BinaryHeap<Reverse<u64>> = BinaryHeap::new();
+        let mut next_first = 0;
+        loop {
+            let visit = match (first.get(next_first), later.peek()) {
+                (Some(&a), Some(&Reverse(b))) if b < a => later.pop().map_or(a, |Reverse(b)| b),
+                (Some(&a), _) => {
+                    next_first += 1;
+                    a
+                }
+                (None, Some(_)) => later.pop().map_or(0, |Reverse(b)| b),
+                (None, None) => break,
+            };
+            let slot = self.slot_of(visit);
+            let turn = (visit & 0xffff_ffff) as usize;
+            let e = usize::from(self.active[turn].endpoint);
+            if room[e] != 0 {
+                room[e] -= 1;
+                owner[slot as usize] = self.active[turn].endpoint;
+                continue;
             }
-            (None, Some(_)) => later.pop().map_or(0, |Reverse(b)| b),
-            (None, None) => break,
-        };
-        let slot = slot_of(event);
-        let turn = (event & 0xffff_ffff) as usize;
-        let e = usize::from(active[turn].endpoint);
-        if room[e] != 0 {
-            room[e] -= 1;
-            owner[slot as usize] = active[turn].endpoint;
-            continue;
-        }
-        // Its endpoint is full: the next visit by a walker with room.
-        let next = (0..active.len())
-            .filter(|&t| room[usize::from(active[t].endpoint)] != 0)
-            .map(|t| (rounds_to(t, slot) << 32) | t as u64)
-            .filter(|&v| v > event)
-            .min();
-        if let Some(v) = next {
-            later.push(Reverse(v));
+            // Its endpoint is full: the next visit by a walker with room.
+            let next = (0..self.active.len())
+                .filter(|&t| room[usize::from(self.active[t].endpoint)] != 0)
+                .map(|t| (self.rounds_to(t, slot) << 32) | t as u64)
+                .filter(|&v| v > visit)
+                .min();
+            if let Some(v) = next {
+                later.push(Reverse(v));
+            }
         }
     }
 }
@@ -761,8 +929,11 @@ mod tests {
         // each width: a wrong shift or mask shows here.
         for bits in 1..=8u32 {
             let n: u16 = 1 << bits;
-            let want: Vec<u16> = (0..1000u16).map(|i| i.wrapping_mul(37) % n).collect();
-            let p = Packed::new(bits, &want);
+            let owners: Vec<u16> = (0..1000u16).map(|i| i.wrapping_mul(37) % n).collect();
+            // Names in reverse: each entry names its owner as given.
+            let names: Vec<u16> = (0..n).rev().collect();
+            let want: Vec<u16> = owners.iter().map(|&o| names[usize::from(o)]).collect();
+            let p = Packed::named(bits, &owners, &names);
             assert_eq!(p.data.len(), (1000 * bits as usize).div_ceil(8) + 1);
             assert_eq!((0..1000).map(|i| p.get(i)).collect::<Vec<_>>(), want, "{bits} bits");
         }
@@ -890,6 +1061,38 @@ mod tests {
         }
         for (m, eps) in cases {
             assert!(fill(m, &eps) == fill_by_definition(m, &eps), "m {m} n {}", eps.len());
+        }
+    }
+
+    #[test]
+    fn first_visits_give_the_definition() {
+        // Every slot to its first visitor, and by events once an endpoint
+        // is full: the same table as the walk, for tables smaller than the
+        // lanes, one walker to the most, weights, and both regimes (at M =
+        // 6421, four endpoints mostly stay within their quotas, sixteen
+        // mostly do not).
+        let mut cases: Vec<(u32, Vec<(EndpointId, u32)>)> = vec![
+            (2, uniform(2)),
+            (3, vec![(0, 1), (5, 2)]),
+            (13, uniform(3)),
+            (17, uniform(17)),
+            (31, vec![(4, 1)]),
+            (6421, uniform(4)),
+            (6421, (0..10).map(|i| (i * 3, 1)).collect()),
+            (6421, (0..16).map(|i| (i * 2 + 1, 1)).collect()),
+            (6421, (0..8).map(|i| (i, 1 + u32::from(i % 3))).collect()),
+            (65537, uniform(24)),
+        ];
+        for seed in 0..80u64 {
+            let n = 1 + (hash_u64(seed, 5) % 12) as u16;
+            let m = next_prime(u32::from(n) * (1 + (hash_u64(seed, 6) % 400) as u32)).min(65537);
+            let eps: Vec<(EndpointId, u32)> = (0..n).map(|i| (i * 5, 1 + (hash_u64(u64::from(i), seed) % 2) as u32)).collect();
+            cases.push((m, eps));
+        }
+        for (m, eps) in cases {
+            let reps = replicas(&eps);
+            assert!(reps.iter().sum::<u32>() as usize <= FIRST_VISITS_MAX, "m {m} n {}", eps.len());
+            assert!(fill_by_first_visits(m, &eps, &reps) == fill_by_definition(m, &eps), "m {m} n {}", eps.len());
         }
     }
 
