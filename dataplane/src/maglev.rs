@@ -435,7 +435,7 @@ fn fill(m: u32, eps: &[(EndpointId, u32)]) -> Vec<u16> {
     if walkers <= FIRST_VISITS_MAX && m < FIRST_VISITS_M {
         return fill_by_first_visits(m, eps, &reps);
     }
-    fill_with(m, eps, EVENT_TAIL)
+    fill_with(m, eps, &reps, EVENT_TAIL)
 }
 
 /// Most walkers (replicas in all) for which [`fill`] computes every slot's
@@ -566,7 +566,7 @@ fn fill_by_first_visits(m: u32, eps: &[(EndpointId, u32)], reps: &[u32]) -> Vec<
     let first: Vec<u64> = late[claims..].iter().map(|&k| (u64::from((k >> 8) - full_round) << 32) | u64::from(k & 0xff)).collect();
     // The walkers at the top of that round.
     for w in &mut walkers {
-        w.pos = u32::try_from(md.reduce(u64::from(w.pos) + u64::from(full_round) * u64::from(w.skip))).unwrap_or(0);
+        w.pos = w.after(md, u64::from(full_round));
     }
     Visits::new(m, &walkers, inverse).hand_out(first, &mut room, &mut owner);
     owner
@@ -586,10 +586,9 @@ fn fill_by_first_visits(m: u32, eps: &[(EndpointId, u32)], reps: &[u32]) -> Vec<
 /// free slot without looking at the quota, and each walker counts its
 /// claims, charged to its endpoint after the batch. The result is the
 /// same; a probe costs about a third less.
-fn fill_with(m: u32, eps: &[(EndpointId, u32)], tail: u64) -> Vec<u16> {
+fn fill_with(m: u32, eps: &[(EndpointId, u32)], reps: &[u32], tail: u64) -> Vec<u16> {
     let mut room = quotas(m, eps);
-    let reps = replicas(eps);
-    let mut active = walkers(m, eps, &reps);
+    let mut active = walkers(m, eps, reps);
     // Occupancy as a bitmap (8 KiB for M = 65537): the probe loop's only
     // random read, kept in L1.
     let mut used = vec![0u64; (m as usize).div_ceil(64)];
@@ -607,7 +606,7 @@ fn fill_with(m: u32, eps: &[(EndpointId, u32)], tail: u64) -> Vec<u16> {
             finish_by_events(m, &active, &mut room, &used, &mut owner);
             return owner;
         }
-        let safe = if batching { safe_rounds(&reps, &room) } else { 0 };
+        let safe = if batching { safe_rounds(reps, &room) } else { 0 };
         batching = safe > 1;
         if batching {
             // `safe` rounds (or until the switch to events) with room for
@@ -659,6 +658,23 @@ fn fill_with(m: u32, eps: &[(EndpointId, u32)], tail: u64) -> Vec<u16> {
     }
     owner.truncate(m as usize);
     owner
+}
+
+impl Walker {
+    /// The slot this walker reaches after `rounds` rounds (< M).
+    fn after(&self, md: Modulus, rounds: u64) -> u32 {
+        // rounds < m and skip < m < 2^24: below 2^48.
+        u32::try_from(md.reduce(u64::from(self.pos) + rounds * u64::from(self.skip))).unwrap_or(0)
+    }
+}
+
+/// How far `slot` lies ahead of `pos` around a table of `m` slots.
+fn ahead(m: u32, pos: u32, slot: u32) -> u32 {
+    if slot >= pos {
+        slot - pos
+    } else {
+        slot + m - pos
+    }
 }
 
 /// The walkers of `eps` with `reps` replicas each, in turn order: by
@@ -778,26 +794,21 @@ impl<'a> Visits<'a> {
 
     /// Rounds until walker `turn` reaches `slot`.
     fn rounds_to(&self, turn: usize, slot: u32) -> u64 {
-        let p = self.pos[turn];
-        let ahead = if slot >= p { slot - p } else { slot + self.m - p };
-        self.md.mul(u64::from(ahead), self.inverse[turn])
+        self.md.mul(u64::from(ahead(self.m, self.pos[turn], slot)), self.inverse[turn])
     }
 
     /// The first visit of `slot`.
     fn first(&self, slot: u32) -> u64 {
         let mut best = u64::MAX;
         for (turn, (&p, &inv)) in self.pos.iter().zip(&self.inverse).enumerate() {
-            let ahead = if slot >= p { slot - p } else { slot + self.m - p };
-            best = best.min((self.md.mul(u64::from(ahead), inv) << 32) | turn as u64);
+            best = best.min((self.md.mul(u64::from(ahead(self.m, p, slot)), inv) << 32) | turn as u64);
         }
         best
     }
 
     /// The slot a visit names.
     fn slot_of(&self, visit: u64) -> u32 {
-        let w = &self.active[(visit & 0xffff_ffff) as usize];
-        // rounds < m and skip < m < 2^24: below 2^48.
-        u32::try_from(self.md.reduce(u64::from(w.pos) + (visit >> 32) * u64::from(w.skip))).unwrap_or(0)
+        self.active[(visit & 0xffff_ffff) as usize].after(self.md, visit >> 32)
     }
 
     /// Hands out the free slots whose first visits are `first` (one each),
@@ -1007,9 +1018,10 @@ mod tests {
             cases.push((m, eps));
         }
         for (m, eps) in cases {
-            let probed = fill_with(m, &eps, 0);
+            let reps = replicas(&eps);
+            let probed = fill_with(m, &eps, &reps, 0);
             for tail in [1, 2, 8, 1000] {
-                assert!(fill_with(m, &eps, tail) == probed, "m {m} n {} tail {tail}", eps.len());
+                assert!(fill_with(m, &eps, &reps, tail) == probed, "m {m} n {} tail {tail}", eps.len());
             }
         }
     }
@@ -1099,7 +1111,7 @@ mod tests {
     #[test]
     fn one_endpoint_fills_the_table_as_the_walk_would() {
         for (m, id, w) in [(13u32, 0u16, 1u32), (251, 7, 3), (6421, 31, 1), (65537, 1000, 8)] {
-            let walked = fill_with(m, &[(id, w)], 0);
+            let walked = fill_with(m, &[(id, w)], &replicas(&[(id, w)]), 0);
             assert!(walked.iter().all(|&o| o == 0));
             assert!(fill(m, &[(id, w)]) == walked, "m {m}");
             let t = Table::build(m, 1024, &[(id, w)]).unwrap().unwrap();
