@@ -530,7 +530,9 @@ impl Reconciler {
             for r in &self.resolved.routes {
                 let ready = ready.get(r.service.as_str()).copied().unwrap_or(false);
                 for v in &r.matches.vips {
-                    let e = vips.entry(v.to_ip()).or_default();
+                    // Room for one service (a VIP's usual count), not the
+                    // four a first push makes: 10,000 VIPs kept 1 MB more.
+                    let e = vips.entry(v.to_ip()).or_insert_with(|| Vec::with_capacity(1));
                     if !e.iter().any(|(n, _)| *n == r.service) {
                         e.push((r.service.clone(), ready));
                     }
@@ -589,7 +591,7 @@ impl Reconciler {
                 Some(ServiceMeta {
                     name: name.clone(),
                     slot: *slot,
-                    algorithm: s.algorithm.to_string(),
+                    algorithm: s.algorithm.name(),
                     flow_table: s.flow_table,
                     limit: s.limit,
                     table_size: s.table_size,
@@ -605,7 +607,7 @@ impl Reconciler {
                 name: r.name.clone(),
                 service: r.service.clone(),
                 priority: r.priority,
-                vips: r.matches.vips.iter().map(ToString::to_string).collect(),
+                vips: r.matches.vips.iter().map(|v| v.to_ip()).collect(),
             })
             .collect();
         (services, routes)

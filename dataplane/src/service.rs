@@ -37,12 +37,19 @@ impl FromStr for Algorithm {
     }
 }
 
-impl fmt::Display for Algorithm {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
+impl Algorithm {
+    /// Its name in configuration and status.
+    pub fn name(self) -> &'static str {
+        match self {
             Algorithm::Maglev => "maglev",
             Algorithm::Random => "random",
-        })
+        }
+    }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
     }
 }
 

@@ -114,7 +114,7 @@ pub struct ServiceMeta {
     #[serde(skip)]
     pub slot: u32,
     /// Algorithm.
-    pub algorithm: String,
+    pub algorithm: &'static str,
     /// Flow table.
     pub flow_table: bool,
     /// Endpoint limit.
@@ -134,8 +134,8 @@ pub struct RouteMeta {
     pub service: String,
     /// Priority.
     pub priority: i32,
-    /// VIPs.
-    pub vips: Vec<String>,
+    /// VIPs (one allocation per route, not one more per VIP as text).
+    pub vips: Vec<std::net::IpAddr>,
 }
 
 /// Rebuilt services named in a source's status: a change that rebuilt

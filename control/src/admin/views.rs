@@ -143,7 +143,7 @@ impl Serialize for EndpointsOf<'_> {
                 address: Shown(e.address),
                 weight: e.weight,
                 mac: e.mac.map(|m| Shown(sluice_ffi::MacAddr(m))),
-                port: e.port.as_deref(),
+                port: e.port.and_then(|i| sh.ports.get(usize::from(i))).map(|p| p.meta.name.as_str()),
                 state: e.state.name(),
                 reason: match &e.state {
                     EndpointState::Unreachable(r) => Some(r.as_str()),
@@ -320,34 +320,67 @@ mod tests {
     use crate::admin::state::{IdlePool, WorkerEntry};
     use crate::compile::EndpointStatus;
 
+    /// A port that answers no probe.
+    #[derive(Debug)]
+    struct Silent;
+
+    impl crate::admin::state::PortProbe for Silent {
+        fn stats(&self) -> Option<crate::admin::state::PortStats> {
+            None
+        }
+        fn link_up(&self) -> Option<bool> {
+            None
+        }
+        fn xstats(&self) -> Vec<(String, u64)> {
+            Vec::new()
+        }
+    }
+
+    fn port(name: &str) -> crate::admin::state::PortEntry {
+        crate::admin::state::PortEntry {
+            meta: crate::admin::state::PortMeta {
+                name: name.into(),
+                device: "net_null0".into(),
+                driver: "net_null".into(),
+                kernel_interface: String::new(),
+                mac: "02:00:00:00:00:01".into(),
+                mtu: 1500,
+            },
+            port: Arc::new(Silent),
+            tap: None,
+            loss: std::sync::Mutex::default(),
+        }
+    }
+
     #[test]
     fn status_lists_services_and_endpoints_as_their_own_fields() {
-        let sh = Shared::new("c.yaml".into(), Vec::new(), Arc::new(IdlePool), Vec::<WorkerEntry>::new(), 1);
+        // An endpoint names its output port by index: status shows its name.
+        let sh = Shared::new("c.yaml".into(), vec![port("p0")], Arc::new(IdlePool), Vec::<WorkerEntry>::new(), 1);
         {
             let mut st = lock(&sh.state);
             st.services.push(ServiceMeta {
                 name: "web".into(),
                 slot: 0,
-                algorithm: "maglev".into(),
+                algorithm: "maglev",
                 flow_table: false,
                 limit: 32,
                 table_size: 6421,
                 ready: true,
             });
             let ep = |id: u32, addr: &str, state: EndpointState| EndpointStatus {
-                service: "web".into(),
+                service: Arc::new("web".to_owned()),
                 id,
                 address: addr.parse().unwrap(),
                 weight: 2,
                 mac: (state == EndpointState::Ready).then_some([2, 0, 0, 0, 0, 0x0a]),
-                port: (state == EndpointState::Ready).then(|| "p0".into()),
+                port: (state == EndpointState::Ready).then_some(0),
                 state,
                 counter: id,
                 hop: None,
             };
             st.endpoints = vec![Arc::from(vec![
                 ep(0, "10.0.0.5", EndpointState::Ready),
-                ep(1, "2001:db8::6", EndpointState::Unreachable("no route".into())),
+                ep(1, "2001:db8::6", EndpointState::Unreachable(Arc::new("no route".into()))),
             ])]
             .into();
         }
@@ -379,14 +412,14 @@ mod tests {
                 st.services.push(ServiceMeta {
                     name: name.clone(),
                     slot: u32::try_from(i).unwrap(),
-                    algorithm: "maglev".into(),
+                    algorithm: "maglev",
                     flow_table: false,
                     limit: 32,
                     table_size: 6421,
                     ready: true,
                 });
-                st.routes.push(RouteMeta { name: format!("r{i}"), service: name.clone(), priority: 0, vips: vec![format!("10.9.0.{i}")] });
-                let service: Arc<str> = name.into();
+                st.routes.push(RouteMeta { name: format!("r{i}"), service: name.clone(), priority: 0, vips: vec![format!("10.9.0.{i}").parse().unwrap()] });
+                let service = Arc::new(name);
                 let list: Vec<EndpointStatus> = (0..per)
                     .map(|id| EndpointStatus {
                         service: Arc::clone(&service),

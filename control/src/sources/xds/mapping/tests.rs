@@ -277,6 +277,19 @@ fn endpoints_are_checked() {
     assert!(decode_cla(&a).unwrap_err()[0].contains("unknown key \"ident\""));
 }
 
+/// The decoded assignment is kept for as long as it is served: it holds
+/// room for its endpoints only (pushed one by one, 10 endpoints took room
+/// for 16).
+#[test]
+fn a_decoded_assignment_holds_room_for_its_endpoints_only() {
+    let addrs: Vec<String> = (0..10).map(|i| format!("10.0.1.{i}")).collect();
+    let mut eps: Vec<Ep<'_>> = addrs.iter().map(|a| healthy(a)).collect();
+    eps[7].3 = 1; // two localities
+    let d = decode_cla(&cla("c", &eps)).unwrap();
+    assert_eq!(d.endpoints.len(), 10);
+    assert_eq!(d.endpoints.capacity(), 10);
+}
+
 #[test]
 fn build_warms_clusters_and_refuses_shared_vips() {
     let d = Defaults::default();
