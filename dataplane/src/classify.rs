@@ -16,6 +16,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
+use std::sync::Arc;
 
 use crate::addr::{Addr, Cidr};
 use crate::parse::{proto, Flow};
@@ -191,24 +192,23 @@ const ANY_SPORT: u8 = 2;
 /// No byte match.
 const NO_BYTES: u8 = 4;
 
-/// A (VIP, protocol slot)'s routes by destination port, in the
-/// classifier's pools: 24 bytes and no allocation of its own (with two
-/// vectors each, 10,000 VIPs' four slots were 80,000 allocations), and
-/// slots with the same intervals share them.
-#[derive(Clone, Copy, Debug, Default)]
+/// A (VIP, protocol slot)'s routes by destination port. Its two lists
+/// are shared with every slot that has the same (interned when built):
+/// with a vector each, 10,000 VIPs' four slots were 80,000 allocations,
+/// now the slots without routes share one pair and the VIPs with the same
+/// ports one list of bounds. Read as plain slices.
+#[derive(Clone, Debug, Default)]
 struct PortIndex {
-    /// Start port of each elementary interval, in `Classifier::bounds`;
-    /// the first is 0.
-    bounds: Span,
-    /// Candidates of each interval, in `Classifier::lists` (as many as
-    /// bounds).
-    lists: Span,
+    /// Start port of each elementary interval; the first is 0.
+    bounds: Arc<[u16]>,
+    /// Candidates of each interval.
+    lists: Arc<[Span]>,
     /// Candidates for packets without ports: routes without port constraints.
     portless: Span,
 }
 
-/// Port indexes' interval starts and candidate lists already pooled.
-type Interned = (HashMap<Vec<u16>, Span>, HashMap<Vec<Span>, Span>);
+/// The port indexes' lists already made, to share.
+type Interned = (HashMap<Vec<u16>, Arc<[u16]>>, HashMap<Vec<Span>, Arc<[Span]>>);
 
 /// Compiled routes.
 #[derive(Clone, Debug, Default)]
@@ -218,10 +218,6 @@ pub struct Classifier {
     vip_mask: usize,
     /// Per VIP, per slot.
     tables: Vec<[PortIndex; SLOTS]>,
-    /// Pool of the port indexes' interval starts.
-    bounds: Vec<u16>,
-    /// Pool of the port indexes' candidate lists.
-    lists: Vec<Span>,
     vips: Vec<Addr>,
     routes: Vec<Route>,
     conds: Vec<Cond>,
@@ -310,12 +306,12 @@ impl Classifier {
         }
 
         let mut shared: HashMap<Vec<u32>, Span> = HashMap::new();
-        let mut indexes: Interned = (HashMap::new(), HashMap::new());
+        let mut interned: Interned = (HashMap::new(), HashMap::new());
         c.tables.reserve_exact(per_vip.len());
         for lists in &per_vip {
             let mut t: [PortIndex; SLOTS] = Default::default();
             for (s, ranks) in lists.iter().enumerate() {
-                t[s] = c.port_index(routes, &order, ranks, &mut shared, &mut indexes);
+                t[s] = c.port_index(routes, &order, ranks, &mut shared, &mut interned);
             }
             c.tables.push(t);
         }
@@ -334,8 +330,6 @@ impl Classifier {
         // hold for as long as the snapshot lives (10,000 VIPs: 1.4 MB of
         // empty table rows).
         c.tables.shrink_to_fit();
-        c.bounds.shrink_to_fit();
-        c.lists.shrink_to_fit();
         c.vips.shrink_to_fit();
         c.candidates.shrink_to_fit();
         c.cidrs.shrink_to_fit();
@@ -351,7 +345,7 @@ impl Classifier {
         order: &[usize],
         ranks: &[u32],
         shared: &mut HashMap<Vec<u32>, Span>,
-        indexes: &mut Interned,
+        interned: &mut Interned,
     ) -> PortIndex {
         let dst = |rank: u32| -> &[PortRange] {
             let r = &routes[order[rank as usize]];
@@ -417,10 +411,8 @@ impl Classifier {
                 _ => break,
             }
         }
-        let pool = &mut self.bounds;
-        let bounds = *indexes.0.entry(bounds).or_insert_with_key(|b| push_span(pool, b));
-        let pool = &mut self.lists;
-        let lists = *indexes.1.entry(lists).or_insert_with_key(|l| push_span(pool, l));
+        let bounds = Arc::clone(interned.0.entry(bounds).or_insert_with_key(|b| b.as_slice().into()));
+        let lists = Arc::clone(interned.1.entry(lists).or_insert_with_key(|l| l.as_slice().into()));
         PortIndex { bounds, lists, portless }
     }
 
@@ -468,12 +460,8 @@ impl Classifier {
     pub fn classify_vip(&self, v: usize, flow: &Flow, has_ports: bool, l4: Option<&[u8]>) -> Lookup {
         let Some(t) = self.tables.get(v).map(|t| &t[slot_of(flow.proto)]) else { return Lookup::NotVip };
         let list = if has_ports {
-            let bounds = self.bounds.get(t.bounds.range()).unwrap_or_default();
-            let i = bounds.partition_point(|&b| b <= flow.dport).saturating_sub(1);
-            match self.lists.get(t.lists.start as usize + i) {
-                Some(&l) => l,
-                None => return Lookup::NoRoute,
-            }
+            let i = t.bounds.partition_point(|&b| b <= flow.dport) - 1;
+            t.lists[i]
         } else {
             t.portless
         };
@@ -550,11 +538,16 @@ impl Classifier {
         &self.vips
     }
 
-    /// Bytes of heap memory used (approximately: vectors' capacity).
+    /// Bytes of heap memory used (approximately: vectors' capacity, and
+    /// the port indexes' shared lists counted for every slot that has them).
     pub fn heap_bytes(&self) -> usize {
-        self.bounds.capacity() * 2
-            + self.lists.capacity() * std::mem::size_of::<Span>()
-            + self.tables.capacity() * std::mem::size_of::<[PortIndex; SLOTS]>()
+        let t: usize = self
+            .tables
+            .iter()
+            .flat_map(|t| t.iter())
+            .map(|p| p.bounds.len() * 2 + p.lists.len() * std::mem::size_of::<Span>())
+            .sum();
+        t + self.tables.capacity() * std::mem::size_of::<[PortIndex; SLOTS]>()
             + self.vip_slots.capacity() * std::mem::size_of::<VipSlot>()
             + self.vips.capacity() * 16
             + self.routes.capacity() * std::mem::size_of::<Route>()
@@ -602,9 +595,10 @@ mod tests {
     }
 
     /// A snapshot keeps its classifier for as long as it serves: its
-    /// pools hold what the routes need, not what doubling left.
+    /// pools hold what the routes need, not what doubling left, and the
+    /// port indexes share their lists.
     #[test]
-    fn a_classifier_holds_room_for_its_routes_only() {
+    fn a_classifier_holds_room_for_its_routes_only_and_shares_port_lists() {
         let vips: Vec<String> = (0..1000).map(|i| format!("20.0.{}.{}", i / 250, i % 250)).collect();
         let routes: Vec<RouteSpec> = vips.iter().enumerate().map(|(i, v)| route(&format!("r{i}"), 0, &[v], &[(80, 80)], &[proto::TCP])).collect();
         let c = Classifier::build(&routes);
@@ -618,11 +612,15 @@ mod tests {
         ] {
             assert_eq!(cap, len, "{what}");
         }
-        // Every VIP's TCP slot has the same intervals (0-79, 80, 81-65535),
-        // its other slots one (no candidates): their starts are pooled
-        // once; the lists differ by VIP (each its own route), but the
-        // empty ones are one.
-        assert_eq!((c.bounds.len(), c.lists.len()), (3 + 1, 1000 * 3 + 1));
+        // Every VIP's TCP slot has the same bounds (0, 80, 81) and its own
+        // candidates; its other slots have none, like every other VIP's.
+        let tcp = slot_of(proto::TCP);
+        let udp = slot_of(proto::UDP);
+        let (first, last) = (&c.tables[0], &c.tables[999]);
+        assert_eq!(&*first[tcp].bounds, &[0, 80, 81]);
+        assert!(Arc::ptr_eq(&first[tcp].bounds, &last[tcp].bounds));
+        assert!(!Arc::ptr_eq(&first[tcp].lists, &last[tcp].lists));
+        assert!(Arc::ptr_eq(&first[udp].bounds, &last[udp].bounds) && Arc::ptr_eq(&first[udp].lists, &last[udp].lists));
         assert_eq!(name(&c, c.classify(&flow("1.2.3.4", &vips[999], 5555, 80, proto::TCP), true, None)), Some("r999"));
         assert_eq!(c.classify(&flow("1.2.3.4", &vips[999], 5555, 81, proto::TCP), true, None), Lookup::NoRoute);
         assert_eq!(c.classify(&flow("1.2.3.4", &vips[999], 5555, 80, proto::UDP), true, None), Lookup::NoRoute);
