@@ -219,7 +219,7 @@ async fn sotw_initial_sync_then_add_change_and_remove() {
         let web = meta.services.iter().find(|s| s.name == "web").unwrap();
         assert_eq!(web.algorithm, "maglev");
         let route = meta.routes.iter().find(|r| r.name == "db").unwrap();
-        assert_eq!(route.vips, ["2001:db8:f::1"]);
+        assert_eq!(route.vips, ["2001:db8:f::1".parse::<std::net::IpAddr>().unwrap()]);
     }
     // The client's requests: wildcard clusters, assignments by name,
     // node and client features, ACKs echoing version and nonce.

@@ -951,7 +951,7 @@ mod tests {
                     ServiceDef { name: "web".into(), ..Default::default() },
                     ServiceDef { name: "dns".into(), ..Default::default() },
                 ],
-                endpoints: eps,
+                endpoints: eps.into(),
                 routes: vec![RouteDef {
                     name: "r".into(),
                     service: "web".into(),
@@ -1156,7 +1156,7 @@ mod tests {
             "t",
             Desired {
                 services: vec![ServiceDef { name: "web".into(), delivery: Some(DeliveryMode::IpIp), ..Default::default() }],
-                endpoints: vec![ep("web", 0, "10.50.0.1"), ep("web", 1, "10.50.0.2")],
+                endpoints: vec![ep("web", 0, "10.50.0.1"), ep("web", 1, "10.50.0.2")].into(),
                 ..Default::default()
             },
         );

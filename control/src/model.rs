@@ -207,8 +207,101 @@ pub struct Desired {
     /// Services.
     pub services: Vec<ServiceDef>,
     /// Endpoints.
-    pub endpoints: Vec<EndpointDef>,
+    pub endpoints: Endpoints,
 }
+
+/// A source's endpoints, in runs that are shared whole: the xDS source
+/// hands over one run per service, the one its mapping holds, and the
+/// resolved model takes a run as its service's endpoints when the run is
+/// all of them (in identifier order, every one admitted). With 100,000
+/// endpoints, one allocation then serves the three layers that held a
+/// copy each (4.8 MB a copy). Equal when the endpoints are, however split.
+#[derive(Clone, Debug, Default)]
+pub struct Endpoints {
+    runs: Vec<Arc<[EndpointDef]>>,
+    len: usize,
+}
+
+impl Endpoints {
+    /// The endpoints of `runs`, in that order (empty runs are left out).
+    pub fn from_runs(runs: impl IntoIterator<Item = Arc<[EndpointDef]>>) -> Endpoints {
+        let runs: Vec<Arc<[EndpointDef]>> = runs.into_iter().filter(|r| !r.is_empty()).collect();
+        let len = runs.iter().map(|r| r.len()).sum();
+        Endpoints { runs, len }
+    }
+
+    /// The runs.
+    pub fn runs(&self) -> &[Arc<[EndpointDef]>] {
+        &self.runs
+    }
+
+    /// Every endpoint, run after run.
+    pub fn iter(&self) -> impl Iterator<Item = &EndpointDef> + '_ {
+        self.runs.iter().flat_map(|r| r.iter())
+    }
+
+    /// How many.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// None at all.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// A copy of every endpoint, to change.
+    pub fn to_vec(&self) -> Vec<EndpointDef> {
+        self.iter().cloned().collect()
+    }
+
+    /// Adds `run` (nothing when it is empty).
+    pub fn push_run(&mut self, run: Vec<EndpointDef>) {
+        if !run.is_empty() {
+            self.len += run.len();
+            self.runs.push(run.into());
+        }
+    }
+
+    /// Adds the runs of `other` (shared, not copied).
+    pub fn append(&mut self, other: &Endpoints) {
+        self.runs.extend(other.runs.iter().cloned());
+        self.len += other.len;
+    }
+
+    /// True when every run holds one service's endpoints and the runs are
+    /// in service-name order, each service in one run: a service's run is
+    /// then found by binary search.
+    fn by_service(&self) -> bool {
+        self.runs.iter().all(|r| r.iter().all(|e| e.service == r[0].service)) && self.runs.windows(2).all(|w| w[0][0].service < w[1][0].service)
+    }
+
+    /// In a source whose runs are by service: where `service`'s run is,
+    /// or would be.
+    fn run_of(&self, service: &str) -> Result<usize, usize> {
+        self.runs.binary_search_by(|r| r[0].service.as_str().cmp(service))
+    }
+}
+
+impl From<Vec<EndpointDef>> for Endpoints {
+    fn from(v: Vec<EndpointDef>) -> Endpoints {
+        Endpoints::from_runs([Arc::from(v)])
+    }
+}
+
+impl FromIterator<EndpointDef> for Endpoints {
+    fn from_iter<I: IntoIterator<Item = EndpointDef>>(it: I) -> Endpoints {
+        Endpoints::from(it.into_iter().collect::<Vec<_>>())
+    }
+}
+
+impl PartialEq for Endpoints {
+    fn eq(&self, other: &Endpoints) -> bool {
+        self.len == other.len && self.iter().eq(other.iter())
+    }
+}
+
+impl Eq for Endpoints {}
 
 /// Appliance-wide defaults for services, and their shared budget.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -283,22 +376,11 @@ pub struct Model {
     by_service: BTreeSet<String>,
 }
 
-/// True when `eps` is in service-name order.
-fn in_service_order(eps: &[EndpointDef]) -> bool {
-    eps.windows(2).all(|w| w[0].service <= w[1].service)
-}
-
-/// Where `service`'s endpoints are in `eps`, which is in service-name order.
-fn run_of(eps: &[EndpointDef], service: &str) -> std::ops::Range<usize> {
-    let start = eps.partition_point(|e| e.service.as_str() < service);
-    start..start + eps[start..].partition_point(|e| e.service.as_str() == service)
-}
-
 impl Model {
     /// Replaces everything `source` owns with `desired` (upsert and prune);
     /// returns what it owned before.
     pub fn set(&mut self, source: &str, desired: Desired) -> Option<Desired> {
-        if in_service_order(&desired.endpoints) {
+        if desired.endpoints.by_service() {
             self.by_service.insert(source.to_owned());
         } else {
             self.by_service.remove(source);
@@ -331,34 +413,51 @@ impl Model {
     /// Replaces the endpoints `source` gives `service` with `endpoints`,
     /// leaving everything else it owns; returns the ones it had (put them
     /// back with the same call), or `None` when `source` owns nothing.
-    pub fn set_endpoints(&mut self, source: &str, service: &str, endpoints: Vec<EndpointDef>) -> Option<Vec<EndpointDef>> {
+    pub fn set_endpoints(&mut self, source: &str, service: &str, endpoints: Arc<[EndpointDef]>) -> Option<Arc<[EndpointDef]>> {
         let d = self.sources.get_mut(source)?;
-        if self.by_service.contains(source) {
-            if endpoints.iter().all(|e| e.service.as_str() == service) {
-                // In place, and still in order.
-                let run = run_of(&d.endpoints, service);
-                return Some(d.endpoints.splice(run, endpoints).collect());
-            }
-            self.by_service.remove(source);
+        let eps = &mut d.endpoints;
+        if self.by_service.contains(source) && endpoints.iter().all(|e| e.service.as_str() == service) {
+            // The service's run, replaced in place: still by service.
+            let (added, old) = (endpoints.len(), match eps.run_of(service) {
+                Ok(i) if endpoints.is_empty() => eps.runs.remove(i),
+                Ok(i) => std::mem::replace(&mut eps.runs[i], endpoints),
+                Err(_) if endpoints.is_empty() => Arc::new([]),
+                Err(i) => {
+                    eps.runs.insert(i, endpoints);
+                    Arc::new([])
+                }
+            });
+            eps.len = eps.len + added - old.len();
+            return Some(old);
         }
-        let of = |e: &EndpointDef| e.service.as_str() == service;
-        let Some(start) = d.endpoints.iter().position(of) else {
-            d.endpoints.extend(endpoints);
-            return Some(Vec::new());
-        };
         // Sources send a service's endpoints together: its run is replaced
-        // in place; any stragglers further on are taken out too.
-        let end = start + d.endpoints[start..].iter().take_while(|e| of(e)).count();
-        let added = endpoints.len();
-        let mut old: Vec<EndpointDef> = d.endpoints.splice(start..end, endpoints).collect();
-        let rest = start + added;
-        if d.endpoints[rest..].iter().any(of) {
-            let tail = d.endpoints.split_off(rest);
-            let (theirs, others): (Vec<EndpointDef>, Vec<EndpointDef>) = tail.into_iter().partition(|e| of(e));
-            old.extend(theirs);
-            d.endpoints.extend(others);
-        }
-        Some(old)
+        // where it was (or the new ones go last), and stragglers elsewhere
+        // are taken out too.
+        let of = |e: &EndpointDef| e.service.as_str() == service;
+        let mut all = eps.to_vec();
+        let old: Vec<EndpointDef> = match all.iter().position(of) {
+            None => {
+                all.extend(endpoints.iter().cloned());
+                Vec::new()
+            }
+            Some(start) => {
+                let end = start + all[start..].iter().take_while(|e| of(e)).count();
+                let mut old: Vec<EndpointDef> = all.splice(start..end, endpoints.iter().cloned()).collect();
+                let rest = start + endpoints.len();
+                if all[rest..].iter().any(of) {
+                    let tail = all.split_off(rest);
+                    let (theirs, others): (Vec<EndpointDef>, Vec<EndpointDef>) = tail.into_iter().partition(|e| of(e));
+                    old.extend(theirs);
+                    all.extend(others);
+                }
+                old
+            }
+        };
+        *eps = all.into();
+        // Searched from end to end from now on (as a source whose order is
+        // its own: put in order, its endpoints would move).
+        self.by_service.remove(source);
+        Some(old.into())
     }
 
     /// The endpoints of `svc` (a service of the last resolution) gathered
@@ -368,15 +467,23 @@ impl Model {
     pub fn resolve_endpoints(&self, svc: &ResolvedService) -> Result<Arc<[EndpointDef]>, Vec<Problem>> {
         let mut p = Problems::default();
         let mut eps = Vec::new();
+        let mut whole = Whole::default();
         for (source, d) in &self.sources {
-            let run = if self.by_service.contains(source) { &d.endpoints[run_of(&d.endpoints, &svc.name)] } else { &d.endpoints[..] };
-            for e in run.iter().filter(|e| *e.service == *svc.name) {
-                admit(e, svc.limit, &mut eps, &mut p);
+            let runs = if self.by_service.contains(source) {
+                d.endpoints.run_of(&svc.name).ok().and_then(|i| d.endpoints.runs.get(i..=i)).unwrap_or_default()
+            } else {
+                d.endpoints.runs()
+            };
+            for run in runs {
+                for e in run.iter().filter(|e| *e.service == *svc.name) {
+                    whole.saw(run);
+                    admit(e, svc.limit, &mut eps, &mut p);
+                }
             }
         }
         check_endpoints(&svc.name, &mut eps, &mut Vec::new(), &mut p);
         if p.is_empty() {
-            Ok(eps.into())
+            Ok(whole.share(eps))
         } else {
             Err(p.0)
         }
@@ -453,6 +560,7 @@ impl Model {
                             endpoints: Arc::new([]),
                         },
                         Vec::new(),
+                        Whole::default(),
                     ),
                 );
             }
@@ -462,27 +570,28 @@ impl Model {
         // the service is looked up again only when it changes, and
         // duplicates are found per service once all are in.
         let mut current: Option<(&str, Option<&mut Gathering>)> = None;
-        for d in self.sources.values() {
-            for (i, e) in d.endpoints.iter().enumerate() {
+        for run in self.sources.values().flat_map(|d| d.endpoints.runs()) {
+            for (i, e) in run.iter().enumerate() {
                 if current.as_ref().is_none_or(|(n, _)| *n != e.service.as_str()) {
                     let mut svc = services.get_mut(e.service.as_str());
-                    if let Some((_, eps)) = svc.as_mut() {
+                    if let Some((_, eps, _)) = svc.as_mut() {
                         // Room for the service's run of endpoints at once.
-                        eps.reserve(d.endpoints[i..].iter().take_while(|x| x.service == e.service).count());
+                        eps.reserve(run[i..].iter().take_while(|x| x.service == e.service).count());
                     }
                     current = Some((e.service.as_str(), svc));
                 }
-                let Some((_, Some((svc, eps)))) = current.as_mut() else {
+                let Some((_, Some((svc, eps, whole)))) = current.as_mut() else {
                     if !owners.contains_key(e.service.as_str()) {
                         p.push(e.origin.problem(format!("endpoint of an unknown service {:?}", e.service)));
                     }
                     continue;
                 };
+                whole.saw(run);
                 admit(e, svc.limit, eps, &mut p);
             }
         }
         let mut addrs: Vec<(Addr, usize)> = Vec::new();
-        for (s, eps) in services.values_mut() {
+        for (s, eps, _) in services.values_mut() {
             check_endpoints(&s.name, eps, &mut addrs, &mut p);
         }
 
@@ -520,8 +629,8 @@ impl Model {
         if p.is_empty() {
             let services = services
                 .into_iter()
-                .map(|(name, (mut s, eps))| {
-                    s.endpoints = eps.into();
+                .map(|(name, (mut s, eps, whole))| {
+                    s.endpoints = whole.share(eps);
                     (name, s)
                 })
                 .collect();
@@ -532,8 +641,40 @@ impl Model {
     }
 }
 
-/// A service being resolved, with the endpoints it is given so far.
-type Gathering = (ResolvedService, Vec<EndpointDef>);
+/// A service being resolved, with the endpoints it is given so far and
+/// the run they came from.
+type Gathering<'a> = (ResolvedService, Vec<EndpointDef>, Whole<'a>);
+
+/// The one run a service's endpoints all came from, if one did.
+#[derive(Default)]
+struct Whole<'a> {
+    run: Option<&'a Arc<[EndpointDef]>>,
+    seen: usize,
+    mixed: bool,
+}
+
+impl<'a> Whole<'a> {
+    /// One of the service's endpoints came from `run`.
+    fn saw(&mut self, run: &'a Arc<[EndpointDef]>) {
+        match self.run {
+            _ if self.mixed => {}
+            None => (self.run, self.seen) = (Some(run), 1),
+            Some(r) if Arc::ptr_eq(r, run) => self.seen += 1,
+            Some(_) => (self.run, self.mixed) = (None, true),
+        }
+    }
+
+    /// The service's endpoints `eps` (checked, by identifier), shared: the
+    /// run they all came from when they are all of it as it is (no other
+    /// source added any, none was refused, it was in identifier order),
+    /// else a new run.
+    fn share(self, eps: Vec<EndpointDef>) -> Arc<[EndpointDef]> {
+        match self.run {
+            Some(r) if !self.mixed && self.seen == r.len() && **r == *eps => Arc::clone(r),
+            _ => eps.into(),
+        }
+    }
+}
 
 /// Adds endpoint `e` to the endpoints `eps` of its service, whose limit is
 /// `limit`, when it is within the service's limits, else says why not.
@@ -631,6 +772,18 @@ mod tests {
         }
     }
 
+    /// Endpoints in runs of one service each, as the xDS source gives them.
+    fn by_service(v: Vec<EndpointDef>) -> Endpoints {
+        let mut runs: Vec<Vec<EndpointDef>> = Vec::new();
+        for e in v {
+            match runs.last_mut() {
+                Some(r) if r[0].service == e.service => r.push(e),
+                _ => runs.push(vec![e]),
+            }
+        }
+        Endpoints::from_runs(runs.into_iter().map(Arc::from))
+    }
+
     fn route(name: &str, service: &str) -> RouteDef {
         RouteDef {
             name: name.into(),
@@ -657,7 +810,7 @@ mod tests {
     #[test]
     fn a_route_match_is_shared_by_every_layer_not_copied() {
         let mut m = Model::default();
-        let d = Desired { services: vec![svc("web")], routes: vec![route("r", "web")], endpoints: Vec::new() };
+        let d = Desired { services: vec![svc("web")], routes: vec![route("r", "web")], endpoints: Endpoints::default() };
         let given = Arc::clone(&d.routes[0].matches);
         m.set("t", d);
         let r = m.resolve(&Defaults::default()).unwrap();
@@ -673,15 +826,15 @@ mod tests {
             Desired {
                 services: vec![svc("a"), svc("b"), svc("c")],
                 routes: vec![route("ra", "a"), route("rb", "b"), route("rc", "c")],
-                endpoints: vec![ep("a", 0, "10.0.0.1"), ep("b", 0, "10.0.1.1"), ep("b", 1, "10.0.1.2"), ep("c", 0, "10.0.2.1")],
+                endpoints: by_service(vec![ep("a", 0, "10.0.0.1"), ep("b", 0, "10.0.1.1"), ep("b", 1, "10.0.1.2"), ep("c", 0, "10.0.2.1")]),
             },
         );
         // Another source adds to b; one of xds's endpoints of c comes late.
-        m.set("k8s", Desired { endpoints: vec![ep("b", 5, "10.0.1.5")], ..Default::default() });
+        m.set("k8s", Desired { endpoints: vec![ep("b", 5, "10.0.1.5")].into(), ..Default::default() });
         let first = m.resolve(&Defaults::default()).unwrap();
 
         // b's endpoints from xds change (in place, between a's and c's).
-        let old = m.set_endpoints("xds", "b", vec![ep("b", 2, "10.0.1.3"), ep("b", 0, "10.0.1.1")]).unwrap();
+        let old = m.set_endpoints("xds", "b", vec![ep("b", 2, "10.0.1.3"), ep("b", 0, "10.0.1.1")].into()).unwrap();
         assert_eq!(old.iter().map(|e| e.id).collect::<Vec<_>>(), vec![0, 1]);
         let whole = m.resolve(&Defaults::default()).unwrap();
         let b = m.resolve_endpoints(&first.services["b"]).unwrap();
@@ -691,15 +844,15 @@ mod tests {
         assert_eq!(ids, [("a", 0), ("b", 2), ("b", 0), ("c", 0)].map(|(s, i)| (s.to_owned(), i)));
 
         // A service with no endpoints from xds gets some, and loses them.
-        assert_eq!(m.set_endpoints("xds", "c", Vec::new()).unwrap().len(), 1);
+        assert_eq!(m.set_endpoints("xds", "c", Arc::new([])).unwrap().len(), 1);
         assert!(m.resolve_endpoints(&first.services["c"]).unwrap().is_empty());
-        assert!(m.set_endpoints("xds", "c", vec![ep("c", 3, "10.0.2.3")]).unwrap().is_empty());
+        assert!(m.set_endpoints("xds", "c", vec![ep("c", 3, "10.0.2.3")].into()).unwrap().is_empty());
         assert_eq!(m.resolve_endpoints(&first.services["c"]).unwrap(), m.resolve(&Defaults::default()).unwrap().services["c"].endpoints);
         assert!(m.by_service.contains("xds"), "xds's endpoints stay in service order (found by binary search)");
-        assert!(in_service_order(&m.get("xds").unwrap().endpoints));
+        assert!(m.get("xds").unwrap().endpoints.by_service());
 
         // What resolve refuses, this refuses with the same words.
-        m.set_endpoints("xds", "a", vec![ep("a", 0, "10.0.0.1"), ep("a", 0, "10.0.0.9"), ep("a", 40, "10.0.0.8")]).unwrap();
+        m.set_endpoints("xds", "a", vec![ep("a", 0, "10.0.0.1"), ep("a", 0, "10.0.0.9"), ep("a", 40, "10.0.0.8")].into()).unwrap();
         let mut whole: Vec<String> = m.resolve(&Defaults::default()).unwrap_err().iter().map(ToString::to_string).collect();
         let mut one: Vec<String> = m.resolve_endpoints(&first.services["a"]).unwrap_err().iter().map(ToString::to_string).collect();
         whole.sort();
@@ -708,20 +861,61 @@ mod tests {
         assert_eq!(one.len(), 2, "{one:?}");
 
         // Endpoints a source did not send together are all replaced.
-        m.set("k8s", Desired { endpoints: vec![ep("b", 5, "10.0.1.5"), ep("c", 7, "10.0.2.7"), ep("b", 6, "10.0.1.6")], ..Default::default() });
+        m.set("k8s", Desired { endpoints: vec![ep("b", 5, "10.0.1.5"), ep("c", 7, "10.0.2.7"), ep("b", 6, "10.0.1.6")].into(), ..Default::default() });
         assert!(!m.by_service.contains("k8s"), "not in service order: searched from end to end");
-        let old = m.set_endpoints("k8s", "b", vec![ep("b", 8, "10.0.1.8")]).unwrap();
+        let old = m.set_endpoints("k8s", "b", vec![ep("b", 8, "10.0.1.8")].into()).unwrap();
         assert_eq!(old.iter().map(|e| e.id).collect::<Vec<_>>(), vec![5, 6]);
         let ids: Vec<u32> = m.get("k8s").unwrap().endpoints.iter().map(|e| e.id).collect();
         assert_eq!(ids, vec![8, 7]);
-        assert!(m.set_endpoints("nobody", "b", Vec::new()).is_none());
+        assert!(m.set_endpoints("nobody", "b", Arc::new([])).is_none());
+    }
+
+    /// A service's endpoints that are one run of one source, whole, are
+    /// that run in the resolved model (shared, not copied); anything else
+    /// is gathered into a new one.
+    #[test]
+    fn a_service_given_one_whole_run_shares_it() {
+        let mut m = Model::default();
+        let d = Desired {
+            services: vec![svc("a"), svc("b"), svc("c")],
+            routes: vec![route("ra", "a"), route("rb", "b"), route("rc", "c")],
+            endpoints: by_service(vec![ep("a", 0, "10.0.0.1"), ep("a", 1, "10.0.0.2"), ep("b", 1, "10.0.1.2"), ep("b", 0, "10.0.1.1"), ep("c", 0, "10.0.2.1")]),
+        };
+        let run = |d: &Desired, i: usize| Arc::clone(&d.endpoints.runs()[i]);
+        let (a, b, c) = (run(&d, 0), run(&d, 1), run(&d, 2));
+        m.set("xds", d);
+        let r = m.resolve(&Defaults::default()).unwrap();
+        assert!(Arc::ptr_eq(&r.services["a"].endpoints, &a), "a: its run, whole and in order");
+        assert!(!Arc::ptr_eq(&r.services["b"].endpoints, &b), "b: put in identifier order, a new run");
+        assert_eq!(r.services["b"].endpoints.iter().map(|e| e.id).collect::<Vec<_>>(), vec![0, 1]);
+        assert!(Arc::ptr_eq(&r.services["c"].endpoints, &c));
+        assert!(Arc::ptr_eq(&m.resolve_endpoints(&r.services["a"]).unwrap(), &a), "a change's resolution shares it too");
+
+        // Another source adds to c: gathered anew, from both.
+        m.set("k8s", Desired { endpoints: vec![ep("c", 5, "10.0.2.5")].into(), ..Default::default() });
+        let r = m.resolve(&Defaults::default()).unwrap();
+        assert!(!Arc::ptr_eq(&r.services["c"].endpoints, &c));
+        assert_eq!(r.services["c"].endpoints.len(), 2);
+        assert!(!Arc::ptr_eq(&m.resolve_endpoints(&r.services["c"]).unwrap(), &c));
+
+        // A run of several services is no service's whole run.
+        let mut flat = Model::default();
+        flat.set("file", Desired {
+            services: vec![svc("a"), svc("b")],
+            routes: vec![route("ra", "a"), route("rb", "b")],
+            endpoints: vec![ep("a", 0, "10.0.0.1"), ep("b", 0, "10.0.1.1")].into(),
+        });
+        let r = flat.resolve(&Defaults::default()).unwrap();
+        assert_eq!((r.services["a"].endpoints.len(), r.services["b"].endpoints.len()), (1, 1));
+        assert!(!Arc::ptr_eq(&r.services["a"].endpoints, &flat.get("file").unwrap().endpoints.runs()[0]));
+        assert!(!flat.by_service.contains("file"));
     }
 
     #[test]
     fn sources_merge_and_endpoints_may_come_from_elsewhere() {
         let mut m = Model::default();
-        m.set("file", Desired { services: vec![svc("web")], routes: vec![route("r", "web")], endpoints: vec![ep("web", 1, "10.0.0.2")] });
-        m.set("k8s", Desired { endpoints: vec![ep("web", 0, "10.0.0.1")], ..Default::default() });
+        m.set("file", Desired { services: vec![svc("web")], routes: vec![route("r", "web")], endpoints: vec![ep("web", 1, "10.0.0.2")].into() });
+        m.set("k8s", Desired { endpoints: vec![ep("web", 0, "10.0.0.1")].into(), ..Default::default() });
         let r = m.resolve(&Defaults::default()).unwrap();
         let web = &r.services["web"];
         assert_eq!(web.endpoints.iter().map(|e| e.id).collect::<Vec<_>>(), vec![0, 1]);
@@ -742,7 +936,7 @@ mod tests {
             Desired {
                 services: vec![svc("web"), small, bad_m],
                 routes: vec![route("r1", "web"), route("r2", "nope"), route("r3", "badm")],
-                endpoints: vec![ep("web", 0, "10.0.0.1"), ep("web", 0, "10.0.0.2"), ep("small", 2, "10.0.0.3"), ep("ghost", 0, "10.0.0.4")],
+                endpoints: vec![ep("web", 0, "10.0.0.1"), ep("web", 0, "10.0.0.2"), ep("small", 2, "10.0.0.3"), ep("ghost", 0, "10.0.0.4")].into(),
             },
         );
         m.set("b", Desired { services: vec![svc("web")], routes: vec![route("r1", "web")], ..Default::default() });
@@ -786,7 +980,7 @@ mod tests {
             "xds",
             Desired {
                 services: vec![svc("web"), huge, wide, none, odd],
-                endpoints: vec![heavy],
+                endpoints: vec![heavy].into(),
                 routes: vec![far, reversed],
             },
         );

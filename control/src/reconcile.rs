@@ -341,7 +341,7 @@ impl Reconciler {
     /// every one of them is a service being served, only they are resolved
     /// and compiled again (their endpoints cannot change any other service,
     /// route or budget); otherwise, the whole model is.
-    fn apply_endpoints(&mut self, source: &str, changes: Vec<(String, Vec<EndpointDef>)>, trigger: &str) -> Result<Vec<String>, Refusal> {
+    fn apply_endpoints(&mut self, source: &str, changes: Vec<(String, Arc<[EndpointDef]>)>, trigger: &str) -> Result<Vec<String>, Refusal> {
         if self.model.get(source).is_none() {
             return Err(vec![compile_problem(format!("{source} sent a change to endpoints before any state"))]);
         }
@@ -351,7 +351,7 @@ impl Reconciler {
             let old = self.model.set_endpoints(source, &name, eps).unwrap_or_default();
             saved.push((name, old));
         }
-        let undo = |model: &mut Model, saved: Vec<(String, Vec<EndpointDef>)>| {
+        let undo = |model: &mut Model, saved: Vec<(String, Arc<[EndpointDef]>)>| {
             for (name, old) in saved.into_iter().rev() {
                 model.set_endpoints(source, &name, old);
             }
@@ -584,21 +584,21 @@ impl Reconciler {
     /// The admin endpoint's views of every service and route in `snapshot`.
     fn views(&self, snapshot: &Snapshot, service_slots: &[(u32, String)]) -> (Vec<ServiceMeta>, Vec<RouteMeta>) {
         let ready: HashMap<u32, bool> = snapshot.services.iter().map(|s| (s.key, s.has_ready_endpoint())).collect();
-        let services = service_slots
-            .iter()
-            .filter_map(|(slot, name)| {
-                let s = self.resolved.services.get(name)?;
-                Some(ServiceMeta {
-                    name: name.clone(),
-                    slot: *slot,
-                    algorithm: s.algorithm.name(),
-                    flow_table: s.flow_table,
-                    limit: s.limit,
-                    table_size: s.table_size,
-                    ready: ready.get(slot).copied().unwrap_or(false),
-                })
+        // Room for every service (collected from a filter, it grew by
+        // doubling: 0.9 MB held for 10,000 services' 0.56).
+        let mut services = Vec::with_capacity(service_slots.len());
+        services.extend(service_slots.iter().filter_map(|(slot, name)| {
+            let s = self.resolved.services.get(name)?;
+            Some(ServiceMeta {
+                name: name.clone(),
+                slot: *slot,
+                algorithm: s.algorithm.name(),
+                flow_table: s.flow_table,
+                limit: s.limit,
+                table_size: s.table_size,
+                ready: ready.get(slot).copied().unwrap_or(false),
             })
-            .collect();
+        }));
         let routes = self
             .resolved
             .routes
@@ -843,7 +843,7 @@ mod tests {
         assert!(st.problems.iter().any(|p| p.contains("duplicate endpoint identifier 0")), "{:?}", st.problems);
         assert_eq!(r.publisher().generation(), g, "nothing published");
         assert_eq!(r.model.get("xds").unwrap().endpoints.len(), 2, "the previous state is back");
-        assert_eq!(r.model.get("xds").unwrap().endpoints[1].address.to_string(), "10.0.0.6");
+        assert_eq!(r.model.get("xds").unwrap().endpoints.iter().nth(1).unwrap().address.to_string(), "10.0.0.6");
 
         // Another source claiming the same service is refused; the first keeps it.
         r.apply(desired("k8s", svc("web", &[(0, "10.0.0.8")])));
@@ -898,7 +898,7 @@ mod tests {
     }
 
     fn endpoints(source: &str, changes: &[(&str, &[(u32, &str)])]) -> SourceMsg {
-        let changes = changes.iter().map(|(name, eps)| ((*name).to_owned(), svc(name, eps).endpoints)).collect();
+        let changes = changes.iter().map(|(name, eps)| ((*name).to_owned(), svc(name, eps).endpoints.to_vec().into())).collect();
         SourceMsg::Endpoints { source: source.into(), changes, trigger: "test".into(), reply: None }
     }
 

@@ -322,7 +322,7 @@ impl Mapping {
         for m in self.objects.iter().filter(|m| m.refusal.is_none()) {
             out.routes.extend(m.desired.routes.iter().cloned());
             out.services.extend(m.desired.services.iter().cloned());
-            out.endpoints.extend(m.desired.endpoints.iter().cloned());
+            out.endpoints.append(&m.desired.endpoints);
         }
         out
     }
@@ -645,8 +645,9 @@ fn endpoint_slice(d: &Object, n: Node<'_>, svc: &str, p: &mut Problems, out: &mu
         },
         None => BTreeMap::new(),
     };
-    // One name for all the slice's endpoints.
+    // One name for all the slice's endpoints, which are one run.
     let shared = std::sync::Arc::new(svc.to_owned());
+    let mut eps = Vec::new();
     n.field("endpoints", |n| {
         n.each(p, |e, p| {
             let Some(addr) = e.required(p, "addresses", |a, p| {
@@ -670,7 +671,7 @@ fn endpoint_slice(d: &Object, n: Node<'_>, svc: &str, p: &mut Problems, out: &mu
                 e.bad(p, format!("endpoint {addr} has no identifier in the {ENDPOINT_IDS} annotation"));
                 return;
             };
-            out.endpoints.push(EndpointDef {
+            eps.push(EndpointDef {
                 service: std::sync::Arc::clone(&shared),
                 id,
                 address: addr,
@@ -681,6 +682,7 @@ fn endpoint_slice(d: &Object, n: Node<'_>, svc: &str, p: &mut Problems, out: &mu
             });
         })
     });
+    out.endpoints.push_run(eps);
 }
 
 #[cfg(test)]

@@ -588,8 +588,9 @@ fn service(n: Node<'_>, p: &mut Problems, out: &mut Desired) {
         origin: origin(&n),
     };
     out.services.push(def);
-    // One name for all the service's endpoints.
+    // One name for all the service's endpoints, which are one run.
     let shared = std::sync::Arc::new(name);
+    let mut eps = Vec::new();
     n.field("endpoints", |n| {
         n.each(p, |n, p| {
             n.mapping(p, &["id", "address", "weight", "draining", "mac"]);
@@ -599,7 +600,7 @@ fn service(n: Node<'_>, p: &mut Problems, out: &mut Desired) {
             let draining = n.field("draining", |n| n.boolean(p)).flatten().unwrap_or(false);
             let mac = n.field("mac", |n| fields::mac(n, p)).flatten();
             if let (Some(id), Some(address)) = (id, address) {
-                out.endpoints.push(EndpointDef {
+                eps.push(EndpointDef {
                     service: std::sync::Arc::clone(&shared),
                     id: id as u32,
                     address,
@@ -611,6 +612,7 @@ fn service(n: Node<'_>, p: &mut Problems, out: &mut Desired) {
             }
         })
     });
+    out.endpoints.push_run(eps);
 }
 
 /// Route fields common to the inline form and L34Route's spec.

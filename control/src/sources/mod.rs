@@ -53,8 +53,8 @@ pub enum SourceMsg {
     Endpoints {
         /// The source's name (it must have sent a whole state before).
         source: String,
-        /// (service, all its endpoints from this source).
-        changes: Vec<(String, Vec<crate::model::EndpointDef>)>,
+        /// (service, all its endpoints from this source, as one run).
+        changes: Vec<(String, std::sync::Arc<[crate::model::EndpointDef]>)>,
         /// What made it send.
         trigger: String,
         /// Told whether the change was applied, or why not.

@@ -445,12 +445,14 @@ mod tests {
         for s in &mut d.services {
             s.origin = Origin::default();
         }
-        for e in &mut d.endpoints {
+        let mut eps = d.endpoints.to_vec();
+        for e in &mut eps {
             e.origin = std::sync::Arc::default();
         }
         d.routes.sort_by(|a, b| a.name.cmp(&b.name));
         d.services.sort_by(|a, b| a.name.cmp(&b.name));
-        d.endpoints.sort_by(|a, b| (&a.service, a.id).cmp(&(&b.service, b.id)));
+        eps.sort_by(|a, b| (&a.service, a.id).cmp(&(&b.service, b.id)));
+        d.endpoints = eps.into();
         d
     }
 

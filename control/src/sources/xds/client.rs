@@ -392,7 +392,7 @@ const MAX_ENDPOINT_CHANGES: usize = 64;
 /// When `next` differs from `applied` in the endpoints of a few services
 /// only (the same clusters, each mapping to the same service and route),
 /// those services with their endpoints.
-fn endpoint_changes(applied: &Built, next: &Built) -> Option<Vec<(String, Vec<crate::model::EndpointDef>)>> {
+fn endpoint_changes(applied: &Built, next: &Built) -> Option<Vec<(String, Arc<[crate::model::EndpointDef]>)>> {
     if applied.services.is_empty() || next.changed.len() > MAX_ENDPOINT_CHANGES {
         return None;
     }
@@ -404,7 +404,7 @@ fn endpoint_changes(applied: &Built, next: &Built) -> Option<Vec<(String, Vec<cr
         if was.service != now.service || was.route != now.route || was.key != now.key {
             return None;
         }
-        changes.push((name.clone(), now.endpoints.clone()));
+        changes.push((name.clone(), Arc::clone(&now.endpoints)));
     }
     Some(changes)
 }

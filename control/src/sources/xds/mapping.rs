@@ -98,7 +98,7 @@ use sluice_dataplane::service::Algorithm;
 
 use super::identity::{self, Key};
 use crate::config::fields::mapped_v4;
-use crate::model::{limits, valid_name, Defaults, DeliveryMode, Desired, EndpointDef, Origin, RouteDef, ServiceDef};
+use crate::model::{limits, valid_name, Defaults, DeliveryMode, Desired, EndpointDef, Endpoints, Origin, RouteDef, ServiceDef};
 
 /// The metadata key that marks an L4 service (clusters) or carries an
 /// endpoint's identifier (endpoints).
@@ -231,8 +231,9 @@ pub struct MappedService {
     pub service: ServiceDef,
     /// Its route.
     pub route: RouteDef,
-    /// Its endpoints, by identifier.
-    pub endpoints: Vec<EndpointDef>,
+    /// Its endpoints, by identifier: the run the model and the resolved
+    /// model share.
+    pub endpoints: Arc<[EndpointDef]>,
     /// The VIP, port and protocol the route matches.
     pub key: (Addr, u16, u8),
 }
@@ -308,12 +309,14 @@ impl Built {
         let mut d = Desired::default();
         d.services.reserve(self.services.len());
         d.routes.reserve(self.services.len());
-        d.endpoints.reserve(self.endpoints);
+        let mut runs = Vec::with_capacity(self.services.len());
         for s in self.services.values() {
             d.services.push(s.service.clone());
             d.routes.push(s.route.clone());
-            d.endpoints.extend(s.endpoints.iter().cloned());
+            runs.push(Arc::clone(&s.endpoints));
         }
+        // Each service's endpoints as the run this mapping holds (shared).
+        d.endpoints = Endpoints::from_runs(runs);
         d
     }
 
@@ -726,7 +729,7 @@ pub fn map_service(c: &L4Cluster, cla: &Cla, defaults: &Defaults) -> Result<Mapp
             }),
             origin: o,
         },
-        endpoints,
+        endpoints: endpoints.into(),
         key: (c.vip, c.port, c.protocol),
     })
 }
