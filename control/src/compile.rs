@@ -1212,7 +1212,7 @@ mod tests {
         // Its counter slot: .12's slot was freed after the compilation that
         // dropped it, so .13 got a new one, and .11 kept its own.
         let slot = |c: &Compiled, svc: &str, a: &str| {
-            c.endpoint_statuses().find(|e| &*e.service == svc && e.address.to_string() == a).unwrap().counter
+            c.endpoint_statuses().find(|e| *e.service == svc && e.address.to_string() == a).unwrap().counter
         };
         assert_eq!(slot(&a, "web", "10.200.0.11"), slot(&b, "web", "10.200.0.11"));
         assert_eq!(b.new_slots.endpoints, vec![slot(&b, "web", "10.200.0.13")]);

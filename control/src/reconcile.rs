@@ -866,7 +866,7 @@ mod tests {
             std::sync::Arc::make_mut(&mut one.routes[0].matches).vips = vec![Addr::v4([20, 0, 1, u8::try_from(i).unwrap()])];
             d.services.append(&mut one.services);
             d.routes.append(&mut one.routes);
-            d.endpoints.append(&mut one.endpoints);
+            d.endpoints.append(&one.endpoints);
         }
         r.apply(desired("xds", d));
         let st = lock(&shared.state).sources["xds"].clone();
@@ -893,7 +893,7 @@ mod tests {
         std::sync::Arc::make_mut(&mut other.routes[0].matches).vips = vec!["20.0.0.2".parse().unwrap()];
         d.services.append(&mut other.services);
         d.routes.append(&mut other.routes);
-        d.endpoints.append(&mut other.endpoints);
+        d.endpoints.append(&other.endpoints);
         d
     }
 
