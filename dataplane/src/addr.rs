@@ -11,7 +11,7 @@ const V4_MAPPED: u128 = 0xffff_u128 << 32;
 const V4_MAPPED_MASK: u128 = !0u128 << 32;
 
 /// An IPv4 or IPv6 address.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default, bytemuck::Zeroable)]
 pub struct Addr(pub u128);
 
 impl Addr {

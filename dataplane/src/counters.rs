@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crate::verdict::DropReason;
 
 /// A counter with one writer.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, bytemuck::Zeroable)]
 pub struct Counter(AtomicU64);
 
 impl Counter {
@@ -32,7 +32,7 @@ impl Counter {
 }
 
 /// Packets and bytes.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, bytemuck::Zeroable)]
 pub struct PacketBytes {
     /// Packets.
     pub packets: Counter,
@@ -134,8 +134,10 @@ impl WorkerCounters {
             generation: Counter::default(),
             flow_evictions: Counter::default(),
             drops: std::array::from_fn(|_| Counter::default()),
-            services: (0..services).map(|_| PacketBytes::default()).collect(),
-            endpoints: (0..endpoints).map(|_| PacketBytes::default()).collect(),
+            // Zeroed memory: a slot's page becomes resident when its
+            // service or endpoint is first counted.
+            services: bytemuck::zeroed_slice_box(services),
+            endpoints: bytemuck::zeroed_slice_box(endpoints),
         }
     }
 

@@ -137,7 +137,7 @@ pub enum Fragment {
 
 /// The 5-tuple that identifies a flow. Ports are zero when the protocol
 /// has none or the packet does not carry them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default, bytemuck::Zeroable)]
 pub struct Flow {
     /// Source address.
     pub src: Addr,
