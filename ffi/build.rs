@@ -104,9 +104,10 @@ fn link_static() {
     }
 }
 
-/// Whether the linker would find `lib{name}.so` (the development link is
-/// installed). Libraries only the drivers left out need (libsystemd for
-/// one, without its -dev package) are skipped.
+/// Whether the linker would find library `name` (its development link
+/// `lib{name}.so` is installed, or a `lib{name}.a`). Libraries only the
+/// drivers left out need (libsystemd for one, without its -dev package)
+/// are skipped.
 fn has_shared_lib(libdir: &std::path::Path, name: &str) -> bool {
     ["/lib/x86_64-linux-gnu", "/usr/lib", "/lib"]
         .iter()
