@@ -71,10 +71,17 @@ fn link_shared(lib: &pkg_config::Library) {
 fn link_static() {
     let libdir = pkg_config(&["--variable=libdir"]).into_iter().next().unwrap_or_else(|| fail("pkg-config gave no libdir for libdpdk"));
     let libdir = PathBuf::from(libdir);
-    let drivers: Vec<String> = match env::var("SLUICE_DPDK_DRIVERS") {
+    let mut drivers: Vec<String> = match env::var("SLUICE_DPDK_DRIVERS") {
         Ok(list) if !list.trim().is_empty() => list.split(',').map(|d| d.trim().to_owned()).filter(|d| !d.is_empty()).collect(),
         _ => DRIVERS.iter().map(|d| (*d).to_owned()).collect(),
     };
+    // Always linked, whatever the set: the ring mempool (mbuf pools use
+    // it) and the ring PMD (Sluice calls its rte_eth_from_rings()).
+    for needed in ["mempool_ring", "net_ring"] {
+        if !drivers.iter().any(|d| d == needed) {
+            drivers.push(needed.to_owned());
+        }
+    }
     for d in &drivers {
         if !libdir.join(format!("librte_{d}.a")).is_file() {
             fail(&format!(
