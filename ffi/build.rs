@@ -83,10 +83,11 @@ fn link_static() {
         }
     }
     for d in &drivers {
-        if !libdir.join(format!("librte_{d}.a")).is_file() {
+        let archive = libdir.join(format!("librte_{d}.a"));
+        if !archive.is_file() {
             fail(&format!(
                 "DPDK driver {d:?} has no static library {}: name drivers as DPDK does (net_null, bus_pci, ...) in SLUICE_DPDK_DRIVERS, or build with SLUICE_DPDK_LINK=shared",
-                libdir.join(format!("librte_{d}.a")).display()
+                archive.display()
             ));
         }
     }
