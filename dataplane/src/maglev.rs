@@ -100,24 +100,28 @@ impl Packed {
         Packed { bits, len: u32::try_from(owners.len()).unwrap_or(u32::MAX), mask: (1u16 << bits) - 1, data: data.into_boxed_slice() }
     }
 
+    /// The byte entry `i` starts in, and its first bit there.
+    #[inline(always)]
+    fn bit_of(&self, i: usize) -> (usize, usize) {
+        let bit = i * self.bits as usize;
+        (bit >> 3, bit & 7)
+    }
+
     /// Entry `i` (below `len`; 0 beyond).
     #[inline(always)]
     fn get(&self, i: usize) -> EndpointId {
-        let bit = i * self.bits as usize;
-        let b = bit >> 3;
+        let (b, shift) = self.bit_of(i);
         let w = match self.data.get(b..b + 2) {
             Some(&[lo, hi]) => u16::from_le_bytes([lo, hi]),
             _ => 0,
         };
-        (w >> (bit & 7)) & self.mask
+        (w >> shift) & self.mask
     }
 
     /// Sets entry `i` (below `len`) to `name` (below `1 << bits`).
     fn set(&mut self, i: usize, name: u16) {
-        let bit = i * self.bits as usize;
-        let b = bit >> 3;
+        let (b, shift) = self.bit_of(i);
         if let Some(w) = self.data.get_mut(b..b + 2) {
-            let shift = bit & 7;
             let old = u16::from_le_bytes([w[0], w[1]]);
             let new = (old & !(self.mask << shift)) | ((name & self.mask) << shift);
             w.copy_from_slice(&new.to_le_bytes());
@@ -127,7 +131,7 @@ impl Packed {
     /// Where entry `i` starts.
     #[inline(always)]
     fn addr(&self, i: usize) -> *const u8 {
-        self.data.as_ptr().wrapping_add((i * self.bits as usize) >> 3)
+        self.data.as_ptr().wrapping_add(self.bit_of(i).0)
     }
 
     /// Bits per entry.
@@ -1003,7 +1007,7 @@ mod tests {
     }
 
     fn ids(t: &Table) -> Vec<EndpointId> {
-        (0..t.size() as usize).map(|i| t.entries().get(i)).collect()
+        owners(t.entries())
     }
 
     #[test]
