@@ -209,6 +209,9 @@ async fn sotw_initial_sync_then_add_change_and_remove() {
     let a = Appliance::start("sotw-sync", xds_cfg(running.addr, Mode::Sotw, "lb-1"), "").await;
     let dump = || format!("served {:?}\nstatus {:?}\nrequests {:#?}", a.served(), a.status(), server.requests());
     wait("the initial sync", || a.served().len() == 2 && addrs(&a.served(), "web").len() == 2 && addrs(&a.served(), "db").len() == 1, dump).await;
+    // Served is published before the outcome is recorded (versions, counts):
+    // read the status once both types are recorded as accepted.
+    wait("both versions recorded", || [CLUSTER_TYPE, CLA_TYPE].iter().all(|t| a.status().types.get(*t).is_some_and(|v| v.version == "1")), dump).await;
     let st = a.status();
     assert_eq!(st.state, ConnectionState::Connected);
     assert_eq!((st.types[CLUSTER_TYPE].version.as_str(), st.types[CLA_TYPE].version.as_str()), ("1", "1"));
