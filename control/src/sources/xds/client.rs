@@ -580,7 +580,7 @@ impl Client {
         let t0 = Instant::now();
         let names = self.held.clusters_changed(&next);
         let cluster = |n: &str| next.clusters.get(n).and_then(|c| c.l4.as_ref());
-        let built = mapping::update(&self.applied, &names, cluster, &next.clas, &self.defaults).map_err(Refused::Problems)?;
+        let mut built = mapping::update(&self.applied, &names, cluster, &next.clas, &self.defaults).map_err(Refused::Problems)?;
         if built.changed.is_empty() {
             debug!(trigger, "xDS state unchanged: nothing to rebuild");
         } else {
@@ -640,6 +640,10 @@ impl Client {
             }
         }
         self.held = next;
+        // Held without its list of changed names (what changed from the
+        // state before it; 10,000 after a bulk load), which nothing reads
+        // again: dropped here, not in the next change.
+        built.changed = Vec::new();
         self.applied = built;
         self.held_to_status();
         Ok(())

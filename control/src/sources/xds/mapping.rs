@@ -766,7 +766,17 @@ pub fn update<'a>(
     clas: &OrdMap<String, ClaState>,
     defaults: &Defaults,
 ) -> Result<Built, Vec<String>> {
-    let mut out = Built { mapped: 0, changed: Vec::new(), ..prev.clone() };
+    // Field by field: `..prev.clone()` would also copy the previous
+    // state's list of changed names (10,000 after a bulk load), only to
+    // drop it, in the first change after it.
+    let mut out = Built {
+        services: prev.services.clone(),
+        warming: prev.warming.clone(),
+        mapped: 0,
+        changed: Vec::new(),
+        owners: prev.owners.clone(),
+        endpoints: prev.endpoints,
+    };
     let mut errors = Vec::new();
     let empty = Cla::default();
     let mut now: Vec<(&String, Option<Applied>)> = Vec::new();
