@@ -136,6 +136,14 @@ impl Appliance {
         self.status.lock().unwrap().clone()
     }
 
+    /// Both types recorded as accepted at `version`. Served is published
+    /// before the outcome is recorded (versions, counts, then the ACK):
+    /// wait for this before reading them.
+    fn recorded(&self, version: &str) -> bool {
+        let st = self.status();
+        [CLUSTER_TYPE, CLA_TYPE].iter().all(|t| st.types.get(*t).is_some_and(|v| v.version == version))
+    }
+
     async fn stop(self) {
         self.cancel.cancel();
         for t in self.tasks {
@@ -209,9 +217,7 @@ async fn sotw_initial_sync_then_add_change_and_remove() {
     let a = Appliance::start("sotw-sync", xds_cfg(running.addr, Mode::Sotw, "lb-1"), "").await;
     let dump = || format!("served {:?}\nstatus {:?}\nrequests {:#?}", a.served(), a.status(), server.requests());
     wait("the initial sync", || a.served().len() == 2 && addrs(&a.served(), "web").len() == 2 && addrs(&a.served(), "db").len() == 1, dump).await;
-    // Served is published before the outcome is recorded (versions, counts):
-    // read the status once both types are recorded as accepted.
-    wait("both versions recorded", || [CLUSTER_TYPE, CLA_TYPE].iter().all(|t| a.status().types.get(*t).is_some_and(|v| v.version == "1")), dump).await;
+    wait("both versions recorded", || a.recorded("1"), dump).await;
     let st = a.status();
     assert_eq!(st.state, ConnectionState::Connected);
     assert_eq!((st.types[CLUSTER_TYPE].version.as_str(), st.types[CLA_TYPE].version.as_str()), ("1", "1"));
@@ -270,9 +276,7 @@ async fn sotw_bad_inputs_are_nacked_and_the_last_good_state_is_kept() {
     let a = Appliance::start("sotw-nack", xds_cfg(running.addr, Mode::Sotw, "lb-1"), inline).await;
     let dump = || format!("served {:?}\nstatus {:#?}", a.served(), a.status());
     wait("the initial sync", || addrs(&a.served(), "web").len() == 2, dump).await;
-    // Served is published before the outcome is recorded: count what was
-    // accepted once both types are acknowledged (recorded before the ACK).
-    wait("its ACKs", || [CLUSTER_TYPE, CLA_TYPE].iter().all(|t| a.status().types.get(*t).is_some_and(|v| v.version == "good")), dump).await;
+    wait("its ACKs", || a.recorded("good"), dump).await;
     let good = a.served();
     let accepted = a.source().accepted_total;
 
@@ -344,7 +348,7 @@ async fn sotw_bad_inputs_are_nacked_and_the_last_good_state_is_kept() {
     let (clusters, clas) = with(l4("x", "20.0.0.2", 80, "TCP"), cla("x", &["10.0.0.20"]));
     server.set_snapshot(DEFAULT_NODE, snap("fixed", &clusters, &clas));
     wait("the fixed state", || a.served().contains_key("x"), dump).await;
-    wait("its ACKs", || a.status().types[CLUSTER_TYPE].version == "fixed" && a.status().types[CLA_TYPE].version == "fixed", dump).await;
+    wait("its ACKs", || a.recorded("fixed"), dump).await;
     a.stop().await;
     running.stop().await;
 }
