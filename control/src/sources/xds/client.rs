@@ -938,6 +938,28 @@ impl Client {
         out.send(req).await.is_ok()
     }
 
+    /// Subscribes to the assignments that clusters `next` name and that are
+    /// not subscribed to yet, before `next` is applied: the server prepares
+    /// them while this appliance maps the clusters. Unsubscribing waits for
+    /// the outcome ([`Client::delta_subscribe`]), which also takes these
+    /// back if `next` is refused.
+    async fn subscribe_ahead(&self, next: &Resources, s: &mut Stream, out: &mpsc::Sender<DeltaDiscoveryRequest>) -> bool {
+        let mut subscribed = s.eds.clone().unwrap_or_default();
+        let mut subscribe = Vec::new();
+        for (k, users) in &next.eds {
+            if !subscribed.contains_key(k) {
+                subscribed.insert(k.clone(), users.clone());
+                subscribe.push(k.clone());
+            }
+        }
+        if subscribe.is_empty() {
+            return true;
+        }
+        s.eds = Some(subscribed);
+        debug!(subscribe = ?subscribe, "assignment subscriptions ahead of the clusters");
+        out.send(DeltaDiscoveryRequest { resource_names_subscribe: subscribe, ..self.delta_request(CLA_TYPE) }).await.is_ok()
+    }
+
     async fn delta(&mut self, mut client: AggregatedDiscoveryServiceClient<Channel>) -> End {
         let (out, rx) = mpsc::channel::<DeltaDiscoveryRequest>(64);
         let mut s = Stream::default();
@@ -1001,7 +1023,12 @@ impl Client {
             s.nonces.insert(t, resp.nonce.clone());
             let trigger = format!("xDS delta {} {:?}", short(t), resp.system_version_info);
             let outcome = match self.delta_next(t, &mut resp, &s) {
-                Ok(next) => self.apply(next, &trigger).await,
+                Ok(next) => {
+                    if t == CLUSTER_TYPE && !self.subscribe_ahead(&next, &mut s, &out).await {
+                        return End::Failed { error: "the delta ADS stream closed".into(), answered: true };
+                    }
+                    self.apply(next, &trigger).await
+                }
                 Err(p) => Err(Refused::Problems(p)),
             };
             let reply = match outcome {
