@@ -24,6 +24,13 @@
 //! The server is the test management server (`sluice_tests::xds_server`,
 //! go-control-plane's snapshot-cache semantics) in this process; the
 //! appliance runs on `net_null` ports with endpoints behind a gateway.
+//! By default the worker is busy on frames `net_null` makes up
+//! (`--ports traffic`), so the server shares a core with the appliance's
+//! control thread; with `--ports idle` the ports receive nothing, the
+//! worker pauses and its core is free for the server, which a deployment
+//! runs elsewhere. (Six runs each way, alternating, 2026-11-28: sent to
+//! live 846-1263 ms busy, 690-1240 ms idle: the appliance's own compile
+//! bounds it, not the server's share of a core.)
 //!
 //! `XDS_SCALE_LOG=FILE` keeps the appliances' logs (each publication's
 //! compile and publish times) in FILE (else they go to a file in a
@@ -32,7 +39,8 @@
 //! ```text
 //! cargo run --release -p sluice-bench --example xds_scale -- \
 //!     --sluice target/release/sluice [--clusters 10000] [--endpoints 10] \
-//!     [--changes 200] [--mode sotw|delta] [--out bench/results/xds_scale.json]
+//!     [--changes 200] [--mode sotw|delta] [--ports idle|traffic] \
+//!     [--out bench/results/xds_scale.json]
 //! ```
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::cast_possible_truncation)]
 
@@ -52,11 +60,18 @@ struct Args {
     endpoints: usize,
     changes: usize,
     mode: String,
+    /// What the appliance's ports receive: `idle` (nothing: its worker
+    /// pauses, as an appliance's does without traffic, and leaves its core
+    /// to this process's management server, which in a deployment runs on
+    /// another machine) or `traffic` (`net_null` hands the worker frames
+    /// without end: its core is busy, and the server, this process and the
+    /// appliance's control thread share the other one).
+    ports: String,
     out: Option<PathBuf>,
 }
 
 fn args() -> Args {
-    let mut a = Args { sluice: "target/release/sluice".into(), clusters: 10_000, endpoints: 10, changes: 200, mode: "sotw".into(), out: None };
+    let mut a = Args { sluice: "target/release/sluice".into(), clusters: 10_000, endpoints: 10, changes: 200, mode: "sotw".into(), ports: "traffic".into(), out: None };
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
         let v = it.next().unwrap_or_else(|| panic!("{k} needs a value"));
@@ -66,10 +81,12 @@ fn args() -> Args {
             "--endpoints" => a.endpoints = v.parse().expect("--endpoints"),
             "--changes" => a.changes = v.parse().expect("--changes"),
             "--mode" => a.mode = v,
+            "--ports" => a.ports = v,
             "--out" => a.out = Some(v.into()),
             _ => panic!("unknown argument {k}"),
         }
     }
+    assert!(a.ports == "idle" || a.ports == "traffic", "--ports is idle or traffic, not {:?}", a.ports);
     assert!(a.clusters >= 1 && a.clusters < 1 << 20 && a.endpoints >= 1 && a.endpoints <= 32);
     a
 }
@@ -142,8 +159,8 @@ fn cla_json(i: usize, addrs: &[String]) -> Value {
 const HEAD: &str = r#"
 dpdk: {lcores: "0,1", memoryMB: 256, hugepages: false, filePrefix: FILEPREFIX, mbufs: 2047, descriptors: 256}
 ports:
-  - {name: a, device: net_null0, addresses: [10.1.0.1/24], kernelInterface: ""}
-  - {name: b, device: net_null1, addresses: [10.2.0.1/24], kernelInterface: ""}
+  - {name: a, device: "net_null0DEVARGS", addresses: [10.1.0.1/24], kernelInterface: ""}
+  - {name: b, device: "net_null1DEVARGS", addresses: [10.2.0.1/24], kernelInterface: ""}
 gateways:
   - {address: 10.1.0.254, port: a, mac: "02:00:00:00:01:fe"}
 admin: {listen: "127.0.0.1:ADMIN"}
@@ -155,6 +172,12 @@ struct Appliance {
 }
 
 /// The appliances' log: the file named by `XDS_SCALE_LOG`, else `default`.
+/// The configuration's head for the appliance named `prefix`.
+fn config_head(a: &Args, prefix: &str, admin: u16) -> String {
+    let devargs = if a.ports == "idle" { ",no-rx=1" } else { "" };
+    HEAD.replace("FILEPREFIX", &format!("{prefix}{}", std::process::id())).replace("ADMIN", &admin.to_string()).replace("DEVARGS", devargs)
+}
+
 fn log_path(default: &Path) -> PathBuf {
     std::env::var_os("XDS_SCALE_LOG").map_or_else(|| default.to_owned(), PathBuf::from)
 }
@@ -273,7 +296,7 @@ fn main() {
     // The appliance following the server.
     let admin = free_port();
     let cfg = dir.join("xds.yaml");
-    let head = HEAD.replace("FILEPREFIX", &format!("xs{}", std::process::id())).replace("ADMIN", &admin.to_string());
+    let head = config_head(&a, "xs", admin);
     std::fs::write(
         &cfg,
         format!("{head}xds-control-plane: {{enabled: true, server-address: \"{}\", node-id: bench, mode: {}}}\n", running.addr, a.mode),
@@ -362,7 +385,7 @@ fn main() {
     let file_cfg = dir.join("file.yaml");
     let write_file = |addrs: &[Vec<String>], path: &Path| {
         let mut s = String::with_capacity(n * 400);
-        s.push_str(&HEAD.replace("FILEPREFIX", &format!("xf{}", std::process::id())).replace("ADMIN", &admin.to_string()));
+        s.push_str(&config_head(&a, "xf", admin));
         s.push_str("services:\n");
         for (i, eps) in addrs.iter().enumerate() {
             s.push_str(&format!("  - name: svc{i}\n    delivery: ipip\n    endpoints:\n"));
@@ -404,6 +427,7 @@ fn main() {
     let p99 = |h: &Histogram<u64>| h.value_at_quantile(0.99).max(1) as f64;
     let out = json!({
         "mode": a.mode,
+        "ports": a.ports,
         "clusters": n,
         "endpoints_per_cluster": e,
         "to_live_ms": to_live.as_secs_f64() * 1e3,
