@@ -20,6 +20,11 @@ cargo test --release --workspace --locked -- --test-threads="${TEST_THREADS:-2}"
 echo "== benchmark smoke (checks that the harness and the appliance forward; never judges a rate)"
 SMOKE=1 bench/pipeline_vs_testpmd.sh
 
+echo "== Maglev A/B smoke (the harness builds and runs; a dataplane without uncommitted changes builds the same entries as its HEAD)"
+ab=$(bench/maglev_ab.sh HEAD 1 m6421_n10)
+echo "$ab"
+if git diff --quiet HEAD -- dataplane; then grep -q "same entries: true" <<<"$ab"; else grep -q "same entries:" <<<"$ab"; fi
+
 echo "== README performance section matches bench/results (lab_report --check)"
 target/release/lab_report --check
 
