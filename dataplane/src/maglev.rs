@@ -457,7 +457,7 @@ const EVENT_TAIL: u64 = 1;
 /// taking the slot only when it is free. An endpoint at its quota stops.
 ///
 /// Both ways of computing it run compiled for the widest vectors the CPU
-/// has ([`FirstVisits`], [`Probing`]).
+/// has ([`Population`]).
 fn populate(m: u32, eps: &[(EndpointId, u32)], count: u32, names: &[u16]) -> Entries {
     if eps.len() == 1 {
         // One endpoint owns every entry. (The walk would find the same,
@@ -469,30 +469,40 @@ fn populate(m: u32, eps: &[(EndpointId, u32)], count: u32, names: &[u16]) -> Ent
     }
     let reps = replicas(eps);
     let walkers = reps.iter().map(|&r| r as usize).sum::<usize>();
-    if walkers <= FIRST_VISITS_MAX && m < FIRST_VISITS_M {
-        let from = guess_late(m, walkers);
-        return Arch::new().dispatch(FirstVisits { m, eps, reps: &reps, count, names, from });
-    }
-    Arch::new().dispatch(Probing { m, eps, reps: &reps, count, names })
+    let first_visits_from = (walkers <= FIRST_VISITS_MAX && m < FIRST_VISITS_M).then(|| guess_late(m, walkers));
+    Arch::new().dispatch(Population { m, eps, reps: &reps, count, names, first_visits_from })
 }
 
-/// [`fill_with`] and the naming, compiled for the widest vectors the CPU
-/// has, as [`FirstVisits`] is (the probing gains less from them: about
+/// A population ([`fill_by_first_visits`] for a few walkers, else
+/// [`fill_with`] and the naming), compiled for the widest vectors the CPU
+/// has (chosen when the table is built, by `pulp`: AVX-512, AVX2, else the
+/// SSE4.1 the build assumes). Its passes over every slot are plain integer
+/// loops the compiler vectorizes, so each width computes the same entries
+/// (test `every_vector_width_builds_the_same_table`). At M = 6421 and 10
+/// walkers, AVX-512 takes the first-visit pass from about 10 to 4 µs, and
+/// the whole build to about 0.8 of its time; probing gains less (about
 /// 0.93 of the time at M = 65537 and 1,000 endpoints).
-struct Probing<'a> {
+struct Population<'a> {
     m: u32,
     eps: &'a [(EndpointId, u32)],
     reps: &'a [u32],
     count: u32,
     names: &'a [u16],
+    /// By first visits, the late ones from this key on (see
+    /// [`guess_late`]); `None`: by probing.
+    first_visits_from: Option<u32>,
 }
 
-impl WithSimd for Probing<'_> {
+impl WithSimd for Population<'_> {
     type Output = Entries;
 
     #[inline(always)]
     fn with_simd<S: Simd>(self, _: S) -> Entries {
-        named(self.count, &fill_with(self.m, self.eps, self.reps, EVENT_TAIL), |o| self.names[usize::from(o)])
+        let Population { m, eps, reps, count, names, first_visits_from } = self;
+        match first_visits_from {
+            Some(from) => fill_by_first_visits(m, eps, reps, count, names, from),
+            None => named(count, &fill_with(m, eps, reps, EVENT_TAIL), |o| names[usize::from(o)]),
+        }
     }
 }
 
@@ -530,31 +540,6 @@ const SPANS: usize = 64;
 /// Slots a walker steps through at once in [`first_visits`]: the lanes of
 /// its inner loop, which the compiler turns into vector code.
 const LANES: usize = 16;
-
-/// [`fill_by_first_visits`], compiled for the widest vectors the CPU has
-/// (chosen when the table is built, by `pulp`: AVX-512, AVX2, else the
-/// SSE4.1 the build assumes). Its passes over every slot are plain
-/// integer loops the compiler vectorizes, so each width computes the same
-/// entries (test `every_vector_width_builds_the_same_table`). At M = 6421
-/// and 10 walkers, AVX-512 takes the first-visit pass from about 10 to
-/// 4 µs, and the whole build to about 0.8 of its time.
-struct FirstVisits<'a> {
-    m: u32,
-    eps: &'a [(EndpointId, u32)],
-    reps: &'a [u32],
-    count: u32,
-    names: &'a [u16],
-    from: u32,
-}
-
-impl WithSimd for FirstVisits<'_> {
-    type Output = Entries;
-
-    #[inline(always)]
-    fn with_simd<S: Simd>(self, _: S) -> Entries {
-        fill_by_first_visits(self.m, self.eps, self.reps, self.count, self.names, self.from)
-    }
-}
 
 /// [`populate`] for a few walkers (at most [`FIRST_VISITS_MAX`], M below
 /// [`FIRST_VISITS_M`]), from the definition's other side: a slot goes to
@@ -1339,11 +1324,8 @@ mod tests {
         let reps = replicas(eps);
         let (count, names) = positions(eps);
         let walkers = reps.iter().sum::<u32>() as usize;
-        if walkers <= FIRST_VISITS_MAX {
-            simd.vectorize(FirstVisits { m, eps, reps: &reps, count, names: &names, from: guess_late(m, walkers) })
-        } else {
-            simd.vectorize(Probing { m, eps, reps: &reps, count, names: &names })
-        }
+        let first_visits_from = (walkers <= FIRST_VISITS_MAX).then(|| guess_late(m, walkers));
+        simd.vectorize(Population { m, eps, reps: &reps, count, names: &names, first_visits_from })
     }
 
     #[test]
