@@ -7,6 +7,7 @@
 #
 #   bench/xds_scale.sh                      # 10,000 clusters x 10 endpoints, 200 changes
 #   CLUSTERS=1000 CHANGES=20 bench/xds_scale.sh   # a short run
+#   PORTS=idle bench/xds_scale.sh           # the appliance's worker idle (default: traffic)
 #
 # Results: bench/results/xds_scale-<mode>.json (and printed). Needs root (DPDK).
 set -euo pipefail
@@ -20,5 +21,5 @@ mkdir -p bench/results
 for mode in ${MODES:-sotw delta}; do
   echo "== $mode: $CLUSTERS clusters x $ENDPOINTS endpoints, $CHANGES changes (load: $(cut -d' ' -f1-3 /proc/loadavg))"
   target/release/examples/xds_scale --sluice target/release/sluice --clusters "$CLUSTERS" \
-    --endpoints "$ENDPOINTS" --changes "$CHANGES" --mode "$mode" --out "bench/results/xds_scale-$mode.json"
+    --endpoints "$ENDPOINTS" --changes "$CHANGES" --mode "$mode" --ports "${PORTS:-traffic}" --out "bench/results/xds_scale-$mode.json"
 done
