@@ -171,13 +171,13 @@ struct Appliance {
     child: Child,
 }
 
-/// The appliances' log: the file named by `XDS_SCALE_LOG`, else `default`.
 /// The configuration's head for the appliance named `prefix`.
 fn config_head(a: &Args, prefix: &str, admin: u16) -> String {
     let devargs = if a.ports == "idle" { ",no-rx=1" } else { "" };
     HEAD.replace("FILEPREFIX", &format!("{prefix}{}", std::process::id())).replace("ADMIN", &admin.to_string()).replace("DEVARGS", devargs)
 }
 
+/// The appliances' log: the file named by `XDS_SCALE_LOG`, else `default`.
 fn log_path(default: &Path) -> PathBuf {
     std::env::var_os("XDS_SCALE_LOG").map_or_else(|| default.to_owned(), PathBuf::from)
 }
