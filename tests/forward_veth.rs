@@ -119,8 +119,19 @@ fn forwards_real_traffic_between_namespaces() {
     assert_eq!(report["mbufs_in_use_after"], 0, "{report}");
     let ports = report["ports"].as_array().unwrap();
     assert_eq!(ports.len(), 2);
-    for p in ports {
-        assert!(p["rx_packets"].as_u64().unwrap() > 300, "{p}");
-        assert!(p["tx_packets"].as_u64().unwrap() > 300, "{p}");
-    }
+    let count = |p: usize, key: &str| ports[p][key].as_u64().unwrap();
+    // Client to server (port 0 in, port 1 out): at least the 300 UDP
+    // datagrams and the 6 echo requests. Server to client: at least the 6
+    // echo replies. (How many TCP segments and acknowledgements there are
+    // depends on segmentation offload and delayed acknowledgements, so
+    // the reverse direction's count is not a fixed number; that the TCP
+    // stream arrived whole shows its acknowledgements got through.)
+    assert!(count(0, "rx_packets") >= 306, "{report}");
+    assert!(count(1, "tx_packets") >= 306, "{report}");
+    assert!(count(1, "rx_packets") >= 6, "{report}");
+    assert!(count(0, "tx_packets") >= 6, "{report}");
+    // The forwarder sends nothing it did not receive.
+    let rx = count(0, "rx_packets") + count(1, "rx_packets");
+    let tx = count(0, "tx_packets") + count(1, "tx_packets");
+    assert!(tx + report["tx_dropped"].as_u64().unwrap() <= rx, "{report}");
 }
