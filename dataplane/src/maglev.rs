@@ -447,7 +447,12 @@ fn replicas(eps: &[(EndpointId, u32)]) -> Vec<u32> {
 /// [`populate`] stops probing and finishes with [`finish_by_events`]: the last
 /// free slots are where a probing walker mostly finds taken ones (the
 /// last 1 % of a table took 60 % of the probes at M = 65537, N = 1000).
-const EVENT_TAIL: u64 = 1;
+/// A probe costs about as much as a few dozen first-visit steps of
+/// [`Visits::first_of`] (one slot, one walker, in vector lanes): at 8,
+/// about 1,300 of 65537 slots go by events at N = 1000 (5,200 at N =
+/// 100), and the build takes 0.81 (0.69) of its time at 1 (`bench/maglev_ab.sh`;
+/// at 1: 0.96 and 0.83, at 32: 1.18 and 1.29).
+const EVENT_TAIL: u64 = 8;
 
 /// The population, as entries naming each endpoint of `eps` (sorted,
 /// non-empty, weights > 0) by `names` (below `count`).
@@ -914,10 +919,11 @@ impl Modulus {
 /// reaches slot `s` after `(s - pos) / skip mod M` rounds; every slot is
 /// reached within M rounds), and hands out slots in the order the probes
 /// would have found them, (round, turn order) (see [`Visits::hand_out`]).
+#[inline(always)]
 fn finish_by_events(m: u32, active: &[Walker], room: &mut [u32], used: &[u64], owner: &mut [u16]) {
     let md = Modulus::new(m);
     let visits = Visits::new(m, active, active.iter().map(|w| md.inverse(u64::from(w.skip))).collect());
-    let mut first: Vec<u64> = Vec::new();
+    let mut free: Vec<u32> = Vec::new();
     for (base, &word) in (0u32..).step_by(64).zip(used) {
         let mut open = !word;
         while open != 0 {
@@ -925,29 +931,65 @@ fn finish_by_events(m: u32, active: &[Walker], room: &mut [u32], used: &[u64], o
             if s >= m {
                 break;
             }
-            first.push(visits.first(s));
+            free.push(s);
             open &= open - 1;
         }
     }
-    visits.hand_out(first, room, |slot, e| owner[slot as usize] = e);
+    visits.hand_out(visits.first_of(&free), room, |slot, e| owner[slot as usize] = e);
 }
 
 /// When walkers at the top of a round visit slots: a visit is one `u64`,
 /// `rounds << 32 | turn` (rounds from now, turn = index into the walkers),
 /// and names its slot (a walker reaches one slot a round).
+///
+/// Where M and the walkers allow (M << turn bits below 2^32: every table
+/// of the default sizes), visits are computed as `u32` keys `rounds <<
+/// shift | turn`, with Shoup's multiplication by a precomputed constant
+/// instead of a 64-bit reduction, in loops over many slots (or walkers)
+/// at once that the compiler vectorizes; otherwise one at a time, in 64
+/// bits. Both give the same visits (test
+/// `compact_visits_are_the_wide_ones`).
 struct Visits<'a> {
     m: u32,
     md: Modulus,
     active: &'a [Walker],
     /// The walkers' positions and the inverses of their skips, as plain
-    /// arrays, so that [`Visits::first`] is a running minimum in registers.
+    /// arrays, so that the loops over them are running minima.
     pos: Vec<u32>,
     inverse: Vec<u64>,
+    /// Bits of the turn in a `u32` key, when keys fit.
+    shift: Option<u32>,
+    /// The inverses as `u32`, and Shoup's constants for them,
+    /// `floor(inverse * 2^32 / M)` (empty unless keys fit).
+    inverse32: Vec<u32>,
+    shoup: Vec<u32>,
+}
+
+/// Rounds until a walker at `pos` reaches `slot`: `(slot - pos) * inverse
+/// mod m` (all below `m` < 2^31), by Shoup's multiplication with `shoup =
+/// floor(inverse * 2^32 / m)`, without a branch.
+#[allow(clippy::cast_possible_truncation)] // the high half of a 64-bit product
+#[inline(always)]
+fn rounds32(m: u32, pos: u32, inverse: u32, shoup: u32, slot: u32) -> u32 {
+    // How far ahead: slot - pos, or that plus m when it wrapped.
+    let d = slot.wrapping_sub(pos);
+    let ahead = d.min(d.wrapping_add(m));
+    let q = ((u64::from(ahead) * u64::from(shoup)) >> 32) as u32;
+    // Below 2m: one correction.
+    let r = ahead.wrapping_mul(inverse).wrapping_sub(q.wrapping_mul(m));
+    r.min(r.wrapping_sub(m))
 }
 
 impl<'a> Visits<'a> {
+    #[allow(clippy::cast_possible_truncation)] // inverses below m < 2^31; Shoup's constants below 2^32
     fn new(m: u32, active: &'a [Walker], inverse: Vec<u64>) -> Self {
-        Visits { m, md: Modulus::new(m), active, pos: active.iter().map(|w| w.pos).collect(), inverse }
+        let turn_bits = usize::BITS - active.len().saturating_sub(1).leading_zeros();
+        let shift = (m < 1 << 31 && (u64::from(m) << turn_bits) < 1 << 32).then_some(turn_bits);
+        let (inverse32, shoup) = match shift {
+            Some(_) => inverse.iter().map(|&i| (i as u32, ((i << 32) / u64::from(m)) as u32)).unzip(),
+            None => (Vec::new(), Vec::new()),
+        };
+        Visits { m, md: Modulus::new(m), active, pos: active.iter().map(|w| w.pos).collect(), inverse, shift, inverse32, shoup }
     }
 
     /// Rounds until walker `turn` reaches `slot`.
@@ -955,13 +997,56 @@ impl<'a> Visits<'a> {
         self.md.mul(u64::from(ahead(self.m, self.pos[turn], slot)), self.inverse[turn])
     }
 
-    /// The first visit of `slot`.
-    fn first(&self, slot: u32) -> u64 {
+    /// A `u32` key (see [`Visits`]) as a visit.
+    #[inline(always)]
+    fn visit(shift: u32, key: u32) -> u64 {
+        (u64::from(key >> shift) << 32) | u64::from(key & ((1u32 << shift) - 1))
+    }
+
+    /// The first visit of each of `slots`.
+    #[allow(clippy::cast_possible_truncation)] // turns below 2^shift
+    #[inline(always)]
+    fn first_of(&self, slots: &[u32]) -> Vec<u64> {
+        let Some(shift) = self.shift else {
+            return slots.iter().map(|&s| self.wide_next(s, None, room_of_all)).collect();
+        };
+        let mut best = vec![u32::MAX; slots.len()];
+        for (turn, ((&p, &inv), &sh)) in (0u32..).zip(self.pos.iter().zip(&self.inverse32).zip(&self.shoup)) {
+            for (b, &s) in best.iter_mut().zip(slots) {
+                *b = (*b).min((rounds32(self.m, p, inv, sh, s) << shift) | turn);
+            }
+        }
+        best.into_iter().map(|k| Visits::visit(shift, k)).collect()
+    }
+
+    /// The first visit of `slot` after `after` (if any) by a walker whose
+    /// turn is open (`open(turn)`), one walker at a time in 64 bits.
+    fn wide_next(&self, slot: u32, after: Option<u64>, open: impl Fn(usize) -> bool) -> u64 {
         let mut best = u64::MAX;
-        for (turn, (&p, &inv)) in self.pos.iter().zip(&self.inverse).enumerate() {
-            best = best.min((self.md.mul(u64::from(ahead(self.m, p, slot)), inv) << 32) | turn as u64);
+        for turn in (0..self.active.len()).filter(|&t| open(t)) {
+            let v = (self.rounds_to(turn, slot) << 32) | turn as u64;
+            if after.is_none_or(|a| v > a) {
+                best = best.min(v);
+            }
         }
         best
+    }
+
+    /// The first visit of `slot` after `visit` by a walker whose turn is
+    /// open (`closed[turn]` 0, not all ones).
+    #[allow(clippy::cast_possible_truncation)] // rounds below M, turns below 2^shift
+    #[inline(always)]
+    fn next_open(&self, slot: u32, visit: u64, closed: &[u32]) -> Option<u64> {
+        let Some(shift) = self.shift else {
+            return Some(self.wide_next(slot, Some(visit), |t| closed[t] == 0)).filter(|&v| v != u64::MAX);
+        };
+        let after = (((visit >> 32) as u32) << shift) | (visit & 0xffff_ffff) as u32;
+        let mut best = u32::MAX;
+        for (t, (((&p, &inv), &sh), &c)) in (0u32..).zip(self.pos.iter().zip(&self.inverse32).zip(&self.shoup).zip(closed)) {
+            let k = (rounds32(self.m, p, inv, sh, slot) << shift) | t | c;
+            best = best.min(if k > after { k } else { u32::MAX });
+        }
+        (best != u32::MAX).then(|| Visits::visit(shift, best))
     }
 
     /// The slot a visit names.
@@ -975,10 +1060,18 @@ impl<'a> Visits<'a> {
     /// to the next visitor with room, as a probing walker of a full
     /// endpoint claims nothing. The first visits are sorted once, and only
     /// the visits that replace a full endpoint's go through a heap.
+    #[allow(clippy::cast_possible_truncation)] // turns below 2^32
+    #[inline(always)]
     fn hand_out(&self, mut first: Vec<u64>, room: &mut [u32], mut assign: impl FnMut(u32, u16)) {
         use std::cmp::Reverse;
         use std::collections::BinaryHeap;
 
+        // Per turn, all ones when its endpoint is full, else 0 (a key or'ed
+        // with it is never the least); and the turns of each endpoint,
+        // to close them when it fills.
+        let mut closed: Vec<u32> = self.active.iter().map(|w| if room[usize::from(w.endpoint)] == 0 { u32::MAX } else { 0 }).collect();
+        let mut by_endpoint: Vec<u32> = (0..self.active.len() as u32).collect();
+        by_endpoint.sort_by_key(|&t| self.active[t as usize].endpoint);
         first.sort_unstable();
         let mut later: BinaryHeap<Reverse<u64>> = BinaryHeap::new();
         let mut next_first = 0;
@@ -994,23 +1087,31 @@ impl<'a> Visits<'a> {
             };
             let slot = self.slot_of(visit);
             let turn = (visit & 0xffff_ffff) as usize;
-            let e = usize::from(self.active[turn].endpoint);
+            let endpoint = self.active[turn].endpoint;
+            let e = usize::from(endpoint);
             if room[e] != 0 {
                 room[e] -= 1;
-                assign(slot, self.active[turn].endpoint);
+                assign(slot, endpoint);
+                if room[e] == 0 {
+                    let from = by_endpoint.partition_point(|&t| self.active[t as usize].endpoint < endpoint);
+                    for &t in by_endpoint[from..].iter().take_while(|&&t| self.active[t as usize].endpoint == endpoint) {
+                        closed[t as usize] = u32::MAX;
+                    }
+                }
                 continue;
             }
             // Its endpoint is full: the next visit by a walker with room.
-            let next = (0..self.active.len())
-                .filter(|&t| room[usize::from(self.active[t].endpoint)] != 0)
-                .map(|t| (self.rounds_to(t, slot) << 32) | t as u64)
-                .filter(|&v| v > visit)
-                .min();
+            let next = self.next_open(slot, visit, &closed);
             if let Some(v) = next {
                 later.push(Reverse(v));
             }
         }
     }
+}
+
+/// Every turn open (for a first visit).
+fn room_of_all(_: usize) -> bool {
+    true
 }
 
 #[cfg(test)]
@@ -1167,6 +1268,35 @@ mod tests {
                 assert!(f >= share, "the leaver's entries all move");
                 // Adding it back is the same change in reverse.
                 assert_eq!(moved(&after, &before), f);
+            }
+        }
+    }
+
+    #[test]
+    fn compact_visits_are_the_wide_ones() {
+        // The u32 keys with Shoup's multiplication name the same visits as
+        // the 64-bit reduction, for first visits and for the next visit
+        // by an open walker after any visit.
+        for (m, n) in [(13u32, 3u16), (251, 7), (6421, 24), (65537, 1000), (131_071, 20), (65537, 8192)] {
+            let eps = uniform(n);
+            let reps = replicas(&eps);
+            let walkers = walkers(m, &eps, &reps);
+            let md = Modulus::new(m);
+            let inverse: Vec<u64> = walkers.iter().map(|w| md.inverse(u64::from(w.skip))).collect();
+            let compact = Visits::new(m, &walkers, inverse.clone());
+            assert!(compact.shift.is_some(), "m {m} n {n}");
+            let mut wide = Visits::new(m, &walkers, inverse);
+            wide.shift = None;
+            let slots: Vec<u32> = (0..m).step_by((m as usize / 300).max(1)).chain([m - 1]).collect();
+            let first = compact.first_of(&slots);
+            assert!(first == wide.first_of(&slots), "m {m} n {n}");
+            let closed: Vec<u32> = (0..walkers.len()).map(|t| if hash_u64(t as u64, 9) % 3 == 0 { u32::MAX } else { 0 }).collect();
+            for (&s, &v) in slots.iter().zip(&first) {
+                assert_eq!(compact.slot_of(v), s);
+                let later = (v >> 32) + hash_u64(u64::from(s), 5) % u64::from(m);
+                for after in [v, (later.min(u64::from(m) - 1) << 32) | (v & 0xffff)] {
+                    assert_eq!(compact.next_open(s, after, &closed), wide.next_open(s, after, &closed), "m {m} n {n} slot {s}");
+                }
             }
         }
     }
