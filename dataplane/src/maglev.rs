@@ -580,19 +580,20 @@ fn fill_by_first_visits(m: u32, eps: &[(EndpointId, u32)], reps: &[u32], count: 
     }
     let endpoint_of = |key: u32| usize::from(endpoint_at[(key & 0xff) as usize]);
     // Each slot to its first visitor's endpoint, in one pass that also
-    // counts the first visits of each turn and keeps the late ones, the
-    // keys from `from` on. (Kept without a branch: which slots are late is
-    // random.)
+    // counts the first visits of each turn; then the late ones, the keys
+    // from `from` on, in a pass of their own. (Kept in the naming pass,
+    // without a branch, their count lived on the stack, and each slot
+    // waited for the store of the one before: the build took 1/0.92 of
+    // this time at M = 6421 and 10 endpoints. Named by a closure without
+    // the count, the naming is vectorized with a lane insert per entry,
+    // and the build took 1.15 of the fused one's time.)
     let mut by_turn = [0u32; 256];
-    let mut late = vec![0u32; best.len()];
-    let mut kept = 0;
     let mut entries = named(count, &best, |k| {
         by_turn[(k & 0xff) as usize] += 1;
-        late[kept] = k;
-        kept += usize::from(k >= from);
         name_at[(k & 0xff) as usize]
     });
-    late.truncate(kept);
+    let mut late = Vec::with_capacity(best.len() / 8);
+    late.extend(best.iter().copied().filter(|&k| k >= from));
     let mut room = quotas(m, eps);
     // The first visits of each endpoint before the late ones.
     let below = |late: &[u32]| {
