@@ -450,8 +450,9 @@ fn replicas(eps: &[(EndpointId, u32)]) -> Vec<u32> {
 /// A probe costs about as much as a few dozen first-visit steps of
 /// [`Visits::first_of`] (one slot, one walker, in vector lanes): at 8,
 /// about 1,300 of 65537 slots go by events at N = 1000 (5,200 at N =
-/// 100), and the build takes 0.81 (0.69) of its time at 1 (`bench/maglev_ab.sh`;
-/// at 1: 0.96 and 0.83, at 32: 1.18 and 1.29).
+/// 100). Against the scalar event finish at 1, `bench/maglev_ab.sh` gave
+/// 0.81 (0.69 at N = 100) of the time with the host busy, when probes miss
+/// the caches, and about the same time with it quiet; at 32, 1.18 (1.29).
 const EVENT_TAIL: u64 = 8;
 
 /// The population, as entries naming each endpoint of `eps` (sorted,
@@ -1009,7 +1010,7 @@ impl<'a> Visits<'a> {
     #[inline(always)]
     fn first_of(&self, slots: &[u32]) -> Vec<u64> {
         let Some(shift) = self.shift else {
-            return slots.iter().map(|&s| self.wide_next(s, None, room_of_all)).collect();
+            return slots.iter().map(|&s| self.wide_next(s, None, every_turn)).collect();
         };
         let mut best = vec![u32::MAX; slots.len()];
         for (turn, ((&p, &inv), &sh)) in (0u32..).zip(self.pos.iter().zip(&self.inverse32).zip(&self.shoup)) {
@@ -1111,7 +1112,7 @@ impl<'a> Visits<'a> {
 }
 
 /// Every turn open (for a first visit).
-fn room_of_all(_: usize) -> bool {
+fn every_turn(_: usize) -> bool {
     true
 }
 
