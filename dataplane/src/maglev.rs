@@ -1006,6 +1006,7 @@ fn rounds32(m: u32, pos: u32, inverse: u32, shoup: u32, slot: u32) -> u32 {
 impl<'a> Visits<'a> {
     #[allow(clippy::cast_possible_truncation)] // inverses below m < 2^31; Shoup's constants below 2^32
     fn new(m: u32, active: &'a [Walker], inverse: Vec<u64>) -> Self {
+        debug_assert!(active.is_sorted_by_key(|w| w.endpoint), "walkers in turn order, by endpoint");
         let turn_bits = usize::BITS - active.len().saturating_sub(1).leading_zeros();
         let shift = (m < 1 << 31 && (u64::from(m) << turn_bits) < 1 << 32).then_some(turn_bits);
         let (inverse32, shoup) = match shift {
@@ -1031,7 +1032,7 @@ impl<'a> Visits<'a> {
     #[inline(always)]
     fn first_of(&self, slots: &[u32]) -> Vec<u64> {
         let Some(shift) = self.shift else {
-            return slots.iter().map(|&s| self.wide_next(s, None, every_turn)).collect();
+            return slots.iter().map(|&s| self.wide_next(s, None, |_| true)).collect();
         };
         let mut best = vec![u32::MAX; slots.len()];
         for (turn, ((&p, &inv), &sh)) in (0u32..).zip(self.pos.iter().zip(&self.inverse32).zip(&self.shoup)) {
@@ -1083,18 +1084,15 @@ impl<'a> Visits<'a> {
     /// to the next visitor with room, as a probing walker of a full
     /// endpoint claims nothing. The first visits are sorted once, and only
     /// the visits that replace a full endpoint's go through a heap.
-    #[allow(clippy::cast_possible_truncation)] // turns below 2^32
     #[inline(always)]
     fn hand_out(&self, mut first: Vec<u64>, room: &mut [u32], mut assign: impl FnMut(u32, u16)) {
         use std::cmp::Reverse;
         use std::collections::BinaryHeap;
 
         // Per turn, all ones when its endpoint is full, else 0 (a key or'ed
-        // with it is never the least); and the turns of each endpoint,
-        // to close them when it fills.
+        // with it is never the least). The walkers are in turn order, by
+        // endpoint ([`walkers`]), so an endpoint's turns are a run of them.
         let mut closed: Vec<u32> = self.active.iter().map(|w| if room[usize::from(w.endpoint)] == 0 { u32::MAX } else { 0 }).collect();
-        let mut by_endpoint: Vec<u32> = (0..self.active.len() as u32).collect();
-        by_endpoint.sort_by_key(|&t| self.active[t as usize].endpoint);
         first.sort_unstable();
         let mut later: BinaryHeap<Reverse<u64>> = BinaryHeap::new();
         let mut next_first = 0;
@@ -1116,9 +1114,9 @@ impl<'a> Visits<'a> {
                 room[e] -= 1;
                 assign(slot, endpoint);
                 if room[e] == 0 {
-                    let from = by_endpoint.partition_point(|&t| self.active[t as usize].endpoint < endpoint);
-                    for &t in by_endpoint[from..].iter().take_while(|&&t| self.active[t as usize].endpoint == endpoint) {
-                        closed[t as usize] = u32::MAX;
+                    let from = self.active.partition_point(|w| w.endpoint < endpoint);
+                    for (c, _) in closed[from..].iter_mut().zip(&self.active[from..]).take_while(|(_, w)| w.endpoint == endpoint) {
+                        *c = u32::MAX;
                     }
                 }
                 continue;
@@ -1130,11 +1128,6 @@ impl<'a> Visits<'a> {
             }
         }
     }
-}
-
-/// Every turn open (for a first visit).
-fn every_turn(_: usize) -> bool {
-    true
 }
 
 #[cfg(test)]
