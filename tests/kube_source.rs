@@ -186,6 +186,9 @@ async fn the_source_serves_the_gateway_follows_changes_and_writes_status() {
     let r = start("follow").await;
     // The first state is what the same objects give from a directory.
     until("a first state", || r.accepted() >= 1).await;
+    // The source sums up what it serves once the reconciler has answered:
+    // the status is read after that.
+    until("the first state's summary", || !r.status().serving.starts_with("nothing from Kubernetes yet")).await;
     let from_dir = manifests::load(&root().join("configs/manifests"), "sllb-a").unwrap();
     assert_eq!(normal(r.last().unwrap()), normal(from_dir.clone()));
     let st = r.status();
