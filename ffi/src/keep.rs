@@ -11,8 +11,10 @@
 //! module that needs the EAL can take a keep-alive from it.
 
 use std::any::Any;
-use std::ffi::c_int;
+use std::ffi::{c_int, CStr, OsStr};
 use std::fmt;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
@@ -186,13 +188,53 @@ impl EalShared {
         // must be freed while the EAL's memory is still there.
         let rings = std::mem::take(&mut *lock(&self.ring_ports));
         drop(rings);
+        let runtime = primary_runtime_dir();
         // SAFETY: called from `shut_down` when no keep-alive exists, or from
         // the drop of the last reference to this state: either way no
         // mempool, port, ring or task of this crate is alive, no mbuf is
         // out (a pool dropped with mbufs out leaks its keep-alive, so this
         // never runs), and this runs once.
-        unsafe { sys::rte_eal_cleanup() }
+        let ret = unsafe { sys::rte_eal_cleanup() };
+        if ret >= 0 {
+            if let Some(dir) = runtime {
+                remove_runtime_dir(&dir);
+            }
+        }
+        ret
     }
+}
+
+/// The runtime directory (`/var/run/dpdk/<file-prefix>`) of this process
+/// when it is DPDK's primary process for that prefix; `None` for a
+/// secondary process, whose directory belongs to its primary.
+fn primary_runtime_dir() -> Option<PathBuf> {
+    // SAFETY: the EAL is initialised (this runs before its cleanup); both
+    // calls only read the EAL's configuration.
+    let (kind, dir) = unsafe { (sys::rte_eal_process_type(), sys::rte_eal_get_runtime_dir()) };
+    if kind != sys::RTE_PROC_PRIMARY || dir.is_null() {
+        return None;
+    }
+    // SAFETY: DPDK gives a NUL-terminated path that lives as long as the
+    // process; it is copied at once.
+    let dir = unsafe { CStr::from_ptr(dir) };
+    Some(PathBuf::from(OsStr::from_bytes(dir.to_bytes())))
+}
+
+/// Removes what DPDK leaves in a primary's runtime directory after
+/// `rte_eal_cleanup` (its shared `config`, the `fbarray_*` memory maps;
+/// only `mp_socket` is removed by DPDK itself), then the directory, so that
+/// processes that come and go do not pile directories up under
+/// `/var/run/dpdk`. Only plain files are removed, and the directory only
+/// when that leaves it empty; a failure leaves things as DPDK would have,
+/// since nothing in this process uses them any more.
+fn remove_runtime_dir(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for entry in entries.flatten() {
+        if entry.file_type().is_ok_and(|t| !t.is_dir()) {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+    let _ = std::fs::remove_dir(dir);
 }
 
 impl Drop for EalShared {

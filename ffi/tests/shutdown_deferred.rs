@@ -53,5 +53,5 @@ fn shutdown_refuses_while_held_and_the_last_holder_cleans_up() {
     assert_eq!(ring.count(), 0);
     drop(ring);
     assert!(!mp_socket.exists(), "the last holder cleaned the EAL up");
-    let _ = std::fs::remove_dir_all(runtime);
+    assert!(!runtime.exists(), "the last holder removed the runtime directory {}", runtime.display());
 }
