@@ -21,9 +21,42 @@ type Job = Box<dyn FnOnce(&Eal) + Send>;
 
 static MAIN: OnceLock<mpsc::Sender<Job>> = OnceLock::new();
 
-/// A `--file-prefix` unique to this process and `tag`.
+/// A `--file-prefix` unique to this process and `tag`. Also removes the
+/// runtime directories that test processes of this crate no longer running
+/// left behind: a binary whose tests share an EAL never shuts it down (the
+/// process ends with it up), and DPDK does not remove them.
 pub fn file_prefix(tag: &str) -> String {
+    sweep_dead_runtime_dirs();
     format!("sluice-ffi-{tag}-{}", std::process::id())
+}
+
+/// DPDK's candidate roots for runtime directories.
+fn runtime_roots() -> Vec<PathBuf> {
+    [
+        Some(PathBuf::from("/var/run/dpdk")),
+        std::env::var_os("XDG_RUNTIME_DIR").map(|d| PathBuf::from(d).join("dpdk")),
+        Some(PathBuf::from("/tmp/dpdk")),
+    ]
+    .into_iter()
+    .flatten()
+    .collect()
+}
+
+/// Removes `sluice-ffi-<tag>-<pid>` runtime directories whose process is
+/// gone.
+fn sweep_dead_runtime_dirs() {
+    for root in runtime_roots() {
+        let Ok(entries) = std::fs::read_dir(&root) else { continue };
+        for e in entries.flatten() {
+            let name = e.file_name();
+            let Some(pid) = name.to_str().and_then(|n| n.strip_prefix("sluice-ffi-")).and_then(|n| n.rsplit('-').next()) else {
+                continue;
+            };
+            if pid.parse::<u32>().is_ok() && !std::path::Path::new("/proc").join(pid).exists() {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+    }
 }
 
 /// EAL arguments of these tests: no hugepages, `mb` MiB, no PCI, no
@@ -80,14 +113,8 @@ pub fn on_main<R: Send + 'static>(args: fn() -> Vec<String>, f: impl FnOnce(&Eal
 /// DPDK's runtime directory for `prefix` (which holds `mp_socket` while the
 /// EAL is up: `rte_eal_cleanup` removes it).
 pub fn runtime_dir(prefix: &str) -> PathBuf {
-    let candidates = [
-        Some(PathBuf::from("/var/run/dpdk")),
-        std::env::var_os("XDG_RUNTIME_DIR").map(|d| PathBuf::from(d).join("dpdk")),
-        Some(PathBuf::from("/tmp/dpdk")),
-    ];
-    candidates
+    runtime_roots()
         .into_iter()
-        .flatten()
         .map(|d| d.join(prefix))
         .find(|d| d.exists())
         .unwrap_or_else(|| panic!("no DPDK runtime directory for {prefix}"))
