@@ -30,13 +30,28 @@ pub fn tap_device(i: usize) -> String {
     format!("net_tap{i}")
 }
 
+/// The EAL's memory argument: `--no-huge` without hugepages; with them,
+/// `--huge-unlink`, so that DPDK unlinks each hugepage file once mapped
+/// and the pages go back to the kernel when the process ends, however it
+/// ends. (Without it the files stay in hugetlbfs after the process, and
+/// so do their pages, until a process with the same `--file-prefix`
+/// starts: for good, when the prefix has the pid in it.) Nothing, when
+/// the `given` EAL arguments already say how hugepage files are kept
+/// (`--huge-unlink=...`, `--in-memory`). It rules out secondary
+/// processes, which Sluice does not use.
+pub fn memory_arg(hugepages: bool, given: &[String]) -> Option<&'static str> {
+    if !hugepages {
+        return Some("--no-huge");
+    }
+    let said = given.iter().any(|a| a.starts_with("--huge-unlink") || a == "--in-memory");
+    (!said).then_some("--huge-unlink")
+}
+
 /// The EAL arguments for `cfg` with `workers` workers.
 pub fn eal_args(cfg: &ApplianceConfig, workers: usize) -> Vec<String> {
     let d = &cfg.dpdk;
     let mut a = vec!["-l".to_owned(), d.lcores.clone(), "-m".to_owned(), d.memory_mb.to_string()];
-    if !d.hugepages {
-        a.push("--no-huge".into());
-    }
+    a.extend(memory_arg(d.hugepages, &d.extra_args).map(String::from));
     a.push(format!("--file-prefix={}", d.file_prefix));
     a.push("--no-telemetry".into());
     let pci: Vec<&str> = cfg.ports.iter().filter(|p| p.is_pci()).map(|p| p.device.as_str()).collect();
@@ -79,5 +94,16 @@ mod tests {
     fn devices_as_eal_arguments() {
         assert_eq!(device_args("0000:3b:00.0"), ["-a", "0000:3b:00.0"]);
         assert_eq!(device_args("net_memif0,role=server,socket=/tmp/a.sock"), ["--vdev=net_memif0,role=server,socket=/tmp/a.sock"]);
+    }
+
+    #[test]
+    fn hugepage_files_are_unlinked_unless_the_arguments_say_otherwise() {
+        let given = |a: &[&str]| a.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        assert_eq!(memory_arg(false, &[]), Some("--no-huge"));
+        assert_eq!(memory_arg(false, &given(&["--in-memory"])), Some("--no-huge"));
+        assert_eq!(memory_arg(true, &[]), Some("--huge-unlink"));
+        assert_eq!(memory_arg(true, &given(&["--socket-mem=512"])), Some("--huge-unlink"));
+        assert_eq!(memory_arg(true, &given(&["--huge-unlink=never"])), None);
+        assert_eq!(memory_arg(true, &given(&["--in-memory"])), None);
     }
 }

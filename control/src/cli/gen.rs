@@ -26,7 +26,7 @@ use sluice_dataplane::gen::mix::{self, Datagram, MAX_FRAME};
 use sluice_dataplane::gen::{self as core, Control, EndpointBy, Generator, Kind, Lanes, MixSpec, Pacer, Receiver, Schedule, Timing};
 use sluice_ffi::{Eal, GenQueues, Mempool, Port, PortConfig, QueueIo, DEFAULT_DATA_ROOM};
 
-use crate::appliance::eal::device_args;
+use crate::appliance::eal::{device_args, memory_arg};
 
 /// Send a flow mix or a pcap on a port, receive what comes back, report.
 ///
@@ -176,7 +176,8 @@ pub struct EalFlags {
     #[arg(long, default_value_t = 1024, value_name = "MB")]
     pub memory_mb: u32,
 
-    /// Use hugepages (default: --no-huge).
+    /// Use hugepages (default: --no-huge). DPDK unlinks their files once
+    /// mapped (--huge-unlink), so the pages are freed when the command ends.
     #[arg(long)]
     pub hugepages: bool,
 
@@ -249,9 +250,7 @@ fn parse_endpoint_by(s: &str) -> Result<EndpointBy> {
 /// names the default file prefix.
 pub fn eal_args(d: &EalFlags, ports: &[String], what: &str) -> Vec<String> {
     let mut a = vec!["-l".to_owned(), d.lcores.clone(), "-m".to_owned(), d.memory_mb.to_string()];
-    if !d.hugepages {
-        a.push("--no-huge".into());
-    }
+    a.extend(memory_arg(d.hugepages, &d.eal).map(String::from));
     let prefix = d.file_prefix.clone().unwrap_or_else(|| format!("sluice-{what}-{}", std::process::id()));
     a.push(format!("--file-prefix={prefix}"));
     a.push("--no-telemetry".into());

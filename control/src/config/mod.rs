@@ -68,7 +68,8 @@ pub struct DpdkConfig {
     pub lcores: String,
     /// Memory in MB (`-m`).
     pub memory_mb: u32,
-    /// Use hugepages (else `--no-huge`).
+    /// Use hugepages (else `--no-huge`); DPDK unlinks their files once
+    /// mapped (`--huge-unlink`, unless `extra_args` say otherwise).
     pub hugepages: bool,
     /// Runtime directory prefix (`--file-prefix`).
     pub file_prefix: String,

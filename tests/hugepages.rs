@@ -1,0 +1,147 @@
+//! With hugepages, a Sluice command gives them back when it ends: DPDK
+//! unlinks each hugepage file once mapped (`--huge-unlink`), so no file of
+//! its prefix stays in hugetlbfs holding pages, and the EAL's runtime
+//! directory is removed at shutdown. (Without `--huge-unlink` the files
+//! stay after the process, with their pages, until a process with the same
+//! `--file-prefix` starts: for good with the per-process default prefix.)
+//!
+//! One test: it reserves hugepages (and mounts hugetlbfs) if the machine
+//! has none free, and puts both back as they were.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use sluice_dataplane::craft;
+use sluice_dataplane::parse::ethertype;
+use sluice_tests::{privileged, sluice_bin};
+
+/// Pages of 2 MiB the command maps (its `--memory-mb`, and a margin).
+const PAGES: u64 = 96;
+
+fn meminfo(key: &str) -> u64 {
+    let text = std::fs::read_to_string("/proc/meminfo").unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':')?.split_whitespace().next().map(|v| v.parse().unwrap()))
+        .unwrap_or_else(|| panic!("{key} not in /proc/meminfo"))
+}
+
+/// Mount points of hugetlbfs.
+fn hugetlbfs_mounts() -> Vec<PathBuf> {
+    std::fs::read_to_string("/proc/mounts")
+        .unwrap()
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.get(2) == Some(&"hugetlbfs")).then(|| PathBuf::from(f[1]))
+        })
+        .collect()
+}
+
+/// What this test changed on the machine, put back when dropped.
+struct Reserved {
+    nr_hugepages: Option<String>,
+    mounted: Option<PathBuf>,
+}
+
+impl Drop for Reserved {
+    fn drop(&mut self) {
+        if let Some(dir) = self.mounted.take() {
+            let _ = Command::new("umount").arg(&dir).status();
+            let _ = std::fs::remove_dir(&dir);
+        }
+        if let Some(n) = self.nr_hugepages.take() {
+            let _ = std::fs::write("/proc/sys/vm/nr_hugepages", n);
+        }
+    }
+}
+
+/// At least [`PAGES`] free hugepages of the default size, and a hugetlbfs
+/// mount for DPDK to find.
+fn reserve() -> Reserved {
+    let mut r = Reserved { nr_hugepages: None, mounted: None };
+    assert_eq!(meminfo("Hugepagesize"), 2048, "the test counts pages of 2 MiB");
+    let free = meminfo("HugePages_Free");
+    if free < PAGES {
+        let before = std::fs::read_to_string("/proc/sys/vm/nr_hugepages").unwrap();
+        let total: u64 = before.trim().parse().unwrap();
+        std::fs::write("/proc/sys/vm/nr_hugepages", (total + PAGES - free).to_string()).unwrap();
+        r.nr_hugepages = Some(before);
+        assert!(meminfo("HugePages_Free") >= PAGES, "the kernel gave fewer than {PAGES} hugepages");
+    }
+    if hugetlbfs_mounts().is_empty() {
+        let dir = std::env::temp_dir().join(format!("sluice-hugetlbfs-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ok = Command::new("mount").args(["-t", "hugetlbfs", "nodev"]).arg(&dir).status().unwrap();
+        assert!(ok.success(), "mounting hugetlbfs on {}", dir.display());
+        r.mounted = Some(dir);
+    }
+    r
+}
+
+/// Files in hugetlbfs whose names start with `prefix`.
+fn hugepage_files(prefix: &str) -> Vec<PathBuf> {
+    hugetlbfs_mounts()
+        .iter()
+        .flat_map(|m| std::fs::read_dir(m).into_iter().flatten().flatten().map(|e| e.path()))
+        .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(prefix)))
+        .collect()
+}
+
+fn one_frame_pcap(path: &Path) {
+    let f = craft::ether(&[], ethertype::ARP, &[0u8; 28]);
+    let mut out = Vec::new();
+    out.extend(0xa1b2_c3d4u32.to_le_bytes());
+    out.extend(2u16.to_le_bytes());
+    out.extend(4u16.to_le_bytes());
+    out.extend([0u8; 8]);
+    out.extend(65535u32.to_le_bytes());
+    out.extend(1u32.to_le_bytes());
+    let len = u32::try_from(f.len()).unwrap();
+    out.extend([0u8; 8]);
+    out.extend(len.to_le_bytes());
+    out.extend(len.to_le_bytes());
+    out.extend(&f);
+    std::fs::write(path, out).unwrap();
+}
+
+#[test]
+fn a_command_on_hugepages_gives_them_back_and_leaves_no_runtime_directory() {
+    if !privileged() {
+        return;
+    }
+    let _reserved = reserve();
+    let pid = std::process::id();
+    let prefix = format!("slhuge{pid}");
+    let dir = std::env::temp_dir().join(format!("sluice-hugepages-{pid}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let input = dir.join("in.pcap");
+    one_frame_pcap(&input);
+    let free_before = meminfo("HugePages_Free");
+
+    let o = Command::new(sluice_bin())
+        .args(["capture", "--json", "--port"])
+        .arg(format!("net_pcap0,rx_pcap={}", input.display()))
+        .args(["-w", dir.join("out.pcap").to_str().unwrap(), "-c", "1", "--duration", "5"])
+        .args(["--lcores", "0", "--memory-mb", "128", "--mbufs", "2047", "--hugepages", "--file-prefix", &prefix])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    let out = String::from_utf8_lossy(&o.stdout);
+    // What the command left, all cleaned up before anything is judged.
+    let left = hugepage_files(&prefix);
+    for f in &left {
+        let _ = std::fs::remove_file(f);
+    }
+    let free_after = meminfo("HugePages_Free");
+    let runtime = Path::new("/var/run/dpdk").join(&prefix);
+    let stayed = runtime.exists();
+    let _ = std::fs::remove_dir_all(&runtime);
+    let _ = std::fs::remove_dir_all(&dir);
+
+    assert!(o.status.success(), "capture failed:\n{err}");
+    assert!(out.contains("\"written\":1"), "{out}\n{err}");
+    assert!(left.is_empty(), "{} hugepage files left behind, such as {:?}", left.len(), left.first());
+    assert_eq!(free_after, free_before, "every hugepage is free again");
+    assert!(!stayed, "the runtime directory {} is removed", runtime.display());
+}
