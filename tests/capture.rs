@@ -9,25 +9,7 @@ use std::process::Command;
 use serde_json::Value;
 use sluice_dataplane::craft;
 use sluice_dataplane::parse::{ethertype, proto};
-use sluice_tests::{privileged, sluice_bin};
-
-fn pcap(frames: &[Vec<u8>]) -> Vec<u8> {
-    let mut out = Vec::new();
-    out.extend(0xa1b2_c3d4u32.to_le_bytes());
-    out.extend(2u16.to_le_bytes());
-    out.extend(4u16.to_le_bytes());
-    out.extend([0u8; 8]);
-    out.extend(65535u32.to_le_bytes());
-    out.extend(1u32.to_le_bytes());
-    for f in frames {
-        let len = u32::try_from(f.len()).unwrap();
-        out.extend([0u8; 8]);
-        out.extend(len.to_le_bytes());
-        out.extend(len.to_le_bytes());
-        out.extend(f);
-    }
-    out
-}
+use sluice_tests::{pcap, privileged, sluice_bin};
 
 /// The frames of a pcap file, read with pcap-file.
 fn read(path: &std::path::Path) -> Vec<Vec<u8>> {
@@ -66,7 +48,7 @@ fn captures_the_vips_frames_up_to_the_count() {
         frames.push(f);
     }
     let input = dir.join("in.pcap");
-    std::fs::write(&input, pcap(&frames)).unwrap();
+    std::fs::write(&input, pcap(&frames, 0)).unwrap();
     let out = dir.join("out.pcap");
     let o = Command::new(sluice_bin())
         .args(["capture", "--json", "--port"])

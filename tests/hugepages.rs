@@ -14,7 +14,7 @@ use std::process::Command;
 
 use sluice_dataplane::craft;
 use sluice_dataplane::parse::ethertype;
-use sluice_tests::{privileged, sluice_bin};
+use sluice_tests::{pcap, privileged, sluice_bin};
 
 /// Pages of 2 MiB the command maps (its `--memory-mb`, and a margin).
 const PAGES: u64 = 96;
@@ -89,20 +89,7 @@ fn hugepage_files(prefix: &str) -> Vec<PathBuf> {
 }
 
 fn one_frame_pcap(path: &Path) {
-    let f = craft::ether(&[], ethertype::ARP, &[0u8; 28]);
-    let mut out = Vec::new();
-    out.extend(0xa1b2_c3d4u32.to_le_bytes());
-    out.extend(2u16.to_le_bytes());
-    out.extend(4u16.to_le_bytes());
-    out.extend([0u8; 8]);
-    out.extend(65535u32.to_le_bytes());
-    out.extend(1u32.to_le_bytes());
-    let len = u32::try_from(f.len()).unwrap();
-    out.extend([0u8; 8]);
-    out.extend(len.to_le_bytes());
-    out.extend(len.to_le_bytes());
-    out.extend(&f);
-    std::fs::write(path, out).unwrap();
+    std::fs::write(path, pcap(&[craft::ether(&[], ethertype::ARP, &[0u8; 28])], 0)).unwrap();
 }
 
 #[test]

@@ -11,7 +11,7 @@
 use std::time::Duration;
 
 use serde_json::Value;
-use sluice_tests::{privileged, sluice_bin, wait_until, Netns};
+use sluice_tests::{pcap, privileged, sluice_bin, wait_until, Netns};
 
 const ENDPOINTS: usize = 3;
 
@@ -131,27 +131,6 @@ services:
     assert!(g["latency_us"]["p99"].as_f64().is_some());
     assert_eq!(g["mbufs_in_use_after"], 0);
     assert_eq!(lb_code, Some(0), "the appliance stopped cleanly with every mbuf back:\n{lb_err}");
-}
-
-/// A classic pcap of `frames`, `gap_us` apart.
-fn pcap(frames: &[Vec<u8>], gap_us: u32) -> Vec<u8> {
-    let mut out = Vec::new();
-    out.extend(0xa1b2_c3d4u32.to_le_bytes());
-    out.extend(2u16.to_le_bytes());
-    out.extend(4u16.to_le_bytes());
-    out.extend([0u8; 8]);
-    out.extend(65535u32.to_le_bytes());
-    out.extend(1u32.to_le_bytes());
-    for (i, f) in frames.iter().enumerate() {
-        let t = u32::try_from(i).unwrap() * gap_us;
-        let len = u32::try_from(f.len()).unwrap();
-        out.extend((t / 1_000_000).to_le_bytes());
-        out.extend((t % 1_000_000).to_le_bytes());
-        out.extend(len.to_le_bytes());
-        out.extend(len.to_le_bytes());
-        out.extend(f);
-    }
-    out
 }
 
 /// `sluice gen --pcap` on a net_ring port (what it sends, it receives):

@@ -11,28 +11,10 @@ use std::time::Duration;
 use serde_json::Value;
 use sluice_dataplane::craft;
 use sluice_dataplane::parse::{ethertype, proto};
-use sluice_tests::{privileged, sluice_bin, wait_until, Netns};
+use sluice_tests::{pcap, privileged, sluice_bin, wait_until, Netns};
 
 /// net_pcap's MAC for port 0: 02 'p' 'c' 'a' 'p' 00.
 const PCAP_MAC: [u8; 6] = [0x02, 0x70, 0x63, 0x61, 0x70, 0x00];
-
-fn pcap(frames: &[Vec<u8>]) -> Vec<u8> {
-    let mut out = Vec::new();
-    out.extend(0xa1b2_c3d4u32.to_le_bytes());
-    out.extend(2u16.to_le_bytes());
-    out.extend(4u16.to_le_bytes());
-    out.extend([0u8; 8]);
-    out.extend(65535u32.to_le_bytes());
-    out.extend(1u32.to_le_bytes());
-    for f in frames {
-        let len = u32::try_from(f.len()).unwrap();
-        out.extend([0u8; 8]);
-        out.extend(len.to_le_bytes());
-        out.extend(len.to_le_bytes());
-        out.extend(f);
-    }
-    out
-}
 
 #[test]
 fn one_lcore_runs_the_worker_and_the_control_runtime() {
@@ -51,7 +33,7 @@ fn one_lcore_runs_the_worker_and_the_control_runtime() {
         })
         .collect();
     let pcap_path = dir.join("in.pcap");
-    std::fs::write(&pcap_path, pcap(&frames)).unwrap();
+    std::fs::write(&pcap_path, pcap(&frames, 0)).unwrap();
     let cfg = dir.join("appliance.yaml");
     std::fs::write(
         &cfg,

@@ -201,6 +201,28 @@ impl Drop for Proc {
     }
 }
 
+/// A classic pcap file (microsecond timestamps, Ethernet) of `frames`,
+/// `gap_us` apart from time 0.
+pub fn pcap(frames: &[Vec<u8>], gap_us: u32) -> Vec<u8> {
+    let mut out = Vec::new();
+    out.extend(0xa1b2_c3d4u32.to_le_bytes());
+    out.extend(2u16.to_le_bytes());
+    out.extend(4u16.to_le_bytes());
+    out.extend([0u8; 8]);
+    out.extend(65535u32.to_le_bytes());
+    out.extend(1u32.to_le_bytes());
+    for (i, f) in frames.iter().enumerate() {
+        let t = u32::try_from(i).expect("fewer than 2^32 frames") * gap_us;
+        let len = u32::try_from(f.len()).expect("a frame below 4 GiB");
+        out.extend((t / 1_000_000).to_le_bytes());
+        out.extend((t % 1_000_000).to_le_bytes());
+        out.extend(len.to_le_bytes());
+        out.extend(len.to_le_bytes());
+        out.extend(f);
+    }
+    out
+}
+
 /// Polls `f` every 50 ms until it returns true or `timeout` passes.
 pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
     let end = Instant::now() + timeout;
