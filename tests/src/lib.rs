@@ -56,7 +56,35 @@ pub fn sluice_bin() -> PathBuf {
         "{} not found: build it first (`cargo build --release -p sluice` for release tests) or set SLUICE_BIN",
         bin.display()
     );
+    // `cargo test -p sluice-tests` does not build the `sluice` binary: a
+    // test would run the one built before the last change to its sources.
+    let built = std::fs::metadata(&bin).and_then(|m| m.modified()).expect("the binary's modification time");
+    if let Some(newer) = newer_source(built) {
+        panic!(
+            "{} is older than {}: build it again (`cargo build --release -p sluice` for release tests) or set SLUICE_BIN",
+            bin.display(),
+            newer.display()
+        );
+    }
     bin
+}
+
+/// A source file of the crates the `sluice` binary is built from that
+/// changed after `built`, if any.
+fn newer_source(built: std::time::SystemTime) -> Option<PathBuf> {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent()?.to_path_buf();
+    let mut dirs: Vec<PathBuf> = ["control/src", "dataplane/src", "ffi/src", "ffi/csrc"].iter().map(|d| root.join(d)).collect();
+    while let Some(dir) = dirs.pop() {
+        for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let path = e.path();
+            match e.metadata() {
+                Ok(m) if m.is_dir() => dirs.push(path),
+                Ok(m) if m.modified().is_ok_and(|t| t > built) => return Some(path),
+                _ => {}
+            }
+        }
+    }
+    None
 }
 
 /// A program of this crate (e.g. `sluice-xds-server`), next to `sluice`.
