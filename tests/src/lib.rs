@@ -230,25 +230,15 @@ impl Drop for Proc {
 }
 
 /// A classic pcap file (microsecond timestamps, Ethernet) of `frames`,
-/// `gap_us` apart from time 0.
+/// `gap_us` apart from time 0, written with pcap-file.
 pub fn pcap(frames: &[Vec<u8>], gap_us: u32) -> Vec<u8> {
-    let mut out = Vec::new();
-    out.extend(0xa1b2_c3d4u32.to_le_bytes());
-    out.extend(2u16.to_le_bytes());
-    out.extend(4u16.to_le_bytes());
-    out.extend([0u8; 8]);
-    out.extend(65535u32.to_le_bytes());
-    out.extend(1u32.to_le_bytes());
-    for (i, f) in frames.iter().enumerate() {
-        let t = u32::try_from(i).expect("fewer than 2^32 frames") * gap_us;
+    let mut w = pcap_file::pcap::PcapWriter::new(Vec::new()).expect("a pcap header in memory");
+    for (i, f) in (0u64..).zip(frames) {
+        let at = Duration::from_micros(i * u64::from(gap_us));
         let len = u32::try_from(f.len()).expect("a frame below 4 GiB");
-        out.extend((t / 1_000_000).to_le_bytes());
-        out.extend((t % 1_000_000).to_le_bytes());
-        out.extend(len.to_le_bytes());
-        out.extend(len.to_le_bytes());
-        out.extend(f);
+        w.write_packet(&pcap_file::pcap::PcapPacket::new(at, len, f)).expect("a packet in memory");
     }
-    out
+    w.into_writer()
 }
 
 /// Polls `f` every 50 ms until it returns true or `timeout` passes.
