@@ -13,6 +13,12 @@
 # random. Prints Mpps per core and the ratio sluice/testpmd (of the medians)
 # for each, and writes them as JSON under bench/results/.
 #
+# What bounds the ratio is measured in the same rounds: testpmd's own
+# forwarding modes that touch each packet (REFS, default "mac 5tswap": `mac`
+# writes the two Ethernet addresses, the least any forwarder that is not a
+# wire does; `5tswap` parses L2-L4 and swaps the addresses and ports) on the
+# same ports, with their ratio to io and sluice's ratio to them.
+#
 #   bench/pipeline_vs_testpmd.sh                  # every case, 3 rounds of 4 s
 #   ROUNDS=5 SECS=10 bench/pipeline_vs_testpmd.sh
 #   CASES="r1-v4-maglev r10000-v6-random" bench/pipeline_vs_testpmd.sh
@@ -20,6 +26,7 @@
 #                                                 # checks that both forward, never the rates
 #   SLUICE_BASE=/tmp/sluice-before bench/pipeline_vs_testpmd.sh
 #                                                 # also another build, same rounds: after/before
+#   REFS= bench/pipeline_vs_testpmd.sh            # testpmd io only (no reference modes)
 #
 # Needs root (DPDK), dpdk-testpmd (Debian package dpdk), python3, curl and a
 # release build (cargo build --release -p sluice).
@@ -35,8 +42,9 @@ SLUICE_WORKER=${SLUICE_WORKER:-}   # body of the config's worker: mapping, e.g. 
 ALL="r1-v4-maglev r1-v6-maglev r100-v4-maglev r100-v6-maglev r10000-v4-maglev r10000-v6-maglev
      r1-v4-random r1-v6-random r100-v4-random r100-v6-random r10000-v4-random r10000-v6-random"
 if [ -n "${SMOKE:-}" ]; then
-  CASES=${CASES:-"r1-v4-maglev r100-v6-random"}; ROUNDS=1; SECS=1; WARM=1
+  CASES=${CASES:-"r1-v4-maglev r100-v6-random"}; ROUNDS=1; SECS=1; WARM=1; REFS=${REFS-}
 fi
+REFS=${REFS-mac 5tswap}
 CASES=${CASES:-$ALL}
 OUT=${OUT:-bench/results/pipeline_vs_testpmd-$(date -u +%Y%m%dT%H%M%SZ).json}
 SMOKE_TMP=
@@ -76,12 +84,12 @@ eal_of() {
   echo "-l $LCORES -m $mem --no-huge --no-telemetry --no-pci --vdev=net_pcap0,rx_pcap=$2,infinite_rx=1 --vdev=net_null1,no-rx=1 MBUFS=$mbufs"
 }
 
-testpmd_mpps() { # yaml pcap prefix
+testpmd_mpps() { # yaml pcap prefix [forward mode, default io]
   local eal mbufs fifo="$WORK/tp.in" log="$WORK/tp.log" i
   eal=$(eal_of "$1" "$2"); mbufs=${eal##*MBUFS=}; eal=${eal% MBUFS=*}
   rm -f "$fifo"; mkfifo "$fifo"
   # shellcheck disable=SC2086
-  dpdk-testpmd $eal --file-prefix="$3" -- -i --forward-mode=io --auto-start \
+  dpdk-testpmd $eal --file-prefix="$3" -- -i --forward-mode="${4:-io}" --auto-start \
     --nb-cores=1 --burst=32 --rxd=1024 --txd=1024 --mbcache=256 --total-num-mbufs="$mbufs" <"$fifo" >"$log" 2>&1 &
   local tp=$!
   exec 7>"$fifo"
@@ -137,12 +145,16 @@ for c in $CASES; do
   # shellcheck disable=SC2086
   python3 bench/gen_pipeline_case.py $args --out "$WORK/$c" --prefix "pvt-sl-$$" --admin "$admin" \
     ${SLUICE_WORKER:+--worker "$SLUICE_WORKER"} >/dev/null
-  tp=(); sl=(); bs=()
+  tp=(); sl=(); bs=(); declare -A rf=()
   for r in $(seq 1 "$ROUNDS"); do
     t=$(testpmd_mpps "$WORK/$c.yaml" "$WORK/$c.pcap" "pvt-tp-$$")
     s=$(sluice_mpps "$WORK/$c.yaml" "$admin")
     tp+=("$t"); sl+=("$s")
     printf '%-18s round %d: testpmd io %7.3f Mpps   sluice run %7.3f Mpps   ratio %.3f' "$c" "$r" "$t" "$s" "$(echo "$s / $t" | bc -l)"
+    for m in $REFS; do
+      x=$(testpmd_mpps "$WORK/$c.yaml" "$WORK/$c.pcap" "pvt-tp-$$" "$m"); rf[$m]+="$x "
+      printf '   testpmd %s %7.3f' "$m" "$x"
+    done
     if [ -n "${SLUICE_BASE:-}" ]; then
       b=$(sluice_mpps "$WORK/$c.yaml" "$admin" "$SLUICE_BASE"); bs+=("$b")
       printf '   base %7.3f Mpps   ratio %.3f' "$b" "$(echo "$b / $t" | bc -l)"
@@ -158,6 +170,15 @@ for c in $CASES; do
     printf '   base %7.3f (ratio %.3f)   sluice/base %.3f' "$mb" "$(echo "$mb / $mt" | bc -l)" "$(echo "$ms / $mb" | bc -l)"
     base_json=$(printf ',"base_mpps":[%s],"base_median":%s,"base_ratio":%.4f' "$(IFS=,; echo "${bs[*]}")" "$mb" "$(echo "$mb / $mt" | bc -l)")
   fi
+  refs_json=()
+  for m in $REFS; do
+    # shellcheck disable=SC2086
+    mr=$(printf '%s\n' ${rf[$m]} | median)
+    printf '\n%-18s median: testpmd %-6s %7.3f Mpps/core   of io %.3f   sluice/%s %.3f' "$c" "$m" "$mr" "$(echo "$mr / $mt" | bc -l)" "$m" "$(echo "$ms / $mr" | bc -l)"
+    # shellcheck disable=SC2086
+    refs_json+=("$(printf '"%s":{"mpps":[%s],"median":%s,"of_io":%.4f,"sluice_ratio":%.4f}' "$m" "$(echo ${rf[$m]} | tr ' ' ,)" "$mr" "$(echo "$mr / $mt" | bc -l)" "$(echo "$ms / $mr" | bc -l)")")
+  done
+  [ ${#refs_json[@]} -gt 0 ] && base_json+=$(IFS=,; printf ',"testpmd_refs":{%s}' "${refs_json[*]}")
   echo
   json_cases+=("$(printf '{"case":"%s","args":"%s","testpmd_mpps":[%s],"sluice_mpps":[%s],"testpmd_median":%s,"sluice_median":%s,"ratio":%.4f%s}' \
     "$c" "$args" "$(IFS=,; echo "${tp[*]}")" "$(IFS=,; echo "${sl[*]}")" "$mt" "$ms" "$ratio" "$base_json")")
