@@ -62,6 +62,8 @@ fn version_line() -> &'static str {
 }
 
 fn main() -> std::process::ExitCode {
+    // Before any thread starts (DPDK's, tokio's): one heap for all of them.
+    sluice_ffi::heap::one_arena();
     let cli = Cli::parse();
     logging::init(cli.log.as_deref());
     let result = match cli.command {
