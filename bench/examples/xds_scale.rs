@@ -6,7 +6,8 @@
 //!    the last cluster's VIP names its service: the workers' snapshot has
 //!    it), with the first cluster checked too;
 //! 2. resident memory of the appliance before, at the moment the last
-//!    cluster is live, and 2 s later (once a heap release has run);
+//!    cluster is live, and 2 s later (once a heap release has run); and
+//!    again right after the changes of 3 and 2 s after them;
 //! 3. K single-endpoint changes, one after the other: from the server
 //!    having it (`set_snapshot`) to `/tables/<service>` showing the new
 //!    endpoint (p50, p99, max with hdrhistogram); from the server handing
@@ -371,6 +372,9 @@ fn main() {
     // freed by then (the reading at "live" still holds some of it).
     let rss_settled = rss_kib(app.child.id());
     eprintln!("RSS after the single changes: {rss_settled} KiB");
+    std::thread::sleep(SETTLE);
+    let rss_changes_settled = rss_kib(app.child.id());
+    eprintln!("RSS {SETTLE:?} after the single changes: {rss_changes_settled} KiB");
     drop(app);
     // From the server sending each change to the appliance publishing it.
     let text = std::fs::read(&log).unwrap_or_default();
@@ -432,7 +436,7 @@ fn main() {
         "endpoints_per_cluster": e,
         "to_live_ms": to_live.as_secs_f64() * 1e3,
         "sent_to_live_ms": sent_to_live.as_secs_f64() * 1e3,
-        "rss_kib": {"before": rss_before, "with_services": rss_after, "with_services_settled": rss_settled_load, "after_changes": rss_settled, "file_source_with_services": file_rss, "file_source_after_edits": file_rss_reloaded, "file_source_after_edits_settled": file_rss_settled},
+        "rss_kib": {"before": rss_before, "with_services": rss_after, "with_services_settled": rss_settled_load, "after_changes": rss_settled, "after_changes_settled": rss_changes_settled, "file_source_with_services": file_rss, "file_source_after_edits": file_rss_reloaded, "file_source_after_edits_settled": file_rss_settled},
         "single_change_to_live": summary(&h),
         "single_change_sent_to_live": summary(&hs),
         "single_change_sent_to_published": summary(&hp),
