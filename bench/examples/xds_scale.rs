@@ -7,7 +7,7 @@
 //!    it), with the first cluster checked too;
 //! 2. resident memory of the appliance before, at the moment the last
 //!    cluster is live, and 2 s later (once a heap release has run); and
-//!    again right after the changes of 3 and 2 s after them;
+//!    again right after the single changes below, and 2 s after them;
 //! 3. K single-endpoint changes, one after the other: from the server
 //!    having it (`set_snapshot`) to `/tables/<service>` showing the new
 //!    endpoint (p50, p99, max with hdrhistogram); from the server handing

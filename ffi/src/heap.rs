@@ -27,9 +27,10 @@ pub struct Released {
 /// do (the workers do not allocate on the packet path), more arenas buy no
 /// parallelism, and each keeps the peak of what the threads that used it
 /// held: 200 SotW changes of 10,000 xDS clusters left the appliance at
-/// 157 MiB resident with an arena per thread, 141 MiB with one (the
-/// tokio threads handling each response change as tasks move). Returns
-/// whether glibc took the setting.
+/// 153 MiB resident (156,928 KiB) with an arena per thread, 140 MiB
+/// (142,992 KiB) with one (`xds_scale --mode sotw`, one run each; the
+/// tokio threads that handle each response change as tasks move).
+/// Returns whether glibc took the setting.
 pub fn one_arena() -> bool {
     // SAFETY: mallopt only sets one of the allocator's parameters.
     unsafe { libc::mallopt(libc::M_ARENA_MAX, 1) == 1 }
