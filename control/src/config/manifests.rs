@@ -237,6 +237,9 @@ pub enum Reason {
     BackendRefused,
     /// The appliance refused it (the problems the reconciler gave).
     Refused,
+    /// A route whose parentRef names the Gateway served in another
+    /// namespace: it is not attached here.
+    NotAllowed,
 }
 
 impl Reason {
@@ -247,6 +250,7 @@ impl Reason {
             Reason::Conflicted => "Conflicted",
             Reason::BackendRefused => "BackendNotFound",
             Reason::Refused => "Refused",
+            Reason::NotAllowed => "NotAllowedByListeners",
         }
     }
 }
@@ -361,6 +365,7 @@ pub fn map(objects: &[Object], scope: &Scope<'_>, excluded: &BTreeMap<String, Re
     let mut out = Mapping::default();
     let gateway = scope.gateway;
     let gw = objects.iter().find(|d| d.kind() == "Gateway" && d.name() == Some(gateway));
+    let gw_namespace = gw.and_then(|g| meta(&g.value, "namespace")).and_then(Value::as_str);
     match gw {
         None => out.whole.push(Problem::new(whole, "", format!("no Gateway named {gateway:?} among {among}"))),
         Some(g) => {
@@ -392,7 +397,7 @@ pub fn map(objects: &[Object], scope: &Scope<'_>, excluded: &BTreeMap<String, Re
         let n = d.node();
         match d.kind() {
             "L34Route" => {
-                if let Some(m) = route(d, gateway) {
+                if let Some(m) = route(d, gateway, gw_namespace) {
                     out.objects.push(m);
                 }
             }
@@ -476,10 +481,14 @@ fn service(d: &Object, scope: &Scope<'_>) -> Mapped {
     }
 }
 
-/// An L34Route, when its parent is `gateway`.
-fn route(d: &Object, gateway: &str) -> Option<Mapped> {
+/// An L34Route, when a parentRef names `gateway`. A parentRef's namespace
+/// is the route's unless it names one; when it is not the Gateway's
+/// (`gw_namespace`), the route is not attached (`NotAllowedByListeners`):
+/// a route attaches to the Gateway of its own namespace only.
+fn route(d: &Object, gateway: &str, gw_namespace: Option<&str>) -> Option<Mapped> {
     let mut p = Problems::default();
     let n = d.node();
+    let route_namespace = meta(&d.value, "namespace").and_then(Value::as_str);
     let Some(name) = d.name() else {
         // Whose it is cannot be told without a name only when it has no
         // parent of ours either: then it is not ours.
@@ -501,6 +510,7 @@ fn route(d: &Object, gateway: &str) -> Option<Mapped> {
     let mut desired = Desired::default();
     let mut backend = None;
     let mut mine = true;
+    let mut elsewhere: Option<String> = None;
     n.required(&mut p, "spec", |spec, p| {
         spec.mapping(
             p,
@@ -510,9 +520,27 @@ fn route(d: &Object, gateway: &str) -> Option<Mapped> {
             ],
         );
         let mut parents = Vec::new();
-        spec.field("parentRefs", |n| n.each(p, |n, p| parents.extend(n.required(p, "name", |n, p| n.string(p)).flatten())));
+        let mut namespaces = Vec::new();
+        spec.field("parentRefs", |n| {
+            n.each(p, |n, p| {
+                if let Some(name) = n.required(p, "name", |n, p| n.string(p)).flatten() {
+                    let ns = n.v.get("namespace").and_then(Value::as_str).or(route_namespace);
+                    namespaces.push((name.clone(), ns.map(str::to_owned)));
+                    parents.push(name);
+                }
+            })
+        });
         if !parents.iter().any(|x| x == gateway) {
             mine = false; // another Gateway's route
+            return;
+        }
+        if !namespaces.iter().any(|(x, ns)| x == gateway && ns.as_deref() == gw_namespace) {
+            let named = namespaces.iter().find(|(x, _)| x == gateway).and_then(|(_, ns)| ns.clone()).unwrap_or_default();
+            elsewhere = Some(format!(
+                "its parentRef names Gateway {gateway:?} of namespace {named:?}, not the one served here (namespace {:?}): \
+                 a route attaches to the Gateway of its own namespace",
+                gw_namespace.unwrap_or("")
+            ));
             return;
         }
         if parents.len() != 1 {
@@ -531,6 +559,17 @@ fn route(d: &Object, gateway: &str) -> Option<Mapped> {
     });
     if !mine {
         return None;
+    }
+    if let Some(why) = elsewhere {
+        return Some(Mapped {
+            kind: Kind::Route,
+            name: name.to_owned(),
+            origin: d.file.clone(),
+            created: d.created(),
+            service: None,
+            desired: Desired::default(),
+            refusal: Some(Refusal { reason: Reason::NotAllowed, problems: vec![Problem::new(d.file.clone(), d.sub("spec.parentRefs"), why)] }),
+        });
     }
     Some(Mapped {
         kind: Kind::Route,

@@ -680,6 +680,30 @@ mod tests {
     }
 
     #[test]
+    fn a_parent_ref_to_the_gateway_of_another_namespace_is_not_attached() {
+        let mut objects = from_files(&[&manifests_dir()]);
+        let mut r = objects.by_kind["L34Route"]["vip-20-0-0-1-web"].clone();
+        r["spec"]["parentRefs"] = json!([{"name": "sllb-a", "namespace": "default"}]);
+        objects.apply("L34Route", r.clone());
+        let mut sync = Sync::new(cfg(), Defaults::default());
+        let plan = settle(&mut sync, &objects);
+        assert!(!plan.desired.routes.iter().any(|x| x.name == "vip-20-0-0-1-web"), "served by the Gateway of tenant-a: {:?}", plan.desired.routes);
+        let st = sync.status(&objects, &plan, NOW);
+        let (s, reason, msg) = accepted(&st, "vip-20-0-0-1-web");
+        assert_eq!((s.as_str(), reason.as_str()), ("False", "NotAllowedByListeners"), "{msg}");
+        assert!(msg.contains("of namespace \"default\""), "{msg}");
+        assert_eq!(accepted(&st, "vip-20-0-0-2-syn-only").0, "True");
+
+        // Naming the route's own namespace, or none, attaches it.
+        for parent in [json!({"name": "sllb-a", "namespace": "tenant-a"}), json!({"name": "sllb-a"})] {
+            r["spec"]["parentRefs"] = json!([parent]);
+            objects.apply("L34Route", r.clone());
+            let plan = settle(&mut sync, &objects);
+            assert!(plan.desired.routes.iter().any(|x| x.name == "vip-20-0-0-1-web"), "{parent}");
+        }
+    }
+
+    #[test]
     fn a_gateway_lists_at_most_16_addresses_and_says_so() {
         let mut objects = from_files(&[&manifests_dir()]);
         let route = objects.by_kind["L34Route"]["vip-20-0-0-1-web"].clone();
