@@ -71,6 +71,27 @@ fn watched_dirs(path: &Path, manifests_dir: Option<&Path>) -> Vec<PathBuf> {
     v
 }
 
+/// Whether a change of `changed` (in a watched directory) can change the
+/// configuration: the configuration file itself, a manifest (`.yaml`,
+/// `.yml`) of the manifests directory, a watched directory itself, or
+/// `..data`, which a ConfigMap volume renames into place to swap every
+/// file it holds at once (its files are symlinks through it).
+fn wakes_for(changed: &Path, config: &Path, manifests_dir: Option<&Path>) -> bool {
+    let dirs = watched_dirs(config, manifests_dir);
+    if dirs.iter().any(|d| d == changed) {
+        return true;
+    }
+    let Some(name) = changed.file_name() else { return true };
+    if name == "..data" {
+        return true;
+    }
+    let parent = changed.parent();
+    if parent == Some(dirs[0].as_path()) && Some(name) == config.file_name() {
+        return true;
+    }
+    manifests_dir.is_some_and(|m| parent == Some(m)) && changed.extension().is_some_and(|x| x == "yaml" || x == "yml")
+}
+
 /// What the source last told the reconciler.
 #[derive(Debug, PartialEq, Eq)]
 enum Sent {
@@ -80,24 +101,30 @@ enum Sent {
 
 /// Runs the file source until `cancel`. `initial` is the state the
 /// appliance started with (already applied).
-pub async fn run(
+pub async fn run(path: PathBuf, initial: FileState, tx: mpsc::Sender<SourceMsg>, hup: mpsc::Receiver<()>, cancel: CancellationToken) {
+    run_counting(path, initial, tx, hup, cancel, &std::sync::atomic::AtomicU64::new(0)).await;
+}
+
+/// [`run`], counting in `wakes` the times a change of the files woke it.
+async fn run_counting(
     path: PathBuf,
     initial: FileState,
     tx: mpsc::Sender<SourceMsg>,
     mut hup: mpsc::Receiver<()>,
     cancel: CancellationToken,
+    wakes: &std::sync::atomic::AtomicU64,
 ) {
-    let (ev_tx, mut ev_rx) = mpsc::unbounded_channel::<()>();
+    // The paths an event is about; none: look again whatever changed.
+    let (ev_tx, mut ev_rx) = mpsc::unbounded_channel::<Vec<PathBuf>>();
     let mut watcher = match notify::recommended_watcher(move |res: notify::Result<notify::Event>| match res {
         Ok(e) if !e.kind.is_access() => {
-            tracing::trace!(event = ?e, "configuration directory changed");
-            let _ = ev_tx.send(());
+            let _ = ev_tx.send(e.paths);
         }
         Ok(_) => {}
         Err(e) => {
             // Lost events (queue overflow) and the like: look again.
             warn!(error = %e, "watching the configuration failed; reading it again");
-            let _ = ev_tx.send(());
+            let _ = ev_tx.send(Vec::new());
         }
     }) {
         Ok(w) => Some(w),
@@ -130,7 +157,11 @@ pub async fn run(
         let trigger = tokio::select! {
             () = cancel.cancelled() => return,
             Some(()) = hup.recv() => "SIGHUP",
-            Some(()) = ev_rx.recv() => {
+            Some(paths) = ev_rx.recv() => {
+                if !paths.is_empty() && !paths.iter().any(|p| wakes_for(p, &path, manifests_dir.as_deref())) {
+                    continue; // another file of a watched directory (a log, an editor's swap file)
+                }
+                wakes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 tokio::time::sleep(DEBOUNCE).await;
                 while ev_rx.try_recv().is_ok() {}
                 "file change"
@@ -198,6 +229,53 @@ mod tests {
         let tmp = path.with_extension("tmp");
         std::fs::write(&tmp, text).unwrap();
         std::fs::rename(&tmp, path).unwrap();
+    }
+
+    /// As a ConfigMap volume lays it out: `c.yaml -> ..data/c.yaml`,
+    /// `..data -> ..<version>`, swapped by renaming `..data_tmp` over `..data`.
+    fn configmap_version(dir: &Path, version: &str, text: &str) {
+        let v = dir.join(version);
+        std::fs::create_dir_all(&v).unwrap();
+        std::fs::write(v.join("c.yaml"), text).unwrap();
+        let tmp = dir.join("..data_tmp");
+        let _ = std::fs::remove_file(&tmp);
+        std::os::unix::fs::symlink(version, &tmp).unwrap();
+        std::fs::rename(&tmp, dir.join("..data")).unwrap();
+    }
+
+    #[tokio::test]
+    async fn only_the_config_its_manifests_and_a_configmap_swap_wake_the_watcher() {
+        let dir = std::env::temp_dir().join(format!("sluice-filesrc-wake-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        configmap_version(&dir, "..v1", &GOOD.replace("%N", "1"));
+        std::os::unix::fs::symlink("..data/c.yaml", dir.join("c.yaml")).unwrap();
+        let path = dir.join("c.yaml");
+        let initial = read(&path).unwrap();
+        let (tx, mut rx) = mpsc::channel(16);
+        let (_hup_tx, hup_rx) = mpsc::channel(1);
+        let cancel = CancellationToken::new();
+        let cancel2 = cancel.clone();
+        let wakes = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let w = std::sync::Arc::clone(&wakes);
+        let task = tokio::spawn(async move { run_counting(path, initial, tx, hup_rx, cancel2, &w).await });
+        // Its own log (or anything else) written beside the config: no wake.
+        for i in 0..20 {
+            std::fs::write(dir.join("sluice.log"), format!("line {i}\n")).unwrap();
+            std::fs::write(dir.join("notes.txt"), format!("{i}")).unwrap();
+            tokio::time::sleep(Duration::from_millis(40)).await;
+        }
+        // The ConfigMap's new version: one wake, the new state sent.
+        configmap_version(&dir, "..v2", &GOOD.replace("%N", "2"));
+        let msg = tokio::time::timeout(Duration::from_secs(10), rx.recv()).await.expect("the swap is seen").unwrap();
+        match msg {
+            SourceMsg::File { state, .. } => assert_eq!(state.config.inline.services[0].name, "s2"),
+            m => panic!("unexpected {m:?}"),
+        }
+        assert_eq!(wakes.load(std::sync::atomic::Ordering::Relaxed), 1, "woken by files that are not the configuration");
+        cancel.cancel();
+        task.await.unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
