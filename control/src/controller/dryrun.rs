@@ -15,19 +15,28 @@ use super::{plan, Settings, Store};
 use crate::config::manifests;
 use crate::sources::kube::crd::to_yaml;
 
-/// The objects of `dir`, in `namespace` unless they name one.
+/// The objects of `dir` (Lists read as their items), in `namespace`
+/// unless they name one.
 pub fn load(dir: &Path, namespace: &str) -> Result<Store, String> {
     let objects = manifests::read_dir(dir).map_err(|ps| ps.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n"))?;
     let mut store = Store::default();
     for o in objects {
-        let mut v = o.value.to_json();
-        if !v.is_object() || v.get("kind").and_then(Json::as_str).is_none() {
-            continue;
+        let v = o.value.to_json();
+        // `kubectl get -o yaml` writes a List (`kind: List`, or `PodList`
+        // and the like) of the objects.
+        let items = match (v.get("kind").and_then(Json::as_str), v.get("items").and_then(Json::as_array)) {
+            (Some(k), Some(items)) if k.ends_with("List") => items.clone(),
+            _ => vec![v],
+        };
+        for mut v in items {
+            if !v.is_object() || v.get("kind").and_then(Json::as_str).is_none() {
+                continue;
+            }
+            if v.pointer("/metadata/namespace").and_then(Json::as_str).is_none() {
+                v["metadata"]["namespace"] = json!(namespace);
+            }
+            store.apply(v);
         }
-        if v.pointer("/metadata/namespace").and_then(Json::as_str).is_none() {
-            v["metadata"]["namespace"] = json!(namespace);
-        }
-        store.apply(v);
     }
     Ok(store)
 }

@@ -212,14 +212,16 @@ pub fn deployment(template: &Template, gw: &Json, config: Option<&SllbrConfig>) 
     merge_into(&mut d, &["spec", "template", "metadata", "labels"], &infra_labels);
     merge_into(&mut d, &["spec", "template", "metadata", "labels"], &ours);
     merge_into(&mut d, &["spec", "template", "metadata", "annotations"], &infra_annotations);
-    let mut owner = json!({
-        "apiVersion": gw.get("apiVersion").cloned().unwrap_or(json!("gateway.networking.k8s.io/v1")),
-        "kind": "Gateway", "name": name, "controller": true, "blockOwnerDeletion": true,
-    });
-    if let Some(uid) = gw.pointer("/metadata/uid").and_then(Json::as_str) {
-        owner["uid"] = json!(uid);
+    // An owner reference needs the owner's uid, which only the server
+    // knows (a dry run over files has none): without it there is none.
+    if let Some(uid) = gw.pointer("/metadata/uid").and_then(Json::as_str).filter(|u| !u.is_empty()) {
+        d["metadata"]["ownerReferences"] = json!([{
+            "apiVersion": gw.get("apiVersion").cloned().unwrap_or(json!("gateway.networking.k8s.io/v1")),
+            "kind": "Gateway", "name": name, "uid": uid, "controller": true, "blockOwnerDeletion": true,
+        }]);
+    } else if let Some(m) = d["metadata"].as_object_mut() {
+        m.remove("ownerReferences");
     }
-    d["metadata"]["ownerReferences"] = json!([owner]);
     if let Some(c) = config {
         if let Some(r) = c.replicas {
             d["spec"]["replicas"] = json!(r);

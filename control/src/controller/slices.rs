@@ -419,15 +419,20 @@ fn slice(key: &Key, svc: &Json, name: &str, v4: bool, members: &[(u32, &Endpoint
             o
         })
         .collect();
-    let mut owner = json!({"apiVersion": "v1", "kind": "Service", "name": key.1, "controller": true, "blockOwnerDeletion": true});
-    if let Some(uid) = svc.pointer("/metadata/uid").and_then(Json::as_str) {
-        owner["uid"] = json!(uid);
-    }
+    // An owner reference needs the owner's uid, which only the server
+    // knows (a dry run over files has none): without it there is none.
+    let owners: Vec<Json> = svc
+        .pointer("/metadata/uid")
+        .and_then(Json::as_str)
+        .filter(|u| !u.is_empty())
+        .map(|uid| json!({"apiVersion": "v1", "kind": "Service", "name": key.1, "uid": uid, "controller": true, "blockOwnerDeletion": true}))
+        .into_iter()
+        .collect();
     let mut labels = json!({SERVICE_NAME_LABEL: key.1, MANAGED_BY_LABEL: MANAGED_BY});
     if let Some(gw) = svc.pointer("/metadata/labels").and_then(|l| l.get(PROXY_NAME_LABEL)) {
         labels[PROXY_NAME_LABEL] = gw.clone();
     }
-    json!({
+    let mut out = json!({
         "apiVersion": "discovery.k8s.io/v1",
         "kind": "EndpointSlice",
         "metadata": {
@@ -435,12 +440,15 @@ fn slice(key: &Key, svc: &Json, name: &str, v4: bool, members: &[(u32, &Endpoint
             "namespace": key.0,
             "labels": labels,
             "annotations": {ENDPOINT_IDS: serde_json::to_string(&ids).unwrap_or_default()},
-            "ownerReferences": [owner],
         },
         "addressType": if v4 { "IPv4" } else { "IPv6" },
         "endpoints": endpoints,
         "ports": ports,
-    })
+    });
+    if !owners.is_empty() {
+        out["metadata"]["ownerReferences"] = Json::Array(owners);
+    }
+    out
 }
 
 #[cfg(test)]
