@@ -1,5 +1,6 @@
 //! What an operator applies to install Sluice on a cluster, checked
-//! without one: the shipped RBAC against what the controller writes.
+//! without one: the shipped RBAC against what the controller writes, and
+//! the README's install commands in their order.
 //!
 //! - The controller writes owner references with `blockOwnerDeletion`
 //!   (EndpointSlices owned by their Service, Deployments by their
@@ -11,14 +12,22 @@
 //! - `sluice controller --dry-run` writes what applies (no owner
 //!   reference without the owner's uid, nothing only the server fills
 //!   in) and reads the List documents `kubectl get -o yaml` writes.
+//! - The README's controller install, command by command, in order, on
+//!   the fake API server refusing creates into a namespace that does not
+//!   exist (and, for what it does not serve, a model of a fresh cluster:
+//!   a cluster-scoped object needs its kind, a custom kind its CRD
+//!   applied before); at the end, every kind the controller watches is
+//!   installed, the Gateway API's at v1.2 or later (`spec.infrastructure`).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
+use kube::api::{ApiResource, DynamicObject, PostParams};
 use serde_json::{json, Value as Json};
 use sluice::config::yaml;
 use sluice::controller::{dryrun, plan, Settings};
+use sluice_tests::fake_apiserver::{FakeApi, RESOURCES};
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -143,4 +152,148 @@ fn the_output_applies_and_lists_from_kubectl_are_read() {
     let dep = out.iter().find(|d| d["kind"] == "Deployment").expect("a Deployment from the List");
     assert_eq!(dep["metadata"]["ownerReferences"][0]["uid"], "uid-sllb-a", "{dep}");
     assert_eq!(out.len(), output(&store).len());
+}
+
+/// Kinds a fresh cluster has, namespaced or not.
+const BUILT_IN: [&str; 15] = [
+    "Namespace", "ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "ConfigMap",
+    "Deployment", "Service", "Pod", "EndpointSlice", "Lease", "Event", "Secret",
+];
+/// Cluster-scoped kinds among them and the Gateway API's.
+const CLUSTER_SCOPED: [&str; 5] = ["Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition", "GatewayClass"];
+
+/// The `kubectl` command lines of the README's controller section, in order.
+fn readme_commands() -> Vec<String> {
+    let text = std::fs::read_to_string(root().join("README.md")).unwrap();
+    let start = text.find("### The controller").expect("the README's controller section");
+    let rest = &text[start..];
+    let end = rest[3..].find("\n## ").map_or(rest.len(), |e| e + 3);
+    rest[..end]
+        .lines()
+        .map(|l| l.split(" #").next().unwrap_or("").trim())
+        .filter(|l| l.starts_with("kubectl "))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The Gateway API version of a release's install manifest URL.
+fn gateway_api_version(url: &str) -> Option<(u32, u32)> {
+    let rest = url.strip_prefix("https://github.com/kubernetes-sigs/gateway-api/releases/download/v")?;
+    let (version, file) = rest.split_once('/')?;
+    if !file.ends_with("-install.yaml") {
+        return None;
+    }
+    let mut it = version.split('.');
+    Some((it.next()?.parse().ok()?, it.next()?.parse().ok()?))
+}
+
+/// The files a `-f` names: a file, or a directory's YAML files in order.
+fn files_of(arg: &str) -> Vec<PathBuf> {
+    let p = root().join(arg);
+    if p.is_dir() {
+        let mut v: Vec<PathBuf> = std::fs::read_dir(&p).unwrap().map(|e| e.unwrap().path()).filter(|f| f.extension().is_some_and(|x| x == "yaml" || x == "yml")).collect();
+        v.sort();
+        v
+    } else {
+        assert!(p.is_file(), "the README applies {arg}, which is not in the repository");
+        vec![p]
+    }
+}
+
+fn resource(kind: &str) -> Option<ApiResource> {
+    let r = RESOURCES.iter().find(|r| r.2 == kind)?;
+    let (group, version) = r.3.split_once('/').unwrap_or(("", r.3));
+    Some(ApiResource { group: group.into(), version: version.into(), api_version: r.3.into(), kind: kind.into(), plural: r.1.into() })
+}
+
+/// Walks the README's controller install on a fresh cluster; the problems.
+async fn walk(commands: &[String]) -> Vec<String> {
+    let api = FakeApi::start_new().await;
+    api.require_namespaces();
+    for ns in ["default", "kube-system", "kube-public"] {
+        api.apply(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}));
+    }
+    let kubeconfig = std::env::temp_dir().join(format!("sluice-install-{}.kubeconfig", std::process::id()));
+    std::fs::write(&kubeconfig, api.kubeconfig("default")).unwrap();
+    let client = sluice::controller::client::client(Some(&kubeconfig)).await.unwrap();
+    let _ = std::fs::remove_file(&kubeconfig);
+
+    let mut kinds: BTreeSet<String> = BUILT_IN.iter().map(|k| (*k).to_owned()).collect();
+    let mut problems = Vec::new();
+    for cmd in commands {
+        let words: Vec<&str> = cmd.split_whitespace().collect();
+        if words.get(1) != Some(&"apply") {
+            continue;
+        }
+        let mut namespace = "default".to_owned();
+        let mut files: Vec<&str> = Vec::new();
+        let mut i = 2;
+        while i < words.len() {
+            match words[i] {
+                "-n" | "--namespace" => namespace = words.get(i + 1).copied().unwrap_or("").to_owned(),
+                "-f" | "--filename" => files.extend(words.get(i + 1).copied()),
+                _ => {
+                    i += 1;
+                    continue;
+                }
+            }
+            i += 2;
+        }
+        for f in files {
+            if f.starts_with("https://") {
+                match gateway_api_version(f) {
+                    Some(v) if v >= (1, 2) => kinds.extend(["Gateway", "GatewayClass", "HTTPRoute", "GRPCRoute", "ReferenceGrant"].map(str::to_owned)),
+                    Some((a, b)) => problems.push(format!("{cmd}: the Gateway API v{a}.{b} has no spec.infrastructure (v1.2 or later)")),
+                    None => problems.push(format!("{cmd}: an URL the walk does not know: {f}")),
+                }
+                continue;
+            }
+            for file in files_of(f) {
+                for d in documents(&file) {
+                    let kind = d["kind"].as_str().unwrap_or("").to_owned();
+                    let name = d["metadata"]["name"].as_str().unwrap_or("").to_owned();
+                    let what = format!("{cmd}: {} {kind}/{name}", file.strip_prefix(root()).unwrap_or(&file).display());
+                    if !kinds.contains(&kind) {
+                        problems.push(format!("{what}: no such kind yet (its CRD is not installed before it)"));
+                        continue;
+                    }
+                    if kind == "CustomResourceDefinition" {
+                        kinds.extend(d["spec"]["names"]["kind"].as_str().map(str::to_owned));
+                    }
+                    let Some(ar) = resource(&kind) else { continue };
+                    let obj: DynamicObject = serde_json::from_value(d.clone()).unwrap();
+                    let res = if CLUSTER_SCOPED.contains(&kind.as_str()) {
+                        kube::Api::<DynamicObject>::all_with(client.clone(), &ar).create(&PostParams::default(), &obj).await
+                    } else {
+                        let ns = d["metadata"]["namespace"].as_str().unwrap_or(&namespace).to_owned();
+                        kube::Api::<DynamicObject>::namespaced_with(client.clone(), &ns, &ar).create(&PostParams::default(), &obj).await
+                    };
+                    if let Err(e) = res {
+                        problems.push(format!("{what}: {e}"));
+                    }
+                }
+            }
+        }
+    }
+    for k in sluice::controller::client::KINDS {
+        if !kinds.contains(k) {
+            problems.push(format!("the controller watches {k}s, which no command installs (a prerequisite is missing)"));
+        }
+    }
+    problems
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readmes_controller_install_works_on_a_fresh_cluster() {
+    let commands = readme_commands();
+    assert!(commands.iter().any(|c| c.contains("configs/k8s/controller/controller.yaml")), "{commands:#?}");
+    let problems = walk(&commands).await;
+    assert!(problems.is_empty(), "the README's controller install fails:\n{}", problems.join("\n"));
+
+    // The walk catches what it checks: a namespaced object before its
+    // Namespace, a missing prerequisite.
+    let late: Vec<String> = vec!["kubectl apply -f configs/k8s/controller/rbac.yaml".into()];
+    let problems = walk(&late).await;
+    assert!(problems.iter().any(|p| p.contains("ServiceAccount/sluice-controller") && p.contains("namespaces \"sluice-system\" not found")), "{problems:#?}");
+    assert!(problems.iter().any(|p| p.contains("watches Gateways")), "{problems:#?}");
 }

@@ -23,7 +23,10 @@
 //!   body's resourceVersion is not the stored one), `PATCH` (server-side
 //!   apply creates or merges: metadata labels and annotations by key, the
 //!   other fields replaced; a merge patch merges) and `DELETE`, for every
-//!   kind, Pods, Deployments, ConfigMaps, Leases and Events among them.
+//!   kind, Pods, Deployments, ConfigMaps, Leases and Events among them;
+//!   Namespaces (created with `POST /api/v1/namespaces`) and, after
+//!   [`FakeApi::require_namespaces`], a create into a namespace that has
+//!   none is refused with 404, as the API server refuses it.
 //!   There is no garbage collector: owner references are stored, not
 //!   followed.
 //!
@@ -50,7 +53,7 @@ use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
 
 /// The kinds served: URL prefix, plural, kind, apiVersion.
-pub const RESOURCES: [(&str, &str, &str, &str); 10] = [
+pub const RESOURCES: [(&str, &str, &str, &str); 14] = [
     ("/apis/gateway.networking.k8s.io/v1", "gateways", "Gateway", "gateway.networking.k8s.io/v1"),
     ("/apis/meridio.experiment.gateway.api.poc/v1alpha1", "l34routes", "L34Route", "meridio.experiment.gateway.api.poc/v1alpha1"),
     ("/api/v1", "services", "Service", "v1"),
@@ -61,6 +64,10 @@ pub const RESOURCES: [(&str, &str, &str, &str); 10] = [
     ("/api/v1", "configmaps", "ConfigMap", "v1"),
     ("/apis/coordination.k8s.io/v1", "leases", "Lease", "coordination.k8s.io/v1"),
     ("/apis/events.k8s.io/v1", "events", "Event", "events.k8s.io/v1"),
+    ("/api/v1", "namespaces", "Namespace", "v1"),
+    ("/api/v1", "serviceaccounts", "ServiceAccount", "v1"),
+    ("/apis/rbac.authorization.k8s.io/v1", "roles", "Role", "rbac.authorization.k8s.io/v1"),
+    ("/apis/rbac.authorization.k8s.io/v1", "rolebindings", "RoleBinding", "rbac.authorization.k8s.io/v1"),
 ];
 
 /// A request the server received.
@@ -104,6 +111,8 @@ struct State {
     compacted: u64,
     seen: Vec<Seen>,
     bookmark_every: Duration,
+    /// Creates into a namespace without its Namespace object are refused.
+    require_namespaces: bool,
 }
 
 /// The fake API server; stopped when dropped.
@@ -199,6 +208,7 @@ impl FakeApi {
                 compacted: 0,
                 seen: Vec::new(),
                 bookmark_every: Duration::from_millis(300),
+                require_namespaces: false,
             })),
             changes: broadcast::channel(4096).0,
             drops: broadcast::channel(16).0,
@@ -288,6 +298,13 @@ impl FakeApi {
         s.history.clear();
     }
 
+    /// From now on, refuses (404, as the API server does) what a client
+    /// creates in a namespace that has no Namespace object (created with
+    /// `POST /api/v1/namespaces`, or [`FakeApi::apply`]).
+    pub fn require_namespaces(&self) {
+        lock(&self.state).require_namespaces = true;
+    }
+
     /// How often watches that asked for them get bookmarks.
     pub fn set_bookmark_every(&self, every: Duration) {
         lock(&self.state).bookmark_every = every;
@@ -344,8 +361,15 @@ impl Drop for FakeApi {
 fn store(s: &mut State, kind: &'static str, mut obj: Json) -> Change {
     s.rv += 1;
     let rv = s.rv;
-    let key = (obj["metadata"]["namespace"].as_str().unwrap_or("default").to_owned(), obj["metadata"]["name"].as_str().unwrap_or("").to_owned());
-    obj["metadata"]["namespace"] = json!(key.0);
+    let ns = if kind == "Namespace" { "" } else { obj["metadata"]["namespace"].as_str().unwrap_or("default") };
+    let key = (ns.to_owned(), obj["metadata"]["name"].as_str().unwrap_or("").to_owned());
+    if kind == "Namespace" {
+        if let Some(m) = obj["metadata"].as_object_mut() {
+            m.remove("namespace");
+        }
+    } else {
+        obj["metadata"]["namespace"] = json!(key.0);
+    }
     let before = s.objects.get(kind).and_then(|m| m.get(&key)).cloned();
     let meta = &mut obj["metadata"];
     meta["resourceVersion"] = json!(rv.to_string());
@@ -482,14 +506,37 @@ async fn handle(req: Request<Incoming>, state: Arc<Mutex<State>>, changes: broad
         return full(StatusCode::NOT_FOUND, &status(404, "NotFound", &format!("no such resource: {path}")));
     };
     let parts: Vec<&str> = path[prefix.len()..].split('/').skip(1).collect();
-    let (ns, rest): (Option<String>, Vec<&str>) = if parts[0] == "namespaces" { (Some(parts[1].to_owned()), parts[3..].to_vec()) } else { (None, Vec::new()) };
+    let (ns, rest): (Option<String>, Vec<&str>) = if parts[0] == "namespaces" && parts.len() >= 3 { (Some(parts[1].to_owned()), parts[3..].to_vec()) } else { (None, Vec::new()) };
     let name = rest.first().copied();
     let sub = rest.get(1).copied();
     let is_apply = content_type.starts_with("application/apply-patch");
     let send = |change: Change| {
         let _ = changes.send(change);
     };
+    let missing_namespace = |ns: &str| {
+        let s = lock(&state);
+        let missing = s.require_namespaces && !s.objects.get("Namespace").is_some_and(|m| m.contains_key(&(String::new(), ns.to_owned())));
+        missing.then(|| full(StatusCode::NOT_FOUND, &status(404, "NotFound", &format!("namespaces {ns:?} not found"))))
+    };
     match (method, ns.as_deref(), name, sub) {
+        (Method::POST, None, None, _) if kind == "Namespace" => {
+            let mut obj = body.clone();
+            obj["kind"] = json!(kind);
+            obj["apiVersion"] = json!(api_version);
+            let name = obj["metadata"]["name"].as_str().unwrap_or("").to_owned();
+            let mut s = lock(&state);
+            if name.is_empty() || s.objects.get(kind).is_some_and(|m| m.contains_key(&(String::new(), name.clone()))) {
+                return full(StatusCode::CONFLICT, &status(409, "AlreadyExists", &format!("namespaces {name:?} already exists")));
+            }
+            let change = store(&mut s, kind, obj);
+            drop(s);
+            let out = change.after.clone().unwrap_or(Json::Null);
+            send(change);
+            full(StatusCode::CREATED, &out)
+        }
+        (Method::POST | Method::PATCH, Some(ns), _, _) if missing_namespace(ns).is_some() && !lock(&state).objects.get(kind).is_some_and(|m| name.is_some_and(|n| m.contains_key(&(ns.to_owned(), n.to_owned())))) => {
+            missing_namespace(ns).unwrap_or_else(|| full(StatusCode::NOT_FOUND, &Json::Null))
+        }
         (Method::GET, ns, None, _) if matches!(query.get("watch").map(String::as_str), Some("true" | "1")) => watch(&state, &changes, &drops, kind, api_version, ns, &query),
         (Method::GET, ns, None, _) => {
             let (labels, fields) = (selector(&query, "labelSelector"), selector(&query, "fieldSelector"));
