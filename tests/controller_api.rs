@@ -474,6 +474,93 @@ async fn a_second_controller_does_not_write_while_the_first_holds_the_lease() {
     env.cleanup().await;
 }
 
+/// The Maglev table the appliance builds for endpoints with these
+/// identifiers (default size for the default limit), as a digest of the
+/// address of every slot.
+fn table_digest(ids: &std::collections::BTreeMap<String, u32>) -> u64 {
+    use sluice_dataplane::maglev::{default_size, Table};
+    use std::hash::{Hash, Hasher};
+    let limit = 32;
+    let eps: Vec<(u16, u32)> = ids.values().map(|&id| (u16::try_from(id).unwrap(), 1)).collect();
+    let by_id: std::collections::BTreeMap<u16, &str> = ids.iter().map(|(a, &id)| (u16::try_from(id).unwrap(), a.as_str())).collect();
+    let table = Table::build(default_size(limit), limit, &eps).unwrap().unwrap();
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for i in 0..table.size() as usize {
+        by_id[&table.entries().get(i)].hash(&mut h);
+    }
+    h.finish()
+}
+
+/// Every endpoint keeps its identifier (and the table its slots) when
+/// its Gateway is deleted and re-created and when the controller restarts.
+async fn identity_scenario(env: &Env) {
+    env.create(gateway(None)).await;
+    env.create(service(None)).await;
+    for (i, name) in ["target-1", "target-2", "target-3"].iter().enumerate() {
+        env.create(pod(&env.ns, name, &format!("169.111.100.{}", i + 2))).await;
+        if env.real {
+            tokio::time::sleep(Duration::from_millis(1100)).await;
+        }
+    }
+    let (_status, stop, task) = env.controller("first");
+    let first = map(&[("169.111.100.2", 0), ("169.111.100.3", 1), ("169.111.100.4", 2)]);
+    eventually("the slice lists the three pods", || async {
+        let got = slice_ids(env).await?;
+        if got == first { Ok(()) } else { Err(format!("{got:?}")) }
+    })
+    .await;
+    // The first pod leaves, a new one takes its identifier: the
+    // identifiers are no longer in the pods' order.
+    env.delete("Pod", "target-1").await;
+    env.create(pod(&env.ns, "target-4", "169.111.100.5")).await;
+    let want = map(&[("169.111.100.3", 1), ("169.111.100.4", 2), ("169.111.100.5", 0)]);
+    eventually("the new pod takes the freed identifier", || async {
+        let got = slice_ids(env).await?;
+        if got == want { Ok(()) } else { Err(format!("{got:?}")) }
+    })
+    .await;
+    let digest = table_digest(&want);
+
+    // The Gateway goes: its Services' slices go with it.
+    env.delete("Gateway", "sllb-a").await;
+    eventually("the slices of the deleted Gateway are gone", || async {
+        match env.get("EndpointSlice", "service-a-sluice-v4").await {
+            None => Ok(()),
+            Some(s) => Err(format!("still there: {s}")),
+        }
+    })
+    .await;
+    // It comes back: every endpoint has the identifier it had.
+    env.create(gateway(None)).await;
+    eventually("the re-created Gateway's slice has the same identifiers", || async {
+        let got = slice_ids(env).await?;
+        if got == want { Ok(()) } else { Err(format!("{got:?}")) }
+    })
+    .await;
+    assert_eq!(table_digest(&slice_ids(env).await.unwrap()), digest);
+
+    // A restarted controller, with the slices gone meanwhile, finds them too.
+    stop.cancel();
+    task.await.unwrap();
+    env.delete("EndpointSlice", "service-a-sluice-v4").await;
+    let (status, stop, task) = env.controller("second");
+    eventually("the restarted controller writes the slice again, with the same identifiers", || async {
+        let got = slice_ids(env).await?;
+        if got == want { Ok(()) } else { Err(format!("{got:?} ({:?})", status.lock().unwrap().last_error)) }
+    })
+    .await;
+    assert_eq!(table_digest(&slice_ids(env).await.unwrap()), digest, "the service's table changed");
+    stop.cancel();
+    task.await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn endpoints_keep_their_identifiers_across_gateway_recreation_and_restarts() {
+    let env = Env::fake("identity").await;
+    identity_scenario(&env).await;
+    env.cleanup().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn against_a_real_api_server() {
     let Some(env) = Env::real("slices").await else { return };
@@ -481,5 +568,8 @@ async fn against_a_real_api_server() {
     env.cleanup().await;
     let Some(env) = Env::real("deploy").await else { return };
     deployment_scenario(&env).await;
+    env.cleanup().await;
+    let Some(env) = Env::real("identity").await else { return };
+    identity_scenario(&env).await;
     env.cleanup().await;
 }

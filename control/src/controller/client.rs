@@ -33,6 +33,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::gateway::{APP_MANAGED_BY_LABEL, GATEWAY_LABEL};
+use crate::config::manifests::ENDPOINT_IDS;
 use super::lease::{self, LeaseConfig};
 use super::{gateway_conditions, is_subset, observed_conditions, plan, Full, Key, Settings, Store, FIELD_MANAGER, MANAGED_BY, MANAGED_BY_LABEL};
 
@@ -365,6 +366,25 @@ impl Task {
         }
         let p = plan(&self.store, &self.opts.settings);
         let mut failed = false;
+        // Each Service keeps its endpoints' identifiers, before any slice
+        // uses them: they outlive the slices (a Gateway deleted or of
+        // another class for a while), this controller and its leader.
+        let mut unkept = false;
+        for (k, ids) in &p.service_ids {
+            let have = self.store.get("Service", &k.0, &k.1).and_then(|s| s.pointer("/metadata/annotations")).and_then(|a| a.get(ENDPOINT_IDS)).and_then(Json::as_str);
+            if have == Some(ids.as_str()) {
+                continue;
+            }
+            let body = json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": k.1, "namespace": k.0, "annotations": {ENDPOINT_IDS: ids}}});
+            if !self.apply(1, &body).await {
+                unkept = true;
+            }
+        }
+        if unkept {
+            // An identifier not kept yet is not written in a slice: try again.
+            self.failed = true;
+            return;
+        }
         // Slices: first the ones to hold (a new endpoint is never missing
         // while another's leaves), then the ones not wanted.
         for (k, want) in &p.slices {

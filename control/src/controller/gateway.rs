@@ -326,8 +326,8 @@ spec:\n  replicas: 3\n  selector: {matchLabels: {app: lb}}\n  template:\n    met
         let copy = Template::parse(cm["data"]["sllbr-template.yaml"].as_str().unwrap()).unwrap();
         assert_eq!(copy, Template::default_template().unwrap(), "controller.yaml's template is sllbr-template.yaml");
         // The ClusterRole: the design's list for the Controller-Manager, plus
-        // ConfigMaps (parametersRef), events and the owners' finalizers;
-        // Leases only in a Role.
+        // ConfigMaps (parametersRef), events, the owners' finalizers and the
+        // Services' identifier annotation; Leases only in a Role.
         let rbac = std::fs::read_to_string(dir.join("rbac.yaml")).unwrap();
         let (docs, _) = yaml::documents(&rbac, &mut yaml::Budget::default());
         let docs: Vec<Json> = docs.iter().map(yaml::Value::to_json).collect();
@@ -353,7 +353,7 @@ spec:\n  replicas: 3\n  selector: {matchLabels: {app: lb}}\n  template:\n    met
             "l34routes: get,list,watch",
             "pods: get,list,watch",
             "services/finalizers: update",
-            "services: get,list,watch",
+            "services: get,list,patch,watch",
         ]);
         let lease = docs.iter().find(|d| d["kind"] == "Role").unwrap();
         assert_eq!(lease["rules"], json!([{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]}]));

@@ -168,6 +168,9 @@ pub struct Plan {
     pub gateways: BTreeMap<Key, GatewayReport>,
     /// Pods selected by a Service that are not its endpoints, and why.
     pub ignored: Vec<Ignored>,
+    /// The identifiers each Service keeps in its `sluice.io/endpoint-ids`
+    /// annotation (written before its slices, so that they outlive them).
+    pub service_ids: BTreeMap<Key, String>,
 }
 
 /// Whether `gw` is of the class handled.
@@ -216,6 +219,7 @@ pub fn plan(store: &Store, settings: &Settings) -> Plan {
                     for (name, slice) in s.slices {
                         out.slices.insert((skey.0.clone(), name), slice);
                     }
+                    out.service_ids.insert(skey.clone(), s.ids);
                     out.ignored.extend(s.ignored);
                 }
             }

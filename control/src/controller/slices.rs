@@ -240,10 +240,15 @@ pub fn limit_of(svc: &Json, default: u32) -> Result<u32, String> {
     }
 }
 
-/// The identifiers held by the slices this controller wrote for a Service.
+/// The identifiers of a Service's endpoints: first as kept on the Service
+/// itself (its [`ENDPOINT_IDS`] annotation, which outlives its slices:
+/// a Gateway deleted and re-created, or its class changed and changed
+/// back, finds them there), then as the slices this controller wrote for
+/// it hold them.
 pub fn previous_ids(store: &Store, svc: &Key) -> Previous {
     let mut out = Previous::new();
-    for s in owned_slices(store, svc) {
+    let kept = store.get("Service", &svc.0, &svc.1).into_iter();
+    for s in kept.chain(owned_slices(store, svc)) {
         let Some(text) = s.pointer("/metadata/annotations").and_then(|a| a.get(ENDPOINT_IDS)).and_then(Json::as_str) else { continue };
         let Ok(m) = serde_json::from_str::<BTreeMap<String, u32>>(text) else { continue };
         for (a, id) in m {
@@ -283,6 +288,9 @@ pub struct ServiceSlices {
     /// The Service's own problem (a bad limit annotation): nothing is
     /// written for it.
     pub invalid: Option<String>,
+    /// Every admitted endpoint's identifier, as the Service keeps them
+    /// (its [`ENDPOINT_IDS`] annotation: address → identifier, JSON).
+    pub ids: String,
 }
 
 /// Pods in the order endpoints are admitted: oldest first, then by name.
@@ -330,6 +338,8 @@ pub fn service_slices(store: &Store, key: &Key, svc: &Json, nets: &Networks, def
     let previous = previous_ids(store, key);
     let candidates: Vec<IpAddr> = endpoints.iter().map(|e| e.addr).collect();
     let alloc = ids::allocate(&previous, limit, &candidates);
+    let kept: BTreeMap<String, u32> = alloc.ids.iter().map(|(a, id)| (a.to_string(), *id)).collect();
+    out.ids = serde_json::to_string(&kept).unwrap_or_default();
     if !alloc.full.is_empty() {
         out.full = Some(limit);
         for a in &alloc.full {
