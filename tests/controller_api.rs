@@ -424,6 +424,44 @@ async fn a_full_service_says_so_in_an_event_and_a_condition() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_left_out_for_network_reasons_are_named_in_the_gateways_condition() {
+    let env = Env::fake("leftout").await;
+    env.create(gateway(None)).await;
+    env.create(service(None)).await;
+    env.create(pod(&env.ns, "target-1", "169.111.100.2")).await;
+    env.create(pod(&env.ns, "elsewhere", "169.111.200.9")).await;
+    let mut unattached = pod(&env.ns, "unattached", "169.111.100.3");
+    unattached["metadata"]["annotations"] = json!({});
+    env.create(unattached).await;
+    let (_status, stop, task) = env.controller("first");
+    eventually("the Gateway's condition names the pods left out and why", || async {
+        let gw = env.get("Gateway", "sllb-a").await.unwrap();
+        match condition(&gw, COND_ENDPOINTS) {
+            Some(c) if c["status"] == "False"
+                && c["reason"] == "PodsLeftOut"
+                && c["message"].as_str().is_some_and(|m| m.contains("elsewhere: OutsideSubnets") && m.contains("unattached: NoNetworkStatus")) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    assert_eq!(slice_ids(&env).await.unwrap(), map(&[("169.111.100.2", 0)]));
+    // Gone: every pod selected is an endpoint again.
+    env.delete("Pod", "elsewhere").await;
+    env.delete("Pod", "unattached").await;
+    eventually("the condition says every endpoint is admitted", || async {
+        let gw = env.get("Gateway", "sllb-a").await.unwrap();
+        match condition(&gw, COND_ENDPOINTS) {
+            Some(c) if c["status"] == "True" && c["reason"] == "Admitted" => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    stop.cancel();
+    task.await.unwrap();
+    env.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_controller_does_not_write_while_the_first_holds_the_lease() {
     let env = Env::fake("lease").await;
     env.create(gateway(None)).await;

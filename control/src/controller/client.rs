@@ -179,6 +179,9 @@ struct Task {
     recorder: Recorder,
     status: Arc<Mutex<Status>>,
     failed: bool,
+    /// The pods left out that were logged (by Service, pod and reason):
+    /// each is said once while it stays left out.
+    said: std::collections::BTreeSet<String>,
 }
 
 /// Runs the controller until `cancel`; `status` is kept current.
@@ -196,6 +199,7 @@ pub async fn run(opts: Options, status: Arc<Mutex<Status>>, cancel: Cancellation
         full: BTreeMap::new(),
         status,
         failed: false,
+        said: std::collections::BTreeSet::new(),
         client: client.clone(),
         opts,
     };
@@ -517,8 +521,17 @@ impl Task {
         let mut st = lock(&self.status);
         st.full = full.into_iter().map(|(k, f)| (format!("{}/{}", k.0, k.1), f)).collect();
         st.ignored = BTreeMap::new();
+        let mut said = std::collections::BTreeSet::new();
         for i in &p.ignored {
-            st.ignored.entry(i.service.clone()).or_default().push(format!("{}: {}: {}", i.pod, i.reason, i.message));
+            let line = format!("{}: {}: {}", i.pod, i.reason, i.message);
+            let key = format!("{}/{line}", i.service);
+            if !self.said.contains(&key) {
+                info!(service = %i.service, pod = %i.pod, reason = i.reason, "pod left out of the Service's endpoints: {}", i.message);
+            }
+            said.insert(key);
+            st.ignored.entry(i.service.clone()).or_default().push(line);
         }
+        drop(st);
+        self.said = said;
     }
 }

@@ -54,8 +54,8 @@ pub const FIELD_MANAGER: &str = "sluice-controller";
 pub const COND_ACCEPTED: &str = "sluice.io/ControllerAccepted";
 /// The SLLBR Deployment is there with an available replica.
 pub const COND_PROGRAMMED: &str = "sluice.io/SLLBRProgrammed";
-/// Every pod on the networks of the Gateway's Services has an endpoint
-/// identifier (no Service is full).
+/// Every pod the Gateway's Services select has an endpoint identifier:
+/// none is left out for a network reason and no Service is full.
 pub const COND_ENDPOINTS: &str = "sluice.io/EndpointsAdmitted";
 /// Default endpoint limit of a Service without `sluice.io/endpoint-limit`
 /// (the appliance's default).
@@ -151,6 +151,10 @@ pub struct GatewayReport {
     pub full: BTreeMap<String, Full>,
     /// Its Services that are not handled, and why.
     pub invalid_services: BTreeMap<String, String>,
+    /// Pods its Services select that are not endpoints for a network
+    /// reason (no Multus status, not on the Gateway's networks, outside
+    /// its subnets), by Service: `pod: reason: why`.
+    pub left_out: BTreeMap<String, Vec<String>>,
 }
 
 /// Everything the controller wants, from one look at the objects.
@@ -215,6 +219,9 @@ pub fn plan(store: &Store, settings: &Settings) -> Plan {
                     if let Some(limit) = s.full {
                         let pods = s.ignored.iter().filter(|i| i.reason == "ServiceFull").map(|i| i.pod.clone()).collect();
                         report.full.insert(skey.1.clone(), Full { limit, pods });
+                    }
+                    for i in s.ignored.iter().filter(|i| matches!(i.reason, "NoNetworkStatus" | "NotOnNetwork" | "OutsideSubnets")) {
+                        report.left_out.entry(skey.1.clone()).or_default().push(format!("{}: {}: {}", i.pod, i.reason, i.message));
                     }
                     for (name, slice) in s.slices {
                         out.slices.insert((skey.0.clone(), name), slice);
@@ -281,12 +288,15 @@ pub fn gateway_conditions(store: &Store, gw: &Json, report: &GatewayReport, now:
         .map(|(s, f)| format!("Service {s} is full ({} endpoint identifiers; left out: {})", f.limit, f.pods.join(", ")))
         .collect();
     problems.extend(report.invalid_services.iter().map(|(s, why)| format!("Service {s} is not handled: {why}")));
-    let endpoints = if problems.is_empty() {
+    let left_out: Vec<String> = report.left_out.iter().map(|(s, pods)| format!("Service {s} leaves out pods it selects: {}", pods.join("; "))).collect();
+    let endpoints = if problems.is_empty() && left_out.is_empty() {
         cond(COND_ENDPOINTS, true, "Admitted", "every endpoint of the Gateway's Services has an identifier".into())
+    } else if problems.is_empty() {
+        cond(COND_ENDPOINTS, false, "PodsLeftOut", left_out.join("; "))
     } else if report.full.is_empty() {
-        cond(COND_ENDPOINTS, false, "InvalidService", problems.join("; "))
+        cond(COND_ENDPOINTS, false, "InvalidService", problems.iter().chain(&left_out).cloned().collect::<Vec<_>>().join("; "))
     } else {
-        cond(COND_ENDPOINTS, false, "EndpointLimitReached", problems.join("; "))
+        cond(COND_ENDPOINTS, false, "EndpointLimitReached", problems.iter().chain(&left_out).cloned().collect::<Vec<_>>().join("; "))
     };
     vec![accepted, programmed, endpoints]
 }
