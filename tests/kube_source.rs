@@ -266,6 +266,38 @@ async fn the_source_serves_the_gateway_follows_changes_and_writes_status() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_gatewayrouter_crd_the_rest_is_served_and_status_says_what_is_not() {
+    let api = FakeApi::start_new().await;
+    api.set_kind_installed("GatewayRouter", false);
+    for o in read_manifests(&root().join("configs/manifests"), NS).unwrap() {
+        api.apply(o);
+    }
+    let r = run_against(api, "nocrd");
+    until("a state served without GatewayRouters", || r.accepted() >= 1).await;
+    let from_dir = manifests::load(&root().join("configs/manifests"), "sllb-a").unwrap();
+    assert_eq!(normal(r.last().unwrap()), normal(from_dir));
+    until("the summary", || !r.status().serving.starts_with("nothing from Kubernetes yet")).await;
+    let st = r.status();
+    assert_eq!(st.not_served.len(), 1, "{st:?}");
+    assert!(st.not_served[0].contains("no GatewayRouter resource") && st.not_served[0].contains("CRD"), "{st:?}");
+    assert!(st.serving.contains("not served: "), "{}", st.serving);
+
+    // The CRD installed: its objects are followed and nothing is missing.
+    r.api.set_kind_installed("GatewayRouter", true);
+    r.api.apply(json!({
+        "apiVersion": "meridio.experiment.gateway.api.poc/v1alpha1", "kind": "GatewayRouter",
+        "metadata": {"name": "gateway-a-v4", "namespace": NS, "labels": {"service.kubernetes.io/service-proxy-name": "sllb-a"}},
+        "spec": {"address": "169.254.100.150", "interface": "vlan-100", "bgp": {"localASN": 8103, "remoteASN": 4_248_829_953_u32, "holdTime": "24s"}}
+    }));
+    until("the router, once its CRD is there", || {
+        let st = r.status();
+        st.not_served.is_empty() && st.routers.iter().any(|x| x.name == "gateway-a-v4")
+    })
+    .await;
+    r.cancel.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropped_watches_resume_and_410_gone_relists() {
     let r = start("resume").await;
     until("a first state", || r.accepted() >= 1).await;

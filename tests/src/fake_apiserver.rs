@@ -30,7 +30,8 @@
 //!   There is no garbage collector: owner references are stored, not
 //!   followed.
 //!
-//! Faults on demand: [`FakeApi::drop_watches`] ends every open watch (the
+//! Faults on demand: [`FakeApi::set_kind_installed`] answers 404 for a
+//! kind (its CRD missing), [`FakeApi::drop_watches`] ends every open watch (the
 //! connection drops), [`FakeApi::compact`] forgets the history (the next
 //! watch from an old version gets 410), [`FakeApi::stop`] and
 //! [`FakeApi::start`] take the server off the network and back on the
@@ -113,6 +114,8 @@ struct State {
     bookmark_every: Duration,
     /// Creates into a namespace without its Namespace object are refused.
     require_namespaces: bool,
+    /// Kinds answered with 404, as for a CRD that is not installed.
+    absent: std::collections::BTreeSet<&'static str>,
 }
 
 /// The fake API server; stopped when dropped.
@@ -209,6 +212,7 @@ impl FakeApi {
                 seen: Vec::new(),
                 bookmark_every: Duration::from_millis(300),
                 require_namespaces: false,
+                absent: std::collections::BTreeSet::new(),
             })),
             changes: broadcast::channel(4096).0,
             drops: broadcast::channel(16).0,
@@ -303,6 +307,18 @@ impl FakeApi {
     /// `POST /api/v1/namespaces`, or [`FakeApi::apply`]).
     pub fn require_namespaces(&self) {
         lock(&self.state).require_namespaces = true;
+    }
+
+    /// Answers every request about `kind` with 404, as for a custom
+    /// resource whose CRD is not installed (`present` again: installed).
+    pub fn set_kind_installed(&self, kind: &str, present: bool) {
+        let Some(k) = RESOURCES.iter().find(|r| r.2 == kind).map(|r| r.2) else { panic!("not a kind served: {kind}") };
+        let mut s = lock(&self.state);
+        if present {
+            s.absent.remove(k);
+        } else {
+            s.absent.insert(k);
+        }
     }
 
     /// How often watches that asked for them get bookmarks.
@@ -505,6 +521,9 @@ async fn handle(req: Request<Incoming>, state: Arc<Mutex<State>>, changes: broad
     else {
         return full(StatusCode::NOT_FOUND, &status(404, "NotFound", &format!("no such resource: {path}")));
     };
+    if lock(&state).absent.contains(kind) {
+        return full(StatusCode::NOT_FOUND, &status(404, "NotFound", "the server could not find the requested resource"));
+    }
     let parts: Vec<&str> = path[prefix.len()..].split('/').skip(1).collect();
     let (ns, rest): (Option<String>, Vec<&str>) = if parts[0] == "namespaces" && parts.len() >= 3 { (Some(parts[1].to_owned()), parts[3..].to_vec()) } else { (None, Vec::new()) };
     let name = rest.first().copied();

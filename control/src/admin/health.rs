@@ -83,6 +83,9 @@ pub fn unready(sh: &Shared, now: Instant) -> Vec<String> {
     if st.published_at.is_none() {
         why.push("no configuration published yet".into());
     }
+    if let Some(k) = lock(&sh.kube).as_ref().map(|k| lock(k).not_served.clone()) {
+        why.extend(k.into_iter().map(|w| format!("source kubernetes: not served: {w}")));
+    }
     for (name, s) in &st.sources {
         if !s.accepted {
             let first = s.problems.first().map_or("", String::as_str);
@@ -142,6 +145,24 @@ mod tests {
         for _ in 0..4 {
             rx.recv_timeout(Duration::from_secs(30)).expect("a probe thread deadlocked");
         }
+    }
+
+    #[test]
+    fn what_kubernetes_does_not_serve_makes_the_appliance_unready() {
+        let sh = shared(1);
+        let t0 = Instant::now();
+        {
+            let mut st = lock(&sh.state);
+            st.published_at = Some(t0);
+            st.sources.insert("kubernetes".into(), SourceStatus { accepted: true, ..Default::default() });
+        }
+        sh.workers[0].counters.idle_polls.add(1);
+        sample(&sh, t0);
+        let kube = Arc::new(std::sync::Mutex::new(crate::sources::kube::KubeStatus::default()));
+        *lock(&sh.kube) = Some(Arc::clone(&kube));
+        assert!(unready(&sh, t0).is_empty(), "{:?}", unready(&sh, t0));
+        lock(&kube).not_served = vec!["the API has no GatewayRouter resource".into()];
+        assert_eq!(unready(&sh, t0), vec!["source kubernetes: not served: the API has no GatewayRouter resource".to_owned()]);
     }
 
     #[test]

@@ -43,6 +43,8 @@ const MAX_TRIES: usize = 8;
 const RETRY: Duration = Duration::from_secs(5);
 /// How often the API server is asked whether it is there.
 const PROBE: Duration = Duration::from_secs(3);
+/// Kinds of Sluice's own CRDs: without them the rest is still served.
+const OPTIONAL: [&str; 2] = ["L34Route", "GatewayRouter"];
 
 fn lock(m: &Mutex<KubeStatus>) -> std::sync::MutexGuard<'_, KubeStatus> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -143,6 +145,9 @@ struct Task {
     buffers: [Option<BTreeMap<String, Json>>; 5],
     listed: [bool; 5],
     errors: [Option<String>; 5],
+    /// Kinds the API does not have (their CRD is not installed), and why
+    /// that matters: taken as having no objects until it has them.
+    absent: [Option<String>; 5],
     /// The inputs of the last round of tries.
     last_inputs: Option<BTreeMap<&'static str, Vec<Json>>>,
     /// The last plan (for status).
@@ -199,6 +204,7 @@ pub async fn run(
         buffers: Default::default(),
         listed: [false; 5],
         errors: Default::default(),
+        absent: Default::default(),
         last_inputs: None,
         plan: None,
         written: HashMap::new(),
@@ -279,6 +285,25 @@ impl Task {
     fn event(&mut self, i: usize, ev: Result<Event<DynamicObject>, watcher::Error>) -> bool {
         let kind = KINDS[i];
         let changed = match ev {
+            Err(watcher::Error::InitialListFailed(kube::Error::Api(s))) if s.is_not_found() && OPTIONAL.contains(&kind) => {
+                // The CRD is not installed: everything else is served, and
+                // status and readiness say what is not. The watcher keeps
+                // trying, so installing it later is followed.
+                let first = self.absent[i].is_none();
+                let why = format!(
+                    "the API has no {kind} resource (is its CRD installed? `kubectl apply -f configs/k8s/crds/`): {}",
+                    if kind == "GatewayRouter" { "no BGP/BFD peering from Kubernetes" } else { "no routes from Kubernetes" }
+                );
+                if first {
+                    warn!(kind, "{why}; serving the rest");
+                }
+                self.absent[i] = Some(why);
+                self.buffers[i] = None;
+                let had = self.objects.count(kind) > 0 || !self.listed[i];
+                self.objects.replace(kind, BTreeMap::new());
+                self.listed[i] = true;
+                first || had
+            }
             Err(e) => {
                 let msg = format!("watching {kind}s: {e}");
                 warn!(error = %msg, "Kubernetes watch failed; retrying with backoff (what is served stays)");
@@ -302,6 +327,9 @@ impl Task {
             Ok(Event::InitDone) => {
                 let objs = self.buffers[i].take().unwrap_or_default();
                 debug!(kind, count = objs.len(), "listed");
+                if self.absent[i].take().is_some() {
+                    info!(kind, "the API has the resource now");
+                }
                 self.objects.replace(kind, objs);
                 self.listed[i] = true;
                 true
@@ -321,6 +349,7 @@ impl Task {
             st.connected = true;
         }
         st.synced = self.listed.iter().all(|l| *l);
+        st.not_served = self.absent.iter().flatten().cloned().collect();
         st.waiting_for = KINDS.iter().zip(self.listed).filter(|(_, l)| !l).map(|(k, _)| (*k).to_owned()).collect();
         st.watched = KINDS.iter().map(|k| ((*k).to_owned(), self.objects.count(k))).collect();
         if changed {
@@ -386,6 +415,7 @@ impl Task {
         true
     }
 
+
     /// The GatewayRouters, parsed; the ones that do not parse are listed as refused.
     fn routers(&mut self) {
         let mut routers = Vec::new();
@@ -425,6 +455,10 @@ impl Task {
                 ps.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
             ),
         };
+        if !st.not_served.is_empty() {
+            let not = st.not_served.join("; ");
+            st.serving.push_str(&format!("; not served: {not}"));
+        }
         st.refused.retain(|r| r.object.starts_with("kubernetes: GatewayRouter/"));
         for m in &plan.mapping.objects {
             if let Some(r) = &m.refusal {

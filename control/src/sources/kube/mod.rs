@@ -74,6 +74,10 @@ pub struct KubeStatus {
     pub last_applied_at: Option<u64>,
     /// What is served, or why nothing is.
     pub serving: String,
+    /// What is not served from Kubernetes, and why (a custom resource
+    /// whose CRD is not installed): the appliance serves the rest and is
+    /// not ready while this is not empty.
+    pub not_served: Vec<String>,
     /// Objects left out, and why.
     pub refused: Vec<RefusedObject>,
     /// The GatewayRouters of the Gateway, for the routing side.
