@@ -298,6 +298,55 @@ async fn without_the_gatewayrouter_crd_the_rest_is_served_and_status_says_what_i
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_deleted_or_of_another_class_is_no_longer_served_and_its_status_cleared() {
+    let r = start("gone").await;
+    until("the first state", || r.last().is_some_and(|d| d.routes.len() == 2)).await;
+    until("route status", || r.route_condition("vip-20-0-0-1-web").is_some_and(|c| c["status"] == "True")).await;
+    let gw = r.api.get("Gateway", NS, "sllb-a").unwrap();
+
+    // The API unreachable: nothing is sent, what is served stays.
+    let sent = r.seen.lock().unwrap().messages;
+    r.api.stop();
+    until("the source sees the API gone", || !r.status().connected).await;
+    assert_eq!(r.seen.lock().unwrap().messages, sent, "nothing sent while the API is unreachable");
+    r.api.start().await;
+    until("the source sees the API back", || r.status().connected).await;
+    assert_eq!(r.last().unwrap().routes.len(), 2);
+
+    // Deleted (a DELETED event): its VIPs are no longer served, and the
+    // routes no longer say they are accepted by it.
+    r.api.delete("Gateway", NS, "sllb-a");
+    until("nothing served after the Gateway's deletion", || r.last().is_some_and(|d| d.routes.is_empty() && d.services.is_empty() && d.endpoints.is_empty())).await;
+    until("the routes' status for it cleared", || r.route_condition("vip-20-0-0-1-web").is_none()).await;
+    until("the summary", || r.status().serving.starts_with("nothing from Kubernetes")).await;
+
+    // Back: served again.
+    let mut back = gw.clone();
+    if let Some(st) = back.as_object_mut() {
+        st.remove("status");
+    }
+    r.api.apply(back.clone());
+    until("served again", || r.last().is_some_and(|d| d.routes.len() == 2)).await;
+    until("its status written again", || {
+        r.api.get("Gateway", NS, "sllb-a").and_then(|g| g.pointer("/status/conditions/0/message").cloned()) == Some(json!("served by Sluice"))
+    })
+    .await;
+
+    // Another class: not served, and the conditions Sluice wrote go.
+    back["spec"]["gatewayClassName"] = json!("someone-else/lb");
+    r.api.apply(back);
+    until("nothing served after the class change", || r.last().is_some_and(|d| d.routes.is_empty())).await;
+    until("the Gateway's conditions and addresses cleared", || {
+        let g = r.api.get("Gateway", NS, "sllb-a").unwrap();
+        let conds = g.pointer("/status/conditions").and_then(Json::as_array).cloned().unwrap_or_default();
+        !conds.iter().any(|c| c["type"] == "Accepted" || c["type"] == "Programmed") && g.pointer("/status/addresses").is_none()
+    })
+    .await;
+    until("the routes' status for it cleared", || r.route_condition("vip-20-0-0-1-web").is_none()).await;
+    r.cancel.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropped_watches_resume_and_410_gone_relists() {
     let r = start("resume").await;
     until("a first state", || r.accepted() >= 1).await;

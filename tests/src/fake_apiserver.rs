@@ -17,7 +17,8 @@
 //! - `GET /version` answers;
 //! - `PATCH .../{name}/status`: server-side apply replaces the status
 //!   fields it names, `conditions` merged by `type` (as the Gateway API's
-//!   list-map); a merge patch merges; the resourceVersion is bumped;
+//!   list-map), and removes those its field manager applied before and
+//!   leaves out now; a merge patch merges; the resourceVersion is bumped;
 //! - collections across namespaces (`/api/v1/pods`), `GET` of one object,
 //!   `POST` (create; 409 when it exists), `PUT` (replace; 409 when the
 //!   body's resourceVersion is not the stored one), `PATCH` (server-side
@@ -116,6 +117,9 @@ struct State {
     require_namespaces: bool,
     /// Kinds answered with 404, as for a CRD that is not installed.
     absent: std::collections::BTreeSet<&'static str>,
+    /// Per object, the status fields each field manager applied
+    /// (`conditions/<type>` or a status key).
+    status_owners: BTreeMap<(&'static str, String, String), BTreeMap<String, std::collections::BTreeSet<String>>>,
 }
 
 /// The fake API server; stopped when dropped.
@@ -213,6 +217,7 @@ impl FakeApi {
                 bookmark_every: Duration::from_millis(300),
                 require_namespaces: false,
                 absent: std::collections::BTreeSet::new(),
+                status_owners: BTreeMap::new(),
             })),
             changes: broadcast::channel(4096).0,
             drops: broadcast::channel(16).0,
@@ -446,6 +451,43 @@ fn merge_patch(target: &mut Json, patch: &Json) {
     }
 }
 
+/// Server-side apply of status `st` by `manager` onto `obj`: what that
+/// manager applied before and leaves out now is removed (unless another
+/// manager applied it since), and what it applies is its own.
+fn own_status(s: &mut State, kind: &'static str, ns: &str, name: &str, manager: &str, st: &Json, obj: &mut Json) {
+    let mut fields = std::collections::BTreeSet::new();
+    for (k, v) in st.as_object().into_iter().flatten() {
+        if k == "conditions" {
+            fields.extend(v.as_array().into_iter().flatten().filter_map(|c| c["type"].as_str()).map(|t| format!("conditions/{t}")));
+        } else {
+            fields.insert(k.clone());
+        }
+    }
+    let owners = s.status_owners.entry((kind, ns.to_owned(), name.to_owned())).or_default();
+    let before = owners.insert(manager.to_owned(), fields.clone()).unwrap_or_default();
+    for (m, f) in owners.iter_mut() {
+        if m != manager {
+            f.retain(|x| !fields.contains(x));
+        }
+    }
+    for gone in before.difference(&fields) {
+        if owners.iter().any(|(m, f)| m != manager && f.contains(gone)) {
+            continue;
+        }
+        let Some(status) = obj.get_mut("status").and_then(Json::as_object_mut) else { continue };
+        match gone.strip_prefix("conditions/") {
+            Some(t) => {
+                if let Some(c) = status.get_mut("conditions").and_then(Json::as_array_mut) {
+                    c.retain(|c| c["type"] != t);
+                }
+            }
+            None => {
+                status.remove(gone);
+            }
+        }
+    }
+}
+
 /// Server-side apply of `patch` onto `obj`, as far as this fake goes:
 /// labels and annotations by key, `conditions` lists by `type`, other
 /// fields replaced.
@@ -622,6 +664,8 @@ async fn handle(req: Request<Incoming>, state: Arc<Mutex<State>>, changes: broad
                     };
                     if is_apply {
                         apply_patch(&mut obj, &json!({"status": st}));
+                        let manager = query.get("fieldManager").cloned().unwrap_or_default();
+                        own_status(&mut s, kind, ns, name, &manager, st, &mut obj);
                     } else {
                         merge_patch(&mut obj["status"], st);
                     }

@@ -29,7 +29,7 @@ use super::sync::{observed_part, Objects, Outcome, Plan, Statuses, Sync, KINDS};
 use super::{crd, KubeConfig, KubeError, KubeStatus, RefusedObject, RouterEntry, FIELD_MANAGER, SOURCE};
 use crate::admin::state::now_epoch;
 use crate::config::manifests::{api_origin, PROXY_NAME_LABEL};
-use crate::model::Defaults;
+use crate::model::{Defaults, Desired};
 use crate::sources::SourceMsg;
 
 /// How long to wait for more changes after one (a rollout changes many
@@ -376,6 +376,24 @@ impl Task {
         for attempt in 1..=MAX_TRIES {
             if !plan.mapping.whole.is_empty() {
                 let problems = plan.mapping.whole.clone();
+                if let Some(why) = self.sync.not_ours(&self.objects).filter(|_| *self.sync.served() != Desired::default()) {
+                    // The API said so (a list, or a DELETED: losing it
+                    // changes no object): its VIPs are no longer served.
+                    let (reply, answer) = oneshot::channel();
+                    let msg = SourceMsg::Desired { source: SOURCE.into(), desired: Desired::default(), trigger: "kubernetes".into(), reply: Some(reply) };
+                    if self.tx.send(msg).await.is_err() {
+                        return false;
+                    }
+                    match answer.await {
+                        Err(_) => return false,
+                        Ok(Ok(())) => {
+                            info!(%why, "nothing served from Kubernetes any more");
+                            self.sync.withdrawn();
+                            lock(&self.status).last_applied_at = Some(now_epoch());
+                        }
+                        Ok(Err(ps)) => warn!(%why, problems = ?ps, "withdrawing the Gateway's state was refused"),
+                    }
+                }
                 self.sync.outcome = Outcome::Refused(problems.clone());
                 let msg = SourceMsg::Rejected { source: SOURCE.into(), problems, trigger: "kubernetes".into() };
                 if self.tx.send(msg).await.is_err() {
@@ -449,6 +467,9 @@ impl Task {
                 served.endpoints.len()
             ),
             Outcome::Pending(why) => format!("nothing from Kubernetes yet: {why}"),
+            Outcome::Refused(ps) if *served == Desired::default() => {
+                format!("nothing from Kubernetes: {}", ps.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))
+            }
             Outcome::Refused(ps) => format!(
                 "refused, still serving the last good state ({} route(s)): {}",
                 served.routes.len(),
@@ -516,6 +537,34 @@ impl Task {
                     let mut s = lock(&self.status);
                     s.status_write_errors += 1;
                     s.last_error = Some(format!("writing the status of {origin}: {e}"));
+                    s.last_error_at = Some(now_epoch());
+                    failed = true;
+                }
+            }
+        }
+        // What this appliance wrote for a Gateway that is no longer its own.
+        for (kind, name) in self.sync.stale_status(&self.objects) {
+            let Some(i) = KINDS.iter().position(|k| *k == kind) else { continue };
+            let rv = self.objects.by_kind.get(kind).and_then(|m| m.get(&name)).and_then(|o| o.pointer("/metadata/resourceVersion")).and_then(Json::as_str).unwrap_or("").to_owned();
+            let origin = api_origin(kind, &self.cfg.namespace, &name);
+            if self.written.get(&origin) == Some(&(json!({}), rv.clone())) {
+                continue; // cleared; the watch has not shown it yet
+            }
+            let ar = &resources()[i];
+            let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &self.cfg.namespace, ar);
+            let body = json!({"apiVersion": ar.api_version, "kind": ar.kind, "metadata": {"name": name, "namespace": self.cfg.namespace}, "status": {}});
+            let res = api.patch_status(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&body)).await;
+            lock(&self.status).status_writes += 1;
+            match res {
+                Ok(_) => {
+                    info!(%origin, "status written for a Gateway that is not this appliance's cleared");
+                    self.written.insert(origin, (json!({}), rv));
+                }
+                Err(e) => {
+                    warn!(%origin, error = %e, "clearing status failed; trying again");
+                    let mut s = lock(&self.status);
+                    s.status_write_errors += 1;
+                    s.last_error = Some(format!("clearing the status of {origin}: {e}"));
                     s.last_error_at = Some(now_epoch());
                     failed = true;
                 }

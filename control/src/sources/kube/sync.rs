@@ -29,6 +29,8 @@ pub const CONTROLLER: &str = "meridio-experiment/stateless-load-balancer";
 const MESSAGE_MAX: usize = 32768;
 /// Most entries of a Gateway's `status.addresses` (Gateway API's limit).
 pub const MAX_ADDRESSES: usize = 16;
+/// The message of the Gateway's `Accepted` condition this appliance writes.
+const ACCEPTED_MESSAGE: &str = "served by Sluice";
 /// How a condition says the algorithm of a live Service was kept.
 pub const SETTINGS_CONDITION: &str = "sluice.io/ServiceSettings";
 
@@ -196,6 +198,46 @@ impl Sync {
         true
     }
 
+    /// Why the Gateway is not this appliance's to serve, when it is not:
+    /// gone from the objects (which only a successful list or a watch's
+    /// DELETED removes), or of another class.
+    pub fn not_ours(&self, objects: &Objects) -> Option<String> {
+        let Some(gw) = objects.by_kind.get("Gateway").and_then(|m| m.get(&self.cfg.gateway)) else {
+            return Some(format!("the Gateway {:?} is gone", self.cfg.gateway));
+        };
+        let class = gw.pointer("/spec/gatewayClassName").and_then(Json::as_str).unwrap_or("");
+        (class != self.cfg.gateway_class).then(|| format!("the Gateway {:?} has class {class:?}, not {:?}", self.cfg.gateway, self.cfg.gateway_class))
+    }
+
+    /// The objects showing status this appliance wrote for its Gateway
+    /// while that Gateway is not its own (gone, or of another class): the
+    /// Gateway's conditions, the routes' entries for it. Written again
+    /// empty, under the same field manager, they go.
+    pub fn stale_status(&self, objects: &Objects) -> Vec<(&'static str, String)> {
+        if self.not_ours(objects).is_none() {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        if let Some(gw) = objects.by_kind.get("Gateway").and_then(|m| m.get(&self.cfg.gateway)) {
+            let conds = gw.pointer("/status/conditions").and_then(Json::as_array);
+            if conds.is_some_and(|c| c.iter().any(|c| c["type"] == "Accepted" && c["message"] == ACCEPTED_MESSAGE)) {
+                out.push(("Gateway", self.cfg.gateway.clone()));
+            }
+        }
+        for r in objects.of("L34Route") {
+            if our_parent(r).is_some_and(|p| p.pointer("/parentRef/name").and_then(Json::as_str) == Some(self.cfg.gateway.as_str())) {
+                out.push(("L34Route", r.pointer("/metadata/name").and_then(Json::as_str).unwrap_or("").to_owned()));
+            }
+        }
+        out
+    }
+
+    /// Nothing is served any more (the Gateway is not ours).
+    pub fn withdrawn(&mut self) {
+        self.served = Desired::default();
+        self.served_routes.clear();
+    }
+
     /// `plan` was applied: it is what is served now.
     pub fn applied(&mut self, plan: &Plan, objects: &Objects) {
         self.served = plan.desired.clone();
@@ -254,7 +296,7 @@ impl Sync {
         };
         out.gateway = Some(json!({
             "addresses": vips.iter().map(|v| json!({"type": "IPAddress", "value": v.to_string()})).collect::<Vec<_>>(),
-            "conditions": [cond("Accepted", true, "Accepted", "served by Sluice".into()), programmed],
+            "conditions": [cond("Accepted", true, "Accepted", ACCEPTED_MESSAGE.into()), programmed],
         }));
         for m in routes {
             let Some(obj) = objects.by_kind.get("L34Route").and_then(|r| r.get(&m.name)) else { continue };
