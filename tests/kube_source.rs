@@ -347,6 +347,52 @@ async fn a_gateway_deleted_or_of_another_class_is_no_longer_served_and_its_statu
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_object_gets_an_event_once_per_generation() {
+    let r = start("events").await;
+    until("the first state", || r.last().is_some_and(|d| d.routes.len() == 2)).await;
+    let mut route = json!({
+        "apiVersion": "meridio.experiment.gateway.api.poc/v1alpha1", "kind": "L34Route",
+        "metadata": {"name": "to-nowhere", "namespace": NS},
+        "spec": {"parentRefs": [{"name": "sllb-a"}], "backendRefs": [{"name": "nope", "port": 1}], "destinationCIDRs": ["20.0.0.9/32"]}
+    });
+    r.api.apply(route.clone());
+    // How many times an Event on the route was published (an event seen
+    // again is the same object with a series count).
+    let told = |r: &Running| -> Vec<(String, i64)> {
+        r.api
+            .objects()
+            .get("Event")
+            .map(|m| {
+                m.values()
+                    .filter(|e| e["regarding"]["name"] == "to-nowhere")
+                    .map(|e| (e["reason"].as_str().unwrap_or("").to_owned(), e["series"]["count"].as_i64().unwrap_or(1)))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    until("an event on the refused route", || !told(&r).is_empty()).await;
+    assert_eq!(told(&r), vec![("BackendNotFound".to_owned(), 1)]);
+    let ev = r.api.objects()["Event"].values().find(|e| e["regarding"]["name"] == "to-nowhere").cloned().unwrap();
+    assert_eq!(ev["apiVersion"], "events.k8s.io/v1");
+    assert_eq!((ev["type"].as_str(), ev["regarding"]["kind"].as_str()), (Some("Warning"), Some("L34Route")));
+    assert!(ev["note"].as_str().unwrap().contains("route to an unknown service \"nope\""), "{ev}");
+
+    // Another change, the route as it was: nothing more said about it.
+    let mut slice = r.service_a_slice();
+    slice["endpoints"].as_array_mut().unwrap().remove(1);
+    r.api.apply(slice);
+    until("the other change served", || r.last().is_some_and(|d| d.endpoints.len() == 2)).await;
+    until("its status written", || r.route_condition("to-nowhere").is_some()).await;
+    assert_eq!(told(&r), vec![("BackendNotFound".to_owned(), 1)], "said once for this generation");
+
+    // A new generation, still wrong: said again.
+    route["spec"]["backendRefs"] = json!([{"name": "nope-either", "port": 1}]);
+    r.api.apply(route);
+    until("the new generation's event", || told(&r).iter().map(|(_, n)| n).sum::<i64>() >= 2).await;
+    r.cancel.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropped_watches_resume_and_410_gone_relists() {
     let r = start("resume").await;
     until("a first state", || r.accepted() >= 1).await;

@@ -8,7 +8,7 @@
 //! removes anything, so losing the API leaves the objects last seen, and
 //! the data plane what it serves.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -17,6 +17,8 @@ use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::{Api, Client, Config};
@@ -157,6 +159,12 @@ struct Task {
     written: HashMap<String, (Json, String)>,
     /// A status write failed: try again.
     write_failed: bool,
+    /// Publishes the Events on refused objects.
+    recorder: Recorder,
+    /// The refusals reported (logged, and an Event on the object): by
+    /// origin, uid, generation and reason, so each is said once per
+    /// generation of the object.
+    reported: HashSet<String>,
 }
 
 /// Runs the Kubernetes source until `cancel`: watches the objects of
@@ -209,6 +217,8 @@ pub async fn run(
         plan: None,
         written: HashMap::new(),
         write_failed: false,
+        recorder: Recorder::new(client.clone(), Reporter { controller: FIELD_MANAGER.into(), instance: std::env::var("POD_NAME").ok() }),
+        reported: HashSet::new(),
     };
     let probe = tokio::spawn(probe(client.clone(), Arc::clone(&task.status), cancel.clone()));
     let _stop_probe = AbortOnDrop(probe);
@@ -270,6 +280,18 @@ async fn probe(client: Client, status: Arc<Mutex<KubeStatus>>, cancel: Cancellat
             }
         }
     }
+}
+
+/// `s` cut to at most `max` bytes, on a character boundary, with `...`.
+fn cut(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_owned();
+    }
+    let mut at = max.saturating_sub(3);
+    while !s.is_char_boundary(at) {
+        at -= 1;
+    }
+    format!("{}...", &s[..at])
 }
 
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
@@ -429,10 +451,67 @@ impl Task {
         }
         self.plan = Some(plan);
         self.summarise();
+        self.report_refusals().await;
         self.write_status(client).await;
         true
     }
 
+    /// Says why each object left out is left out, once per generation of
+    /// the object: a log line and an Event (`events.k8s.io/v1`) on it.
+    async fn report_refusals(&mut self) {
+        let Some(plan) = &self.plan else { return };
+        let mut refusals: Vec<(String, String, String)> = plan
+            .mapping
+            .objects
+            .iter()
+            .filter_map(|m| m.refusal.as_ref().map(|r| (m.origin.clone(), r.reason.as_str().to_owned(), r.message())))
+            .collect();
+        refusals.extend(plan.kept.iter().map(|(o, why)| (o.clone(), "AlgorithmChangeRefused".to_owned(), why.clone())));
+        let mut now = HashSet::new();
+        for (origin, reason, message) in refusals {
+            let Some((kind, name)) = origin.strip_prefix("kubernetes: ").and_then(|r| r.split_once('/')).and_then(|(k, r)| Some((k, r.split_once('/')?.1))) else { continue };
+            let Some(kind) = KINDS.iter().copied().find(|k| *k == kind) else { continue };
+            let Some(obj) = self.objects.by_kind.get(kind).and_then(|m| m.get(name)) else { continue };
+            let uid = obj.pointer("/metadata/uid").and_then(Json::as_str).map(str::to_owned);
+            let generation = obj.pointer("/metadata/generation").and_then(Json::as_i64).unwrap_or(0);
+            let key = format!("{origin}|{}|{generation}|{reason}", uid.as_deref().unwrap_or(""));
+            now.insert(key.clone());
+            if self.reported.contains(&key) {
+                continue;
+            }
+            warn!(object = %origin, generation, %reason, %message, "left out");
+            let reference = ObjectReference {
+                api_version: obj.get("apiVersion").and_then(Json::as_str).map(str::to_owned),
+                kind: Some(kind.to_owned()),
+                namespace: Some(self.cfg.namespace.clone()),
+                name: Some(name.to_owned()),
+                uid,
+                ..ObjectReference::default()
+            };
+            let ev = KubeEvent {
+                type_: EventType::Warning,
+                reason,
+                // An event's note is at most 1 kB.
+                note: Some(cut(&message, 1000)),
+                action: "Serve".into(),
+                secondary: None,
+            };
+            match self.recorder.publish(&ev, &reference).await {
+                Ok(()) => {
+                    self.reported.insert(key);
+                }
+                Err(e) => {
+                    warn!(object = %origin, error = %e, "publishing an event failed");
+                    let mut st = lock(&self.status);
+                    st.last_error = Some(format!("publishing an event on {origin}: {e}"));
+                    st.last_error_at = Some(now_epoch());
+                    // Logged once all the same.
+                    self.reported.insert(key);
+                }
+            }
+        }
+        self.reported.retain(|k| now.contains(k));
+    }
 
     /// The GatewayRouters, parsed; the ones that do not parse are listed as refused.
     fn routers(&mut self) {
