@@ -829,18 +829,32 @@ pub type Synced = std::collections::BTreeSet<(&'static str, String, String)>;
 /// Makes the server hold `objects` (by kind, namespace and name), leaving
 /// alone those that did not change, and deleting those of `synced` (what
 /// earlier calls put there) that are gone; what others wrote (a
-/// controller's slices, Leases, Events) stays.
+/// controller's slices, Leases, Events, annotations on these objects)
+/// stays.
 pub fn sync_objects(api: &FakeApi, objects: &[Json], synced: &mut Synced) {
     let have = api.objects();
     let key = |v: &Json| (kind_of(v).unwrap_or(""), v["metadata"]["namespace"].as_str().unwrap_or("").to_owned(), v["metadata"]["name"].as_str().unwrap_or("").to_owned());
     for o in objects {
         let (k, ns, name) = key(o);
-        let same = have.get(k).and_then(|m| m.get(&(ns, name))).is_some_and(|h| {
+        let held = have.get(k).and_then(|m| m.get(&(ns, name)));
+        // Annotations others added (a controller's) stay, as `kubectl
+        // apply` leaves them.
+        let theirs: serde_json::Map<String, Json> = held
+            .and_then(|h| h["metadata"]["annotations"].as_object())
+            .map(|a| a.iter().filter(|(key, _)| o["metadata"]["annotations"].get(key.as_str()).is_none()).map(|(key, v)| (key.clone(), v.clone())).collect())
+            .unwrap_or_default();
+        let same = held.is_some_and(|h| {
             let strip = |v: &Json| {
                 let mut v = v.clone();
                 if let Some(m) = v["metadata"].as_object_mut() {
                     for f in ["resourceVersion", "uid", "creationTimestamp", "generation"] {
                         m.remove(f);
+                    }
+                    if let Some(a) = m.get_mut("annotations").and_then(Json::as_object_mut) {
+                        a.retain(|key, _| !theirs.contains_key(key));
+                        if a.is_empty() {
+                            m.remove("annotations");
+                        }
                     }
                 }
                 if let Some(m) = v.as_object_mut() {
@@ -851,7 +865,11 @@ pub fn sync_objects(api: &FakeApi, objects: &[Json], synced: &mut Synced) {
             strip(h) == strip(o)
         });
         if !same {
-            api.apply(o.clone());
+            let mut o = o.clone();
+            for (key, v) in theirs {
+                o["metadata"]["annotations"][key.as_str()] = v;
+            }
+            api.apply(o);
         }
     }
     let now: Synced = objects.iter().map(key).filter(|k| !k.0.is_empty()).collect();
