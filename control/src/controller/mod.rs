@@ -12,8 +12,10 @@
 //! at a time writes, the holder of a Lease ([`lease`]).
 //!
 //! Invariants:
-//! - identifiers are read back from the slices this controller wrote, so a
-//!   restart (or a new leader) gives every endpoint the identifier it had;
+//! - identifiers are kept in each Service's `sluice.io/endpoint-ids`
+//!   annotation (written before the slices that use them) and read back
+//!   from it and from the slices, so a restart, a new leader or a Gateway
+//!   deleted and re-created gives every endpoint the identifier it had;
 //! - what this controller owns is marked by labels
 //!   ([`MANAGED_BY_LABEL`] on slices, [`gateway::APP_MANAGED_BY_LABEL`] and
 //!   [`gateway::GATEWAY_LABEL`] on Deployments) and owner references; it
