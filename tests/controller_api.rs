@@ -52,6 +52,7 @@ impl Env {
         let kubeconfig = std::env::temp_dir().join(format!("sluice-ctrl-{}-{tag}.kubeconfig", std::process::id()));
         std::fs::write(&kubeconfig, fake.kubeconfig(&ns)).unwrap();
         let client = client::client(Some(&kubeconfig)).await.unwrap();
+        create_namespace(&client, &ns).await;
         Env { _fake: Some(fake), kubeconfig, ns, client, real: false }
     }
 
@@ -63,9 +64,7 @@ impl Env {
         let kubeconfig = PathBuf::from(path);
         let client = client::client(Some(&kubeconfig)).await.unwrap();
         let ns = format!("sluice-ctrl-{tag}-{}", std::process::id());
-        let api: kube::Api<DynamicObject> = kube::Api::all_with(client.clone(), &ar("v1", "Namespace", "namespaces"));
-        let obj: DynamicObject = serde_json::from_value(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})).unwrap();
-        api.create(&PostParams::default(), &obj).await.unwrap();
+        create_namespace(&client, &ns).await;
         Some(Env { _fake: None, kubeconfig, ns, client, real: true })
     }
 
@@ -140,6 +139,14 @@ impl Env {
             let _ = std::fs::remove_file(&self.kubeconfig);
         }
     }
+}
+
+/// Creates the Namespace `ns` (the fake API server, as a real one, refuses
+/// objects in a namespace that does not exist).
+async fn create_namespace(client: &Client, ns: &str) {
+    let api: kube::Api<DynamicObject> = kube::Api::all_with(client.clone(), &ar("v1", "Namespace", "namespaces"));
+    let obj: DynamicObject = serde_json::from_value(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})).unwrap();
+    api.create(&PostParams::default(), &obj).await.unwrap_or_else(|e| panic!("creating namespace {ns}: {e}"));
 }
 
 fn ar(api_version: &str, kind: &str, plural: &str) -> ApiResource {

@@ -24,7 +24,10 @@ use sluice_tests::fake_apiserver::{read_manifests, FakeApi};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-const NS: &str = "tenant-a";
+/// The namespace of the source's Gateway, and another one whose objects it
+/// must never see; each test creates them (through the API) first.
+const NS: &str = "sluice-kubesource-a";
+const OTHER_NS: &str = "sluice-kubesource-b";
 /// Longest wait for something the source does promptly (a guard against
 /// hangs, not a performance claim).
 const PROMPT: Duration = Duration::from_secs(20);
@@ -121,17 +124,35 @@ fn cfg(kubeconfig: PathBuf) -> KubeConfig {
 /// against it.
 async fn start(tag: &str) -> Running {
     let api = FakeApi::start_new().await;
+    create_namespaces(&api, tag, &[NS, OTHER_NS]).await;
     api.set_bookmark_every(Duration::from_millis(200));
     for o in read_manifests(&root().join("configs/manifests"), NS).unwrap() {
         api.apply(o.clone());
         let mut other = o;
-        other["metadata"]["namespace"] = json!("tenant-b");
+        other["metadata"]["namespace"] = json!(OTHER_NS);
         other["spec"]["destinationCIDRs"] = json!(["40.0.0.1/32"]);
         if other["kind"] == "L34Route" || other["kind"] == "Gateway" || other["kind"] == "Service" {
             api.apply(other);
         }
     }
     run_against(api, tag)
+}
+
+/// Creates the Namespaces `names` with `POST /api/v1/namespaces`, as a
+/// client does on a real API server (which refuses objects in a namespace
+/// that does not exist, as the fake one does).
+async fn create_namespaces(api: &FakeApi, tag: &str, names: &[&str]) {
+    use ::kube::api::{Api, ApiResource, DynamicObject, PostParams};
+    let dir = tempdir(&format!("{tag}-ns"));
+    let kc = dir.0.join("kubeconfig");
+    std::fs::write(&kc, api.kubeconfig("default")).unwrap();
+    let client = sluice::controller::client::client(Some(&kc)).await.unwrap();
+    let r = ApiResource { group: String::new(), version: "v1".into(), api_version: "v1".into(), kind: "Namespace".into(), plural: "namespaces".into() };
+    let namespaces: Api<DynamicObject> = Api::all_with(client, &r);
+    for name in names {
+        let obj: DynamicObject = serde_json::from_value(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})).unwrap();
+        namespaces.create(&PostParams::default(), &obj).await.unwrap_or_else(|e| panic!("creating namespace {name}: {e}"));
+    }
 }
 
 fn run_against(api: FakeApi, tag: &str) -> Running {
@@ -212,8 +233,8 @@ async fn the_source_serves_the_gateway_follows_changes_and_writes_status() {
     assert!(patches.iter().all(|p| p.content_type == "application/apply-patch+yaml"
         && p.query.get("fieldManager").map(String::as_str) == Some("sluice")
         && p.query.get("force").map(String::as_str) == Some("true")), "{patches:#?}");
-    assert!(patches.iter().all(|p| p.path.ends_with("/status") && p.path.contains("/namespaces/tenant-a/")));
-    assert!(r.api.get("Gateway", "tenant-b", "sllb-a").unwrap().get("status").is_none_or(Json::is_null), "never another namespace's");
+    assert!(patches.iter().all(|p| p.path.ends_with("/status") && p.path.contains(&format!("/namespaces/{NS}/"))));
+    assert!(r.api.get("Gateway", OTHER_NS, "sllb-a").unwrap().get("status").is_none_or(Json::is_null), "never another namespace's");
 
     // Written only when it changes: bookmarks and our own writes coming
     // back through the watch write nothing more.
@@ -245,7 +266,7 @@ async fn the_source_serves_the_gateway_follows_changes_and_writes_status() {
     assert_eq!(c["status"], "False");
     assert!(c["message"].as_str().unwrap().contains("route to an unknown service \"nope\""), "{c}");
     assert_eq!(r.accepted(), before, "the state served did not change");
-    assert!(r.status().refused.iter().any(|x| x.object == "kubernetes: L34Route/tenant-a/to-nowhere"));
+    assert!(r.status().refused.iter().any(|x| x.object == format!("kubernetes: L34Route/{NS}/to-nowhere")));
 
     // DELETED: a route goes, and with it its VIP from the Gateway's status.
     r.api.delete("L34Route", NS, "vip-20-0-0-2-syn-only");
@@ -268,6 +289,7 @@ async fn the_source_serves_the_gateway_follows_changes_and_writes_status() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_the_gatewayrouter_crd_the_rest_is_served_and_status_says_what_is_not() {
     let api = FakeApi::start_new().await;
+    create_namespaces(&api, "nocrd", &[NS]).await;
     api.set_kind_installed("GatewayRouter", false);
     for o in read_manifests(&root().join("configs/manifests"), NS).unwrap() {
         api.apply(o);
@@ -550,4 +572,27 @@ async fn the_fake_apiserver_binary_follows_its_directory() {
     std::fs::write(&slice, text).unwrap();
     until("the edit served", || last().is_some_and(|d| d.endpoints.len() == 2)).await;
     cancel.cancel();
+}
+
+/// The fake API server, as a real one, refuses an object in a namespace
+/// that does not exist (404), and takes it once the Namespace is created.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fake_apiserver_refuses_objects_in_a_namespace_that_does_not_exist() {
+    use ::kube::api::{Api, ApiResource, DynamicObject, PostParams};
+    let api = FakeApi::start_new().await;
+    let dir = tempdir("nons");
+    let kc = dir.0.join("kubeconfig");
+    std::fs::write(&kc, api.kubeconfig(NS)).unwrap();
+    let client = sluice::controller::client::client(Some(&kc)).await.unwrap();
+    let r = ApiResource { group: String::new(), version: "v1".into(), api_version: "v1".into(), kind: "ConfigMap".into(), plural: "configmaps".into() };
+    let configmaps: Api<DynamicObject> = Api::namespaced_with(client, NS, &r);
+    let cm: DynamicObject = serde_json::from_value(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}, "data": {"k": "v"}})).unwrap();
+    match configmaps.create(&PostParams::default(), &cm).await {
+        Err(::kube::Error::Api(e)) if e.code == 404 => {}
+        other => panic!("a create into a namespace that does not exist: {other:?}"),
+    }
+    assert!(api.get("ConfigMap", NS, "c").is_none());
+    create_namespaces(&api, "nons", &[NS]).await;
+    configmaps.create(&PostParams::default(), &cm).await.unwrap();
+    assert!(api.get("ConfigMap", NS, "c").is_some());
 }

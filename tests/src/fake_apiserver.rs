@@ -25,9 +25,10 @@
 //!   apply creates or merges: metadata labels and annotations by key, the
 //!   other fields replaced; a merge patch merges) and `DELETE`, for every
 //!   kind, Pods, Deployments, ConfigMaps, Leases and Events among them;
-//!   Namespaces (created with `POST /api/v1/namespaces`) and, after
-//!   [`FakeApi::require_namespaces`], a create into a namespace that has
-//!   none is refused with 404, as the API server refuses it.
+//!   Namespaces (created with `POST /api/v1/namespaces`): a create into a
+//!   namespace that has none is refused with 404, as the API server
+//!   refuses it ([`FakeApi::apply`] of such an object panics), so a test
+//!   creates the namespaces it uses first.
 //!   There is no garbage collector: owner references are stored, not
 //!   followed.
 //!
@@ -113,8 +114,6 @@ struct State {
     compacted: u64,
     seen: Vec<Seen>,
     bookmark_every: Duration,
-    /// Creates into a namespace without its Namespace object are refused.
-    require_namespaces: bool,
     /// Kinds answered with 404, as for a CRD that is not installed.
     absent: std::collections::BTreeSet<&'static str>,
     /// Per object, the status fields each field manager applied
@@ -215,7 +214,6 @@ impl FakeApi {
                 compacted: 0,
                 seen: Vec::new(),
                 bookmark_every: Duration::from_millis(300),
-                require_namespaces: false,
                 absent: std::collections::BTreeSet::new(),
                 status_owners: BTreeMap::new(),
             })),
@@ -307,11 +305,9 @@ impl FakeApi {
         s.history.clear();
     }
 
-    /// From now on, refuses (404, as the API server does) what a client
-    /// creates in a namespace that has no Namespace object (created with
-    /// `POST /api/v1/namespaces`, or [`FakeApi::apply`]).
-    pub fn require_namespaces(&self) {
-        lock(&self.state).require_namespaces = true;
+    /// Whether the Namespace `name` exists.
+    pub fn has_namespace(&self, name: &str) -> bool {
+        has_namespace(&lock(&self.state), name)
     }
 
     /// Answers every request about `kind` with 404, as for a custom
@@ -332,11 +328,16 @@ impl FakeApi {
     }
 
     /// Adds or replaces an object (it must have `kind`, `metadata.name` and
-    /// `metadata.namespace`); its resourceVersion, uid and creation time are
-    /// the server's. Returns the new resourceVersion.
+    /// `metadata.namespace`, a namespace that exists); its resourceVersion,
+    /// uid and creation time are the server's. Returns the new
+    /// resourceVersion.
     pub fn apply(&self, obj: Json) -> u64 {
         let kind = kind_of(&obj).unwrap_or_else(|| panic!("not a kind served: {obj}"));
         let mut s = lock(&self.state);
+        if kind != "Namespace" {
+            let ns = obj["metadata"]["namespace"].as_str().unwrap_or("default");
+            assert!(has_namespace(&s, ns), "namespaces {ns:?} not found: create it before {obj}");
+        }
         let change = store(&mut s, kind, obj);
         drop(s);
         let rv = change.rv;
@@ -379,6 +380,10 @@ impl Drop for FakeApi {
 /// Stores `obj` (added or replaced): its resourceVersion, uid, creation
 /// time and generation are the server's; a replaced object keeps its
 /// status unless `obj` has one.
+fn has_namespace(s: &State, name: &str) -> bool {
+    s.objects.get("Namespace").is_some_and(|m| m.contains_key(&(String::new(), name.to_owned())))
+}
+
 fn store(s: &mut State, kind: &'static str, mut obj: Json) -> Change {
     s.rv += 1;
     let rv = s.rv;
@@ -576,8 +581,7 @@ async fn handle(req: Request<Incoming>, state: Arc<Mutex<State>>, changes: broad
     };
     let missing_namespace = |ns: &str| {
         let s = lock(&state);
-        let missing = s.require_namespaces && !s.objects.get("Namespace").is_some_and(|m| m.contains_key(&(String::new(), ns.to_owned())));
-        missing.then(|| full(StatusCode::NOT_FOUND, &status(404, "NotFound", &format!("namespaces {ns:?} not found"))))
+        (!has_namespace(&s, ns)).then(|| full(StatusCode::NOT_FOUND, &status(404, "NotFound", &format!("namespaces {ns:?} not found"))))
     };
     match (method, ns.as_deref(), name, sub) {
         (Method::POST, None, None, _) if kind == "Namespace" => {
@@ -815,7 +819,7 @@ pub fn read_manifests(dir: &std::path::Path, namespace: &str) -> Result<Vec<Json
         .map(|o| o.value.to_json())
         .filter(|v| kind_of(v).is_some())
         .map(|mut v| {
-            if v["metadata"]["namespace"].is_null() {
+            if v["metadata"]["namespace"].is_null() && v["kind"] != "Namespace" {
                 v["metadata"]["namespace"] = json!(namespace);
             }
             v
@@ -830,12 +834,23 @@ pub type Synced = std::collections::BTreeSet<(&'static str, String, String)>;
 /// alone those that did not change, and deleting those of `synced` (what
 /// earlier calls put there) that are gone; what others wrote (a
 /// controller's slices, Leases, Events, annotations on these objects)
-/// stays.
-pub fn sync_objects(api: &FakeApi, objects: &[Json], synced: &mut Synced) {
+/// stays. Namespaces come first; an object whose namespace does not exist
+/// is refused, as the API server refuses it: the returned messages say which.
+pub fn sync_objects(api: &FakeApi, objects: &[Json], synced: &mut Synced) -> Vec<String> {
     let have = api.objects();
-    let key = |v: &Json| (kind_of(v).unwrap_or(""), v["metadata"]["namespace"].as_str().unwrap_or("").to_owned(), v["metadata"]["name"].as_str().unwrap_or("").to_owned());
-    for o in objects {
+    let key = |v: &Json| {
+        let k = kind_of(v).unwrap_or("");
+        let ns = if k == "Namespace" { String::new() } else { v["metadata"]["namespace"].as_str().unwrap_or("").to_owned() };
+        (k, ns, v["metadata"]["name"].as_str().unwrap_or("").to_owned())
+    };
+    let mut refused = Vec::new();
+    let (namespaces, rest): (Vec<&Json>, Vec<&Json>) = objects.iter().partition(|o| kind_of(o) == Some("Namespace"));
+    for o in namespaces.into_iter().chain(rest) {
         let (k, ns, name) = key(o);
+        if k != "Namespace" && !api.has_namespace(&ns) {
+            refused.push(format!("{k} {ns}/{name}: namespaces {ns:?} not found"));
+            continue;
+        }
         let held = have.get(k).and_then(|m| m.get(&(ns, name)));
         // Annotations others added (a controller's) stay, as `kubectl
         // apply` leaves them.
@@ -879,4 +894,5 @@ pub fn sync_objects(api: &FakeApi, objects: &[Json], synced: &mut Synced) {
         }
     }
     *synced = now;
+    refused
 }

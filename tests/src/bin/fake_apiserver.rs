@@ -3,7 +3,10 @@
 //! manifests and following its edits (read again every 300 ms), so that an
 //! end-to-end test can run it (in a network namespace, say) and move the
 //! appliance by editing files. Only what came from the directory is
-//! deleted when its file goes: what clients wrote stays.
+//! deleted when its file goes: what clients wrote stays. The Namespaces
+//! `default` and `--namespace` exist from the start (others come from
+//! Namespace manifests of the directory); an object of the directory in a
+//! namespace that does not exist is refused, as the API server refuses it.
 //!
 //! ```text
 //! sluice-fake-apiserver --dir DIR [--namespace NS] [--listen 127.0.0.1:0] [--kubeconfig-out FILE]
@@ -40,33 +43,33 @@ async fn main() {
     let Some(dir) = dir else { usage() };
     let addr: SocketAddr = listen.parse().unwrap_or_else(|e| panic!("--listen {listen}: {e}"));
     let api = FakeApi::start_on(addr).await;
-    let mut synced = Synced::new();
-    match read_manifests(&dir, &ns) {
-        Ok(objs) => sync_objects(&api, &objs, &mut synced),
-        Err(e) => eprintln!("{e}"),
+    for name in ["default", ns.as_str()] {
+        api.apply(serde_json::json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}));
     }
+    let mut synced = Synced::new();
+    let mut last_error = String::new();
+    let mut sync = |synced: &mut Synced| {
+        let e = match read_manifests(&dir, &ns) {
+            Ok(objs) => sync_objects(&api, &objs, synced).join("\n"),
+            Err(e) => e,
+        };
+        if e != last_error && !e.is_empty() {
+            eprintln!("{e}");
+        }
+        last_error = e;
+    };
+    sync(&mut synced);
     if let Some(path) = kubeconfig {
         std::fs::write(&path, api.kubeconfig(&ns)).unwrap_or_else(|e| panic!("cannot write {}: {e}", path.display()));
     }
     println!("listening on {}", api.url());
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).unwrap();
     let mut tick = tokio::time::interval(Duration::from_millis(300));
-    let mut last_error = String::new();
     loop {
         tokio::select! {
             _ = tokio::signal::ctrl_c() => break,
             _ = term.recv() => break,
-            _ = tick.tick() => match read_manifests(&dir, &ns) {
-                Ok(objs) => {
-                    last_error.clear();
-                    sync_objects(&api, &objs, &mut synced);
-                }
-                Err(e) if e != last_error => {
-                    eprintln!("{e}");
-                    last_error = e;
-                }
-                Err(_) => {}
-            },
+            _ = tick.tick() => sync(&mut synced),
         }
     }
 }
