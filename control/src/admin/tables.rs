@@ -196,7 +196,7 @@ const EXPLAIN_PORT: u8 = 0;
 
 /// The first packet of a new flow from `src` to `dst`: a TCP SYN, or a UDP
 /// or SCTP packet without payload, addressed at layer 2 to the port it
-/// arrives on. IPv4 when both addresses are; IPv6 (with the 16 bytes as
+/// arrives on (in its VLAN). IPv4 when both addresses are; IPv6 (with the 16 bytes as
 /// given, `::ffff:a.b.c.d` included) when both are.
 fn first_packet(snap: &Snapshot, protocol: u8, src: SocketAddr, dst: SocketAddr) -> Result<Vec<u8>, String> {
     let l4 = match protocol {
@@ -209,8 +209,9 @@ fn first_packet(snap: &Snapshot, protocol: u8, src: SocketAddr, dst: SocketAddr)
         (IpAddr::V6(s), IpAddr::V6(d)) => (ethertype::IPV6, craft::with_l4_checksum(craft::ipv6(s.octets(), d.octets(), protocol, &l4), 40)),
         _ => return Err("src and dst must both be IPv4 or both IPv6".into()),
     };
-    let mac = snap.ports.get(usize::from(EXPLAIN_PORT)).map_or(craft::DST_MAC, |p| p.mac);
-    Ok(craft::ether_with(mac, craft::SRC_MAC, &[], et, &ip))
+    let port = snap.ports.get(usize::from(EXPLAIN_PORT)).copied().unwrap_or_default();
+    let vlans: &[u16] = if port.vlan == 0 { &[] } else { &[port.vlan] };
+    Ok(craft::ether_with(port.mac, craft::SRC_MAC, vlans, et, &ip))
 }
 
 /// Counter slots that cover every service and endpoint of `snap`.
