@@ -85,6 +85,7 @@ impl Appliance {
                 name: "p".into(),
                 mac: [2, 0, 0, 0, 0, 9],
                 mtu: 1500,
+                vlan: 0,
                 addresses: vec![
                     IfAddr { addr: "10.0.0.1".parse().unwrap(), prefix: 16 },
                     IfAddr { addr: "2001:db8::1".parse().unwrap(), prefix: 64 },

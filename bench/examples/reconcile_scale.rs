@@ -128,6 +128,7 @@ fn main() {
             name: "back".into(),
             mac: [2, 0, 0, 0, 0, 1],
             mtu: 1500,
+            vlan: 0,
             addresses: vec![IfAddr { addr: "10.128.0.1".parse().unwrap(), prefix: 9 }],
         }],
         gateways: vec![],

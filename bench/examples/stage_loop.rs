@@ -87,7 +87,7 @@ fn main() {
             }
             Stage::Rewrite => {
                 bufs[k].reset(&t[k]);
-                let _ = black_box(forward_l2(&mut bufs[k], &parsed[k], [2; 6], [3; 6]));
+                let _ = black_box(forward_l2(&mut bufs[k], &parsed[k], [2; 6], [3; 6], 0));
             }
             Stage::Process => {
                 bufs[k].reset(&t[k]);

@@ -93,7 +93,7 @@ pub fn appliance(routes: u32, ports_per_vip: u32, services: u32, endpoints: u16)
         1,
         &specs,
         svcs,
-        vec![PortInfo { mac: FRONT_MAC, mtu: 1500 }, PortInfo { mac: BACK_MAC, mtu: 1500 }],
+        vec![PortInfo { mac: FRONT_MAC, mtu: 1500, vlan: 0 }, PortInfo { mac: BACK_MAC, mtu: 1500, vlan: 0 }],
         Some(NextHop { port: 0, mac: [2, 0, 0, 0, 0xf, 0xf] }),
         None,
     );

@@ -30,6 +30,8 @@ pub struct TopoPort {
     pub mac: [u8; 6],
     /// IP MTU.
     pub mtu: u16,
+    /// The 802.1Q VLAN it serves (0: none).
+    pub vlan: u16,
     /// The appliance's addresses on it.
     pub addresses: Vec<IfAddr>,
 }
@@ -746,7 +748,7 @@ fn gateways(topo: &Topology, neigh: &dyn Neighbors, hops: &mut Vec<(u8, Addr)>, 
 
 /// The ports as the snapshot has them.
 fn ports(topo: &Topology) -> Vec<PortInfo> {
-    topo.ports.iter().map(|p| PortInfo { mac: p.mac, mtu: p.mtu }).collect()
+    topo.ports.iter().map(|p| PortInfo { mac: p.mac, mtu: p.mtu, vlan: p.vlan }).collect()
 }
 
 /// The compiler's numbering, lent to [`compile_service`].
@@ -931,8 +933,8 @@ mod tests {
         };
         Topology {
             ports: vec![
-                TopoPort { name: "front".into(), mac: [2, 0, 0, 0, 0, 1], mtu: 1500, addresses: vec![ifa("10.100.0.1/24")] },
-                TopoPort { name: "back".into(), mac: [2, 0, 0, 0, 0, 2], mtu: 1500, addresses: vec![ifa("10.200.0.1/24")] },
+                TopoPort { name: "front".into(), mac: [2, 0, 0, 0, 0, 1], mtu: 1500, vlan: 0, addresses: vec![ifa("10.100.0.1/24")] },
+                TopoPort { name: "back".into(), mac: [2, 0, 0, 0, 0, 2], mtu: 1500, vlan: 0, addresses: vec![ifa("10.200.0.1/24")] },
             ],
             gateways: vec![GatewayConfig { address: "10.100.0.2".parse().unwrap(), port: "front".into(), mac: None }],
         }

@@ -14,8 +14,8 @@
 use crate::addr::Addr;
 use crate::checksum;
 use crate::io::PacketBuf;
-use crate::parse::{ethertype, proto, v4, v6, Fragment, Parsed, ETH_LEN};
-use crate::rewrite::make_room;
+use crate::parse::{ethertype, proto, v4, v6, Fragment, Parsed};
+use crate::rewrite::{l2_len, make_room, write_eth};
 use crate::verdict::DropReason;
 
 /// Largest IPv4 ICMP error sent (RFC 1812 4.3.2.3).
@@ -97,10 +97,11 @@ pub fn may_answer(frame: &[u8], p: &Parsed) -> bool {
 /// Turns `pkt` (the packet of `p`, too big to send on) into the ICMP error
 /// that says so, addressed back to where it came from: from the VIP it was
 /// sent to, to its source, at layer 2 from `src_mac` to the frame's own
-/// source MAC. `mtu` is the largest packet that fits (the output's MTU less
-/// the encapsulation). Checks with [`may_answer`] come first.
+/// source MAC (tagged with `vlan` unless 0). `mtu` is the largest packet
+/// that fits (the output's MTU less the encapsulation). Checks with
+/// [`may_answer`] come first.
 #[allow(clippy::cast_possible_truncation)] // lengths are at most 1280 here
-pub fn too_big<P: PacketBuf>(pkt: &mut P, p: &Parsed, mtu: u16, src_mac: [u8; 6]) -> Result<(), DropReason> {
+pub fn too_big<P: PacketBuf>(pkt: &mut P, p: &Parsed, mtu: u16, src_mac: [u8; 6], vlan: u16) -> Result<(), DropReason> {
     let frame = pkt.data();
     let Some(dst_mac) = frame.get(6..12).and_then(|m| <[u8; 6]>::try_from(m).ok()) else {
         return Err(DropReason::EthTruncated);
@@ -109,7 +110,8 @@ pub fn too_big<P: PacketBuf>(pkt: &mut P, p: &Parsed, mtu: u16, src_mac: [u8; 6]
     let orig = usize::from(p.ip_end).saturating_sub(l3);
     let (ip_len, max) = if p.v6 { (v6::LEN, V6_ERROR_MAX) } else { (v4::MIN_LEN, V4_ERROR_MAX) };
     let quote = orig.min(max - ip_len - ICMP_LEN);
-    let start = ETH_LEN + ip_len + ICMP_LEN;
+    let l2 = l2_len(vlan);
+    let start = l2 + ip_len + ICMP_LEN;
     make_room(pkt, l3, start)?;
     if !pkt.truncate(start + quote) {
         return Err(DropReason::EncapTooBig);
@@ -117,10 +119,8 @@ pub fn too_big<P: PacketBuf>(pkt: &mut P, p: &Parsed, mtu: u16, src_mac: [u8; 6]
     let (vip, client) = (p.flow.dst, p.flow.src);
     let f = pkt.data_mut();
     let et = if p.v6 { ethertype::IPV6 } else { ethertype::IPV4 };
-    f[0..6].copy_from_slice(&dst_mac);
-    f[6..12].copy_from_slice(&src_mac);
-    f[12..14].copy_from_slice(&et.to_be_bytes());
-    let (ip, msg) = f[ETH_LEN..].split_at_mut(ip_len);
+    write_eth(f, dst_mac, src_mac, vlan, et);
+    let (ip, msg) = f[l2..].split_at_mut(ip_len);
     let msg_len = ICMP_LEN + quote;
     if p.v6 {
         ip[..4].copy_from_slice(&[0x60, 0, 0, 0]);

@@ -419,12 +419,15 @@ fn parse_ipv4(frame: &[u8], l3: usize, p: &mut Parsed) -> Result<(), DropReason>
 
 /// Walks IPv6 extension headers from `off` with first next-header `next`,
 /// within `buf`. Returns (transport protocol, its offset, fragment kind, id).
+/// A Hop-by-Hop Options header anywhere but first is an error (RFC 8200
+/// 4.1: it may only follow the IPv6 header).
 #[inline]
 fn walk_ipv6_ext(buf: &[u8], mut off: usize, mut next: u8) -> Result<(u8, usize, Fragment, u32), DropReason> {
     let mut frag = Fragment::No;
     let mut frag_id = 0u32;
-    for _ in 0..=v6::MAX_EXT {
+    for i in 0..=v6::MAX_EXT {
         let len = match next {
+            proto::HOPOPT if i > 0 => return Err(DropReason::Ipv6HopByHopNotFirst),
             proto::HOPOPT | proto::ROUTING | proto::DSTOPTS | proto::MOBILITY | proto::HIP | proto::SHIM6 => {
                 if off + 8 > buf.len() {
                     return Err(DropReason::Ipv6BadExtensionHeader);
@@ -767,6 +770,13 @@ mod tests {
         // An extension header running past the payload.
         let bad = [proto::UDP, 9, 0, 0, 0, 0, 0, 0];
         assert_eq!(parse(&craft::frame_v6(&[], A6, B6, proto::DSTOPTS, &bad)), Err(DropReason::Ipv6BadExtensionHeader));
+        // Hop-by-Hop options anywhere but first (RFC 8200 4.1).
+        let mut late = vec![proto::HOPOPT, 0, 1, 4, 0, 0, 0, 0, proto::UDP, 0, 1, 4, 0, 0, 0, 0];
+        late.extend_from_slice(&udp);
+        assert_eq!(parse(&craft::frame_v6(&[], A6, B6, proto::DSTOPTS, &late)), Err(DropReason::Ipv6HopByHopNotFirst));
+        let mut after_frag = craft::ipv6_fragment_header(proto::HOPOPT, 0, true, 1).to_vec();
+        after_frag.extend_from_slice(&late[8..]);
+        assert_eq!(parse(&craft::frame_v6(&[], A6, B6, proto::FRAGMENT, &after_frag)), Err(DropReason::Ipv6HopByHopNotFirst));
         // Nine chained destination-option headers.
         let mut long = Vec::new();
         for _ in 0..9 {

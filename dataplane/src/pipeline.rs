@@ -5,7 +5,9 @@
 //!   service (ICMP errors about a VIP flow follow that flow; later IP
 //!   fragments follow their first fragment, or are held until it comes).
 //! - Too big for its tunnel: the ICMP error path-MTU discovery needs goes
-//!   back to the client instead ([`crate::icmp`]), at a bounded rate.
+//!   back to the client instead ([`crate::icmp`]), at a bounded rate; an
+//!   IPv4 packet without DF is dropped as `encap_too_big_no_df` (the
+//!   appliance does not fragment).
 //! - Source is a VIP: return traffic, sent to the gateway when it comes
 //!   from an endpoint of a service that VIP routes to (input port and source
 //!   MAC), dropped otherwise.
@@ -21,8 +23,8 @@ use crate::flow::{FlowTable, FragKey, FragTable, Pin};
 use crate::hash::flow_hash;
 use crate::icmp::{self, RateLimit};
 use crate::io::{PacketBuf, BURST};
-use crate::parse::{parse_into, v4, v6, Flow, Fragment, Kind, Parsed, ETH_LEN};
-use crate::rewrite::{encapsulate, forward_l2, Tunnel};
+use crate::parse::{ethertype, parse_into, v4, v6, Flow, Fragment, Kind, Parsed, ETH_LEN};
+use crate::rewrite::{encapsulate, forward_l2, remove_vlan_tag, Tunnel};
 use crate::service::{Algorithm, Delivery, Endpoint, Service};
 use crate::snapshot::Snapshot;
 use crate::classify::Lookup;
@@ -271,10 +273,17 @@ impl Pipeline {
             return v;
         }
         let a = &self.ahead[index];
+        if !vlan_served(snap, in_port, &a.parsed) {
+            return Verdict::Drop(DropReason::VlanNotServed);
+        }
         let cx = Cx { snap, in_port, now_ms, ctr, may_steer: true };
         let vip = (a.vip != u32::MAX).then_some(a.vip as usize);
         let pre = (a.service != u32::MAX).then_some(Classified { service: a.service, hash: a.hash });
-        self.state.decide_with(&cx, &a.parsed, pkt, vip, pre)
+        let v = self.state.decide_with(&cx, &a.parsed, pkt, vip, pre);
+        if v == Verdict::Exception {
+            return to_kernel(snap, in_port, pkt);
+        }
+        v
     }
 
     /// Decides the fate of `pkt`, received on port `in_port`, rewriting it
@@ -318,16 +327,23 @@ impl Pipeline {
         self.state.frag_event = FragEvent::None;
         let frame = pkt.data();
         if let Some(v) = check_l2(snap, in_port, frame) {
-            return v;
+            return if v == Verdict::Exception { to_kernel(snap, in_port, pkt) } else { v };
         }
-        match parse_into(frame, &mut self.parsed) {
+        let v = match parse_into(frame, &mut self.parsed) {
             Ok(Kind::Ip) => {
+                if !vlan_served(snap, in_port, &self.parsed) {
+                    return Verdict::Drop(DropReason::VlanNotServed);
+                }
                 let cx = Cx { snap, in_port, now_ms, ctr, may_steer };
                 self.state.decide(&cx, &self.parsed, pkt)
             }
             Ok(Kind::Other { .. }) => Verdict::Exception,
             Err(r) => Verdict::Drop(r),
+        };
+        if v == Verdict::Exception {
+            return to_kernel(snap, in_port, pkt);
         }
+        v
     }
 }
 
@@ -347,6 +363,41 @@ fn check_l2(snap: &Snapshot, in_port: u8, frame: &[u8]) -> Option<Verdict> {
         }
     }
     None
+}
+
+/// True when the VLAN tags of `p` are what port `in_port` serves: none (or
+/// one priority tag, VLAN 0) on a port without a VLAN, exactly its one tag
+/// on a port with one.
+#[inline(always)]
+fn vlan_served(snap: &Snapshot, in_port: u8, p: &Parsed) -> bool {
+    let want = snap.ports.get(usize::from(in_port)).map_or(0, |port| port.vlan);
+    if p.vlans == 0 {
+        want == 0
+    } else {
+        p.vlans == 1 && p.vlan_ids[0] == want
+    }
+}
+
+/// A frame for the kernel's interface of `in_port`, which is untagged: a
+/// frame of the port's VLAN loses its tag; a frame of no VLAN the port
+/// serves is dropped.
+#[cold]
+fn to_kernel<P: PacketBuf>(snap: &Snapshot, in_port: u8, pkt: &mut P) -> Verdict {
+    let want = snap.ports.get(usize::from(in_port)).map_or(0, |port| port.vlan);
+    let f = pkt.data();
+    let tpid = |at: usize| f.get(at..at + 2).map(|b| u16::from_be_bytes([b[0], b[1]]));
+    let is_tag = |t: Option<u16>| matches!(t, Some(ethertype::VLAN | ethertype::QINQ | ethertype::QINQ_OLD));
+    if !is_tag(tpid(12)) {
+        return if want == 0 { Verdict::Exception } else { Verdict::Drop(DropReason::VlanNotServed) };
+    }
+    let vid = tpid(14).map(|t| t & 0x0fff);
+    if vid != Some(want) || is_tag(tpid(16)) {
+        return Verdict::Drop(DropReason::VlanNotServed);
+    }
+    if !remove_vlan_tag(pkt) {
+        return Verdict::Drop(DropReason::EthTruncated);
+    }
+    Verdict::Exception
 }
 
 /// What a decision needs besides the packet.
@@ -403,8 +454,8 @@ impl State {
             if !snap.return_allowed(vip, cx.in_port, from) {
                 return Verdict::Drop(DropReason::ReturnNotFromEndpoint);
             }
-            let src = snap.ports.get(usize::from(gw.port)).map_or([0; 6], |p| p.mac);
-            return match forward_l2(pkt, p, src, gw.mac) {
+            let out = snap.ports.get(usize::from(gw.port)).copied().unwrap_or_default();
+            return match forward_l2(pkt, p, out.mac, gw.mac, out.vlan) {
                 Ok(()) => {
                     cx.ctr.returned.add(1);
                     Verdict::Forward(gw.port)
@@ -528,10 +579,13 @@ impl State {
     ) -> Verdict {
         let Some(port) = cx.snap.ports.get(usize::from(ep.port)) else { return Verdict::Drop(DropReason::NoEndpoint) };
         let r = match svc.delivery(ep) {
-            Delivery::L2 => forward_l2(pkt, p, port.mac, ep.mac),
+            Delivery::L2 => forward_l2(pkt, p, port.mac, ep.mac, port.vlan),
             Delivery::IpIp { src } => {
-                let t = Tunnel { src, dst: ep.addr, src_mac: port.mac, dst_mac: ep.mac, mtu: port.mtu };
+                let t = Tunnel { src, dst: ep.addr, src_mac: port.mac, dst_mac: ep.mac, mtu: port.mtu, vlan: port.vlan };
                 match encapsulate(pkt, p, &t, hash) {
+                    Err(DropReason::EncapTooBig) if !p.v6 && !dont_fragment(pkt.data(), p) => {
+                        return Verdict::Drop(DropReason::EncapTooBigNoDf);
+                    }
                     Err(DropReason::EncapTooBig) => {
                         let outer = if src.is_v4() { v4::MIN_LEN } else { v6::LEN };
                         let mtu = port.mtu.saturating_sub(u16::try_from(outer).unwrap_or(u16::MAX));
@@ -564,7 +618,7 @@ impl State {
         if !self.icmp.take(cx.now_ms) {
             return Verdict::Drop(DropReason::IcmpRateLimited);
         }
-        match icmp::too_big(pkt, p, mtu, port.mac) {
+        match icmp::too_big(pkt, p, mtu, port.mac, port.vlan) {
             Ok(()) => {
                 cx.ctr.icmp_too_big.add(1);
                 Verdict::Forward(cx.in_port)
@@ -572,6 +626,13 @@ impl State {
             Err(r) => Verdict::Drop(r),
         }
     }
+}
+
+/// Whether the IPv4 packet `p` in `frame` has DF set.
+#[inline]
+fn dont_fragment(frame: &[u8], p: &Parsed) -> bool {
+    let at = usize::from(p.l3) + v4::FRAG;
+    frame.get(at).is_some_and(|b| u16::from(*b) << 8 & v4::DF != 0)
 }
 
 #[inline(always)]

@@ -2,7 +2,8 @@
 //! incremental checksum, the NAT-less layer-2 rewrite, and IP-in-IP
 //! encapsulation (IPv4 or IPv6 outer, around IPv4 or IPv6 inner).
 //!
-//! Outputs are untagged: VLAN tags of the received frame are removed.
+//! VLAN tags of the received frame are removed; a frame leaving a port that
+//! serves a VLAN carries that VLAN's 802.1Q tag, others leave untagged.
 
 use crate::addr::Addr;
 use crate::checksum;
@@ -37,14 +38,60 @@ pub fn decrement_ttl(frame: &mut [u8], l3: usize, is_v6: bool) -> Result<(), Dro
     Ok(())
 }
 
-/// Writes an untagged Ethernet header at the start of `frame`.
+/// Bytes of the Ethernet header written for `vlan` (0: untagged).
 #[inline(always)]
-fn write_eth(frame: &mut [u8], dst: [u8; 6], src: [u8; 6], et: u16) {
-    let mut h = [0u8; ETH_LEN];
+pub(crate) fn l2_len(vlan: u16) -> usize {
+    if vlan == 0 {
+        ETH_LEN
+    } else {
+        ETH_LEN + VLAN_TAG_LEN
+    }
+}
+
+/// An 802.1Q tag's length.
+const VLAN_TAG_LEN: usize = 4;
+
+/// Writes an Ethernet header at the start of `frame`: untagged, or with
+/// the 802.1Q tag of `vlan` when it is not 0 ([`l2_len`] bytes).
+#[inline(always)]
+pub(crate) fn write_eth(frame: &mut [u8], dst: [u8; 6], src: [u8; 6], vlan: u16, et: u16) {
+    let mut h = [0u8; ETH_LEN + VLAN_TAG_LEN];
     h[0..6].copy_from_slice(&dst);
     h[6..12].copy_from_slice(&src);
-    h[12..14].copy_from_slice(&et.to_be_bytes());
-    frame[..ETH_LEN].copy_from_slice(&h);
+    if vlan == 0 {
+        h[12..14].copy_from_slice(&et.to_be_bytes());
+        frame[..ETH_LEN].copy_from_slice(&h[..ETH_LEN]);
+    } else {
+        h[12..14].copy_from_slice(&ethertype::VLAN.to_be_bytes());
+        h[14..16].copy_from_slice(&(vlan & 0x0fff).to_be_bytes());
+        h[16..18].copy_from_slice(&et.to_be_bytes());
+        frame[..ETH_LEN + VLAN_TAG_LEN].copy_from_slice(&h);
+    }
+}
+
+/// Adds the 802.1Q tag of `vlan` to an untagged frame (one the kernel sent
+/// out of a port that serves a VLAN). False, leaving it as it is, when the
+/// frame is shorter than an Ethernet header or the headroom is short.
+pub fn add_vlan_tag<P: PacketBuf>(pkt: &mut P, vlan: u16) -> bool {
+    if pkt.data().len() < ETH_LEN || !pkt.prepend(VLAN_TAG_LEN) {
+        return false;
+    }
+    let f = pkt.data_mut();
+    f.copy_within(VLAN_TAG_LEN..VLAN_TAG_LEN + 12, 0);
+    f[12..14].copy_from_slice(&ethertype::VLAN.to_be_bytes());
+    f[14..16].copy_from_slice(&(vlan & 0x0fff).to_be_bytes());
+    true
+}
+
+/// Removes the one VLAN tag after the MAC addresses (a frame handed to the
+/// kernel, whose interface is untagged).
+pub fn remove_vlan_tag<P: PacketBuf>(pkt: &mut P) -> bool {
+    let f = pkt.data_mut();
+    if f.len() < ETH_LEN + VLAN_TAG_LEN {
+        return false;
+    }
+    f.copy_within(0..12, VLAN_TAG_LEN);
+    pkt.adj(VLAN_TAG_LEN)
 }
 
 /// Makes exactly `before` bytes precede the IP header that is now at `l3`.
@@ -61,20 +108,21 @@ pub(crate) fn make_room<P: PacketBuf>(pkt: &mut P, l3: usize, before: usize) -> 
 }
 
 /// NAT-less forwarding: TTL decremented, frame re-addressed from `src` to
-/// `dst` at layer 2; the IP packet is otherwise unchanged.
+/// `dst` at layer 2 (tagged with `vlan` unless 0); the IP packet is
+/// otherwise unchanged.
 #[inline]
-pub fn forward_l2<P: PacketBuf>(pkt: &mut P, p: &Parsed, src: [u8; 6], dst: [u8; 6]) -> Result<(), DropReason> {
+pub fn forward_l2<P: PacketBuf>(pkt: &mut P, p: &Parsed, src: [u8; 6], dst: [u8; 6], vlan: u16) -> Result<(), DropReason> {
     let l3 = usize::from(p.l3);
     let et = if p.v6 { ethertype::IPV6 } else { ethertype::IPV4 };
-    if l3 == ETH_LEN {
+    if l3 == ETH_LEN && vlan == 0 {
         let f = pkt.data_mut();
         decrement_ttl(f, l3, p.v6)?;
-        write_eth(f, dst, src, et);
+        write_eth(f, dst, src, 0, et);
         return Ok(());
     }
     decrement_ttl(pkt.data_mut(), l3, p.v6)?;
-    make_room(pkt, l3, ETH_LEN)?;
-    write_eth(pkt.data_mut(), dst, src, et);
+    make_room(pkt, l3, l2_len(vlan))?;
+    write_eth(pkt.data_mut(), dst, src, vlan, et);
     Ok(())
 }
 
@@ -91,6 +139,8 @@ pub struct Tunnel {
     pub dst_mac: [u8; 6],
     /// IP MTU of the output.
     pub mtu: u16,
+    /// VLAN of the output (0: untagged).
+    pub vlan: u16,
 }
 
 /// IP-in-IP: TTL of the inner packet decremented, an outer IPv4 (protocol
@@ -114,11 +164,11 @@ pub fn encapsulate<P: PacketBuf>(pkt: &mut P, p: &Parsed, t: &Tunnel, entropy: u
         (inner[l3 + 1], u16::from_be_bytes([inner[l3 + v4::FRAG], inner[l3 + v4::FRAG + 1]]) & v4::DF != 0)
     };
     let inner_proto = if p.v6 { proto::IPV6 } else { proto::IPIP };
-    make_room(pkt, l3, ETH_LEN + outer_len)?;
+    let o = l2_len(t.vlan);
+    make_room(pkt, l3, o + outer_len)?;
     let f = pkt.data_mut();
-    let o = ETH_LEN;
     if outer_v6 {
-        write_eth(f, t.dst_mac, t.src_mac, ethertype::IPV6);
+        write_eth(f, t.dst_mac, t.src_mac, t.vlan, ethertype::IPV6);
         let label = (entropy as u32) & 0x000f_ffff;
         let word = (6u32 << 28) | (u32::from(tos) << 20) | label;
         f[o..o + 4].copy_from_slice(&word.to_be_bytes());
@@ -128,7 +178,7 @@ pub fn encapsulate<P: PacketBuf>(pkt: &mut P, p: &Parsed, t: &Tunnel, entropy: u
         f[o + v6::SRC..o + v6::SRC + 16].copy_from_slice(&t.src.v6_bytes());
         f[o + v6::DST..o + v6::DST + 16].copy_from_slice(&t.dst.v6_bytes());
     } else {
-        write_eth(f, t.dst_mac, t.src_mac, ethertype::IPV4);
+        write_eth(f, t.dst_mac, t.src_mac, t.vlan, ethertype::IPV4);
         let h = &mut f[o..o + v4::MIN_LEN];
         h[0] = 0x45;
         h[1] = tos;
@@ -184,7 +234,7 @@ mod tests {
         let f = craft::frame_v4(&[7, 100], A, VIP, proto::TCP, &craft::tcp(1, 80, 2, b"hello"));
         let p = parsed(&f);
         let mut b = Buf::new(&f);
-        forward_l2(&mut b, &p, [2, 0, 0, 0, 0, 0xaa], [2, 0, 0, 0, 0, 0xbb]).unwrap();
+        forward_l2(&mut b, &p, [2, 0, 0, 0, 0, 0xaa], [2, 0, 0, 0, 0, 0xbb], 0).unwrap();
         let out = b.data();
         assert_eq!(out.len(), f.len() - 8);
         assert_eq!(&out[0..6], &[2, 0, 0, 0, 0, 0xbb]);
@@ -205,7 +255,7 @@ mod tests {
             for (src, dst) in [out4, out6] {
                 let p = parsed(inner);
                 let mut b = Buf::new(inner);
-                let t = Tunnel { src, dst, src_mac: [2, 0, 0, 0, 0, 1], dst_mac: [2, 0, 0, 0, 0, 2], mtu: 1500 };
+                let t = Tunnel { src, dst, src_mac: [2, 0, 0, 0, 0, 1], dst_mac: [2, 0, 0, 0, 0, 2], mtu: 1500, vlan: 0 };
                 encapsulate(&mut b, &p, &t, 0x12345).unwrap();
                 let outer = parsed(b.data());
                 assert_eq!((outer.flow.src, outer.flow.dst), (src, dst));
@@ -218,7 +268,7 @@ mod tests {
         }
         let p = parsed(&inner4);
         let mut b = Buf::new(&inner4);
-        let t = Tunnel { src: out4.0, dst: out4.1, src_mac: [0; 6], dst_mac: [0; 6], mtu: 60 };
+        let t = Tunnel { src: out4.0, dst: out4.1, src_mac: [0; 6], dst_mac: [0; 6], mtu: 60, vlan: 0 };
         assert_eq!(encapsulate(&mut b, &p, &t, 0), Err(DropReason::EncapTooBig));
         let mut tight = Buf::with_headroom(&inner4, 0);
         let t = Tunnel { mtu: 1500, ..t };

@@ -16,6 +16,10 @@ pub struct PortInfo {
     pub mac: [u8; 6],
     /// IP MTU (encapsulated packets above it are dropped).
     pub mtu: u16,
+    /// The 802.1Q VLAN the port serves (0: none). Such a port takes only
+    /// frames tagged with it and tags what it sends; a port without a VLAN
+    /// takes only untagged (or priority-tagged, VLAN 0) frames.
+    pub vlan: u16,
 }
 
 /// A next hop on a port.

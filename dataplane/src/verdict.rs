@@ -78,11 +78,21 @@ pub enum DropReason {
     SteerQueueFull,
     /// Still in a steering queue when the workers stopped.
     SteeredAtShutdown,
+    /// IPv6 Hop-by-Hop Options header after another extension header
+    /// (RFC 8200 4.1 allows it only right after the IPv6 header).
+    Ipv6HopByHopNotFirst,
+    /// IPv4 without DF too big for its tunnel once encapsulated: the
+    /// appliance does not fragment, and no ICMP error is due (README:
+    /// "Tunnels and the MTU").
+    EncapTooBigNoDf,
+    /// 802.1Q/802.1ad-tagged frame on a port that serves no VLAN, or a
+    /// frame not of the port's VLAN (untagged, another VLAN, or stacked tags).
+    VlanNotServed,
 }
 
 impl DropReason {
     /// Every reason, in counter order.
-    pub const ALL: [DropReason; 34] = [
+    pub const ALL: [DropReason; 37] = [
         DropReason::EthTruncated,
         DropReason::FrameTooLong,
         DropReason::NotOurMac,
@@ -117,6 +127,9 @@ impl DropReason {
         DropReason::IcmpRateLimited,
         DropReason::SteerQueueFull,
         DropReason::SteeredAtShutdown,
+        DropReason::Ipv6HopByHopNotFirst,
+        DropReason::EncapTooBigNoDf,
+        DropReason::VlanNotServed,
     ];
 
     /// Number of reasons.
@@ -165,6 +178,9 @@ impl DropReason {
             DropReason::IcmpRateLimited => "icmp_rate_limited",
             DropReason::SteerQueueFull => "steer_queue_full",
             DropReason::SteeredAtShutdown => "steered_at_shutdown",
+            DropReason::Ipv6HopByHopNotFirst => "ipv6_hop_by_hop_not_first",
+            DropReason::EncapTooBigNoDf => "encap_too_big_no_df",
+            DropReason::VlanNotServed => "vlan_not_served",
         }
     }
 }

@@ -19,6 +19,7 @@ use crate::flow::FragKey;
 use crate::io::{Burst, PacketBuf, PacketIo, Waited, BURST};
 use crate::latency::{Recorder, SharedLatency};
 use crate::pipeline::{FragEvent, Pipeline, PipelineConfig};
+use crate::rewrite::add_vlan_tag;
 use crate::rcu::Reader;
 use crate::snapshot::Snapshot;
 use crate::steer::{Steered, Steering};
@@ -97,9 +98,10 @@ pub enum Input {
         /// Output index of this port's exception path, if any.
         exception: Option<usize>,
     },
-    /// Packets the kernel sends (exception path back): out unchanged.
+    /// Packets the kernel sends (exception path back): out unchanged, but
+    /// for the VLAN tag of a port that serves one.
     Passthrough {
-        /// Output index.
+        /// Output index: port `output` of the snapshot.
         output: usize,
     },
 }
@@ -426,7 +428,13 @@ impl<IO: PacketIo> Worker<IO> {
             match *input {
                 Input::Passthrough { output } => {
                     ctr.from_kernel.add(rx.len() as u64);
-                    for pkt in rx.drain(..) {
+                    // The kernel's interface is untagged; the port's VLAN is added here.
+                    let vlan = snap.ports.get(output).map_or(0, |p| p.vlan);
+                    for mut pkt in rx.drain(..) {
+                        if vlan != 0 && !add_vlan_tag(&mut pkt, vlan) {
+                            out.discard(io, DropReason::EncapNoHeadroom, pkt);
+                            continue;
+                        }
                         out.send(io, output, pkt);
                     }
                 }

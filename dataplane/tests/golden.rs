@@ -100,8 +100,15 @@ fn cases(snap: &Snapshot) -> Vec<Case> {
             out: Some(eth(web_ep, BACK_MAC, &[], false, &syn_out)),
         },
         Case {
-            what: "VLAN-tagged VIP traffic leaves untagged",
+            what: "VLAN-tagged VIP traffic on a port that serves no VLAN",
             frame: eth(FRONT_MAC, client_mac, &[100], false, &syn),
+            port: 0,
+            verdict: Verdict::Drop(DropReason::VlanNotServed),
+            out: None,
+        },
+        Case {
+            what: "priority-tagged (VLAN 0) VIP traffic leaves untagged",
+            frame: eth(FRONT_MAC, client_mac, &[0], false, &syn),
             port: 0,
             verdict: Verdict::Forward(1),
             out: Some(eth(web_ep, BACK_MAC, &[], false, &syn_out)),
@@ -236,7 +243,7 @@ fn cases(snap: &Snapshot) -> Vec<Case> {
             what: "IPv4 without DF too big for its tunnel (we do not fragment)",
             frame: eth(FRONT_MAC, router_mac, &[], false, &big4_no_df),
             port: 0,
-            verdict: Verdict::Drop(DropReason::EncapTooBig),
+            verdict: Verdict::Drop(DropReason::EncapTooBigNoDf),
             out: None,
         },
         Case {

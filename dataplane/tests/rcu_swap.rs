@@ -38,7 +38,7 @@ fn snapshot(generation: u64) -> (Snapshot, Weak<Service>) {
         generation,
         &[route("web", 0, Addr::v4(VIP), Some(80), &[proto::TCP])],
         vec![svc],
-        vec![PortInfo { mac: FRONT_MAC, mtu: 1500 }, PortInfo { mac: BACK_MAC, mtu: 1500 }],
+        vec![PortInfo { mac: FRONT_MAC, mtu: 1500, vlan: 0 }, PortInfo { mac: BACK_MAC, mtu: 1500, vlan: 0 }],
         Some(NextHop { port: 0, mac: GW_MAC }),
         None,
     );

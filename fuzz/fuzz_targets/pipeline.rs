@@ -65,7 +65,7 @@ fn snapshot() -> Snapshot {
             svc(0, Algorithm::Maglev, Delivery::L2),
             svc(1, Algorithm::Random, Delivery::IpIp { src: "fd00::1".parse().unwrap() }),
         ],
-        vec![PortInfo { mac: [2, 0, 0, 0, 1, 0], mtu: 1500 }, PortInfo { mac: [2, 0, 0, 0, 1, 1], mtu: 1500 }],
+        vec![PortInfo { mac: [2, 0, 0, 0, 1, 0], mtu: 1500, vlan: 0 }, PortInfo { mac: [2, 0, 0, 0, 1, 1], mtu: 1500, vlan: 0 }],
         Some(NextHop { port: 0, mac: [2, 0, 0, 0, 0xf, 0xf] }),
         Some(NextHop { port: 0, mac: [2, 0, 0, 0, 0xf, 0xf] }),
     )

@@ -103,7 +103,7 @@ fn snapshot(generation: u64) -> Snapshot {
             route("v6-random", 3, Addr::v6(VIP6), 2000, 65535, &[]),
         ],
         svcs[(generation % 2) as usize].clone(),
-        vec![PortInfo { mac: PORT_MAC[0], mtu: 1500 }, PortInfo { mac: PORT_MAC[1], mtu: 1400 }],
+        vec![PortInfo { mac: PORT_MAC[0], mtu: 1500, vlan: 0 }, PortInfo { mac: PORT_MAC[1], mtu: 1400, vlan: 0 }],
         Some(NextHop { port: 0, mac: GW_MAC }),
         Some(NextHop { port: 0, mac: GW_MAC }),
     )

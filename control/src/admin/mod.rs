@@ -199,14 +199,10 @@ async fn explain_handler(State(app): State<App>, Query(q): Query<std::collection
         return (StatusCode::BAD_REQUEST, "src and dst are ADDRESS:PORT ([v6]:port for IPv6)\n").into_response();
     };
     let Some(snap) = snapshot(&app) else { return (StatusCode::SERVICE_UNAVAILABLE, "nothing published yet\n").into_response() };
-    let flow = sluice_dataplane::parse::Flow {
-        src: src.ip().into(),
-        dst: dst.ip().into(),
-        sport: src.port(),
-        dport: dst.port(),
-        proto: p,
-    };
-    json(&tables::explain(&snap, &flow))
+    match tables::explain(&snap, p, src, dst) {
+        Ok(x) => json(&x),
+        Err(e) => (StatusCode::BAD_REQUEST, format!("{e}\n")).into_response(),
+    }
 }
 
 fn verdict(why: Vec<String>) -> Response {

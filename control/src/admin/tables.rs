@@ -5,16 +5,22 @@
 //! and why).
 
 use std::collections::VecDeque;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex, Weak};
 
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 use sluice_dataplane::addr::Addr;
 use sluice_dataplane::classify::Lookup;
+use sluice_dataplane::counters::WorkerCounters;
+use sluice_dataplane::craft;
 use sluice_dataplane::hash::{flow_hash, reduce};
-use sluice_dataplane::parse::{proto, Flow};
+use sluice_dataplane::memio::MemBuf;
+use sluice_dataplane::parse::{ethertype, parse, proto, Frame};
+use sluice_dataplane::pipeline::{Pipeline, PipelineConfig};
 use sluice_dataplane::service::{Algorithm, Delivery, Service};
 use sluice_dataplane::snapshot::Snapshot;
+use sluice_dataplane::verdict::Verdict;
 
 /// One service's table, summed up.
 #[derive(Debug, Serialize, PartialEq, Eq)]
@@ -185,22 +191,58 @@ pub fn protocol(s: &str) -> Option<u8> {
     }
 }
 
-/// Explains what the snapshot does with a new packet of `flow`.
-pub fn explain(snap: &Snapshot, flow: &Flow) -> Explanation {
-    let c = &snap.classifier;
+/// The port a packet explained arrives on.
+const EXPLAIN_PORT: u8 = 0;
+
+/// The first packet of a new flow from `src` to `dst`: a TCP SYN, or a UDP
+/// or SCTP packet without payload, addressed at layer 2 to the port it
+/// arrives on (in its VLAN). IPv4 when both addresses are; IPv6 (with the 16 bytes as
+/// given, `::ffff:a.b.c.d` included) when both are.
+fn first_packet(snap: &Snapshot, protocol: u8, src: SocketAddr, dst: SocketAddr) -> Result<Vec<u8>, String> {
+    let l4 = match protocol {
+        proto::TCP => craft::tcp(src.port(), dst.port(), 0x02, &[]),
+        proto::UDP => craft::udp(src.port(), dst.port(), &[]),
+        _ => craft::sctp(src.port(), dst.port(), &[]),
+    };
+    let (et, ip) = match (src.ip(), dst.ip()) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => (ethertype::IPV4, craft::with_l4_checksum(craft::ipv4(s.octets(), d.octets(), protocol, &l4), 20)),
+        (IpAddr::V6(s), IpAddr::V6(d)) => (ethertype::IPV6, craft::with_l4_checksum(craft::ipv6(s.octets(), d.octets(), protocol, &l4), 40)),
+        _ => return Err("src and dst must both be IPv4 or both IPv6".into()),
+    };
+    let port = snap.ports.get(usize::from(EXPLAIN_PORT)).copied().unwrap_or_default();
+    let vlans: &[u16] = if port.vlan == 0 { &[] } else { &[port.vlan] };
+    Ok(craft::ether_with(port.mac, craft::SRC_MAC, vlans, et, &ip))
+}
+
+/// Counter slots that cover every service and endpoint of `snap`.
+fn counter_slots(snap: &Snapshot) -> (usize, usize) {
+    snap.services.iter().fold((0, 0), |(s, e), svc| {
+        let e = svc.endpoints().map(|ep| ep.counter as usize + 1).fold(e, usize::max);
+        (s.max(svc.key as usize + 1), e)
+    })
+}
+
+/// Explains what the workers do with the first packet of a new flow of
+/// `protocol` from `src` to `dst`. The packet is built and put through the
+/// workers' own pipeline ([`Pipeline::process`], on fresh tables of its
+/// own), as arriving on port 0: the verdict is theirs; the route, table
+/// slot and endpoint are read from the same snapshot to say why. Fails when
+/// the two addresses are not of one family.
+pub fn explain(snap: &Snapshot, protocol: u8, src: SocketAddr, dst: SocketAddr) -> Result<Explanation, String> {
+    let frame = first_packet(snap, protocol, src, dst)?;
     let mut x = Explanation {
         flow: format!(
             "{} {} port {} -> {} port {}",
-            match flow.proto {
+            match protocol {
                 proto::TCP => "tcp",
                 proto::UDP => "udp",
                 proto::SCTP => "sctp",
                 _ => "?",
             },
-            flow.src,
-            flow.sport,
-            flow.dst,
-            flow.dport
+            src.ip(),
+            src.port(),
+            dst.ip(),
+            dst.port()
         ),
         verdict: String::new(),
         route: None,
@@ -210,55 +252,85 @@ pub fn explain(snap: &Snapshot, flow: &Flow) -> Explanation {
         slot: None,
         endpoint: None,
         delivery: None,
-        notes: vec!["byte matches are not evaluated (no payload given)".into()],
-    };
-    let r = match c.classify(flow, true, None) {
-        Lookup::NotVip => {
-            x.verdict = format!("{} is not a VIP: the packet goes to the kernel (exception path)", flow.dst);
-            return x;
+        notes: vec![match protocol {
+            proto::TCP => "the packet explained is a TCP SYN without payload: byte matches are evaluated on it",
+            _ => "the packet explained carries no payload: byte matches are evaluated on its header",
         }
-        Lookup::NoRoute => {
-            x.verdict = "no route matches this VIP, protocol and ports: dropped (no_route)".into();
-            return x;
+        .into()],
+    };
+    let (services, endpoints) = counter_slots(snap);
+    let ctr = WorkerCounters::new(services, endpoints);
+    let cfg = PipelineConfig { flow_entries: 64, frag_entries: 16, ..PipelineConfig::default() };
+    let mut pipeline = Pipeline::new(&cfg, 1);
+    let mut pkt = MemBuf::new(&frame);
+    let verdict = pipeline.process(snap, EXPLAIN_PORT, &mut pkt, 1000, &ctr);
+
+    // Why: the route and service of the packet as the workers parse and
+    // classify it.
+    let c = &snap.classifier;
+    let Ok(Frame::Ip(p)) = parse(&frame) else {
+        x.verdict = describe(verdict);
+        return Ok(x);
+    };
+    let l4 = frame.get(usize::from(p.l4)..usize::from(p.ip_end));
+    let svc = match c.classify(&p.flow, p.has_ports, l4) {
+        Lookup::Route(r) => {
+            let route = c.route(r);
+            x.route = Some(route.name.clone());
+            x.priority = Some(route.priority);
+            c.service_of(r).and_then(|i| snap.services.get(i as usize))
         }
-        Lookup::Route(r) => r,
+        Lookup::NoRoute | Lookup::NotVip => None,
     };
-    let route = c.route(r);
-    x.route = Some(route.name.clone());
-    x.priority = Some(route.priority);
-    let Some(svc) = c.service_of(r).and_then(|i| snap.services.get(i as usize)) else {
-        x.verdict = "the route's service is missing: dropped (no_route)".into();
-        return x;
-    };
-    x.service = Some(svc.name.clone());
-    x.algorithm = Some(format!("{}{}", svc.algorithm, if svc.flow_table { " with a flow table" } else { "" }));
-    let Some(table) = &svc.table else {
-        x.verdict = "the service has no endpoint taking new flows: dropped (no_endpoint)".into();
-        return x;
-    };
-    let hash = flow_hash(flow);
-    let slot = reduce(hash, table.size());
-    if svc.algorithm == Algorithm::Random {
-        x.verdict = "a new flow gets a random endpoint (in proportion to weights), then keeps it in the worker's flow table".into();
-        x.notes.push("random: no single endpoint can be named in advance".into());
-        return x;
+    if let Some(svc) = svc {
+        x.service = Some(svc.name.clone());
+        x.algorithm = Some(format!("{}{}", svc.algorithm, if svc.flow_table { " with a flow table" } else { "" }));
+        if let (Some(table), Algorithm::Maglev) = (&svc.table, svc.algorithm) {
+            let hash = flow_hash(&p.flow);
+            x.slot = Some((format!("{hash:#018x}"), reduce(hash, table.size())));
+        }
     }
-    let at = table.lookup(hash);
-    x.slot = Some((format!("{hash:#018x}"), slot));
-    let Some(ep) = svc.endpoint_at(at) else {
-        x.verdict = "the table points at a missing endpoint: dropped (no_endpoint)".into();
-        return x;
-    };
-    x.endpoint = Some((ep.id, ep.addr.to_string()));
-    x.delivery = Some(match svc.delivery(ep) {
-        Delivery::L2 => format!("NAT-less, out of port {} to MAC {}", ep.port, sluice_ffi::MacAddr(ep.mac)),
-        Delivery::IpIp { src } => format!("IP-in-IP from {src} to {}, out of port {} via MAC {}", ep.addr, ep.port, sluice_ffi::MacAddr(ep.mac)),
-    });
-    if svc.flow_table {
-        x.notes.push("an established flow keeps the endpoint it started with (flow table), even if the table changed since".into());
+    let balanced = ctr.balanced.get() > 0;
+    // The endpoint the pipeline counted the packet for.
+    let ep = svc.filter(|_| balanced).and_then(|s| s.endpoints().find(|e| ctr.endpoints.get(e.counter as usize).is_some_and(|c| c.packets.get() > 0)));
+    match (verdict, svc, ep) {
+        (Verdict::Forward(_), Some(svc), Some(_)) if svc.algorithm == Algorithm::Random => {
+            x.verdict = "a new flow gets a random endpoint (in proportion to weights), then keeps it in the worker's flow table".into();
+            x.notes.push("random: no single endpoint can be named in advance".into());
+        }
+        (Verdict::Forward(_), Some(svc), Some(ep)) => {
+            x.endpoint = Some((ep.id, ep.addr.to_string()));
+            x.delivery = Some(match svc.delivery(ep) {
+                Delivery::L2 => format!("NAT-less, out of port {} to MAC {}", ep.port, sluice_ffi::MacAddr(ep.mac)),
+                Delivery::IpIp { src } => {
+                    format!("IP-in-IP from {src} to {}, out of port {} via MAC {}", ep.addr, ep.port, sluice_ffi::MacAddr(ep.mac))
+                }
+            });
+            if svc.flow_table {
+                x.notes.push("an established flow keeps the endpoint it started with (flow table), even if the table changed since".into());
+            }
+            x.verdict = format!("forwarded to endpoint {} ({})", ep.id, ep.addr);
+        }
+        (Verdict::Forward(o), _, _) if ctr.returned.get() > 0 => {
+            x.verdict = format!("the source is a VIP: return traffic, forwarded to the gateway out of port {o}");
+        }
+        (Verdict::Exception, _, _) if !c.is_vip(p.flow.dst) => {
+            x.verdict = format!("{} is not a VIP: the packet goes to the kernel (exception path)", dst.ip());
+        }
+        (v, _, _) => x.verdict = describe(v),
     }
-    x.verdict = format!("forwarded to endpoint {} ({})", ep.id, ep.addr);
-    x
+    Ok(x)
+}
+
+/// A verdict in words.
+fn describe(v: Verdict) -> String {
+    match v {
+        Verdict::Forward(o) => format!("forwarded out of port {o}"),
+        Verdict::Exception => "handed to the kernel (exception path)".into(),
+        Verdict::Stash => "held back as a fragment".into(),
+        Verdict::Steer(w) => format!("handed to worker {w}, which owns the flow"),
+        Verdict::Drop(r) => format!("dropped ({})", r.name()),
+    }
 }
 
 #[cfg(test)]
@@ -266,6 +338,7 @@ mod tests {
     use std::sync::Arc;
 
     use sluice_dataplane::classify::{PortRange, RouteMatch, RouteSpec};
+    use sluice_dataplane::parse::Flow;
     use sluice_dataplane::service::{EndpointSpec, ServiceSpec};
     use sluice_dataplane::snapshot::PortInfo;
 
@@ -342,19 +415,39 @@ mod tests {
         assert_eq!(summary_for(&live[0], "web", &digests).unwrap(), summaries(&live[0]).remove(0), "let go, then taken again");
     }
 
+    fn sa(s: &str) -> SocketAddr {
+        s.parse().unwrap()
+    }
+
     #[test]
     fn explanations_name_route_service_and_endpoint() {
         let s = snap(&[(0, "10.0.0.1"), (1, "10.0.0.2")]);
         let flow = Flow { src: "10.9.0.1".parse().unwrap(), dst: "20.0.0.1".parse().unwrap(), sport: 4000, dport: 80, proto: proto::TCP };
-        let x = explain(&s, &flow);
+        let x = explain(&s, proto::TCP, sa("10.9.0.1:4000"), sa("20.0.0.1:80")).unwrap();
         assert_eq!((x.route.as_deref(), x.priority, x.service.as_deref()), (Some("r"), Some(3), Some("web")));
         let (id, addr) = x.endpoint.clone().unwrap();
         let want = s.services[0].endpoint_at(s.services[0].table.as_ref().unwrap().lookup(flow_hash(&flow))).unwrap();
         assert_eq!(id, want.id);
         assert_eq!(addr, want.addr.to_string());
-        let x = explain(&s, &Flow { dport: 81, ..flow });
-        assert!(x.verdict.contains("no route"), "{}", x.verdict);
-        let x = explain(&s, &Flow { dst: "20.0.0.2".parse().unwrap(), ..flow });
+        assert!(x.verdict.starts_with("forwarded to endpoint"), "{}", x.verdict);
+        let x = explain(&s, proto::TCP, sa("10.9.0.1:4000"), sa("20.0.0.1:81")).unwrap();
+        assert!(x.verdict.contains("no_route"), "{}", x.verdict);
+        let x = explain(&s, proto::TCP, sa("10.9.0.1:4000"), sa("20.0.0.2:80")).unwrap();
         assert!(x.verdict.contains("not a VIP"), "{}", x.verdict);
+        assert!(explain(&s, proto::TCP, sa("10.9.0.1:4000"), sa("[2001:db8::1]:80")).is_err(), "one family");
+    }
+
+    /// The workers drop an IPv6 packet whose source or destination is
+    /// IPv4-mapped (`::ffff:a.b.c.d`); so does the explanation.
+    #[test]
+    fn explain_drops_ipv4_mapped_ipv6_addresses_as_the_workers_do() {
+        let s = snap(&[(0, "10.0.0.1"), (1, "10.0.0.2")]);
+        for (src, dst) in [("[2001:db8::9]:4000", "[::ffff:20.0.0.1]:80"), ("[::ffff:10.9.0.1]:4000", "[::ffff:20.0.0.1]:80")] {
+            let x = explain(&s, proto::TCP, sa(src), sa(dst)).unwrap();
+            assert_eq!(x.endpoint, None, "{src} -> {dst}: {}", x.verdict);
+            assert!(x.verdict.contains("ipv6_mapped_address"), "{src} -> {dst}: {}", x.verdict);
+        }
+        let x = explain(&s, proto::TCP, sa("10.9.0.1:4000"), sa("20.0.0.1:80")).unwrap();
+        assert!(x.endpoint.is_some(), "the same VIP over IPv4 is served: {}", x.verdict);
     }
 }

@@ -162,7 +162,7 @@ mod tests {
     use super::*;
 
     fn port(device: &str) -> PortConfig {
-        PortConfig { name: "p".into(), device: device.into(), addresses: vec![], mtu: 1500, kernel_interface: String::new() }
+        PortConfig { name: "p".into(), device: device.into(), addresses: vec![], mtu: 1500, vlan: 0, kernel_interface: String::new() }
     }
 
     #[test]

@@ -253,7 +253,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
         ports: machine
             .ports
             .iter()
-            .map(|p| TopoPort { name: p.cfg.name.clone(), mac: p.mac, mtu: p.cfg.mtu, addresses: p.cfg.addresses.clone() })
+            .map(|p| TopoPort { name: p.cfg.name.clone(), mac: p.mac, mtu: p.cfg.mtu, vlan: p.cfg.vlan, addresses: p.cfg.addresses.clone() })
             .collect(),
         gateways: cfg.gateways.clone(),
     };

@@ -38,7 +38,7 @@ pub fn problems(path: &std::path::Path) -> Result<sources::Loaded, Vec<Problem>>
         ports: cfg
             .ports
             .iter()
-            .map(|p| TopoPort { name: p.name.clone(), mac: [0; 6], mtu: p.mtu, addresses: p.addresses.clone() })
+            .map(|p| TopoPort { name: p.name.clone(), mac: [0; 6], mtu: p.mtu, vlan: p.vlan, addresses: p.addresses.clone() })
             .collect(),
         gateways: cfg.gateways.clone(),
     };

@@ -128,6 +128,9 @@ pub struct PortConfig {
     pub addresses: Vec<IfAddr>,
     /// IP MTU.
     pub mtu: u16,
+    /// The 802.1Q VLAN the port serves (0: none, untagged): it takes only
+    /// frames tagged with it and tags everything it sends.
+    pub vlan: u16,
     /// Kernel interface for the exception path (ARP/ND, BGP, ICMP to the
     /// appliance); empty for none.
     pub kernel_interface: String,
@@ -500,7 +503,7 @@ fn if_addr(n: Node<'_>, p: &mut Problems) -> Option<IfAddr> {
 }
 
 fn port(n: Node<'_>, p: &mut Problems, before: &[PortConfig]) -> Option<PortConfig> {
-    n.mapping(p, &["name", "device", "addresses", "mtu", "kernelInterface"]);
+    n.mapping(p, &["name", "device", "addresses", "mtu", "vlan", "kernelInterface"]);
     let name = n.required(p, "name", |n, p| {
         let name = fields::name(n, p)?;
         if before.iter().any(|b| b.name == name) {
@@ -529,6 +532,7 @@ fn port(n: Node<'_>, p: &mut Problems, before: &[PortConfig]) -> Option<PortConf
             ));
         }
     }
+    let vlan = n.field("vlan", |n| n.int(p, 1, 4094)).flatten().map_or(0, |v| v as u16);
     let default_if = format!("sl{}-{}", before.len(), name.clone().flatten().as_deref().unwrap_or(""));
     let kernel_interface = n.field("kernelInterface", |n| n.string(p)).flatten().unwrap_or(default_if);
     if kernel_interface.len() > 15 {
@@ -539,6 +543,7 @@ fn port(n: Node<'_>, p: &mut Problems, before: &[PortConfig]) -> Option<PortConf
         device: device??,
         addresses,
         mtu,
+        vlan,
         kernel_interface: kernel_interface.chars().take(15).collect(),
     })
 }
@@ -806,5 +811,15 @@ gateways:
         assert!(e[0].to_string().starts_with("/nonexistent/c.yaml: cannot read: "), "no position: {}", e[0]);
         assert_eq!(problems("a: [1\n"), ["c.yaml:2:1: not valid YAML: while parsing a flow sequence, expected ',' or ']'"]);
         assert_eq!(problems(""), ["c.yaml:1:1: expected a mapping, found nothing", "c.yaml:1:1: missing field \"ports\""]);
+    }
+
+    #[test]
+    fn a_port_may_serve_one_vlan() {
+        let c = parse_str("dpdk: {lcores: \"0,1\"}\nports:\n  - {name: a, device: net_null0, vlan: 100}\n  - {name: b, device: net_null1}\n", Path::new("c.yaml")).unwrap();
+        assert_eq!((c.ports[0].vlan, c.ports[1].vlan), (100, 0), "none by default");
+        for bad in ["0", "4095", "x"] {
+            let got = problems(&format!("dpdk: {{lcores: \"0,1\"}}\nports:\n  - {{name: a, device: net_null0, vlan: {bad}}}\n"));
+            assert!(got.len() == 1 && got[0].starts_with("c.yaml:3:40: ports[0].vlan: "), "{bad}: {got:?}");
+        }
     }
 }

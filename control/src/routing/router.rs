@@ -544,6 +544,7 @@ pub(crate) mod testing {
             device: device.into(),
             addresses,
             mtu: 1500,
+            vlan: 0,
             kernel_interface: kernel_interface.into(),
         };
         vec![

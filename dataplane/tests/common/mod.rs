@@ -104,7 +104,7 @@ pub fn appliance(generation: u64) -> Snapshot {
         generation,
         &routes,
         services,
-        vec![PortInfo { mac: FRONT_MAC, mtu: 1500 }, PortInfo { mac: BACK_MAC, mtu: 1500 }],
+        vec![PortInfo { mac: FRONT_MAC, mtu: 1500, vlan: 0 }, PortInfo { mac: BACK_MAC, mtu: 1500, vlan: 0 }],
         Some(NextHop { port: 0, mac: GW_MAC }),
         None,
     )
