@@ -182,7 +182,7 @@ pub fn run(args: &CheckArgs) -> ExitCode {
                     k.kubeconfig.as_ref().map_or_else(|| "in-cluster".to_owned(), |p| format!("kubeconfig {}", p.display()))
                 );
             }
-            for w in host_warnings(&l, |v4| crate::routing::neighbours::table_limit(v4)) {
+            for w in host_warnings(&l, crate::routing::neighbours::table_limit) {
                 eprintln!("{}: warning: {w}", args.config.display());
             }
             ExitCode::SUCCESS
