@@ -107,12 +107,14 @@ mod tests {
     use super::*;
     use std::os::fd::AsRawFd;
 
-    /// A descriptor open without close-on-exec, as DPDK opens them.
-    fn inheritable() -> std::fs::File {
+    /// A descriptor open without close-on-exec, as DPDK opens them, at a
+    /// number of its own (dup2 leaves close-on-exec off).
+    fn inheritable() -> (std::fs::File, i32) {
         let f = std::fs::File::open("/proc/self/status").unwrap();
-        // SAFETY: clears FD_CLOEXEC on a descriptor this test owns.
-        unsafe { libc::fcntl(f.as_raw_fd(), libc::F_SETFD, 0) };
-        f
+        // SAFETY: duplicates a descriptor this test owns onto an unused number.
+        let fd = unsafe { libc::dup2(f.as_raw_fd(), 517) };
+        assert_eq!(fd, 517);
+        (f, fd)
     }
 
     fn fds_of(cmd: &mut Command) -> Vec<String> {
@@ -123,13 +125,15 @@ mod tests {
 
     #[test]
     fn a_confined_child_inherits_its_standard_streams_only() {
-        let f = inheritable();
-        let fd = f.as_raw_fd().to_string();
+        let (_f, fd) = inheritable();
+        let fd = fd.to_string();
         let plain = fds_of(&mut Command::new("sh"));
         assert!(plain.contains(&fd), "the check sees a leak: {plain:?}");
         let confined = fds_of(confine(&mut Command::new("sh")));
         // 0, 1, 2, and the directory `ls` reads.
         assert!(!confined.contains(&fd) && confined.len() <= 4, "{confined:?}");
+        // SAFETY: closes the duplicate made above.
+        unsafe { libc::close(517) };
     }
 
     #[test]
