@@ -3,6 +3,10 @@
 //! hostile requests (scripts/admin_hammer.py) and the test rewrites the
 //! configuration every 100 ms with random valid and invalid edits.
 //!
+//! Every 25th edit swaps the file for a FIFO (nothing ever writes to it):
+//! it is refused as not a regular file while `/healthz` keeps answering,
+//! and the next edit puts a regular file back.
+//!
 //! The appliance must never exit, traffic must never stop or fail, every
 //! invalid edit must be rejected with its own reason (and every valid one
 //! applied), and every mbuf must be back in the pool at the end.
@@ -208,7 +212,11 @@ fn traffic_admin_attacks_and_config_churn_do_not_stop_the_appliance() {
     };
 
     // Configuration churn, one edit every 100 ms, each one's fate checked.
-    let (mut applied, mut rejected) = (0u64, 0u64);
+    let (mut applied, mut rejected, mut fifos) = (0u64, 0u64, 0u64);
+    let healthz = |t: &Topology| -> String {
+        let o = t.output("lb", &["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "-m", "2", "http://127.0.0.1:9091/healthz"]);
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
     let end = Instant::now() + Duration::from_secs(secs);
     let mut n = 1u64;
     let mut last_good = String::new();
@@ -223,8 +231,18 @@ fn traffic_admin_attacks_and_config_churn_do_not_stop_the_appliance() {
             let (text, why) = invalid(n, &base, &mut rng);
             Edit { text: format!("{head}{text}"), rejected_because: Some(why) }
         };
-        // Each edit changes the file, if only by this comment.
-        write(&cfg, &format!("# edit {n}\n{}", edit.text));
+        let fifo = n % 25 == 0;
+        let edit = if fifo {
+            let tmp = cfg.with_extension("fifo");
+            let _ = std::fs::remove_file(&tmp);
+            assert!(Command::new("mkfifo").arg(&tmp).status().unwrap().success());
+            std::fs::rename(&tmp, &cfg).unwrap();
+            Edit { text: String::new(), rejected_because: Some("not a regular file (a FIFO): refused".into()) }
+        } else {
+            // Each edit changes the file, if only by this comment.
+            write(&cfg, &format!("# edit {n}\n{}", edit.text));
+            edit
+        };
         eprintln!("{:?} wrote edit {n} ({:?})", std::time::SystemTime::now(), edit.rejected_because);
         let mut seen = false;
         let mut read = Vec::new();
@@ -254,6 +272,17 @@ fn traffic_admin_attacks_and_config_churn_do_not_stop_the_appliance() {
                 rejected += 1;
             }
         }
+        if fifo {
+            // The admin hammer holds most of the connection slots: a few
+            // tries may be refused before one gets through.
+            let mut code = String::new();
+            let answered = wait_until(Duration::from_secs(10), || {
+                code = healthz(&topo);
+                code == "200"
+            });
+            assert!(answered, "/healthz with a FIFO in place of the configuration: last answer {code:?}");
+            fifos += 1;
+        }
         n += 1;
         if let Some(rest) = Duration::from_millis(100).checked_sub(t0.elapsed()) {
             std::thread::sleep(rest);
@@ -264,8 +293,8 @@ fn traffic_admin_attacks_and_config_churn_do_not_stop_the_appliance() {
     let (_, hammer_out, hammer_err) = hammer.stop("TERM", Duration::from_secs(30));
     eprintln!("admin hammer: {hammer_out}{hammer_err}");
     let (batches, ok, failed, gap) = *tally.lock().unwrap();
-    eprintln!("{applied} edits applied, {rejected} rejected; traffic: {batches} batches, {ok} ok, {failed} failed, longest gap {gap:?}");
-    assert!(applied > 0 && rejected > 0);
+    eprintln!("{applied} edits applied, {rejected} rejected ({fifos} of them FIFOs); traffic: {batches} batches, {ok} ok, {failed} failed, longest gap {gap:?}");
+    assert!(applied > 0 && rejected > 0 && fifos > 0);
     assert!(batches > 4 && ok > 0, "traffic ran");
     assert_eq!(failed, 0, "no connection or query failed");
     assert!(gap < Duration::from_secs(10), "traffic never stalled (longest batch {gap:?})");

@@ -17,6 +17,7 @@ use sluice_dataplane::chunked::Chunked;
 use sluice_dataplane::classify::{Classifier, RouteSpec};
 use sluice_dataplane::service::{Delivery, EndpointSpec, Service, ServiceSpec};
 use sluice_dataplane::snapshot::{NextHop, PortInfo, Snapshot};
+use tokio_util::sync::CancellationToken;
 
 use crate::config::{GatewayConfig, IfAddr};
 use crate::model::{DeliveryMode, EndpointDef, Resolved, ResolvedService};
@@ -384,7 +385,13 @@ pub struct Compiler {
     /// What the last compilation published, when it succeeded (its routes
     /// are those of `classified`: a failed compilation clears this).
     last: Option<Last>,
+    /// Cancelled when the appliance stops: a compilation in flight is
+    /// abandoned ([`ABANDONED`]) between two services.
+    stop: Option<CancellationToken>,
 }
+
+/// The error of a compilation abandoned because the appliance stops.
+pub const ABANDONED: &str = "abandoned: the appliance is stopping";
 
 /// The parts of the last compilation that a compilation of a few changed
 /// services builds on.
@@ -470,7 +477,19 @@ impl Compiler {
             hop_list: None,
             classified: None,
             last: None,
+            stop: None,
         }
+    }
+
+    /// Abandons any compilation once `stop` is cancelled (checked between
+    /// two services, and before a finished one is committed).
+    pub fn abandon_when(&mut self, stop: CancellationToken) {
+        self.stop = Some(stop);
+    }
+
+    /// True once the token given to [`Compiler::abandon_when`] is cancelled.
+    pub fn stopping(&self) -> bool {
+        self.stop.as_ref().is_some_and(CancellationToken::is_cancelled)
     }
 
     /// Numbers the next snapshot compiled `generation` (and those after it
@@ -504,6 +523,10 @@ impl Compiler {
         let outcome = match (at, self.last.take()) {
             (Some((names, at)), Some(last)) => self.try_compile_changed(r, names, &at, last, topo, neigh, &mut j),
             _ => self.try_compile(r, topo, neigh, &mut j),
+        };
+        let outcome = match outcome {
+            Ok(_) if self.stopping() => Err(ABANDONED.to_owned()),
+            o => o,
         };
         match outcome {
             Ok(mut c) => {
@@ -587,6 +610,9 @@ impl Compiler {
         order.sort_unstable();
         order.dedup();
         for (i, name) in order {
+            if self.stopping() {
+                return Err(ABANDONED.to_owned());
+            }
             let s = r.services.get(name).ok_or_else(|| format!("service {name:?} is not in the model"))?;
             let old = self.entries.get(name);
             let mut ids = Ids {
@@ -672,6 +698,9 @@ impl Compiler {
         let mut unresolved = Vec::new();
         let mut hops = Vec::new();
         for (name, s) in &r.services {
+            if self.stopping() {
+                return Err(ABANDONED.to_owned());
+            }
             let old = self.entries.get(name);
             let (key, svc, st) = match old {
                 Some(e) if e.input.is(s) && (env_same || e.macs_hold(neigh)) => {

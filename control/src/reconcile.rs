@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use crate::admin::state::{lock, micros, now_epoch, RouteMeta, ServiceMeta, Shared};
-use crate::compile::{Compiled, Compiler, EndpointState, Neighbors, Topology};
+use crate::compile::{Compiled, Compiler, EndpointState, Neighbors, Topology, ABANDONED};
 use crate::config::{ApplianceConfig, GatewayConfig};
 use crate::model::{Defaults, Desired, EndpointDef, Model, Resolved};
 use crate::problem::Problem;
@@ -256,7 +256,9 @@ impl Reconciler {
         info!(gateways = ?next.iter().map(|g| format!("{} on {}", g.address, g.port)).collect::<Vec<_>>(), "return-path gateways changed");
         let saved = std::mem::replace(&mut self.topo.gateways, next);
         if let Err(e) = self.publish("gateway learned over BGP") {
-            error!(error = %e, "publishing with the learned gateways failed; keeping the previous ones");
+            if !self.compiler.stopping() {
+                error!(error = %e, "publishing with the learned gateways failed; keeping the previous ones");
+            }
             self.topo.gateways = saved;
         }
     }
@@ -433,6 +435,10 @@ impl Reconciler {
 
     /// Records what became of a source's state.
     fn record(&mut self, source: &str, trigger: &str, outcome: Result<Vec<String>, Refusal>) {
+        if outcome.is_err() && self.compiler.stopping() {
+            info!(source, trigger, "stopping: the change in flight is abandoned, nothing of it published");
+            return;
+        }
         let mut st = lock(&self.shared.state);
         let s = st.sources.entry(source.to_owned()).or_default();
         s.at = now_epoch();
@@ -506,6 +512,11 @@ impl Reconciler {
             ),
         };
         let mut st = lock(&self.shared.state);
+        // Checked under the lock the stop takes to cancel: nothing is
+        // published once the appliance said it stops.
+        if self.compiler.stopping() {
+            return Err(ABANDONED.to_owned());
+        }
         self.shared.baseline(&mut st, &c.new_slots.services, &c.new_slots.endpoints);
         let serve_again = match views {
             Views::All((services, routes)) => {
@@ -623,7 +634,9 @@ impl Reconciler {
         if let Err(e) = self.publish("neighbours changed") {
             // The model did not change, so this is a capacity problem that
             // the last accepted state did not have: say so loudly.
-            error!(error = %e, "publishing after a neighbour change failed");
+            if !self.compiler.stopping() {
+                error!(error = %e, "publishing after a neighbour change failed");
+            }
         }
     }
 
@@ -633,16 +646,21 @@ impl Reconciler {
         lock(&self.shared.state).snapshots_pending = self.publisher.pending();
     }
 
-    /// Runs until `cancel` fires or every source is gone.
+    /// Runs until `cancel` fires or every source is gone. Once `cancel`
+    /// fires, a compilation in flight is abandoned and nothing more is
+    /// published (the caller cancels under the admin state's lock, which a
+    /// publication holds).
     pub async fn run(mut self, mut rx: mpsc::Receiver<SourceMsg>, mut neigh: watch::Receiver<NeighMap>, cancel: CancellationToken) {
+        self.compiler.abandon_when(cancel.clone());
         let mut tick = tokio::time::interval(RECLAIM_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut neigh_open = true;
         let mut learned = self.learned_rx.take();
         loop {
             tokio::select! {
-                Some(g) = next_value(&mut learned) => tokio::task::block_in_place(|| self.learned_gateways(g)),
+                biased;
                 () = cancel.cancelled() => break,
+                Some(g) = next_value(&mut learned) => tokio::task::block_in_place(|| self.learned_gateways(g)),
                 msg = rx.recv() => match msg {
                     Some(m) => {
                         tracing::debug!("applying");

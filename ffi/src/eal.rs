@@ -143,6 +143,19 @@ fn hint_for(errno: i32, log: &str, args: &[&str]) -> String {
                     own --file-prefix"
                 .into();
         }
+        if lower.contains("cannot init memzone") || lower.contains("fbarray") {
+            let prefix = args.iter().find_map(|a| a.strip_prefix("--file-prefix=")).unwrap_or("rte");
+            return format!(
+                "DPDK's runtime files for --file-prefix={prefix} are held by another process: a DPDK \
+                 process with the same prefix, or one that inherited them from an earlier run that \
+                 was killed (`fuser -v /var/run/dpdk/{prefix}/*` names it)"
+            );
+        }
+    }
+    // DPDK's own words, when it said why, before a guess from the code
+    // (ENODEV is what it returns for most failures of its memory set-up).
+    if let Some(line) = failure_line(log) {
+        return format!("DPDK said: {line}");
     }
     match errno {
         libc::EACCES | libc::EPERM => {
@@ -153,6 +166,14 @@ fn hint_for(errno: i32, log: &str, args: &[&str]) -> String {
         libc::ENODEV => "no device matched: check the --vdev/-a arguments".into(),
         _ => "see what DPDK said below".into(),
     }
+}
+
+/// The line of DPDK's start-up log that says why it failed, if one does.
+fn failure_line(log: &str) -> Option<&str> {
+    log.lines().map(str::trim).filter(|l| !l.is_empty() && !l.contains("FATAL")).rfind(|l| {
+        let lower = l.to_ascii_lowercase();
+        ["cannot", "error", "failed", "fail to", "unable"].iter().any(|w| lower.contains(w))
+    })
 }
 
 /// The Ethernet vdevs (`--vdev=net_...`) the arguments ask for.
@@ -266,12 +287,11 @@ impl Eal {
             // DPDK itself refuses a second attempt when the first got too far.
             INITIALISED.store(false, Ordering::SeqCst);
             let log = meaningful(&log);
-            return Err(Error::EalInit {
-                args: joined.join(" "),
-                reason: strerror(errno),
-                hint: hint_for(errno, &log, &joined),
-                log,
-            });
+            let reason = match failure_line(&log) {
+                Some(said) => format!("{} ({})", said.trim_start_matches("EAL: "), strerror(errno)),
+                None => strerror(errno),
+            };
+            return Err(Error::EalInit { args: joined.join(" "), reason, hint: hint_for(errno, &log, &joined), log });
         }
         let eal = Eal { shared: Arc::new(EalShared::new()), log, _main_lcore_only: PhantomData };
         // A virtual device whose driver failed to probe does not fail
@@ -526,6 +546,19 @@ pub fn dpdk_version() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dpdks_own_words_come_before_a_guess_from_the_error_code() {
+        let args = ["--no-huge", "--file-prefix=lb7", "--vdev=net_null0"];
+        let log = "EAL: Detected CPU lcores: 2\nEAL: cannot lock fbarray\nEAL: FATAL: Cannot init memzone\nEAL: Cannot init memzone\n";
+        let h = hint_for(libc::ENODEV, log, &args);
+        assert!(!h.contains("no device matched"), "{h}");
+        assert!(h.contains("--file-prefix=lb7 are held by another process") && h.contains("/var/run/dpdk/lb7/"), "{h}");
+        assert_eq!(failure_line(log), Some("EAL: Cannot init memzone"));
+        let other = "EAL: Detected CPU lcores: 2\nEAL: Something else failed\n";
+        assert_eq!(hint_for(libc::ENODEV, other, &args), "DPDK said: EAL: Something else failed");
+        assert!(hint_for(libc::ENODEV, "EAL: Detected CPU lcores: 2\n", &args).contains("no device matched"), "the code's hint when DPDK said nothing");
+    }
 
     #[test]
     fn launching_off_the_main_lcore_is_refused() {

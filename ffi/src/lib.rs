@@ -24,7 +24,8 @@
 //! The modules stand in layers, each importing only those below it: `sys`;
 //! the plain ids (`ids`), the keep-alive registry (`keep`) and `mbuf`;
 //! `error`; `eal`; `mempool` and `ring`; `port`; `io`. `heap` (the C
-//! heap's statistics and trim) stands apart: it uses no DPDK.
+//! heap's statistics and trim) and `process` (what children inherit) stand
+//! apart: they use no DPDK.
 
 pub mod eal;
 pub mod heap;
@@ -35,6 +36,7 @@ mod keep;
 pub mod mbuf;
 pub mod mempool;
 pub mod port;
+pub mod process;
 pub mod ring;
 pub mod sys;
 

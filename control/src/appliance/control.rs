@@ -75,6 +75,10 @@ pub async fn run(p: Parts, stop: CancellationToken) -> Result<()> {
 
     let admin_cancel = CancellationToken::new();
     let rest_cancel = CancellationToken::new();
+    // The sources and the reconciler: cancelled as soon as a stop is asked
+    // for, so that work in flight is abandoned and nothing is published
+    // after "stopping"; the rest runs on for the withdrawal.
+    let work_cancel = rest_cancel.child_token();
     let mut tasks: JoinSet<&'static str> = JoinSet::new();
     let mut admin_tasks: JoinSet<&'static str> = JoinSet::new();
 
@@ -150,28 +154,28 @@ pub async fn run(p: Parts, stop: CancellationToken) -> Result<()> {
     let (src_tx, src_rx) = mpsc::channel(16);
     let (hup_tx, hup_rx) = mpsc::channel(1);
     {
-        let (c, tx, sh, st) = (rest_cancel.clone(), src_tx.clone(), Arc::clone(&shared), settings.clone());
+        let (c, tx, sh, st) = (work_cancel.clone(), src_tx.clone(), Arc::clone(&shared), settings.clone());
         tasks.spawn(async move {
             follow(XDS, st, tx, sh, c).await;
             "xDS supervisor"
         });
     }
     {
-        let (c, tx, sh) = (rest_cancel.clone(), src_tx.clone(), Arc::clone(&shared));
+        let (c, tx, sh) = (work_cancel.clone(), src_tx.clone(), Arc::clone(&shared));
         tasks.spawn(async move {
             follow(KUBE, settings, tx, sh, c).await;
             "Kubernetes supervisor"
         });
     }
     {
-        let c = rest_cancel.clone();
+        let c = work_cancel.clone();
         tasks.spawn(async move {
             sources::file::run(config_path, initial, src_tx, hup_rx, c).await;
             "file source"
         });
     }
     {
-        let c = rest_cancel.clone();
+        let c = work_cancel.clone();
         tasks.spawn(async move {
             reconciler.run(src_rx, neigh_rx, c).await;
             "reconciler"
@@ -180,11 +184,11 @@ pub async fn run(p: Parts, stop: CancellationToken) -> Result<()> {
     info!("running; SIGHUP or editing the configuration reloads it, SIGINT or SIGTERM stops");
 
     let mut faults = 0usize;
-    loop {
+    let why = loop {
         tokio::select! {
-            _ = sigint.recv() => { info!("SIGINT: stopping"); break; }
-            _ = sigterm.recv() => { info!("SIGTERM: stopping"); break; }
-            () = stop.cancelled() => break,
+            _ = sigint.recv() => break "SIGINT",
+            _ = sigterm.recv() => break "SIGTERM",
+            () = stop.cancelled() => break "asked",
             _ = sighup.recv() => { let _ = hup_tx.try_send(()); }
             Some(done) = tasks.join_next() => {
                 faults += 1;
@@ -195,42 +199,92 @@ pub async fn run(p: Parts, stop: CancellationToken) -> Result<()> {
                 report(&shared, done);
             }
         }
+    };
+    // Under the lock a publication holds: one in progress finishes before
+    // this line, and none starts after it.
+    {
+        let _published = lock(&shared.state);
+        work_cancel.cancel();
     }
+    info!("{why}: stopping");
 
     // Routers drain the appliance first: every VIP is withdrawn, and the
     // withdrawal given time to reach them, while the workers still forward.
     let wait_ms = bird_settings.borrow().routing.bird.withdraw_wait_ms;
     let wait = Duration::from_millis(wait_ms);
-    match tokio::time::timeout(Duration::from_secs(10), bird.withdraw_all()).await {
+    let stopping_at = tokio::time::Instant::now();
+    watchdog(wait + STOP_BOUND);
+    match tokio::time::timeout(WITHDRAW_TIMEOUT, bird.withdraw_all()).await {
         Ok(Ok(true)) => {
             info!(wait_ms, "every VIP withdrawn; waiting for the routers to take it");
             tokio::time::sleep(wait).await;
         }
         Ok(Ok(false)) => info!("nothing was announced: no VIP to withdraw"),
         Ok(Err(e)) => error!(error = %e, "could not withdraw the VIPs before stopping"),
-        Err(_) => error!("withdrawing the VIPs took more than 10 s; stopping anyway"),
+        Err(_) => error!(timeout_ms = millis(WITHDRAW_TIMEOUT), "withdrawing the VIPs took too long; stopping anyway"),
     }
 
-    // Ordered shutdown of the control side: admin first, then the rest.
+    // Ordered shutdown of the control side: admin first, then the rest,
+    // all by one deadline; what has not stopped by then is abandoned.
+    let deadline = stopping_at + wait + STOP_CONTROL;
     admin_cancel.cancel();
-    while let Some(done) = admin_tasks.join_next().await {
-        if let Err(e) = done {
-            error!(error = %e, "control task failed while stopping");
-        }
-    }
+    drain(&mut admin_tasks, deadline).await;
     rest_cancel.cancel();
-    while let Some(done) = tasks.join_next().await {
-        if let Err(e) = done {
-            error!(error = %e, "control task failed while stopping");
-        }
-    }
-    if let Err(e) = neighbours.clear().await {
-        error!(error = %e, "could not remove the neighbour entries Sluice asked the kernel for");
+    drain(&mut tasks, deadline).await;
+    match tokio::time::timeout_at(deadline.max(tokio::time::Instant::now() + CLEAR_AT_LEAST), neighbours.clear()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => error!(error = %e, "could not remove the neighbour entries Sluice asked the kernel for"),
+        Err(_) => error!("removing the neighbour entries Sluice asked the kernel for did not finish in time; the next start removes what is left"),
     }
     if faults > 0 {
         error!(faults, "control tasks ended early during this run");
     }
     Ok(())
+}
+
+/// Longest time the withdrawal of every VIP may take when stopping.
+const WITHDRAW_TIMEOUT: Duration = Duration::from_secs(2);
+/// The control side has stopped this long after `bird.withdrawWaitMs`
+/// (from the stop signal), whatever its tasks are doing.
+const STOP_CONTROL: Duration = Duration::from_millis(3500);
+/// Time the neighbour entries' removal gets even past the deadline.
+const CLEAR_AT_LEAST: Duration = Duration::from_millis(250);
+/// The process has ended this long after `bird.withdrawWaitMs` (from the
+/// stop signal), however it gets there.
+pub const STOP_BOUND: Duration = Duration::from_secs(5);
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Waits for every task of `set` until `deadline`; aborts those left then.
+async fn drain(set: &mut JoinSet<&'static str>, deadline: tokio::time::Instant) {
+    loop {
+        match tokio::time::timeout_at(deadline, set.join_next()).await {
+            Ok(None) => return,
+            Ok(Some(Err(e))) if !e.is_cancelled() => error!(error = %e, "control task failed while stopping"),
+            Ok(Some(_)) => {}
+            Err(_) => {
+                error!(left = set.len(), "control tasks did not stop in time: abandoned");
+                set.abort_all();
+                return;
+            }
+        }
+    }
+}
+
+/// The last resort of the stop's bound: if the process still runs `bound`
+/// from now, it exits at once with status 1 (no cleanup: a stop that got
+/// this far is stuck somewhere it cannot be got out of).
+fn watchdog(bound: Duration) {
+    let spawned = std::thread::Builder::new().name("sluice-stop-bound".into()).spawn(move || {
+        std::thread::sleep(bound);
+        error!(bound_ms = millis(bound), "stopping did not complete within bird.withdrawWaitMs + 5 s: exiting now");
+        sluice_ffi::process::exit_now(1);
+    });
+    if let Err(e) = spawned {
+        error!(error = %e, "cannot start the stop's watchdog");
+    }
 }
 
 /// A source that follows one section of the accepted configuration: it

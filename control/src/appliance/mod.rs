@@ -125,6 +125,10 @@ fn idle_policy(d: &crate::config::DpdkConfig) -> IdlePolicy {
     }
 }
 
+/// How long the control runtime's threads get to end once the control
+/// side returned (within the stop's bound, [`control::STOP_BOUND`]).
+const RUNTIME_STOP: Duration = Duration::from_millis(1000);
+
 /// Packets each worker's steering queue holds.
 const STEER_QUEUE: usize = 1024;
 
@@ -147,6 +151,11 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
         if let Some(iface) = loss::kernel_iface(p) {
             crate::routing::leave_to_dpdk(&iface).with_context(|| format!("port {:?}", p.name))?;
         }
+    }
+    // A child left running by an earlier run that was killed may hold
+    // DPDK's files of this prefix: it goes before DPDK starts.
+    if cfg.routing.bird.mode == crate::routing::router::BirdMode::Supervised {
+        crate::routing::bird::supervisor::stop_leftover(&cfg.routing.bird);
     }
     let eal_args = eal_args(&cfg, nworkers);
     info!(args = %eal_args.join(" "), "starting DPDK");
@@ -317,7 +326,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
     let control_result = match on_main {
         None => {
             let r = rt.block_on(control::run(parts, CancellationToken::new()));
-            rt.shutdown_timeout(Duration::from_secs(2));
+            rt.shutdown_timeout(RUNTIME_STOP);
             r
         }
         Some(mut task) => {
@@ -331,7 +340,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
                 .spawn(move || {
                     let _guard = guard;
                     let r = rt.block_on(control::run(parts, CancellationToken::new()));
-                    rt.shutdown_timeout(Duration::from_secs(2));
+                    rt.shutdown_timeout(RUNTIME_STOP);
                     r
                 })
                 .context("starting the control thread")?;

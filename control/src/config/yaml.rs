@@ -230,9 +230,54 @@ impl Budget {
     }
 }
 
-/// Reads a text file of at most `max` bytes.
+/// What kind of file `t` is, for a refusal.
+fn kind(t: std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if t.is_dir() {
+        "a directory"
+    } else if t.is_fifo() {
+        "a FIFO"
+    } else if t.is_socket() {
+        "a socket"
+    } else if t.is_char_device() {
+        "a character device"
+    } else if t.is_block_device() {
+        "a block device"
+    } else {
+        "not a file"
+    }
+}
+
+/// Opens `path` for reading if it is a regular file, after following
+/// symlinks (a ConfigMap mount is a chain of them). Anything else is
+/// refused before it is read: opening a FIFO for reading waits for a
+/// writer, and reading a device may never end. The type is looked at
+/// before opening and again on the opened file (the path may be replaced
+/// in between); the open itself never waits (`O_NONBLOCK`, which changes
+/// nothing for a regular file).
+pub fn open_regular(path: &Path) -> Result<std::fs::File, String> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let not_regular = |t: std::fs::FileType| format!("not a regular file ({}): refused", kind(t));
+    let meta = std::fs::metadata(path).map_err(|e| format!("cannot read: {e}"))?;
+    if !meta.is_file() {
+        return Err(not_regular(meta.file_type()));
+    }
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .map_err(|e| format!("cannot read: {e}"))?;
+    let meta = f.metadata().map_err(|e| format!("cannot read: {e}"))?;
+    if !meta.is_file() {
+        return Err(not_regular(meta.file_type()));
+    }
+    Ok(f)
+}
+
+/// Reads a text file of at most `max` bytes; it must be a regular file
+/// ([`open_regular`]).
 pub fn read(path: &Path, max: u64) -> Result<String, String> {
-    let mut f = std::fs::File::open(path).map_err(|e| format!("cannot read: {e}"))?;
+    let mut f = open_regular(path)?;
     let too_large = || format!("larger than {} MiB: refused", max >> 20);
     if f.metadata().is_ok_and(|m| m.is_file() && m.len() > max) {
         return Err(too_large());
@@ -631,9 +676,31 @@ mod tests {
         std::fs::write(&f, vec![b'#'; 2048]).unwrap();
         assert_eq!(read(&f, 1024).unwrap_err(), "larger than 0 MiB: refused");
         assert_eq!(read(&f, 4096).unwrap().len(), 2048);
-        assert!(read(Path::new("/dev/zero"), 1 << 20).unwrap_err().contains("larger than 1 MiB"), "endless files too");
+        assert_eq!(read(Path::new("/dev/zero"), 1 << 20).unwrap_err(), "not a regular file (a character device): refused", "endless files too");
         std::fs::write(&f, [b'a', 0xff]).unwrap();
         assert!(read(&f, 1024).unwrap_err().contains("not UTF-8"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Opening a FIFO for reading waits for a writer: it is refused before
+    /// that, also behind a symlink.
+    #[test]
+    fn a_fifo_is_refused_without_waiting_for_a_writer() {
+        let dir = std::env::temp_dir().join(format!("sluice-yaml-fifo-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let fifo = dir.join("fifo.yaml");
+        assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+        let link = dir.join("link.yaml");
+        std::os::unix::fs::symlink(&fifo, &link).unwrap();
+        for p in [fifo, link, dir.clone()] {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let q = p.clone();
+            std::thread::spawn(move || tx.send(read(&q, 1024)));
+            let got = rx.recv_timeout(std::time::Duration::from_secs(5)).unwrap_or_else(|_| panic!("reading {} blocked", p.display()));
+            let want = if p == dir { "not a regular file (a directory): refused" } else { "not a regular file (a FIFO): refused" };
+            assert_eq!(got.unwrap_err(), want, "{}", p.display());
+        }
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

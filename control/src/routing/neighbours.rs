@@ -22,9 +22,16 @@
 //!
 //! Invariants: adds and deletes are idempotent (add is a replace, delete
 //! of a missing entry succeeds); failed ones are retried with a growing
-//! delay (100 ms to 5 s) and logged; the published map holds exactly the
+//! delay (100 ms to 5 s); the published map holds exactly the
 //! wanted pairs whose entry has a MAC and is not INCOMPLETE/FAILED, and is
 //! sent only when it changes.
+//!
+//! Failures are reported once per condition, not once per entry nor per
+//! retry: a pass logs one line with the first failure and the count, and
+//! only when that differs from what was last said. A full neighbour table
+//! (ENOBUFS: the kernel's `gc_thresh3` reached, a limit of the whole host)
+//! ends the pass's adds at once (the others would fail alike) and is said
+//! once, with the limit and its remedy, until every entry fits again.
 
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
@@ -57,6 +64,22 @@ type Key = (u32, Addr);
 const RETRY_MIN: Duration = Duration::from_millis(100);
 /// Longest delay between retries.
 const RETRY_MAX: Duration = Duration::from_secs(5);
+
+/// The host's limit on neighbour entries of `v4`'s family
+/// (`net.ipv{4,6}.neigh.default.gc_thresh3`), when this network namespace
+/// can read it (the kernel shows it in the initial namespace only).
+pub fn table_limit(v4: bool) -> Option<u64> {
+    std::fs::read_to_string(limit_sysctl(v4).1).ok()?.trim().parse().ok()
+}
+
+/// The sysctl that limits the neighbour table of `v4`'s family, by name and path.
+pub fn limit_sysctl(v4: bool) -> (&'static str, &'static str) {
+    if v4 {
+        ("net.ipv4.neigh.default.gc_thresh3", "/proc/sys/net/ipv4/neigh/default/gc_thresh3")
+    } else {
+        ("net.ipv6.neigh.default.gc_thresh3", "/proc/sys/net/ipv6/neigh/default/gc_thresh3")
+    }
+}
 
 /// What the kernel says about one neighbour entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -259,6 +282,17 @@ struct Task {
     wanted: watch::Receiver<HashSet<(u8, Addr)>>,
     barriers: mpsc::UnboundedReceiver<Barrier>,
     out: watch::Sender<NeighMap>,
+    /// What was last said about failures (so that it is said once).
+    said: Said,
+}
+
+/// The failures last reported.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Said {
+    /// The neighbour table was full, for these families (v4, v6).
+    full: (bool, bool),
+    /// Other failures: their count and the first one's text.
+    other: Option<(usize, String)>,
 }
 
 impl Task {
@@ -466,6 +500,49 @@ impl Task {
         Ok(())
     }
 
+    /// Says what failed in a pass, once per condition: a full table with
+    /// its limit and remedy, the other failures as one line.
+    fn report(&mut self, wanted: &HashSet<(u8, Addr)>, v: &View, table_full: &[Option<(usize, usize)>; 2], errors: &[RoutingError]) {
+        for (fam, full) in table_full.iter().enumerate() {
+            let v4 = fam == 0;
+            let was = if v4 { &mut self.said.full.0 } else { &mut self.said.full.1 };
+            match full {
+                Some((_, left)) if !*was => {
+                    *was = true;
+                    let want = wanted.iter().filter(|(_, a)| a.is_v4() == v4).count();
+                    let in_table = v.observed.iter().filter(|((_, a), _)| a.is_v4() == v4).count();
+                    let (name, _) = limit_sysctl(v4);
+                    let limit = table_limit(v4).map_or_else(|| "not readable from this network namespace".to_owned(), |l| l.to_string());
+                    warn!(
+                        next_hops = want,
+                        in_table,
+                        not_added = left,
+                        %limit,
+                        "the kernel's neighbour table is full (ENOBUFS): next hops beyond it stay unresolved and their endpoints unused; \
+                         the limit is {name}, for the whole host: raise it (and gc_thresh1/gc_thresh2 below it) above {want} plus the host's \
+                         other neighbours, e.g. sysctl -w {name}={}",
+                        (want * 2).next_power_of_two().max(1024)
+                    );
+                }
+                None if *was => {
+                    *was = false;
+                    info!(ipv4 = v4, "the neighbour table has room again: every next hop of this family has its entry");
+                }
+                _ => {}
+            }
+        }
+        let other: Vec<&RoutingError> = errors.iter().filter(|e| e.errno() != Some(libc::ENOBUFS)).collect();
+        let now = other.first().map(|e| (other.len(), e.to_string()));
+        if now != self.said.other {
+            if let Some((n, first)) = &now {
+                warn!(failed = n, first = %first, retry_in = ?v.backoff, "neighbour resolution: adds or deletes failed; retrying");
+            } else {
+                info!("neighbour resolution: the failed adds and deletes went through");
+            }
+            self.said.other = now;
+        }
+    }
+
     fn iface(&self, v: &View, ifindex: u32) -> &str {
         v.index.iter().position(|&i| i == Some(ifindex)).and_then(|p| self.names.get(p)).map_or("?", String::as_str)
     }
@@ -486,15 +563,28 @@ impl Task {
         let mut errors = Vec::new();
         if full {
             let p = plan(&wanted, &v.index, &v.observed);
+            // Families whose table is full: how many entries it took in
+            // this pass, and how many it did not.
+            let mut table_full: [Option<(usize, usize)>; 2] = [None, None];
+            let mut added = [0usize; 2];
             for key in p.add {
+                let fam = usize::from(!key.1.is_v4());
+                if let Some((_, left)) = table_full[fam].as_mut() {
+                    *left += 1;
+                    continue;
+                }
                 let name = self.iface(v, key.0).to_owned();
                 let op = format!("adding managed neighbour {}", key.1);
                 let mut req = h.neighbours().add(key.0, key.1.to_ip()).state(NeighbourState::None).replace();
                 req.message_mut().attributes.push(NeighbourAttribute::ExtFlags(NeighbourExtFlags::Managed));
                 if let Err(e) = req.execute().await {
+                    if errno(&e) == Some(libc::ENOBUFS) {
+                        table_full[fam] = Some((added[fam], 1));
+                    }
                     errors.push(RoutingError::netlink(&name, op, e));
                     continue;
                 }
+                added[fam] += 1;
                 Self::refresh(h, v, key)
                     .await
                     .map_err(|e| Exit::Lost(format!("reading neighbour {} back: {e}", key.1)))?;
@@ -520,13 +610,11 @@ impl Task {
                     }
                 }
             }
+            self.report(&wanted, v, &table_full, &errors);
             if errors.is_empty() {
                 v.retry = None;
                 v.backoff = RETRY_MIN;
             } else {
-                for e in &errors {
-                    warn!(error = %e, retry_in = ?v.backoff, "neighbour resolution");
-                }
                 v.retry = Some(Instant::now() + v.backoff);
                 v.backoff = (v.backoff * 2).min(RETRY_MAX);
             }
@@ -564,7 +652,7 @@ impl Neighbours {
         let (wanted_tx, wanted_rx) = watch::channel(HashSet::new());
         let (out_tx, out_rx) = watch::channel(NeighMap::new());
         let (barrier_tx, barrier_rx) = mpsc::unbounded_channel();
-        let task = Task { names: ifaces, wanted: wanted_rx, barriers: barrier_rx, out: out_tx };
+        let task = Task { names: ifaces, wanted: wanted_rx, barriers: barrier_rx, out: out_tx, said: Said::default() };
         let task = rt.spawn(task.run(conn));
         Ok((Neighbours { wanted: wanted_tx, barriers: barrier_tx, task }, out_rx))
     }

@@ -40,16 +40,18 @@ pub fn fingerprint(path: &Path, manifests_dir: Option<&Path>) -> Fingerprint {
     for f in files {
         f.hash(&mut h);
         // Bounded like the loaders: a huge file is hashed by its first bytes
-        // and its length (the loader refuses it anyway).
-        match std::fs::File::open(&f) {
+        // and its length (the loader refuses it anyway); anything but a
+        // regular file (a FIFO would block here) by why it is refused.
+        match crate::config::yaml::open_regular(&f) {
             Ok(file) => {
                 use std::io::Read;
+                let len = file.metadata().map(|m| m.len()).unwrap_or(0);
                 let mut buf = Vec::new();
                 let _ = file.take(MAX_HASHED).read_to_end(&mut buf);
                 buf.hash(&mut h);
-                std::fs::metadata(&f).map(|m| m.len()).unwrap_or(0).hash(&mut h);
+                len.hash(&mut h);
             }
-            Err(e) => e.kind().hash(&mut h),
+            Err(e) => e.hash(&mut h),
         }
     }
     Fingerprint(h.finish())
@@ -305,6 +307,50 @@ mod tests {
         }
         cancel.cancel();
         task.await.unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A FIFO in place of the file is refused at once (nothing waits for a
+    /// writer), the file put back is applied, and the source stops when told.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_fifo_in_place_of_the_file_is_refused_and_blocks_nothing() {
+        let dir = std::env::temp_dir().join(format!("sluice-filesrc-fifo-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("c.yaml");
+        write(&path, &GOOD.replace("%N", "0"));
+        let initial = read(&path).unwrap();
+        let (tx, mut rx) = mpsc::channel(16);
+        let (hup_tx, hup_rx) = mpsc::channel(1);
+        let cancel = CancellationToken::new();
+        let task = tokio::spawn(run(path.clone(), initial, tx, hup_rx, cancel.clone()));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let fifo = dir.join("c.fifo");
+        assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+        std::fs::rename(&fifo, &path).unwrap();
+        for how in ["file change", "SIGHUP"] {
+            if how == "SIGHUP" {
+                hup_tx.send(()).await.unwrap();
+            }
+            match tokio::time::timeout(Duration::from_secs(5), rx.recv()).await {
+                Ok(Some(SourceMsg::Rejected { problems, .. })) => {
+                    assert!(problems[0].to_string().contains("not a regular file (a FIFO): refused"), "{how}: {problems:?}");
+                }
+                other => {
+                    // Let a reader stuck in open() go, so the runtime can stop.
+                    use std::os::unix::fs::OpenOptionsExt;
+                    let _w = std::fs::OpenOptions::new().write(true).custom_flags(libc::O_NONBLOCK).open(&path);
+                    panic!("{how}: a FIFO in place of the configuration was not refused within 5 s: {other:?}");
+                }
+            }
+        }
+        write(&path, &GOOD.replace("%N", "1"));
+        match tokio::time::timeout(Duration::from_secs(5), rx.recv()).await {
+            Ok(Some(SourceMsg::File { state, .. })) => assert_eq!(state.config.inline.services[0].name, "s1"),
+            other => panic!("the file put back was not read: {other:?}"),
+        }
+        cancel.cancel();
+        tokio::time::timeout(Duration::from_secs(5), task).await.expect("the source stops when told").unwrap();
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -4,14 +4,26 @@
 //! and reported with its exit status), stopped with BIRD's `down` command
 //! (which closes the BGP sessions with a Cease) and killed only if that
 //! does not end it.
+//!
+//! The child inherits no descriptor of the appliance but its standard
+//! streams (DPDK's files stay DPDK's), runs in its own process group and is
+//! killed when the appliance dies ([`sluice_ffi::process::confine`]); it is
+//! spawned from a thread that lives as long as the process, since the
+//! parent-death signal follows the spawning thread. Its pid is kept in a
+//! pidfile next to the control socket, so that a `bird` left running by an
+//! earlier run (one started before these rules, or one that survived by
+//! any other way) is found at the next start, checked against its
+//! `/proc/PID/cmdline`, and stopped ([`stop_leftover`]).
 
-use std::path::Path;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::{mpsc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use tokio::io::AsyncBufReadExt;
 use tokio::process::{Child, Command};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::client::Client;
 use super::BirdError;
@@ -27,6 +39,112 @@ const STABLE: Duration = Duration::from_secs(30);
 const SOCKET_WAIT: Duration = Duration::from_secs(5);
 /// How long `down` has to end it before it is killed.
 const STOP_WAIT: Duration = Duration::from_secs(3);
+
+/// How long a leftover `bird` has to end after SIGTERM, and again after SIGKILL.
+const LEFTOVER_WAIT: Duration = Duration::from_secs(3);
+
+/// The command line Sluice starts `bird` with.
+fn argv(cfg: &BirdConfig) -> Vec<OsString> {
+    vec![
+        cfg.binary.clone().into_os_string(),
+        "-f".into(),
+        "-c".into(),
+        cfg.config_file.clone().into_os_string(),
+        "-s".into(),
+        cfg.socket.clone().into_os_string(),
+    ]
+}
+
+/// Where the supervised `bird`'s pid is kept: next to its control socket
+/// (`bird.ctl` → `bird.pid`), in the appliance's runtime directory.
+pub fn pidfile(cfg: &BirdConfig) -> PathBuf {
+    cfg.socket.with_extension("pid")
+}
+
+/// The command line of process `pid`, if it runs (a zombie has none).
+fn cmdline(pid: u32) -> Option<Vec<OsString>> {
+    use std::os::unix::ffi::OsStrExt;
+    let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    let args: Vec<OsString> = raw.split(|b| *b == 0).filter(|a| !a.is_empty()).map(|a| std::ffi::OsStr::from_bytes(a).to_os_string()).collect();
+    (!args.is_empty()).then_some(args)
+}
+
+/// Stops a `bird` that an earlier run of this appliance left running: the
+/// process named by the pidfile, if its command line is exactly the one
+/// Sluice starts `bird` with for `cfg` (a pid reused by anything else is
+/// left alone). SIGTERM, then SIGKILL if it is still there after a while.
+/// Returns its pid if there was one. Blocking (at most a few seconds);
+/// called before DPDK starts, since such a process may hold DPDK's files.
+pub fn stop_leftover(cfg: &BirdConfig) -> Option<u32> {
+    let file = pidfile(cfg);
+    let text = std::fs::read_to_string(&file).ok()?;
+    let pid = text.trim().parse::<u32>().ok().filter(|p| *p > 1);
+    let ours = argv(cfg);
+    let Some(pid) = pid.filter(|p| cmdline(*p).as_ref() == Some(&ours)) else {
+        debug!(pidfile = %file.display(), "the pidfile names no bird of this appliance: removed");
+        let _ = std::fs::remove_file(&file);
+        return None;
+    };
+    warn!(pid, pidfile = %file.display(), "a bird left by an earlier run of this appliance is still running: stopping it");
+    for sig in [libc::SIGTERM, libc::SIGKILL] {
+        if let Err(e) = sluice_ffi::process::signal(pid, sig) {
+            debug!(pid, error = %e, "signal not delivered");
+        }
+        let deadline = Instant::now() + LEFTOVER_WAIT;
+        while Instant::now() < deadline {
+            if cmdline(pid).as_ref() != Some(&ours) {
+                info!(pid, "the leftover bird is gone");
+                let _ = std::fs::remove_file(&file);
+                return Some(pid);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    warn!(pid, "the leftover bird is still there after SIGKILL");
+    Some(pid)
+}
+
+/// Work for the spawning thread.
+type Job = Box<dyn FnOnce() + Send>;
+
+/// Runs `job` on the one thread that spawns children. It lives as long as
+/// the process: a child's parent-death signal is sent when the thread that
+/// forked it ends, and a runtime thread may end before the appliance does
+/// (an idle blocking-pool thread, one that went through `block_in_place`).
+fn on_spawning_thread(job: Job) -> std::io::Result<()> {
+    static SPAWNER: OnceLock<Mutex<mpsc::Sender<Job>>> = OnceLock::new();
+    let tx = match SPAWNER.get() {
+        Some(tx) => tx,
+        None => {
+            let (tx, rx) = mpsc::channel::<Job>();
+            std::thread::Builder::new().name("sluice-spawn".into()).spawn(move || {
+                while let Ok(job) = rx.recv() {
+                    job();
+                }
+            })?;
+            SPAWNER.get_or_init(|| Mutex::new(tx))
+        }
+    };
+    tx.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .send(job)
+        .map_err(|_| std::io::Error::other("the spawning thread is gone"))
+}
+
+/// Spawns `cmd` confined ([`sluice_ffi::process::confine`]) from the
+/// spawning thread, inside the current tokio runtime.
+async fn spawn_confined(mut cmd: std::process::Command, setup: impl FnOnce(&mut Command) + Send + 'static) -> std::io::Result<Child> {
+    sluice_ffi::process::confine(&mut cmd);
+    let mut cmd = Command::from(cmd);
+    setup(&mut cmd);
+    let handle = tokio::runtime::Handle::current();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    on_spawning_thread(Box::new(move || {
+        let _rt = handle.enter();
+        let _ = tx.send(cmd.spawn());
+    }))?;
+    rx.await.map_err(|_| std::io::Error::other("the spawning thread dropped the request"))?
+}
 
 /// The supervised process.
 #[derive(Debug)]
@@ -65,6 +183,7 @@ impl Supervisor {
             Err(e) => format!("cannot be waited for: {e}"),
         };
         self.child = None;
+        let _ = std::fs::remove_file(pidfile(&self.cfg));
         let ran = self.started_at.map_or(Duration::ZERO, |t| t.elapsed());
         if ran >= STABLE {
             self.backoff = BACKOFF_MIN;
@@ -95,10 +214,15 @@ impl Supervisor {
         if let Some(dir) = self.cfg.socket.parent() {
             std::fs::create_dir_all(dir).map_err(|e| BirdError::Write { path: dir.display().to_string(), source: e })?;
         }
-        let mut cmd = Command::new(&self.cfg.binary);
-        cmd.arg("-f").arg("-c").arg(&self.cfg.config_file).arg("-s").arg(&self.cfg.socket);
-        cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped()).kill_on_drop(true);
-        let mut child = cmd.spawn().map_err(|e| BirdError::Spawn { binary: self.cfg.binary.display().to_string(), source: e })?;
+        let argv = argv(&self.cfg);
+        let mut cmd = std::process::Command::new(&argv[0]);
+        cmd.args(&argv[1..]);
+        cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
+        let mut child = spawn_confined(cmd, |c| {
+            c.kill_on_drop(true);
+        })
+        .await
+        .map_err(|e| BirdError::Spawn { binary: self.cfg.binary.display().to_string(), source: e })?;
         if let Some(err) = child.stderr.take() {
             tokio::spawn(async move {
                 let mut lines = tokio::io::BufReader::new(err).lines();
@@ -108,6 +232,12 @@ impl Supervisor {
             });
         }
         let pid = child.id();
+        if let Some(pid) = pid {
+            let file = pidfile(&self.cfg);
+            if let Err(e) = std::fs::write(&file, format!("{pid}\n")) {
+                warn!(pidfile = %file.display(), error = %e, "cannot write the pidfile: a bird left by a crash would not be found at the next start");
+            }
+        }
         self.child = Some(child);
         self.started_at = Some(Instant::now());
         self.starts += 1;
@@ -133,6 +263,11 @@ impl Supervisor {
     /// a kill if it is still there after a while.
     pub async fn stop(&mut self, client: Option<&mut Client>) {
         let Some(mut child) = self.child.take() else { return };
+        self.stop_child(&mut child, client).await;
+        let _ = std::fs::remove_file(pidfile(&self.cfg));
+    }
+
+    async fn stop_child(&self, child: &mut Child, client: Option<&mut Client>) {
         let asked = match client {
             Some(c) => c.down().await.is_ok(),
             None => match Client::connect(&self.cfg.socket).await {
