@@ -18,10 +18,9 @@ use sluice_tests::topology::{root, stop_cleanly, Topology};
 use sluice_tests::{privileged, sluice_bin, wait_until, Proc};
 
 #[test]
+#[cfg_attr(sluice_unprivileged, ignore = "needs root: network namespaces and DPDK")]
 fn load_balances_real_traffic_and_reloads_without_disturbing_other_flows() {
-    if !privileged() {
-        return;
-    }
+    privileged();
     let prefix = format!("sa{}", std::process::id());
     let topo = Topology::up(&prefix);
     let backend = root().join("scripts/backend.py");

@@ -338,10 +338,9 @@ fn no_failures(v: &Value, what: &str) {
 /// withdrawn; a killed `bird` is restarted and peers again; SIGTERM
 /// withdraws every VIP before the data plane stops.
 #[test]
+#[cfg_attr(sluice_unprivileged, ignore = "needs root: network namespaces and DPDK")]
 fn announce_withdraw_recover_and_drain_dual_stack() {
-    if !privileged() {
-        return;
-    }
+    privileged();
     let mut rig = Rig::new("b1", 1, true, false, Eps::Same);
     rig.start(0);
     if !wait_until(Duration::from_secs(60), || rig.peered(0)) {
@@ -501,10 +500,9 @@ const N: usize = 64;
 /// Identical tables: the flows that move land on the same backend, so
 /// every connection survives the graceful stop of one appliance.
 #[test]
+#[cfg_attr(sluice_unprivileged, ignore = "needs root: network namespaces and DPDK")]
 fn ecmp_two_appliances_long_lived_tcp_survives_a_graceful_stop() {
-    if !privileged() {
-        return;
-    }
+    privileged();
     let (_, broken) = ecmp_graceful_stop("b2", Eps::Same);
     assert_eq!(broken, 0, "every connection survives");
 }
@@ -514,10 +512,9 @@ fn ecmp_two_appliances_long_lived_tcp_survives_a_graceful_stop() {
 /// the others do not. (This is what the test above would see if tables
 /// were not built from endpoint identifiers alone.)
 #[test]
+#[cfg_attr(sluice_unprivileged, ignore = "needs root: network namespaces and DPDK")]
 fn ecmp_with_disagreeing_tables_breaks_the_flows_that_move() {
-    if !privileged() {
-        return;
-    }
+    privileged();
     let (ok, broken) = ecmp_graceful_stop("b3", Eps::Rotated);
     assert!(broken > 0 && ok > 0, "{ok} survived, {broken} broke");
 }

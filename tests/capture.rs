@@ -22,10 +22,9 @@ fn read(path: &std::path::Path) -> Vec<Vec<u8>> {
 }
 
 #[test]
+#[cfg_attr(sluice_unprivileged, ignore = "needs root: network namespaces and DPDK")]
 fn captures_the_vips_frames_up_to_the_count() {
-    if !privileged() {
-        return;
-    }
+    privileged();
     let pid = std::process::id();
     let dir = std::env::temp_dir().join(format!("sluice-capture-{pid}"));
     let _ = std::fs::remove_dir_all(&dir);

@@ -115,10 +115,9 @@ fn appliance_config(prefix: &str) -> String {
 }
 
 #[test]
+#[cfg_attr(sluice_unprivileged, ignore = "needs root: network namespaces and DPDK")]
 fn deleting_a_backend_pod_moves_only_its_traffic() {
-    if !privileged() {
-        return;
-    }
+    privileged();
     let prefix = format!("kc{}", std::process::id());
     let topo = Topology::up(&prefix);
     let _backends = topo.backends(&["20.0.0.1", "20.0.0.2"]);

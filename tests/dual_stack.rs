@@ -33,10 +33,9 @@ routes:
 "#;
 
 #[test]
+#[cfg_attr(sluice_unprivileged, ignore = "needs root: network namespaces and DPDK")]
 fn ipv4_and_ipv6_vips_through_one_appliance() {
-    if !privileged() {
-        return;
-    }
+    privileged();
     let prefix = format!("ds{}", std::process::id());
     let topo = Topology::up_dual_stack(&prefix);
     let _backends = topo.backends(&["20.0.0.1", "fd00:20::1"]);

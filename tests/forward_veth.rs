@@ -54,10 +54,9 @@ print(len(data), hashlib.sha256(data).hexdigest())
 "#;
 
 #[test]
+#[cfg_attr(sluice_unprivileged, ignore = "needs root: network namespaces and DPDK")]
 fn forwards_real_traffic_between_namespaces() {
-    if !privileged() {
-        return;
-    }
+    privileged();
     let client = Netns::new("fc");
     let server = Netns::new("fs");
     let lb = Netns::new("flb");

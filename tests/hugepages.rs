@@ -93,10 +93,9 @@ fn one_frame_pcap(path: &Path) {
 }
 
 #[test]
+#[cfg_attr(sluice_unprivileged, ignore = "needs root: network namespaces and DPDK")]
 fn a_command_on_hugepages_gives_them_back_and_leaves_no_runtime_directory() {
-    if !privileged() {
-        return;
-    }
+    privileged();
     let _reserved = reserve();
     let pid = std::process::id();
     let prefix = format!("slhuge{pid}");

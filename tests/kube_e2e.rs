@@ -113,10 +113,9 @@ fn appliance_config(prefix: &str) -> String {
 }
 
 #[test]
+#[cfg_attr(sluice_unprivileged, ignore = "needs root: network namespaces and DPDK")]
 fn endpointslice_changes_move_real_traffic_and_losing_the_api_keeps_it_flowing() {
-    if !privileged() {
-        return;
-    }
+    privileged();
     let prefix = format!("ke{}", std::process::id());
     let topo = Topology::up(&prefix);
     let backend = root().join("scripts/backend.py");

@@ -16,10 +16,9 @@ use sluice_tests::{pcap, privileged, sluice_bin, wait_until, Netns};
 const ENDPOINTS: usize = 3;
 
 #[test]
+#[cfg_attr(sluice_unprivileged, ignore = "needs root: network namespaces and DPDK")]
 fn every_frame_through_the_appliance_is_accounted_for() {
-    if !privileged() {
-        return;
-    }
+    privileged();
     let pid = std::process::id();
     let ns = Netns::new("lab");
     let dir = std::env::temp_dir().join(format!("sluice-lab-e2e-{pid}"));
@@ -137,12 +136,11 @@ services:
 /// the file is replayed unchanged and looped, at its own timing and at a
 /// rate, and every frame sent comes back.
 #[test]
+#[cfg_attr(sluice_unprivileged, ignore = "needs root: network namespaces and DPDK")]
 fn pcap_replay_loops_and_every_frame_comes_back() {
     use sluice_dataplane::craft;
     use sluice_dataplane::parse::proto;
-    if !privileged() {
-        return;
-    }
+    privileged();
     let pid = std::process::id();
     let dir = std::env::temp_dir().join(format!("sluice-gen-pcap-{pid}"));
     let _ = std::fs::remove_dir_all(&dir);

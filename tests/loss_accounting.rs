@@ -23,10 +23,9 @@ fn u(v: &Value) -> u64 {
 }
 
 #[test]
+#[cfg_attr(sluice_unprivileged, ignore = "needs root: network namespaces and DPDK")]
 fn what_the_client_sent_is_received_or_counted_as_lost() {
-    if !privileged() {
-        return;
-    }
+    privileged();
     let prefix = format!("la{}", std::process::id());
     let topo = Topology::up(&prefix);
     let _backends = topo.backends(&["20.0.0.1", "20.0.0.2"]);

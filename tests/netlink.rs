@@ -89,10 +89,9 @@ async fn published(
 }
 
 #[test]
+#[cfg_attr(sluice_unprivileged, ignore = "needs root: network namespaces and DPDK")]
 fn routing_over_a_veth_pair() {
-    if !privileged() {
-        return;
-    }
+    privileged();
     let pid = std::process::id();
     let a = Netns::new("nla");
     let b = Netns::new("nlb");

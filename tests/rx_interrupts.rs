@@ -79,10 +79,9 @@ fn setup(tag: &str) -> (Netns, std::path::PathBuf) {
 }
 
 #[test]
+#[cfg_attr(sluice_unprivileged, ignore = "needs root: network namespaces and DPDK")]
 fn traffic_after_idle_wakes_the_worker_through_the_receive_interrupt() {
-    if !privileged() {
-        return;
-    }
+    privileged();
     let (ns, dir) = setup("intr");
     let admin = 19301;
     let cfg = config(&dir, "on", admin, &taps(), "");
@@ -125,10 +124,9 @@ fn traffic_after_idle_wakes_the_worker_through_the_receive_interrupt() {
 }
 
 #[test]
+#[cfg_attr(sluice_unprivileged, ignore = "needs root: network namespaces and DPDK")]
 fn without_interrupts_the_worker_sleeps_its_pauses() {
-    if !privileged() {
-        return;
-    }
+    privileged();
     let (ns, dir) = setup("nointr");
     let null = "  - {name: front, device: \"net_null0,no-rx=1\", addresses: [10.1.0.1/24], kernelInterface: \"\"}\n  - {name: back, device: \"net_null1,no-rx=1\", addresses: [10.2.0.1/24], kernelInterface: \"\"}";
     for (tag, ports, extra) in [("off", taps(), ", rxInterrupts: false"), ("null", null.to_owned(), "")] {

@@ -17,10 +17,9 @@ use sluice_tests::{pcap, privileged, sluice_bin, wait_until, Netns};
 const PCAP_MAC: [u8; 6] = [0x02, 0x70, 0x63, 0x61, 0x70, 0x00];
 
 #[test]
+#[cfg_attr(sluice_unprivileged, ignore = "needs root: network namespaces and DPDK")]
 fn one_lcore_runs_the_worker_and_the_control_runtime() {
-    if !privileged() {
-        return;
-    }
+    privileged();
     let ns = Netns::new("1core");
     let dir = std::env::temp_dir().join(format!("sluice-1core-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);

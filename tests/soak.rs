@@ -134,10 +134,9 @@ fn new_lines(log: &Path, offset: &mut usize) -> Vec<String> {
 }
 
 #[test]
+#[cfg_attr(sluice_unprivileged, ignore = "needs root: network namespaces and DPDK")]
 fn traffic_admin_attacks_and_config_churn_do_not_stop_the_appliance() {
-    if !privileged() {
-        return;
-    }
+    privileged();
     let secs: u64 = std::env::var("SOAK_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(45);
     let prefix = format!("sk{}", std::process::id());
     let topo = Topology::up(&prefix);

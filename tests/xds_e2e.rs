@@ -137,10 +137,9 @@ fn held(path: &Path) -> HashMap<String, [u64; 2]> {
 }
 
 #[test]
+#[cfg_attr(sluice_unprivileged, ignore = "needs root: network namespaces and DPDK")]
 fn tcp_follows_what_the_management_server_announces() {
-    if !privileged() {
-        return;
-    }
+    privileged();
     let prefix = format!("xe{}", std::process::id());
     let topo = Topology::up_dual_stack(&prefix);
     let _backends = topo.backends(&["20.0.0.1", "fd00:20::1"]);

@@ -157,10 +157,9 @@ fn tables(port: u16) -> Value {
 }
 
 #[test]
+#[cfg_attr(sluice_unprivileged, ignore = "needs root: network namespaces and DPDK")]
 fn two_appliances_pick_the_same_endpoint_for_every_slot_whatever_the_order() {
-    if !privileged() {
-        return;
-    }
+    privileged();
     let dir = tempdir(&format!("xds-tables-{}", std::process::id()));
     let resources = dir.join("resources.json");
     let steps = steps();

@@ -918,6 +918,27 @@ fn place(e: &EndpointDef, mode: DeliveryMode, topo: &Topology, neigh: &dyn Neigh
     }
 }
 
+/// Panics unless `a` and `b` send every slot of every service's table to
+/// the same endpoint (the whole record: address, MAC, port, incarnation).
+/// A table's `Debug` shows only its size, so a stale table of the right
+/// size compares equal there.
+#[cfg(test)]
+pub(crate) fn assert_same_tables(a: &Snapshot, b: &Snapshot) {
+    let names = |s: &Snapshot| s.services.iter().map(|x| x.name.clone()).collect::<Vec<_>>();
+    assert_eq!(names(a), names(b), "the services");
+    let slots = |s: &Service| {
+        s.table.as_ref().map(|t| (0..t.size() as usize).map(|i| s.endpoint_at(t.entries().get(i)).copied()).collect::<Vec<_>>())
+    };
+    for (x, y) in a.services.iter().zip(b.services.iter()) {
+        let (sx, sy) = (slots(x), slots(y));
+        assert_eq!(sx.as_ref().map(Vec::len), sy.as_ref().map(Vec::len), "{}: the table's size", x.name);
+        if let Some(i) = sx.iter().flatten().zip(sy.iter().flatten()).position(|(p, q)| p != q) {
+            let (sx, sy) = (sx.unwrap_or_default(), sy.unwrap_or_default());
+            panic!("{}: slot {i} sends to {:?} in one and to {:?} in the other", x.name, sx[i], sy[i]);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1128,6 +1149,7 @@ mod tests {
             let a = whole.compile(r, &topo(), &n1).unwrap();
             let b = part.compile_changed(r, names, &topo(), &n1).unwrap();
             assert_eq!(format!("{:?}", a.snapshot), format!("{:?}", b.snapshot));
+            assert_same_tables(&a.snapshot, &b.snapshot);
             assert_eq!((&a.rebuilt, &a.endpoints, &a.service_slots), (&b.rebuilt, &b.endpoints, &b.service_slots));
             assert_eq!((&a.new_slots, &a.unresolved, &a.next_hops), (&b.new_slots, &b.unresolved, &b.next_hops));
         }
@@ -1139,6 +1161,7 @@ mod tests {
         let b = part.compile_changed(r, &[], &topo(), &n2).unwrap();
         assert_eq!(a.rebuilt, vec!["web".to_string()], "the new MAC is in");
         assert_eq!(format!("{:?}", a.snapshot), format!("{:?}", b.snapshot));
+        assert_same_tables(&a.snapshot, &b.snapshot);
         assert_eq!(a.rebuilt, b.rebuilt);
         // A failed compilation leaves nothing to build on.
         let mut tiny = Compiler::new(1, 64);

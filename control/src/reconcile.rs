@@ -935,8 +935,11 @@ mod tests {
         whole.apply(desired("xds", start.clone()));
         part.apply(desired("xds", start));
         type Eps<'a> = &'a [(u32, &'a str)];
-        let steps: [(Eps, Eps); 4] = [
+        let steps: [(Eps, Eps); 5] = [
             (&[(0, "10.0.0.5"), (1, "10.0.0.8")], &[(0, "10.0.0.7")]),
+            // As many endpoints, another identifier: a table of the same
+            // size, other entries.
+            (&[(0, "10.0.0.5"), (5, "10.0.0.8")], &[(0, "10.0.0.7")]),
             (&[(0, "10.0.0.5"), (1, "10.0.0.8")], &[]),
             (&[(2, "10.0.0.9")], &[(3, "10.0.0.7"), (4, "10.0.0.6")]),
             (&[], &[]),
@@ -946,6 +949,7 @@ mod tests {
             part.apply(endpoints("xds", &[("web", web), ("dns", dns)]));
             assert!(lock(&ps.state).sources["xds"].accepted);
             assert_eq!(served(&whole, &ws), served(&part, &ps));
+            crate::compile::assert_same_tables(&whole.publisher().current(), &part.publisher().current());
             assert_eq!(whole.model.get("xds"), part.model.get("xds"));
         }
         let ready = |s: &Shared| lock(&s.state).services.iter().map(|m| m.ready).collect::<Vec<_>>();

@@ -75,9 +75,23 @@ mod tests {
     fn fixed_values_do_not_drift() {
         // The same tuple must hash the same in every build and process: a
         // change here breaks flow consistency across appliances.
+        // The values were computed apart from this code (a transcription
+        // of these functions into Python's unbounded integers), so a change
+        // to a constant, a rotation or the fold shows here.
         assert_eq!(flow_hash(&flow(1)), GOLDEN_FLOW_1);
-        assert_eq!(hash_u64(7, 1), hash_u64(7, 1));
-        assert_ne!(hash_u64(7, 1), hash_u64(7, 2));
+        let v6 = |last: u8| {
+            let mut a = [0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+            a[15] = last;
+            Addr::v6(a)
+        };
+        let f6 = Flow { src: v6(1), dst: v6(0x80), sport: 5000, dport: 53, proto: 17 };
+        assert_eq!(flow_hash(&f6), 2_140_191_635_510_604_687);
+        assert_eq!(hash_u64(7, 1), 486_573_399_239_207_540);
+        assert_eq!(hash_u64(7, 2), 13_446_098_737_775_327_104);
+        assert_eq!(hash_u64(0, 0), 2_302_960_717_771_869_484);
+        assert_eq!(reduce(GOLDEN_FLOW_1, 65537), 26745);
+        assert_eq!(reduce(hash_u64(7, 1), 1009), 26);
+        assert_eq!(reduce(u64::MAX, 65537), 65536);
     }
 
     // Recorded; a change breaks flow consistency between versions.

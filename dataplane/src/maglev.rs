@@ -1259,6 +1259,13 @@ mod tests {
             let mean = f64::from(m) / f64::from(n);
             let max = f64::from(*c.iter().max().unwrap());
             assert!(max / mean <= 1.02, "n={n} m={m}: max/mean {}", max / mean);
+            // Below too: an endpoint left out (or starved) leaves the
+            // others' maximum within 2 % when N is large, not their minimum.
+            // The fill caps endpoints from above only: the least loaded
+            // sits lower than the most loaded sits above (about 0.8 of
+            // the mean at N = 650; the tables are fixed, so no flake).
+            let min = f64::from(*c.iter().min().unwrap());
+            assert!(min / mean >= 0.75, "n={n} m={m}: min/mean {}", min / mean);
         }
     }
 

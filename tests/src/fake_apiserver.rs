@@ -119,6 +119,8 @@ struct State {
     /// Per object, the status fields each field manager applied
     /// (`conditions/<type>` or a status key).
     status_owners: BTreeMap<(&'static str, String, String), BTreeMap<String, std::collections::BTreeSet<String>>>,
+    /// (kind, resourceVersion) of every bookmark handed to a watch, in order.
+    bookmarks: Vec<(&'static str, u64)>,
 }
 
 /// The fake API server; stopped when dropped.
@@ -216,6 +218,7 @@ impl FakeApi {
                 bookmark_every: Duration::from_millis(300),
                 absent: std::collections::BTreeSet::new(),
                 status_owners: BTreeMap::new(),
+                bookmarks: Vec::new(),
             })),
             changes: broadcast::channel(4096).0,
             drops: broadcast::channel(16).0,
@@ -368,6 +371,18 @@ impl FakeApi {
     /// The requests received so far.
     pub fn seen(&self) -> Vec<Seen> {
         lock(&self.state).seen.clone()
+    }
+
+    /// The resourceVersions of the bookmarks handed so far to watches of
+    /// `kind` (e.g. "EndpointSlice"): a watch ends with what it was given,
+    /// so a client has read everything before such a bookmark.
+    pub fn bookmarks(&self, kind: &str) -> Vec<u64> {
+        lock(&self.state).bookmarks.iter().filter(|(k, _)| *k == kind).map(|&(_, rv)| rv).collect()
+    }
+
+    /// The current resourceVersion (of the last change).
+    pub fn resource_version(&self) -> u64 {
+        lock(&self.state).rv
     }
 }
 
@@ -775,7 +790,11 @@ fn watch(
                 },
                 _ = tick.tick(), if bookmarks => {
                     let rv = lock(&state).rv;
-                    Some(event("BOOKMARK", &json!({"kind": kind, "apiVersion": api_version, "metadata": {"resourceVersion": rv.to_string()}})))
+                    if tx.send(event("BOOKMARK", &json!({"kind": kind, "apiVersion": api_version, "metadata": {"resourceVersion": rv.to_string()}}))).await.is_err() {
+                        return;
+                    }
+                    lock(&state).bookmarks.push((kind, rv));
+                    None
                 }
             };
             if let Some(b) = out {

@@ -635,11 +635,12 @@ mod tests {
             let p = i - 1;
             lol.push_str(&format!("l{i}: &l{i} [*l{p}, *l{p}, *l{p}, *l{p}, *l{p}, *l{p}, *l{p}, *l{p}, *l{p}, *l{p}]\n"));
         }
-        let t = std::time::Instant::now();
         let e = one(&lol).unwrap_err();
         assert!(e.message.contains("billion laughs"), "{e:?}");
+        // Refused where the expansion first passes the limit, not after
+        // expanding l5..l9 (10^10 nodes): that it stops early is shown by
+        // where, not by a clock.
         assert_eq!(e.pos.map(|p| p.line), Some(5), "refused at the first alias past the limit (in l4)");
-        assert!(t.elapsed() < std::time::Duration::from_secs(5), "and quickly");
         let e = one("a: &a [x]\nb: &b [*a, *a]\nc: *c\n").unwrap_err();
         assert!(e.message.contains("not valid YAML"), "unknown anchors are the parser's: {e:?}");
     }

@@ -289,10 +289,16 @@ mod tests {
         write(&path, &GOOD.replace("%N", "0"));
         let initial = read(&path).unwrap();
         let (tx, mut rx) = mpsc::channel(16);
-        let (_hup_tx, hup_rx) = mpsc::channel(1);
+        let (hup_tx, hup_rx) = mpsc::channel(1);
         let cancel = CancellationToken::new();
         let task = tokio::spawn(run(path.clone(), initial, tx, hup_rx, cancel.clone()));
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        // The source watches before it takes its first wake-up: once it
+        // has answered a SIGHUP, edits are seen.
+        hup_tx.send(()).await.unwrap();
+        match tokio::time::timeout(Duration::from_secs(5), rx.recv()).await.expect("SIGHUP answered").unwrap() {
+            SourceMsg::File { state, trigger } => assert_eq!((state.config.inline.services[0].name.as_str(), trigger.as_str()), ("s0", "SIGHUP")),
+            m => panic!("SIGHUP: unexpected {m:?}"),
+        }
         for n in 1..=60u32 {
             // Alternate good and broken files of the same length.
             let text = if n % 2 == 0 { GOOD.replace("%N", &format!("{:02}", n)) } else { format!("{}routes: [{{x{:02}", GOOD.replace("%N", "00"), n) };
