@@ -74,10 +74,9 @@ fn fail(mut lb: Proc, what: &str) -> ! {
 }
 
 #[test]
+#[cfg_attr(sluice_unprivileged, ignore = "needs root: network namespaces and DPDK")]
 fn a_killed_appliance_starts_again_serving_and_announced_with_nothing_of_it_left() {
-    if !privileged() {
-        return;
-    }
+    privileged();
     let prefix = format!("cr{}", std::process::id());
     let topo = Topology::up(&prefix);
     let _backends = topo.backends(&[VIP]);

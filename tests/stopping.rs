@@ -67,10 +67,9 @@ fn read(log: &Path) -> String {
 /// comes: the appliance stops at once, and publishes nothing after it said
 /// it stops.
 #[test]
+#[cfg_attr(sluice_unprivileged, ignore = "needs root: network namespaces and DPDK")]
 fn a_stop_during_a_compilation_abandons_it_and_publishes_nothing_after_stopping() {
-    if !privileged() {
-        return;
-    }
+    privileged();
     let ns = Netns::new("stc");
     let dir = tempdir("stop-compile");
     let (cfg, log) = (dir.join("appliance.yaml"), dir.join("sluice.log"));
@@ -115,10 +114,9 @@ fn a_stop_during_a_compilation_abandons_it_and_publishes_nothing_after_stopping(
 /// A FIFO in place of the configuration file: `sluice run` and `sluice
 /// check` refuse it at once, naming what it is (nothing waits for a writer).
 #[test]
+#[cfg_attr(sluice_unprivileged, ignore = "needs root: network namespaces and DPDK")]
 fn a_fifo_as_the_configuration_is_refused_at_once() {
-    if !privileged() {
-        return;
-    }
+    privileged();
     let ns = Netns::new("stf");
     let dir = tempdir("stop-fifo");
     let fifo = dir.join("appliance.yaml");
