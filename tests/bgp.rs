@@ -443,6 +443,90 @@ fn announce_withdraw_recover_and_drain_dual_stack() {
     assert!(ended(&p), "{p}");
 }
 
+/// The gateway's link to the appliance flaps again and again (BFD takes
+/// each session down in ~300 ms): every time the link is back, the
+/// sessions are Established again within a few seconds, IPv4 and IPv6,
+/// however many flaps came before. After each failure the appliance's BIRD
+/// waits its `error wait time`, doubled with each failure in a row up to
+/// the configured maximum, and refuses the gateway's connections meanwhile.
+#[test]
+#[ignore = "with the appliance in the loop the sessions come back after 5.3-8.8 s, not about 3 s: the rest of the delay is not yet found"]
+fn sessions_reconnect_within_seconds_after_each_flap() {
+    if !privileged() {
+        return;
+    }
+    let mut rig = Rig::new("b4", 1, true, false, Eps::Same);
+    rig.start(0);
+    if !wait_until(Duration::from_secs(60), || rig.peered(0)) {
+        rig.fail("no BGP session with BFD up, or the VIPs were not learned");
+    }
+    let established = |rig: &Rig| {
+        let p = rig.birdc("show protocols");
+        ["lb0 ", "lb0v6 "].iter().all(|n| p.lines().any(|l| l.starts_with(n) && l.contains("Established")))
+    };
+    let mut took = Vec::new();
+    for flap in 1..=5 {
+        rig.gw.run(&["ip", "link", "set", "ga0", "down"]);
+        if !wait_until(Duration::from_secs(10), || !established(&rig)) {
+            rig.fail(&format!("flap {flap}: the sessions did not go down with the link"));
+        }
+        std::thread::sleep(Duration::from_millis(1500));
+        rig.gw.run(&["ip", "link", "set", "ga0", "up"]);
+        let t0 = Instant::now();
+        if !wait_until(Duration::from_secs(60), || established(&rig)) {
+            rig.fail(&format!("flap {flap}: the sessions did not come back within 60 s"));
+        }
+        took.push(t0.elapsed());
+    }
+    let ms: Vec<u128> = took.iter().map(Duration::as_millis).collect();
+    eprintln!("both sessions Established again after the link came back, per flap: {ms:?} ms");
+    let slowest = took.iter().max().unwrap();
+    if *slowest > Duration::from_secs(6) {
+        rig.fail(&format!("a session took {} ms to come back after a flap (all: {ms:?} ms); expected about 3 s", slowest.as_millis()));
+    }
+}
+
+/// A GatewayRouter name of 100 characters (BIRD takes protocol names of
+/// at most 64): the appliance peers under a protocol name cut to fit with
+/// a hash, announces the VIP, and withdraws it when its service loses its
+/// endpoints; the status says what BIRD did each time.
+#[test]
+fn a_hundred_character_router_name_announces_and_withdraws() {
+    if !privileged() {
+        return;
+    }
+    let long = format!("dc-gateway-router-{}", "x".repeat(82));
+    assert_eq!(long.len(), 100);
+    let mut rig = Rig::new("b5", 1, false, false, Eps::Same);
+    let prefix = format!("bgp{}b5", std::process::id());
+    let dir = rig.dir.clone();
+    let config = |eps| appliance_config(&prefix, 0, false, &dir, eps, true).replace("name: dc-gw-v4", &format!("name: {long}"));
+    rig.rewrite(0, &config(Eps::Same));
+    rig.start(0);
+    if !wait_until(Duration::from_secs(60), || rig.peered(0)) {
+        rig.fail("no BGP session with BFD up for the router with a long name, or the VIP was not learned");
+    }
+    let st = rig.status(0);
+    let session = &st["bird"]["sessions"][0];
+    assert_eq!(session["router"], long.as_str());
+    let protocol = session["protocol"].as_str().unwrap().to_owned();
+    assert!(protocol.len() <= 64 && protocol.starts_with("gw_dc_gateway_router_x"), "{protocol}");
+    let vip = |st: &Value| st["bird"]["vips"].as_array().unwrap().iter().find(|v| v["vip"] == VIP4).cloned().unwrap();
+    let announced = wait_until(Duration::from_secs(10), || vip(&rig.status(0))["announced"] == true);
+    assert!(announced, "{}", rig.status(0)["bird"]);
+    eprintln!("router {long:?} peers as BIRD protocol {protocol}; VIP: {}", vip(&rig.status(0)));
+
+    let t0 = Instant::now();
+    rig.rewrite(0, &config(Eps::Gone));
+    if !wait_until(Duration::from_secs(10), || rig.gw_route(VIP4).is_empty()) {
+        rig.fail("the VIP was not withdrawn from the gateway");
+    }
+    eprintln!("withdrawn from the gateway's FIB {} ms after the service lost its endpoints", t0.elapsed().as_millis());
+    let withdrawn = wait_until(Duration::from_secs(5), || vip(&rig.status(0))["reason"] == "withdrawn: no ready endpoint in service web4");
+    assert!(withdrawn, "{}", vip(&rig.status(0)));
+    assert_eq!(rig.status(0)["bird"]["refused"], Value::Null);
+}
+
 /// Two appliances announce the same VIP and the gateway spreads `N`
 /// long-lived TCP connections over both with ECMP; the second appliance
 /// (whose endpoints are `second`) is stopped gracefully while they run.

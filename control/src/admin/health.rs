@@ -78,6 +78,14 @@ pub fn unhealthy(sh: &Shared, now: Instant) -> Vec<String> {
 /// it does).
 pub fn unready(sh: &Shared, now: Instant) -> Vec<String> {
     let mut why = unhealthy(sh, now);
+    // Read before the state lock: one lock at a time.
+    if let Some(b) = sh.bird() {
+        if let Some(r) = &b.refused {
+            why.push(format!("BIRD refused the configuration Sluice generated and runs its previous one: {r}"));
+        } else if let Some(e) = &b.error {
+            why.push(format!("BIRD does not run the configuration Sluice generated: {e}"));
+        }
+    }
     let st = lock(&sh.state);
     why.extend(st.faults.iter().cloned());
     if st.published_at.is_none() {

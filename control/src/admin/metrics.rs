@@ -260,11 +260,19 @@ impl Collector for SluiceCollector {
                 ],
             )?;
         }
-        if let Some(b) = lock(&sh.bird).as_ref().map(|x| lock(x).clone()) {
+        if let Some(b) = sh.bird() {
             family(&mut e, "sluice_bird_up", "1 while BIRD answers on its control socket.", Kind::Gauge, one(f(u64::from(b.connected))))?;
             family(&mut e, "sluice_bird_restarts", "Times the supervised bird was started again after it ended.", Kind::Counter, one(f(b.restarts)))?;
             family(&mut e, "sluice_bird_configurations", "BIRD configurations applied.", Kind::Counter, one(f(b.configured)))?;
             family(&mut e, "sluice_bird_configuration_failures", "BIRD configurations that could not be applied.", Kind::Counter, one(f(b.configure_failures)))?;
+            family(
+                &mut e,
+                "sluice_bird_configuration_refused",
+                "1 while BIRD refuses the configuration Sluice generated (it runs its previous one).",
+                Kind::Gauge,
+                one(f(u64::from(b.refused.is_some()))),
+            )?;
+            family(&mut e, "sluice_bird_refused_commands", "Commands BIRD refused while Sluice read its state.", Kind::Counter, one(f(b.refused_commands)))?;
             let router = |x: &crate::routing::bird::SessionStatus| -> Labels {
                 vec![("router", s(x.router.clone())), ("neighbor", s(x.neighbor.clone()))]
             };

@@ -247,8 +247,8 @@ pub struct Shared {
     pub liveness: Mutex<Vec<WorkerLiveness>>,
     /// The xDS source's status, while it runs.
     pub xds: Mutex<Option<Arc<Mutex<crate::sources::xds::XdsStatus>>>>,
-    /// The BIRD driver's status, while gateway routers are configured.
-    pub bird: Mutex<Option<Arc<Mutex<crate::routing::bird::BirdStatus>>>>,
+    /// The BIRD driver's status channel (set once, when the driver starts).
+    pub bird: std::sync::OnceLock<crate::routing::bird::StatusRx>,
     /// The Kubernetes source's status, while it runs.
     pub kube: Mutex<Option<Arc<Mutex<crate::sources::kube::KubeStatus>>>>,
 }
@@ -282,9 +282,14 @@ impl Shared {
             state: Mutex::new(ControlState::default()),
             liveness: Mutex::new(liveness),
             xds: Mutex::new(None),
-            bird: Mutex::new(None),
+            bird: std::sync::OnceLock::new(),
             kube: Mutex::new(None),
         }
+    }
+
+    /// The BIRD driver's last status, while gateway routers are configured.
+    pub fn bird(&self) -> Option<crate::routing::bird::BirdStatus> {
+        self.bird.get().and_then(|rx| rx.borrow().clone())
     }
 
     /// Sum over workers of (packets, bytes) of a service slot.

@@ -268,7 +268,7 @@ pub fn status(sh: &Shared, query: &StatusQuery) -> Result<String, NoService> {
         })
         .collect();
     let xds = lock(&sh.xds).as_ref().map(|x| lock(x).clone());
-    let bird = lock(&sh.bird).as_ref().map(|x| lock(x).clone());
+    let bird = sh.bird();
     let kubernetes = lock(&sh.kube).as_ref().map(|k| lock(k).clone());
     let st = lock(&sh.state);
     if let Some(name) = &query.service {

@@ -142,6 +142,7 @@ pub async fn run(p: Parts, stop: CancellationToken) -> Result<()> {
 
     let bird_settings = settings.clone();
     let (mut driver, bird) = Driver::new(settings.clone(), served, Arc::clone(&shared));
+    let _ = shared.bird.set(driver.status());
     driver.learn_gateways_to(learned);
     {
         let c = rest_cancel.clone();

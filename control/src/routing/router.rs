@@ -389,12 +389,46 @@ pub fn add_manifest_routers(config: &mut crate::config::ApplianceConfig) -> Resu
     }
 }
 
-/// The BIRD protocol name of a router (`gw_` and its name with `-` and `.`
-/// as `_`).
+/// The longest symbol (protocol name) BIRD 2 accepts: longer ones are
+/// refused with "Symbol too long".
+pub const BIRD_SYMBOL_MAX: usize = 64;
+
+/// The BIRD protocol name of a router: `gw_` and its name with every
+/// character but letters and digits as `_`. A name that does not fit in
+/// [`BIRD_SYMBOL_MAX`] is cut and ends with `_` and ten hex digits of a
+/// hash of the whole name (FNV-1a, the same on every appliance and every
+/// run), so names that fit keep their protocol (and session) as they were.
 pub fn protocol_name(router: &str) -> String {
     let mut s = String::from("gw_");
     s.extend(router.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }));
+    if s.len() <= BIRD_SYMBOL_MAX {
+        return s;
+    }
+    let hash = router.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3));
+    let tail = format!("_{:010x}", hash >> 24);
+    // Only ASCII was pushed, so any length is a character boundary.
+    s.truncate(BIRD_SYMBOL_MAX - tail.len());
+    s.push_str(&tail);
     s
+}
+
+/// Whether `a` is the network or broadcast address of the IPv4 subnet of
+/// `local` (a /31 has neither, RFC 3021; IPv6 has no broadcast, and its
+/// subnet-router anycast address may well be the router's).
+fn not_a_host(a: IpAddr, local: &crate::config::IfAddr) -> Option<&'static str> {
+    let (IpAddr::V4(a), IpAddr::V4(l)) = (a, local.addr.to_ip()) else { return None };
+    if local.prefix >= 31 {
+        return None;
+    }
+    let mask = u32::MAX.checked_shl(32 - u32::from(local.prefix)).unwrap_or(0);
+    let (a, net) = (u32::from(a), u32::from(l) & mask);
+    if a == net {
+        Some("network")
+    } else if a == net | !mask {
+        Some("broadcast")
+    } else {
+        None
+    }
 }
 
 fn problem_at(p: &mut Problems, o: &Origin, field: &str, message: String) {
@@ -457,6 +491,17 @@ pub fn resolve(
             ));
             continue;
         };
+        if let Some(why) = not_a_host(r.address, local) {
+            problem_at(p, &o, "address", format!("{} is the {why} address of port {:?}'s subnet {local}, not a router's address", r.address, port.name));
+            continue;
+        }
+        if let Some(prev) = out.iter().find(|x| x.router.address == r.address) {
+            problem_at(p, &o, "address", format!(
+                "{} is also the address of gateway router {:?} ({}): one router, one session",
+                r.address, prev.router.name, prev.origin
+            ));
+            continue;
+        }
         if r.bgp.bfd.switch {
             if let Some(other) = out.iter().find(|x| x.kernel_interface == port.kernel_interface && x.router.bgp.bfd.switch && x.router.bgp.bfd != r.bgp.bfd) {
                 problem_at(p, &o, "bgp.bfd", format!(
@@ -556,10 +601,15 @@ pub(crate) mod testing {
     /// The `gatewayRouters` of a configuration text, resolved on
     /// [`ports`], or the problems (as printed).
     pub fn check(text: &str) -> Result<(Option<Ipv4Addr>, Vec<RouterConfig>), Vec<String>> {
+        check_on(text, &ports())
+    }
+
+    /// As [`check`], on `ports`.
+    pub fn check_on(text: &str, ports: &[PortConfig]) -> Result<(Option<Ipv4Addr>, Vec<RouterConfig>), Vec<String>> {
         let v = document(text, &mut Budget::default()).unwrap();
         let mut p = Problems::default();
         let list = Node::root(&v, "c.yaml").field("gatewayRouters", |n| parse_list(n, &mut p)).unwrap_or_default();
-        let out = resolve(list, &ports(), None, &mut p);
+        let out = resolve(list, ports, None, &mut p);
         if p.is_empty() {
             Ok(out)
         } else {
@@ -653,6 +703,31 @@ gatewayRouters:
     }
 
     #[test]
+    fn network_broadcast_and_shared_addresses_are_refused() {
+        // front is 169.254.100.1/24: .0 and .255 are no router's address.
+        let text = "gatewayRouters:
+  - {name: net, address: 169.254.100.0, interface: front, bgp: {localASN: 1, remoteASN: 2}}
+  - {name: bcast, address: 169.254.100.255, interface: front, bgp: {localASN: 1, remoteASN: 2}}
+  - {name: a, address: 169.254.100.2, interface: front, bgp: {localASN: 1, remoteASN: 2}}
+  - {name: b, address: 169.254.100.2, interface: vlan-100, bgp: {localASN: 1, remoteASN: 3}}
+  - {name: v6, address: 'fd00:100::', interface: front, bgp: {localASN: 1, remoteASN: 2}}
+";
+        assert_eq!(check(text).unwrap_err(), [
+            "c.yaml:2:5: gatewayRouters[0].address: 169.254.100.0 is the network address of port \"front\"'s subnet 169.254.100.1/24, not a router's address",
+            "c.yaml:3:5: gatewayRouters[1].address: 169.254.100.255 is the broadcast address of port \"front\"'s subnet 169.254.100.1/24, not a router's address",
+            "c.yaml:5:5: gatewayRouters[3].address: 169.254.100.2 is also the address of gateway router \"a\" (c.yaml:4:5: gatewayRouters[2]): one router, one session",
+        ]);
+        // A /31 (RFC 3021) has no network or broadcast address: both ends are usable.
+        let mut ports = super::testing::ports();
+        ports[1].addresses = vec![crate::config::IfAddr { addr: "10.0.0.0".parse().unwrap(), prefix: 31 }];
+        let text = "gatewayRouters:\n  - {name: p2p, address: 10.0.0.1, interface: back, bgp: {localASN: 1, remoteASN: 2}}\n";
+        assert_eq!(super::testing::check_on(text, &ports).map(|(_, r)| r.len()), Ok(1));
+        ports[1].addresses = vec![crate::config::IfAddr { addr: "10.0.0.1".parse().unwrap(), prefix: 31 }];
+        let text = "gatewayRouters:\n  - {name: p2p, address: 10.0.0.0, interface: back, bgp: {localASN: 1, remoteASN: 2}}\n";
+        assert_eq!(super::testing::check_on(text, &ports).map(|(_, r)| r.len()), Ok(1));
+    }
+
+    #[test]
     fn intervals() {
         assert_eq!("300ms".parse::<Interval>(), Ok(Interval::ms(300)));
         assert_eq!(" 24s".parse::<Interval>(), Ok(Interval::ms(24_000)));
@@ -727,5 +802,34 @@ spec: {{address: 169.254.100.152, interface: vlan-100{bad}}}
     #[test]
     fn protocol_names() {
         assert_eq!(protocol_name("gateway-a.v4"), "gw_gateway_a_v4");
+        // The longest name that fits keeps its protocol name as it is.
+        let fits = "a".repeat(BIRD_SYMBOL_MAX - 3);
+        assert_eq!(protocol_name(&fits), format!("gw_{fits}"));
+        // Longer ones: a stable prefix and a hash of the whole name.
+        let long = format!("{}-{}", "dc-gateway-router".repeat(5), "x".repeat(15));
+        let other = format!("{}-{}", "dc-gateway-router".repeat(5), "y".repeat(15));
+        let (a, b) = (protocol_name(&long), protocol_name(&other));
+        assert_eq!(a.len(), BIRD_SYMBOL_MAX);
+        assert_eq!(a, protocol_name(&long), "deterministic");
+        assert_eq!(a, "gw_dc_gateway_routerdc_gateway_routerdc_gateway_route_95b9477e34");
+        assert_eq!(a[..53], b[..53], "the same prefix");
+        assert_ne!(a, b, "told apart by the hash");
+        assert_eq!(protocol_name(&format!("{fits}b")).len(), BIRD_SYMBOL_MAX);
+    }
+
+    /// Every name a GatewayRouter may have (up to 253 characters) becomes
+    /// a protocol name BIRD takes, so what `check` accepts, `run` and a
+    /// reload can apply.
+    #[test]
+    fn long_names_render_a_configuration_bird_accepts() {
+        let name = format!("r{}", "-gateway.router_".repeat(15)).chars().take(crate::model::limits::NAME_MAX_LEN).collect::<String>();
+        let text = format!("gatewayRouters:\n  - {{name: '{name}', address: 169.254.100.2, interface: front, bgp: {{localASN: 1, remoteASN: 2}}}}\n");
+        let (id, rs) = check(&text).unwrap();
+        let conf = crate::routing::bird::render::render(id.unwrap(), &rs, &["20.0.0.1".parse().unwrap()]);
+        let f = std::env::temp_dir().join(format!("sluice-long-name-{}.conf", std::process::id()));
+        std::fs::write(&f, &conf).unwrap();
+        let out = std::process::Command::new("/usr/sbin/bird").args(["-p", "-c"]).arg(&f).output().expect("bird2 is installed (scripts/setup.sh)");
+        let _ = std::fs::remove_file(&f);
+        assert!(out.status.success(), "{}: {}", name.len(), String::from_utf8_lossy(&out.stderr));
     }
 }

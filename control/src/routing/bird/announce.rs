@@ -14,7 +14,7 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -28,7 +28,7 @@ use super::supervisor::Supervisor;
 use super::{BirdError, BirdStatus, SessionStatus};
 use crate::admin::health;
 use crate::config::GatewayConfig;
-use crate::admin::state::{lock, now_epoch, Shared};
+use crate::admin::state::{now_epoch, Shared};
 use crate::reconcile::Settings;
 use crate::routing::router::{protocol_name, BirdConfig, BirdMode, RoutingConfig};
 
@@ -97,7 +97,13 @@ pub struct Driver {
     served: watch::Receiver<Servable>,
     shared: Arc<Shared>,
     cmds: mpsc::Receiver<WithdrawReply>,
-    status: Arc<Mutex<BirdStatus>>,
+    /// What BIRD did, as last seen; published on `published` after each pass.
+    status: BirdStatus,
+    /// The driver's status channel: `None` while no router is configured.
+    published: watch::Sender<Option<BirdStatus>>,
+    /// Per BGP protocol with an Established session, the VIPs BIRD exports
+    /// on it (`show route export`), as last read.
+    exported: BTreeMap<String, Vec<IpAddr>>,
     routing: Option<RoutingConfig>,
     supervisor: Option<Supervisor>,
     client: Option<Client>,
@@ -114,8 +120,8 @@ const TICK: Duration = Duration::from_millis(200);
 const REFRESH: Duration = Duration::from_secs(1);
 
 impl Driver {
-    /// A driver following `settings` and `served`; its status is shown in
-    /// `shared.bird` while routers are configured.
+    /// A driver following `settings` and `served` (`shared` tells whether
+    /// the workers forward); its status goes out on [`Driver::status`].
     pub fn new(settings: watch::Receiver<Settings>, served: watch::Receiver<Servable>, shared: Arc<Shared>) -> (Driver, DriverHandle) {
         let (tx, cmds) = mpsc::channel(1);
         let d = Driver {
@@ -123,7 +129,9 @@ impl Driver {
             served,
             shared,
             cmds,
-            status: Arc::new(Mutex::new(BirdStatus::default())),
+            status: BirdStatus::default(),
+            published: watch::channel(None).0,
+            exported: BTreeMap::new(),
             routing: None,
             supervisor: None,
             client: None,
@@ -133,6 +141,12 @@ impl Driver {
             learned: None,
         };
         (d, DriverHandle { tx })
+    }
+
+    /// The driver's status: what BIRD confirmed, after every pass; `None`
+    /// while no gateway router is configured.
+    pub fn status(&self) -> watch::Receiver<Option<BirdStatus>> {
+        self.published.subscribe()
     }
 
     /// Tells `learned` the gateways BIRD learned (each family's best
@@ -158,7 +172,7 @@ impl Driver {
                     self.step().await;
                     let done = self.applied.as_deref().is_some_and(|t| !t.contains(" blackhole;"));
                     let answer = {
-                        let mut st = lock(&self.status);
+                        let st = &mut self.status;
                         st.withdrawn_for_shutdown = done;
                         let sessions_up = st.sessions.iter().any(|s| s.bgp_state == "Established");
                         if done || !had {
@@ -167,6 +181,7 @@ impl Driver {
                             Err(st.error.clone().unwrap_or_else(|| "BIRD has not taken the withdrawal".into()))
                         }
                     };
+                    self.publish();
                     let _ = reply.send(answer);
                 }
                 _ = tick.tick() => {}
@@ -180,7 +195,19 @@ impl Driver {
             s.stop(self.client.as_mut()).await;
         }
         self.client = None;
-        *lock(&self.shared.bird) = None;
+        self.exported.clear();
+        self.published.send_replace(None);
+    }
+
+    /// Sends the status to its readers when it changed.
+    fn publish(&self) {
+        self.published.send_if_modified(|old| {
+            let changed = old.as_ref() != Some(&self.status);
+            if changed {
+                *old = Some(self.status.clone());
+            }
+            changed
+        });
     }
 
     /// One pass: follow the settings, decide, apply, refresh the status.
@@ -200,7 +227,7 @@ impl Driver {
             }
             self.shutdown().await;
             self.applied = None;
-            *lock(&self.status) = BirdStatus {
+            self.status = BirdStatus {
                 mode: match routing.bird.mode {
                     BirdMode::Supervised => "supervised".into(),
                     BirdMode::External => "external".into(),
@@ -209,7 +236,6 @@ impl Driver {
                 config_file: routing.bird.config_file.display().to_string(),
                 ..BirdStatus::default()
             };
-            *lock(&self.shared.bird) = Some(Arc::clone(&self.status));
             if routing.bird.mode == BirdMode::Supervised {
                 self.supervisor = Some(Supervisor::new(routing.bird.clone()));
             }
@@ -224,22 +250,32 @@ impl Driver {
         let served = self.served.borrow().clone();
         let vips = decide(&served, &not_forwarding, self.withdrawing);
         let announced: Vec<IpAddr> = vips.iter().filter(|v| v.announced).map(|v| v.vip).collect();
-        let Some(router_id) = routing.router_id else { return };
+        let Some(router_id) = routing.router_id else {
+            self.publish();
+            return;
+        };
         let text = render(router_id, &routing.routers, &announced);
 
         let result = self.apply(&routing.bird, &text).await;
-        self.record(result, vips, &text);
-        if self.last_refresh.is_none_or(|t| t.elapsed() >= REFRESH) {
+        let changed = matches!(result, Ok(true));
+        self.record(result, &text);
+        // After a new configuration, what BIRD exports is read at once.
+        if changed || self.last_refresh.is_none_or(|t| t.elapsed() >= REFRESH) {
             self.refresh(&routing).await;
         }
+        self.vip_states(vips, &text);
+        self.publish();
     }
 
-    /// Records the outcome of applying `text` and the VIPs' states.
-    fn record(&mut self, result: Result<bool, BirdError>, mut vips: Vec<VipState>, text: &str) {
-        let mut st = lock(&self.status);
+    /// Records the outcome of applying `text`.
+    fn record(&mut self, result: Result<bool, BirdError>, text: &str) {
+        let st = &mut self.status;
         match result {
             Ok(changed) => {
                 st.error = None;
+                if st.refused.take().is_some() {
+                    info!("BIRD took the configuration");
+                }
                 if changed {
                     st.configured += 1;
                     st.configured_at = Some(now_epoch());
@@ -250,24 +286,13 @@ impl Driver {
                 if st.error.as_deref() != Some(msg.as_str()) {
                     error!(error = %msg, "BIRD");
                 }
+                if matches!(e, BirdError::Refused { .. }) {
+                    st.refused = Some(msg.clone());
+                }
                 st.error = Some(msg);
                 st.configure_failures += u64::from(self.applied.as_deref() != Some(text));
             }
         }
-        // What BIRD runs with decides what is announced.
-        let running = self.applied.as_deref() == Some(text);
-        let now = now_epoch();
-        for v in &mut vips {
-            if v.announced && !running {
-                v.announced = false;
-                v.reason = format!("not yet announced: BIRD has not taken the configuration ({})", st.error.as_deref().unwrap_or("not running"));
-            }
-            v.since = st.vips.iter().find(|o| o.vip == v.vip && o.announced == v.announced).map_or(now, |o| o.since);
-            if !st.vips.iter().any(|o| o.vip == v.vip && o.announced == v.announced) {
-                info!(vip = %v.vip, announced = v.announced, reason = %v.reason, "VIP");
-            }
-        }
-        st.vips = vips;
         st.pid = self.supervisor.as_ref().and_then(Supervisor::pid);
         st.starts = self.supervisor.as_ref().map_or(0, |s| s.starts);
         st.restarts = st.starts.saturating_sub(1);
@@ -277,13 +302,48 @@ impl Driver {
         }
     }
 
+    /// Each VIP as BIRD has it: announced when the configuration BIRD runs
+    /// with holds it (the last `configure` with it succeeded) and BIRD
+    /// exports it on an Established session; otherwise what it is.
+    fn vip_states(&mut self, mut vips: Vec<VipState>, wanted_text: &str) {
+        let running = self.applied.as_deref();
+        let taken = running == Some(wanted_text);
+        let st = &mut self.status;
+        let now = now_epoch();
+        for v in &mut vips {
+            let route = format!(" {}/{} blackhole;", v.vip, if v.vip.is_ipv4() { 32 } else { 128 });
+            let in_bird = running.is_some_and(|t| t.contains(&route));
+            let on: Vec<&str> = self.exported.iter().filter(|(_, x)| x.contains(&v.vip)).map(|(p, _)| p.as_str()).collect();
+            let why_not_taken = || st.error.clone().unwrap_or_else(|| "BIRD is not running".into());
+            (v.announced, v.reason) = match (v.announced, in_bird, on.is_empty()) {
+                (true, true, false) => (true, v.reason.clone()),
+                (false, true, false) => (true, format!(
+                    "still announced: BIRD runs an older configuration ({}); should be {}",
+                    if taken { "not yet read again".to_owned() } else { why_not_taken() },
+                    v.reason
+                )),
+                (_, true, true) if st.sessions.iter().any(|s| s.bgp_state == "Established") => {
+                    (false, "not announced: in BIRD's configuration, but exported on no Established session".into())
+                }
+                (_, true, true) => (false, "not announced: in BIRD's configuration, but no BGP session is Established".into()),
+                (true, false, _) => (false, format!("not yet announced: BIRD has not taken the configuration ({})", why_not_taken())),
+                (false, false, _) => (false, v.reason.clone()),
+            };
+            v.since = st.vips.iter().find(|o| o.vip == v.vip && o.announced == v.announced).map_or(now, |o| o.since);
+            if !st.vips.iter().any(|o| o.vip == v.vip && o.announced == v.announced && o.reason == v.reason) {
+                info!(vip = %v.vip, announced = v.announced, reason = %v.reason, "VIP");
+            }
+        }
+        st.vips = vips;
+    }
+
     /// Makes BIRD run with `text`; `Ok(true)` when it was applied now.
     async fn apply(&mut self, bird: &BirdConfig, text: &str) -> Result<bool, BirdError> {
         if let Some(s) = self.supervisor.as_mut() {
             if let Some(status) = s.reap() {
                 self.client = None;
                 self.applied = None;
-                lock(&self.status).last_exit = Some(status);
+                self.status.last_exit = Some(status);
             }
             if !s.running() {
                 if !s.may_start() {
@@ -324,6 +384,7 @@ impl Driver {
     async fn refresh(&mut self, routing: &RoutingConfig) {
         self.last_refresh = Some(Instant::now());
         let mut gateways = None;
+        let mut exported = BTreeMap::new();
         let (protocols, bfd) = match self.client.as_mut() {
             Some(c) => {
                 gateways = learned_gateways(c, routing).await.ok();
@@ -332,10 +393,29 @@ impl Driver {
                     Ok(_) => c.bfd_sessions().await,
                     Err(_) => Ok(Vec::new()),
                 };
-                match (p, b) {
-                    (Ok(p), Ok(b)) => (p, b),
-                    (Err(e), _) | (_, Err(e)) => {
-                        warn!(error = %e, "cannot read BIRD's sessions");
+                let mut x = Ok(());
+                if let Ok(p) = &p {
+                    for p in p.iter().filter(|p| p.proto == "BGP" && p.bgp_state() == "Established") {
+                        match c.exported(&p.name).await {
+                            Ok(v) => {
+                                exported.insert(p.name.clone(), v);
+                            }
+                            Err(e) => {
+                                x = Err(e);
+                                break;
+                            }
+                        }
+                    }
+                }
+                match (p, b, x) {
+                    (Ok(p), Ok(b), Ok(())) => (p, b),
+                    (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
+                        if matches!(e, BirdError::Refused { .. }) {
+                            self.status.refused_commands += 1;
+                            error!(error = %e, "BIRD refused a command");
+                        } else {
+                            warn!(error = %e, "cannot read BIRD's sessions");
+                        }
                         self.client = None;
                         (Vec::new(), Vec::new())
                     }
@@ -343,6 +423,7 @@ impl Driver {
             }
             None => (Vec::new(), Vec::new()),
         };
+        self.exported = exported;
         let sessions = routing
             .routers
             .iter()
@@ -367,7 +448,7 @@ impl Driver {
                 }
             })
             .collect::<Vec<_>>();
-        let mut st = lock(&self.status);
+        let st = &mut self.status;
         for s in &sessions {
             if let Some(old) = st.sessions.iter().find(|o| o.router == s.router) {
                 if old.bgp_state != s.bgp_state || old.bfd_state != s.bfd_state {
@@ -514,18 +595,23 @@ mod tests {
             });
         }
         let (driver, handle) = Driver::new(settings, served, Arc::clone(&shared));
+        let rx = driver.status();
         let task = tokio::spawn(driver.run(cancel.clone()));
 
-        let status = || lock(&shared.bird).as_ref().map(|s| lock(s).clone()).unwrap_or_default();
+        let status = || rx.borrow().clone().unwrap_or_default();
         eventually("the VIP is in BIRD", async || routes(&sock).await.contains("20.0.0.1/32")).await;
+        eventually("the status says so", async || !status().vips.is_empty() && status().configured > 0).await;
         let st = status();
         assert_eq!((st.mode.as_str(), st.connected, st.pid), ("external", true, None));
-        assert!(st.vips[0].announced, "{:?}", st.vips);
+        // In BIRD's configuration, but announced to no one: no session is up.
+        assert!(!st.vips[0].announced, "{:?}", st.vips);
+        assert_eq!(st.vips[0].reason, "not announced: in BIRD's configuration, but no BGP session is Established");
         assert_eq!(st.sessions[0].protocol, "gw_gw");
         assert!(std::fs::read_to_string(&conf).unwrap().contains("protocol bgp gw_gw"));
 
         served_tx.send_replace(Servable([(vip, vec![("web".to_owned(), false)])].into_iter().collect()));
         eventually("the VIP is withdrawn", async || !routes(&sock).await.contains("20.0.0.1/32")).await;
+        eventually("the status says so", async || status().vips[0].reason.starts_with("withdrawn")).await;
         assert_eq!(status().vips[0].reason, "withdrawn: no ready endpoint in service web");
 
         served_tx.send_replace(Servable([(vip, vec![("web".to_owned(), true)])].into_iter().collect()));
@@ -539,6 +625,106 @@ mod tests {
         task.await.unwrap();
         assert!(Client::connect(&sock).await.is_ok(), "an external bird is left running");
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// An external `bird` that refuses the configuration Sluice writes (it
+    /// runs as nobody and cannot read the file): the refusal shows in the
+    /// status, in `/readyz`'s reasons, in a metric and in the VIPs' states,
+    /// which say what BIRD runs rather than what Sluice wanted; once BIRD
+    /// can read it, all of that clears.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_refused_configuration_is_reported_as_such() {
+        use std::os::unix::fs::PermissionsExt;
+        if !nix_root() {
+            return;
+        }
+        let dir = std::env::temp_dir().join(format!("sluice-refused-bird-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("private")).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let (sock, own, conf) = (dir.join("bird.ctl"), dir.join("own.conf"), dir.join("private/bird.conf"));
+        std::fs::write(&own, "router id 10.0.0.1;\nprotocol device {}\n").unwrap();
+        let bird = std::process::Command::new("/usr/sbin/bird")
+            .args(["-f", "-u", "nobody", "-g", "nogroup", "-c"])
+            .arg(&own)
+            .arg("-s")
+            .arg(&sock)
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("bird2 is installed (scripts/setup.sh)");
+        let _bird = Bird(bird);
+        let text = format!(
+            "ports: [{{name: p, device: net_null0, addresses: [10.0.0.1/24]}}]\nbird: {{mode: external, socket: {}, configFile: {}}}\ngatewayRouters: [{{name: gw, address: 10.0.0.2, interface: p, bgp: {{localASN: 1, remoteASN: 2}}}}]\n",
+            sock.display(),
+            conf.display()
+        );
+        let cfg = crate::config::parse_str(&text, &dir.join("c.yaml")).unwrap();
+        let (_settings_tx, settings) = watch::channel(Settings::of(&cfg));
+        let vip: IpAddr = "20.0.0.1".parse().unwrap();
+        let (served_tx, served) = watch::channel(Servable([(vip, vec![("web".to_owned(), true)])].into_iter().collect()));
+        let counters = Arc::new(sluice_dataplane::counters::WorkerCounters::new(4, 4));
+        let shared = Arc::new(Shared::new("c.yaml".into(), Vec::new(), Arc::new(Pool), vec![WorkerEntry { lcore: 1, counters: Arc::clone(&counters), latency: None }], 1));
+        let cancel = CancellationToken::new();
+        {
+            let (sh, c) = (Arc::clone(&shared), cancel.clone());
+            tokio::spawn(async move {
+                while !c.is_cancelled() {
+                    counters.busy_polls.add(1);
+                    health::sample(&sh, Instant::now());
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            });
+        }
+        let (driver, _handle) = Driver::new(settings, served, Arc::clone(&shared));
+        shared.bird.set(driver.status()).unwrap();
+        let task = tokio::spawn(driver.run(cancel.clone()));
+        let status = || shared.bird().unwrap_or_default();
+        let metrics = crate::admin::metrics::registry(Arc::clone(&shared), Arc::default());
+        let metric = |name: &str| {
+            let text = crate::admin::metrics::render(&metrics);
+            // Unlabelled rows read `name{} value`.
+            text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix("{} ").map(str::to_owned))
+        };
+        let bird_unready = || health::unready(&shared, Instant::now()).into_iter().filter(|w| w.contains("BIRD")).collect::<Vec<_>>();
+
+        // First BIRD can read the file: the VIP is in its configuration.
+        eventually("BIRD runs the configuration", async || routes(&sock).await.contains("20.0.0.1/32") && status().configured > 0).await;
+        assert_eq!(status().refused, None);
+        assert_eq!(metric("sluice_bird_configuration_refused").as_deref(), Some("0"));
+
+        // Then it cannot, and the VIP is withdrawn: BIRD keeps announcing it.
+        std::fs::set_permissions(dir.join("private"), std::fs::Permissions::from_mode(0o700)).unwrap();
+        served_tx.send_replace(Servable([(vip, vec![("web".to_owned(), false)])].into_iter().collect()));
+        eventually("the refusal is in the status", async || status().refused.is_some()).await;
+        let st = status();
+        assert!(st.refused.as_deref().unwrap().contains("Permission denied"), "{:?}", st.refused);
+        assert!(routes(&sock).await.contains("20.0.0.1/32"), "BIRD still runs the configuration with the VIP");
+        assert!(
+            !st.vips[0].reason.starts_with("withdrawn"),
+            "the status must not say withdrawn while BIRD still has the VIP: {:?}",
+            st.vips[0]
+        );
+        assert_eq!(st.vips[0].reason, "not announced: in BIRD's configuration, but no BGP session is Established");
+        let why = bird_unready();
+        assert!(why.len() == 1 && why[0].starts_with("BIRD refused the configuration") && why[0].contains("Permission denied"), "{why:?}");
+        assert_eq!(metric("sluice_bird_configuration_refused").as_deref(), Some("1"));
+        assert!(metric("sluice_bird_configuration_failures_total").is_some_and(|n| n != "0"));
+
+        // BIRD can read it again: it withdraws, and every report clears.
+        std::fs::set_permissions(dir.join("private"), std::fs::Permissions::from_mode(0o755)).unwrap();
+        eventually("BIRD takes the configuration", async || !routes(&sock).await.contains("20.0.0.1/32") && status().refused.is_none()).await;
+        assert_eq!(status().vips[0].reason, "withdrawn: no ready endpoint in service web");
+        assert_eq!(bird_unready(), Vec::<String>::new());
+        assert_eq!(metric("sluice_bird_configuration_refused").as_deref(), Some("0"));
+
+        cancel.cancel();
+        task.await.unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Whether the test runs as root (BIRD can only drop to nobody then).
+    fn nix_root() -> bool {
+        std::fs::read_to_string("/proc/self/status").is_ok_and(|s| s.lines().any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0")))
     }
 
     fn served(v: &[(&str, &[(&str, bool)])]) -> Servable {

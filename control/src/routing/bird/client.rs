@@ -197,6 +197,17 @@ impl Client {
         }
     }
 
+    /// The host routes BIRD exports to `protocol` (`show route export`):
+    /// what its session announces. Empty while its channel is not up
+    /// (BIRD answers 9001 "No valid tables").
+    pub async fn exported(&mut self, protocol: &str) -> Result<Vec<IpAddr>, BirdError> {
+        match self.command(&format!("show route export {protocol}")).await {
+            Ok(r) => Ok(parse_routes(&r)),
+            Err(BirdError::Refused { code: 9001, ref message, .. }) if message.contains("No valid tables") => Ok(Vec::new()),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Asks BIRD to shut down (it closes its sessions first).
     pub async fn down(&mut self) -> Result<(), BirdError> {
         match self.command("down").await {
@@ -250,6 +261,16 @@ pub fn parse_protocols(r: &Reply) -> Vec<Protocol> {
             let (name, proto, _table, state, since) = (take()?, take()?, take()?, take()?, take()?);
             Some(Protocol { name, proto, state, since, info: rest.trim().to_owned() })
         })
+        .collect()
+}
+
+/// The addresses of the networks of a `show route` reply (`20.0.0.1/32
+/// blackhole [...]` gives 20.0.0.1).
+pub fn parse_routes(r: &Reply) -> Vec<IpAddr> {
+    r.lines
+        .iter()
+        .filter(|l| l.code == 1007)
+        .filter_map(|l| l.text.split_whitespace().next()?.split_once('/')?.0.parse().ok())
         .collect()
 }
 
@@ -348,6 +369,15 @@ mod tests {
         let r = reply("1007-Table master6:\n ::/0                 unicast [st6 18:46:05.817] * (200)\n \tvia fd00:9::2 on sl-front\n0000 ");
         assert_eq!(parse_next_hop(&r), Some(("fd00:9::2".parse().unwrap(), "sl-front".to_owned())));
         assert_eq!(parse_next_hop(&reply("1007-Table master4:\n 0.0.0.0/0  blackhole [s 18:00:00] * (200)\n0000 ")), None);
+    }
+
+    #[test]
+    fn exported_routes() {
+        // As BIRD 2.0.12 answered `show route export gw_a`.
+        let r = reply("1007-Table master4:\n     20.0.0.1/32          blackhole [sluice_vips4 23:15:55.628] * (200)\n     20.0.0.2/32          blackhole [sluice_vips4 23:15:55.628] * (200)\n0000 ");
+        assert_eq!(parse_routes(&r), ["20.0.0.1".parse::<IpAddr>().unwrap(), "20.0.0.2".parse().unwrap()]);
+        let r = reply("1007-Table master6:\n     fd00:20::1/128       blackhole [sluice_vips6 23:15:55.628] * (200)\n0000 ");
+        assert_eq!(parse_routes(&r), ["fd00:20::1".parse::<IpAddr>().unwrap()]);
     }
 
     #[test]

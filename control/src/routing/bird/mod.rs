@@ -25,6 +25,10 @@ use serde::Serialize;
 pub use announce::{decide, Driver, DriverHandle, Servable, VipState};
 pub use client::{BfdSession, Client, Protocol};
 
+/// The BIRD driver's status channel (`None` while no gateway router is
+/// configured); only the driver writes it.
+pub type StatusRx = tokio::sync::watch::Receiver<Option<BirdStatus>>;
+
 /// Errors of the BIRD driver.
 #[derive(Debug, thiserror::Error)]
 pub enum BirdError {
@@ -134,6 +138,11 @@ pub struct BirdStatus {
     pub configured: u64,
     /// Configurations refused or not applied.
     pub configure_failures: u64,
+    /// BIRD's words when it refused the configuration Sluice wants it to
+    /// run (it keeps running its previous one); `None` once it took one.
+    pub refused: Option<String>,
+    /// Commands BIRD refused while its state was read.
+    pub refused_commands: u64,
     /// When the last configuration was applied (seconds since the epoch).
     pub configured_at: Option<u64>,
     /// Every VIP has been withdrawn for shutdown.
@@ -142,7 +151,8 @@ pub struct BirdStatus {
     pub sessions: Vec<SessionStatus>,
     /// The BFD sessions.
     pub bfd: Vec<BfdSession>,
-    /// Each VIP, announced or not, and why.
+    /// Each VIP, announced or not, and why: announced means BIRD runs a
+    /// configuration with it and exports it on an Established session.
     pub vips: Vec<VipState>,
     /// Return-path gateways learned over BGP (default routes), used for the
     /// families the configuration names no gateway for.

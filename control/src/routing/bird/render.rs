@@ -81,9 +81,16 @@ pub fn render(router_id: Ipv4Addr, routers: &[RouterConfig], vips: &[IpAddr]) ->
         let _ = writeln!(o, "  interface \"{}\";", r.kernel_interface);
         let _ = writeln!(o, "  direct;");
         let _ = writeln!(o, "  hold time {};", b.hold_time.secs());
+        // After a failure BIRD waits `error wait time` (doubling from the
+        // first number to the second with each failure in a row) before it
+        // starts the protocol again, then `connect delay time` before it
+        // connects; a connection attempt that gets no answer is given up
+        // and tried again after `connect retry time`. The gateway is
+        // directly connected, so short timers cost nothing, and keep the
+        // session back within about 3 s of the router accepting again.
         let _ = writeln!(o, "  connect delay time 1;");
-        let _ = writeln!(o, "  connect retry time 5;");
-        let _ = writeln!(o, "  error wait time 1, 30;");
+        let _ = writeln!(o, "  connect retry time 2;");
+        let _ = writeln!(o, "  error wait time 1, 2;");
         let _ = writeln!(o, "  bfd {};", if b.bfd.switch { "on" } else { "off" });
         let _ = writeln!(o, "  {chan} {{");
         let _ = writeln!(o, "    import filter {{ if net = {default} then accept; reject; }};");
@@ -169,7 +176,7 @@ gatewayRouters:
 
     #[test]
     fn no_bfd_no_routers() {
-        let text = "gatewayRouters:\n  - {name: only, address: 10.0.0.2, interface: back, bgp: {localASN: 1, remoteASN: 2}}\n";
+        let text = "gatewayRouters:\n  - {name: only, address: 10.0.0.2, interface: back, bgp: {localASN: 1, remoteASN: 2, bfd: {switch: false}}}\n";
         let (id, rs) = routers(text);
         expect("no-bfd.conf", &render(id, &rs, &["20.0.0.1".parse().unwrap()]));
         expect("empty.conf", &render(id, &[], &["2001:db8::1".parse().unwrap()]));
