@@ -452,9 +452,7 @@ fn announce_withdraw_recover_and_drain_dual_stack() {
 #[test]
 #[ignore = "with the appliance in the loop the sessions come back after 5.3-8.8 s, not about 3 s: the rest of the delay is not yet found"]
 fn sessions_reconnect_within_seconds_after_each_flap() {
-    if !privileged() {
-        return;
-    }
+    privileged();
     let mut rig = Rig::new("b4", 1, true, false, Eps::Same);
     rig.start(0);
     if !wait_until(Duration::from_secs(60), || rig.peered(0)) {
@@ -491,10 +489,9 @@ fn sessions_reconnect_within_seconds_after_each_flap() {
 /// a hash, announces the VIP, and withdraws it when its service loses its
 /// endpoints; the status says what BIRD did each time.
 #[test]
+#[cfg_attr(sluice_unprivileged, ignore = "needs root: network namespaces and DPDK")]
 fn a_hundred_character_router_name_announces_and_withdraws() {
-    if !privileged() {
-        return;
-    }
+    privileged();
     let long = format!("dc-gateway-router-{}", "x".repeat(82));
     assert_eq!(long.len(), 100);
     let mut rig = Rig::new("b5", 1, false, false, Eps::Same);
