@@ -110,7 +110,7 @@ fn host_warnings(l: &sources::Loaded, limit: impl Fn(bool) -> Option<u64>) -> Ve
         ports: cfg
             .ports
             .iter()
-            .map(|p| TopoPort { name: p.name.clone(), mac: [0; 6], mtu: p.mtu, addresses: p.addresses.clone() })
+            .map(|p| TopoPort { name: p.name.clone(), mac: [0; 6], mtu: p.mtu, vlan: p.vlan, addresses: p.addresses.clone() })
             .collect(),
         gateways: cfg.gateways.clone(),
     };
