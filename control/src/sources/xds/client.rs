@@ -43,7 +43,8 @@
 //!
 //! Losing the server never changes what is served: nothing is sent to the
 //! reconciler until a new response is accepted. The client reconnects with
-//! capped exponential backoff and full jitter, and resubscribes with what
+//! exponential backoff and jitter ([`Backoff`]: soon after a short outage,
+//! at most every 30 s in a long one), and resubscribes with what
 //! it holds, so a server with the same state sends nothing new (or the
 //! same state, which is acknowledged without a rebuild).
 
@@ -90,8 +91,13 @@ const RESOURCE_TYPE: &str = "type.googleapis.com/envoy.service.discovery.v3.Reso
 /// not applied.
 pub const CLIENT_FEATURES: &[&str] = &["envoy.lb.does_not_support_overprovisioning"];
 
-/// First reconnection delay bound (full jitter: the delay is drawn below it).
-pub const BACKOFF_MIN: Duration = Duration::from_millis(500);
+/// Bound of the first reconnection delay of an outage.
+pub const BACKOFF_FIRST: Duration = Duration::from_millis(250);
+/// Largest reconnection delay early in an outage ([`BACKOFF_SHORT_FOR`]):
+/// a server that restarts is found again within about a second.
+pub const BACKOFF_SHORT_MAX: Duration = Duration::from_secs(1);
+/// How long an outage counts as short.
+pub const BACKOFF_SHORT_FOR: Duration = Duration::from_secs(30);
 /// Largest reconnection delay.
 pub const BACKOFF_MAX: Duration = Duration::from_secs(30);
 /// How long a connection attempt may take.
@@ -114,13 +120,41 @@ const MAX_ERROR_DETAIL: usize = 16 << 10;
 /// `google.rpc.Code.INVALID_ARGUMENT`.
 const INVALID_ARGUMENT: i32 = 3;
 
-/// The delay before reconnection attempt `attempt` (0 for the first after
-/// a failure): drawn uniformly below `min(BACKOFF_MAX, BACKOFF_MIN * 2^attempt)`.
-pub fn backoff(attempt: u32) -> Duration {
-    let cap = BACKOFF_MIN.saturating_mul(1u32 << attempt.min(16)).min(BACKOFF_MAX);
-    let r = std::collections::hash_map::RandomState::new().build_hasher().finish();
-    let nanos = u64::try_from(cap.as_nanos()).unwrap_or(u64::MAX);
-    Duration::from_nanos(if nanos == 0 { 0 } else { r % nanos })
+/// The reconnection delays of one outage: the bound starts at
+/// [`BACKOFF_FIRST`] and doubles with each failed attempt, up to
+/// [`BACKOFF_SHORT_MAX`] for the first [`BACKOFF_SHORT_FOR`] of the outage
+/// and [`BACKOFF_MAX`] after; each delay is drawn between half the bound
+/// and the bound (jitter, so that a fleet does not reconnect in step).
+#[derive(Clone, Debug, Default)]
+pub struct Backoff {
+    /// When the outage began (its first failure).
+    since: Option<Instant>,
+    /// The bound of the last delay.
+    bound: Option<Duration>,
+}
+
+impl Backoff {
+    /// The server answered: the outage is over.
+    pub fn reset(&mut self) {
+        *self = Backoff::default();
+    }
+
+    /// The delay before the next attempt after a failure at `now`, with
+    /// `random` any number (uniform) for the jitter.
+    pub fn next(&mut self, now: Instant, random: u64) -> Duration {
+        let since = *self.since.get_or_insert(now);
+        let cap = if now.saturating_duration_since(since) < BACKOFF_SHORT_FOR { BACKOFF_SHORT_MAX } else { BACKOFF_MAX };
+        let bound = self.bound.map_or(BACKOFF_FIRST, |b| b.saturating_mul(2)).min(cap);
+        self.bound = Some(bound);
+        let half = bound / 2;
+        let span = u64::try_from((bound - half).as_nanos()).unwrap_or(u64::MAX).max(1);
+        half + Duration::from_nanos(random % span)
+    }
+}
+
+/// A random number (for jitter).
+fn random() -> u64 {
+    std::collections::hash_map::RandomState::new().build_hasher().finish()
 }
 
 /// An error and its causes, on one line.
@@ -1213,7 +1247,7 @@ pub async fn run(
         to_live: hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000, 3).ok(),
         sotw_clas: HashMap::new(),
     };
-    let mut attempt = 0u32;
+    let mut backoff = Backoff::default();
     let mut first = true;
     loop {
         let end = tokio::select! {
@@ -1224,10 +1258,9 @@ pub async fn run(
             End::Stopped => break,
             End::Failed { error, answered } => {
                 if answered {
-                    attempt = 0;
+                    backoff.reset();
                 }
-                let delay = backoff(attempt);
-                attempt = attempt.saturating_add(1);
+                let delay = backoff.next(Instant::now(), random());
                 warn!(server = %c.cfg.server, %error, retry_in_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX), "xDS server unreachable; serving the last good state");
                 {
                     let mut st = lock(&status);
@@ -1267,6 +1300,52 @@ mod tests {
             delivery: None,
         };
         HeldCluster { l4: l4.then(|| Arc::new(c)), eds: Some(eds.into()) }
+    }
+
+    /// An outage of five minutes, each attempt refused at once: the first
+    /// retry within 250 ms, the bound doubling, every delay at most 1 s for
+    /// the first 30 s and at most 30 s after (reached by doubling, not at a
+    /// jump); the server answering starts the next outage afresh. The clock
+    /// is the test's.
+    #[test]
+    fn reconnection_delays_through_an_outage() {
+        let mut rng = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut random = move || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        let t0 = Instant::now();
+        for outage in 0..2 {
+            let mut b = Backoff::default();
+            let start = t0 + Duration::from_secs(1000 * outage);
+            let mut t = start;
+            let mut delays: Vec<(Duration, Duration)> = Vec::new();
+            while t - start < Duration::from_secs(300) {
+                let d = b.next(t, random());
+                delays.push((t - start, d));
+                t += d + Duration::from_millis(1);
+            }
+            assert!(delays[0].1 <= Duration::from_millis(250), "first retry: {:?}", delays[0]);
+            assert!(delays[1].1 <= Duration::from_millis(500) && delays[2].1 <= Duration::from_secs(1), "{delays:?}");
+            for w in delays.windows(2) {
+                let ((_, a), (at, d)) = (w[0], w[1]);
+                assert!(d <= a * 4, "doubling (with jitter): {a:?} then {d:?}");
+                if at < BACKOFF_SHORT_FOR {
+                    assert!(d <= Duration::from_secs(1), "{d:?} at {at:?}");
+                } else {
+                    assert!(d <= BACKOFF_MAX, "{d:?} at {at:?}");
+                }
+            }
+            assert!(delays.iter().filter(|(at, _)| *at < BACKOFF_SHORT_FOR).count() >= 30, "about a second apart at most: {delays:?}");
+            assert!(delays.iter().any(|(_, d)| *d >= Duration::from_secs(15)), "the long cap is reached: {delays:?}");
+            // The jitter spreads the delays.
+            let early: BTreeSet<Duration> = delays.iter().filter(|(at, _)| *at < BACKOFF_SHORT_FOR).map(|(_, d)| *d).collect();
+            assert!(early.len() > 10, "{early:?}");
+            b.reset();
+            assert!(b.next(t, random()) <= Duration::from_millis(250), "after the server answered");
+        }
     }
 
     /// SotW repeats every assignment in every response: one that comes
