@@ -303,7 +303,7 @@ async fn sotw_bad_inputs_are_nacked_and_the_last_good_state_is_kept() {
         ("port out of range", with(l4("x", "20.0.0.2", 70000, "TCP"), cla("x", &["10.0.0.20"])), "io.cilium.l4lb.port: 70000 is out of range 1..=65535"),
         ("unknown protocol", with(l4("x", "20.0.0.2", 80, "QUIC"), cla("x", &["10.0.0.20"])), "unknown protocol \"QUIC\""),
         ("table size not a prime", with(maglev_bad, cla("m", &["10.0.0.20"])), "Maglev table size 65536 is not a prime (the next prime is 65537)"),
-        ("shared VIP:port:protocol", with(l4("x", "20.0.0.1", 80, "tcp"), cla("x", &["10.0.0.20"])), "20.0.0.1:80/TCP is already claimed by cluster \"web\""),
+        ("shared VIP:port:protocol", with(l4("xdup", "20.0.0.1", 80, "tcp"), cla("xdup", &["10.0.0.20"])), "20.0.0.1:80/TCP is already claimed by cluster \"web\""),
         ("more endpoints than the limit", with(l4("x", "20.0.0.2", 80, "TCP"), cla("x", &many)), "33 endpoints are more than the service's endpoint limit of 32"),
         // Refused by the reconciler, not the mapping.
         ("a name another source owns", with(l4("taken", "20.0.0.3", 80, "TCP"), cla("taken", &["10.0.0.20"])), "service \"taken\" is already defined at"),
@@ -459,17 +459,17 @@ async fn delta_add_change_remove_and_nack() {
     // A cluster update refused only once mapped: "late"'s assignment is
     // subscribed to ahead of the mapping, then taken back with the NACK,
     // and its assignment, sent meanwhile, is ignored.
-    let mut clash = base_clusters();
-    clash.push(l4("late", "20.0.0.9", 9, "TCP"));
-    clash.push(json!({
-        "name": "clash", "type": "STATIC", "load_assignment": cla("clash", &["10.0.0.99"]),
-        "metadata": {"filter_metadata": {"io.cilium.l4lb": {"vip": "20.0.0.1", "port": 80, "protocol": "TCP"}}}
+    let mut unmappable = base_clusters();
+    unmappable.push(l4("late", "20.0.0.9", 9, "TCP"));
+    unmappable.push(json!({
+        "name": "inline", "type": "STATIC", "load_assignment": cla("inline", &["10.0.0.99", "10.0.0.99"]),
+        "metadata": {"filter_metadata": {"io.cilium.l4lb": {"vip": "20.0.0.8", "port": 80, "protocol": "TCP"}}}
     }));
     let mut late_clas = clas.clone();
     late_clas.push(cla("late", &["10.0.0.90"]));
-    server.set_snapshot(DEFAULT_NODE, snap("3b", &clash, &late_clas));
-    wait("the NACK of the clash", || a.status().nacks == 2 && server.nacks().len() == 2, dump).await;
-    assert!(server.nacks()[1].1.contains("20.0.0.1:80/TCP is already claimed by cluster"), "{}", server.nacks()[1].1);
+    server.set_snapshot(DEFAULT_NODE, snap("3b", &unmappable, &late_clas));
+    wait("the NACK of the unmappable cluster", || a.status().nacks == 2 && server.nacks().len() == 2, dump).await;
+    assert!(server.nacks()[1].1.contains("one endpoint per address"), "{}", server.nacks()[1].1);
     wait("late unsubscribed", || server.requests().iter().any(|r| r.unsubscribe == ["late"]), dump).await;
     let reqs = server.requests();
     let ahead = reqs.iter().position(|r| r.type_url == CLA_TYPE && r.names == ["late"]).expect("late subscribed to ahead");
@@ -732,5 +732,185 @@ async fn a_cluster_whose_assignment_never_comes_is_served_empty_after_the_warmin
     wait("ghost's endpoints", || addrs(&sotw.served(), "ghost") == ["10.0.0.66"] && addrs(&delta.served(), "ghost") == ["10.0.0.66"], dump).await;
     sotw.stop().await;
     delta.stop().await;
+    running.stop().await;
+}
+
+/// The requests of stream kind `delta` that NACK a response of type `t`.
+fn nacks_of(server: &XdsServer, delta: bool, t: &str) -> Vec<sluice_tests::xds_server::Logged> {
+    server.requests().into_iter().filter(|r| r.delta == delta && r.type_url == t && matches!(r.kind, RequestKind::Nack(_))).collect()
+}
+
+/// A cluster on `vip`:80/TCP with the assignment of its own name.
+fn on(name: &str, vip: &str) -> Value {
+    l4(name, vip, 80, "TCP")
+}
+
+/// A server that sends a cluster on a VIP, port and protocol another one
+/// claims, then the fix (the extra cluster removed, another service's
+/// endpoints changed), to a SotW and a delta appliance, pushing the
+/// assignments before the clusters or after, and answering a SotW NACK
+/// with the refused version again at once (go-control-plane v0.11): both
+/// appliances end with the new endpoints and the same services.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conflict_then_its_fix_converge_in_both_modes_whatever_the_push_order() {
+    for order in [[CLA_TYPE, CLUSTER_TYPE], [CLUSTER_TYPE, CLA_TYPE]] {
+        let server = XdsServer::new();
+        server.set_resend_nacked(true);
+        server.set_push_order(&order);
+        let good_clusters = vec![on("web", "20.0.0.1"), on("api", "20.0.0.2")];
+        server.set_snapshot(DEFAULT_NODE, snap("1", &good_clusters, &[cla("web", &["10.0.0.10"]), cla("api", &["10.0.0.20"])]));
+        let running = serve(&server).await;
+        let s = Appliance::start("fix-sotw", xds_cfg(running.addr, Mode::Sotw, "lb-s"), "").await;
+        let d = Appliance::start("fix-delta", xds_cfg(running.addr, Mode::Delta, "lb-d"), "").await;
+        let dump = || format!("order {order:?}\nsotw {:?} {:#?}\ndelta {:?} {:#?}\nsent {:#?}", s.served(), s.status(), d.served(), d.status(), server.sent());
+        wait("the initial sync", || addrs(&s.served(), "api") == ["10.0.0.20"] && addrs(&d.served(), "api") == ["10.0.0.20"], dump).await;
+
+        // A second cluster on web's VIP, port and protocol: refused by both.
+        let mut clash = good_clusters.clone();
+        clash.push(on("web-two", "20.0.0.1"));
+        server.set_snapshot(DEFAULT_NODE, snap("2", &clash, &[cla("web", &["10.0.0.10"]), cla("api", &["10.0.0.20"]), cla("web-two", &["10.0.0.99"])]));
+        wait("both NACK", || !nacks_of(&server, false, CLUSTER_TYPE).is_empty() && !nacks_of(&server, true, CLUSTER_TYPE).is_empty(), dump).await;
+        for r in nacks_of(&server, false, CLUSTER_TYPE).into_iter().chain(nacks_of(&server, true, CLUSTER_TYPE)) {
+            let RequestKind::Nack(m) = &r.kind else { unreachable!() };
+            assert!(m.contains("Cluster \"web-two\": 20.0.0.1:80/TCP is already claimed by cluster \"web\""), "the NACK names both: {m}");
+        }
+        wait("web-two refused by both", || s.status().refused == ["web-two"] && d.status().refused == ["web-two"], dump).await;
+
+        // The fix: web-two goes, api's endpoints change.
+        server.set_snapshot(DEFAULT_NODE, snap("3", &good_clusters, &[cla("web", &["10.0.0.10"]), cla("api", &["10.0.0.21", "10.0.0.22"])]));
+        let fixed = |a: &Appliance| addrs(&a.served(), "api") == ["10.0.0.21", "10.0.0.22"] && a.status().refused.is_empty();
+        wait("the SotW appliance serves the fix", || fixed(&s), dump).await;
+        wait("the delta appliance serves the fix", || fixed(&d), dump).await;
+        assert_eq!(s.served(), d.served(), "{}", dump());
+        assert_eq!(addrs(&d.served(), "web"), ["10.0.0.10"]);
+        s.stop().await;
+        d.stop().await;
+        running.stop().await;
+    }
+}
+
+/// Of clusters claiming one VIP, port and protocol, the first by name is
+/// served, whichever came first and in either mode, by appliances started
+/// before or while the conflict stands; meanwhile the endpoints of other
+/// services still change (a SotW appliance subscribes to the refused
+/// cluster's assignment too, as go-control-plane's ADS cache answers only
+/// a request that names every assignment).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn of_clusters_on_one_vip_the_first_by_name_is_served_and_nothing_else_is_blocked() {
+    let server = XdsServer::new();
+    server.set_resend_nacked(true);
+    let base = vec![on("web", "20.0.0.1"), on("api", "20.0.0.2")];
+    let clas = |api: &[&str], aaa: bool| {
+        let mut v = vec![cla("web", &["10.0.0.10"]), cla("api", api)];
+        if aaa {
+            v.push(cla("aaa", &["10.0.0.30"]));
+        }
+        v
+    };
+    server.set_snapshot(DEFAULT_NODE, snap("1", &base, &clas(&["10.0.0.20"], false)));
+    let running = serve(&server).await;
+    let s = Appliance::start("first-sotw", xds_cfg(running.addr, Mode::Sotw, "lb-s"), "").await;
+    let d = Appliance::start("first-delta", xds_cfg(running.addr, Mode::Delta, "lb-d"), "").await;
+    let dump = || format!("sotw {:?} {:#?}\ndelta {:?} {:#?}", s.served(), s.status(), d.served(), d.status());
+    wait("the initial sync", || addrs(&s.served(), "web") == ["10.0.0.10"] && addrs(&d.served(), "web") == ["10.0.0.10"], dump).await;
+
+    // "aaa" comes later on web's VIP: it is served, web is refused.
+    let mut clash = base.clone();
+    clash.push(on("aaa", "20.0.0.1"));
+    server.set_snapshot(DEFAULT_NODE, snap("2", &clash, &clas(&["10.0.0.20"], true)));
+    let aaa_first = |a: &Appliance| addrs(&a.served(), "aaa") == ["10.0.0.30"] && !a.served().contains_key("web") && a.status().refused == ["web"];
+    wait("aaa served by the SotW appliance", || aaa_first(&s), dump).await;
+    wait("aaa served by the delta appliance", || aaa_first(&d), dump).await;
+    for delta in [false, true] {
+        let n = nacks_of(&server, delta, CLUSTER_TYPE);
+        let RequestKind::Nack(m) = &n.last().expect("a NACK").kind else { unreachable!() };
+        assert!(m.contains("Cluster \"web\": 20.0.0.1:80/TCP is already claimed by cluster \"aaa\""), "{m}");
+    }
+    assert!(s.status().warming.is_empty() && d.status().warming.is_empty(), "{}", dump());
+
+    // Another service's endpoints change while the conflict stands.
+    server.set_snapshot(DEFAULT_NODE, snap("3", &clash, &clas(&["10.0.0.23"], true)));
+    wait("api changes on the SotW appliance", || addrs(&s.served(), "api") == ["10.0.0.23"], dump).await;
+    wait("api changes on the delta appliance", || addrs(&d.served(), "api") == ["10.0.0.23"], dump).await;
+
+    // Appliances started now agree with those that saw it happen.
+    let s2 = Appliance::start("first-sotw-late", xds_cfg(running.addr, Mode::Sotw, "lb-s2"), "").await;
+    let d2 = Appliance::start("first-delta-late", xds_cfg(running.addr, Mode::Delta, "lb-d2"), "").await;
+    wait("the late SotW appliance", || s2.served() == s.served() && s2.status().refused == ["web"], dump).await;
+    wait("the late delta appliance", || d2.served() == d.served() && d2.status().refused == ["web"], dump).await;
+    assert_eq!(s.served(), d.served());
+
+    // aaa goes: web is served again.
+    server.set_snapshot(DEFAULT_NODE, snap("4", &base, &clas(&["10.0.0.23"], false)));
+    for a in [&s, &d, &s2, &d2] {
+        wait("web again", || addrs(&a.served(), "web") == ["10.0.0.10"] && !a.served().contains_key("aaa") && a.status().refused.is_empty(), dump).await;
+    }
+    for a in [s, d, s2, d2] {
+        a.stop().await;
+    }
+    running.stop().await;
+}
+
+/// A server that sends a refused SotW version again at once is answered
+/// at most once a second for that version, and the repeats are counted;
+/// the appliance still takes a new version at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_version_sent_again_at_once_is_nacked_at_most_once_a_second() {
+    let server = XdsServer::new();
+    server.set_resend_nacked(true);
+    server.set_snapshot(DEFAULT_NODE, snap("good", &base_clusters(), &base_clas()));
+    let running = serve(&server).await;
+    let a = Appliance::start("nack-pace", xds_cfg(running.addr, Mode::Sotw, "lb-1"), "").await;
+    let dump = || format!("served {:?}\nstatus {:#?}", a.served(), a.status());
+    wait("the initial sync", || a.recorded("good"), dump).await;
+    let mut bad = base_clusters();
+    bad[0] = l4("web", "20.0.0.1/8", 80, "TCP");
+    server.set_snapshot(DEFAULT_NODE, snap("bad", &bad, &base_clas()));
+    wait("four NACKs of the bad version", || nacks_of(&server, false, CLUSTER_TYPE).len() >= 4, dump).await;
+    let nacks = nacks_of(&server, false, CLUSTER_TYPE);
+    let sent_bad = server.sent().iter().filter(|s| s.type_url == CLUSTER_TYPE && s.version == "bad").count();
+    assert!(sent_bad >= 4, "the server sent the refused version again: {sent_bad}");
+    for w in nacks.windows(2) {
+        let gap = w[1].at - w[0].at;
+        assert!(gap >= Duration::from_millis(950), "NACKs {gap:?} apart");
+    }
+    let st = a.status();
+    assert!(st.types[CLUSTER_TYPE].repeated_nacks >= 3, "{st:#?}");
+    assert_eq!(st.types[CLUSTER_TYPE].nacks, st.types[CLUSTER_TYPE].repeated_nacks + 1, "{st:#?}");
+    // A fixed version is taken without waiting for the pace.
+    let mut fixed = base_clusters();
+    fixed.push(l4("new", "20.0.0.5", 80, "TCP"));
+    let mut clas = base_clas();
+    clas.push(cla("new", &["10.0.0.50"]));
+    server.set_snapshot(DEFAULT_NODE, snap("fixed", &fixed, &clas));
+    wait("the fixed version", || addrs(&a.served(), "new") == ["10.0.0.50"] && a.recorded("fixed"), dump).await;
+    a.stop().await;
+    running.stop().await;
+}
+
+/// Delta: an assignment refused for its cluster (its endpoints use a port
+/// the cluster does not) is not sent again by the server; it is accepted
+/// once the cluster changes to that port.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delta_an_assignment_refused_for_its_cluster_is_taken_once_the_cluster_is_fixed() {
+    let server = XdsServer::new();
+    let with_port = |addr: &str, port: u64| {
+        json!({"cluster_name": "web", "endpoints": [{"lb_endpoints": [{"endpoint": {"address": {"socket_address": {"address": addr, "port_value": port}}}}]}]})
+    };
+    server.set_snapshot(DEFAULT_NODE, snap("1", &[l4("web", "20.0.0.1", 80, "TCP")], &[with_port("10.0.0.10", 0)]));
+    let running = serve(&server).await;
+    let a = Appliance::start("delta-look-again", xds_cfg(running.addr, Mode::Delta, "lb-1"), "").await;
+    let dump = || format!("served {:?}\nstatus {:#?}\nsent {:#?}", a.served(), a.status(), server.sent());
+    wait("the initial sync", || addrs(&a.served(), "web") == ["10.0.0.10"], dump).await;
+    server.set_snapshot(DEFAULT_NODE, snap("2", &[l4("web", "20.0.0.1", 80, "TCP")], &[with_port("10.0.0.11", 8080)]));
+    wait("the NACK", || nacks_of(&server, true, CLA_TYPE).len() == 1, dump).await;
+    assert_eq!(addrs(&a.served(), "web"), ["10.0.0.10"]);
+    // The cluster moves to port 8080; the assignment is not sent again.
+    let sent_before = server.sent().len();
+    server.set_snapshot(DEFAULT_NODE, snap("3", &[l4("web", "20.0.0.1", 8080, "TCP")], &[with_port("10.0.0.11", 8080)]));
+    wait("the new endpoints", || addrs(&a.served(), "web") == ["10.0.0.11"], dump).await;
+    assert!(server.sent()[sent_before..].iter().all(|s| s.type_url == CLUSTER_TYPE), "{}", dump());
+    assert_eq!(a.served()["web"].len(), 1);
+    a.stop().await;
     running.stop().await;
 }

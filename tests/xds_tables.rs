@@ -245,3 +245,100 @@ fn two_appliances_pick_the_same_endpoint_for_every_slot_whatever_the_order() {
     assert_eq!((ca, cb), (Some(0), Some(0)), "{erra}\n{errb}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The addresses of service `svc`'s endpoints as appliance `port` serves them, sorted.
+fn served_addresses(port: u16, svc: &str) -> Vec<String> {
+    let v = json_at(port, &format!("/status?service={svc}&endpoints=all"));
+    let mut out: Vec<String> = v["endpoints"].as_array().into_iter().flatten().filter_map(|e| e["address"].as_str().map(str::to_owned)).collect();
+    out.sort();
+    out
+}
+
+/// A server (go-control-plane v0.11's SotW NACK behaviour: the refused
+/// version sent again at once) serves one state to a SotW and a delta
+/// appliance: a cluster on another's VIP, port and protocol (refused by
+/// both), then the fix, which removes it and changes another service's
+/// endpoints. With the assignments pushed before the clusters and after,
+/// both appliances end with the same tables, serving the new endpoints.
+#[test]
+fn a_sotw_and_a_delta_appliance_agree_after_a_conflict_and_its_fix_in_either_push_order() {
+    if !privileged() {
+        return;
+    }
+    for (round, order) in ["assignments-first", "clusters-first"].into_iter().enumerate() {
+        let dir = tempdir(&format!("xds-fix-{}-{round}", std::process::id()));
+        let resources = dir.join("resources.json");
+        let write = |version: usize, clusters: &[Value], assignments: &[Value]| {
+            let doc = json!({"version": format!("{version}"), "clusters": clusters, "assignments": assignments});
+            let tmp = resources.with_extension("tmp");
+            std::fs::write(&tmp, doc.to_string()).unwrap();
+            std::fs::rename(&tmp, &resources).unwrap();
+        };
+        let good = vec![cluster("alpha", "20.0.0.1", "MAGLEV"), cluster("beta", "2001:db8:20::1", "MAGLEV")];
+        let (alpha, beta_old) = (v4(40), v6(17));
+        let beta_new: Vec<(String, u32)> = v6(24)[5..].to_vec();
+        write(1, &good, &[cla("alpha", &alpha), cla("beta", &beta_old)]);
+        let xds = free_port();
+        let _server = Proc::spawn(&[
+            tool_bin("sluice-xds-server").to_str().unwrap(),
+            "--listen",
+            &format!("127.0.0.1:{xds}"),
+            "--file",
+            resources.to_str().unwrap(),
+            "--push-order",
+            order,
+            "--resend-nacked",
+        ]);
+        let (pa, pb) = (free_port(), free_port());
+        let bin = sluice_bin();
+        let mut a = Proc::spawn(&[bin.to_str().unwrap(), "run", "--config", config(&dir, &format!("fa{round}"), pa, xds, "sotw").to_str().unwrap()]);
+        let mut b = Proc::spawn(&[bin.to_str().unwrap(), "run", "--config", config(&dir, &format!("fb{round}"), pb, xds, "delta").to_str().unwrap()]);
+        let mut fail = |what: String| -> ! {
+            let (ca, oa, ea) = a.stop("INT", Duration::from_secs(10));
+            let (cb, ob, eb) = b.stop("INT", Duration::from_secs(10));
+            panic!("{order}: {what}\na (exit {ca:?}):\n{oa}\n{ea}\nb (exit {cb:?}):\n{ob}\n{eb}");
+        };
+        let xds_of = |port: u16| json_at(port, "/status")["xds"].clone();
+        let both = |cond: &dyn Fn(&Value) -> bool| wait_until(Duration::from_secs(30), || cond(&xds_of(pa)) && cond(&xds_of(pb)));
+        if !both(&|x| x["services"] == 2 && x["endpoints"] == 57) {
+            fail(format!("the good state: {} / {}", xds_of(pa), xds_of(pb)));
+        }
+
+        // A second cluster on alpha's VIP, port and protocol.
+        let mut clash = good.clone();
+        clash.push(cluster("alpha-two", "20.0.0.1", "MAGLEV"));
+        write(2, &clash, &[cla("alpha", &alpha), cla("beta", &beta_old), cla("alpha-two", &v4(3))]);
+        if !both(&|x| x["refused"] == json!(["alpha-two"]) && x["nacks"].as_u64() > Some(0) && x["services"] == 2) {
+            fail(format!("the conflict: {} / {}", xds_of(pa), xds_of(pb)));
+        }
+        for x in [xds_of(pa), xds_of(pb)] {
+            let why = x["last_nack"]["error"].as_str().unwrap_or_default().to_owned();
+            assert!(why.contains("Cluster \"alpha-two\": 20.0.0.1:80/TCP is already claimed by cluster \"alpha\""), "{order}: {x}");
+        }
+
+        // The fix: alpha-two goes, beta's endpoints change.
+        write(3, &good, &[cla("alpha", &alpha), cla("beta", &beta_new)]);
+        let mut want: Vec<String> = beta_new.iter().map(|(a, _)| a.clone()).collect();
+        want.sort();
+        let ok = wait_until(Duration::from_secs(30), || {
+            served_addresses(pa, "beta") == want && served_addresses(pb, "beta") == want && [pa, pb].iter().all(|p| xds_of(*p)["refused"] == json!([]))
+        });
+        if !ok {
+            fail(format!(
+                "the fix: beta on a {:?}, on b {:?}, want {want:?}\n{} / {}",
+                served_addresses(pa, "beta"),
+                served_addresses(pb, "beta"),
+                xds_of(pa),
+                xds_of(pb)
+            ));
+        }
+        let (ta, tb) = (tables(pa), tables(pb));
+        assert_eq!(ta.as_array().map(Vec::len), Some(2), "{order}: {ta}");
+        assert_eq!(ta, tb, "{order}: both appliances have the same tables");
+
+        let (ca, _, erra) = a.stop("INT", Duration::from_secs(20));
+        let (cb, _, errb) = b.stop("INT", Duration::from_secs(20));
+        assert_eq!((ca, cb), (Some(0), Some(0)), "{order}: {erra}\n{errb}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

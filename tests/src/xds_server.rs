@@ -6,7 +6,12 @@
 //! response is not followed by another of its type until the client
 //! acknowledges it (a request carrying its nonce); requests with a stale
 //! nonce are ignored; a NACK is recorded and the refused version is not
-//! sent again (only a new snapshot is). Both aggregated variants are
+//! sent again (only a new snapshot is), unless [`XdsServer::set_resend_nacked`]
+//! asks for go-control-plane v0.11's state-of-the-world behaviour: a NACK
+//! carries the version the client last accepted, which is not the
+//! snapshot's, so the refused version is sent again at once. (A delta
+//! resource the client refused is not sent again in either case: the
+//! server records what it sent as held.) Both aggregated variants are
 //! served: state of the world and incremental (delta), with per-resource
 //! versions that are hashes of the resource as written, removals, and
 //! `initial_resource_versions` honoured.
@@ -351,6 +356,8 @@ pub struct Logged {
     pub stale: bool,
     /// The node's client features.
     pub client_features: Vec<String>,
+    /// When it came.
+    pub at: std::time::Instant,
 }
 
 /// One response sent.
@@ -382,6 +389,8 @@ struct Shared {
     streams: u64,
     /// Types in the order a snapshot change is pushed (delta and SotW).
     order: Vec<&'static str>,
+    /// SotW: a NACKed version is sent again at once (go-control-plane).
+    resend_nacked: bool,
 }
 
 /// The management server: a snapshot cache that outlives the listeners
@@ -477,6 +486,18 @@ impl XdsServer {
     /// clusters, then assignments).
     pub fn set_push_order(&self, order: &[&'static str]) {
         self.lock().order = order.to_vec();
+    }
+
+    /// State of the world: answer a NACK as go-control-plane v0.11 does,
+    /// with the refused version again at once (the NACK names the version
+    /// the client last accepted, not the snapshot's); by default the
+    /// refused version is not sent again until the snapshot changes.
+    pub fn set_resend_nacked(&self, on: bool) {
+        self.lock().resend_nacked = on;
+    }
+
+    fn resend_nacked(&self) -> bool {
+        self.lock().resend_nacked
     }
 
     /// Every request received so far.
@@ -632,11 +653,12 @@ impl SotwStream {
             kind: kind.clone(),
             stale,
             client_features: features,
+            at: std::time::Instant::now(),
         });
         if stale {
             return;
         }
-        if !st.requested {
+        if !st.requested || (matches!(kind, RequestKind::Nack(_)) && self.server.resend_nacked()) {
             // The client holds what it says it holds.
             st.client_version = r.version_info.clone();
         }
@@ -770,6 +792,7 @@ impl DeltaStream {
             kind,
             stale: false,
             client_features: features,
+            at: std::time::Instant::now(),
         });
         if !st.requested {
             st.requested = true;

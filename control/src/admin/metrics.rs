@@ -236,6 +236,7 @@ impl Collector for SluiceCollector {
             family(&mut e, "sluice_xds_connected", "1 while the ADS stream to the xDS management server is open.", Kind::Gauge, one(f(u64::from(x.state == ConnectionState::Connected))))?;
             family(&mut e, "sluice_xds_reconnects", "ADS streams opened after the first.", Kind::Counter, one(f(x.reconnects)))?;
             family(&mut e, "sluice_xds_nacks", "xDS responses refused (NACK), by type.", Kind::Counter, x.types.iter().map(|(t, v)| (vec![("type_url", s(t.clone()))], f(v.nacks))))?;
+            family(&mut e, "sluice_xds_nacks_repeated", "xDS responses refused for the same reason as the one before (logged once per interval), by type.", Kind::Counter, x.types.iter().map(|(t, v)| (vec![("type_url", s(t.clone()))], f(v.repeated_nacks))))?;
             family(&mut e, "sluice_xds_acks", "xDS responses accepted (ACK), by type.", Kind::Counter, x.types.iter().map(|(t, v)| (vec![("type_url", s(t.clone()))], f(v.acks))))?;
             family(
                 &mut e,

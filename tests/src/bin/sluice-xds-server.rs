@@ -6,8 +6,13 @@
 //!
 //! ```text
 //! sluice-xds-server --listen 127.0.0.1:18000 --file resources.yaml \
-//!     [--tls-cert server.crt --tls-key server.key [--client-ca ca.crt]]
+//!     [--tls-cert server.crt --tls-key server.key [--client-ca ca.crt]] \
+//!     [--push-order clusters-first|assignments-first] [--resend-nacked]
 //! ```
+//!
+//! `--push-order` is the order in which the types go out after a change
+//! (clusters first by default); `--resend-nacked` answers a state-of-the-world
+//! NACK with the refused version again at once, as go-control-plane v0.11 does.
 //!
 //! The file: `{version, clusters: [...], assignments: [...], nodes: {<node
 //! id>: {version, clusters, assignments}}}`, resources in Envoy's JSON
@@ -24,9 +29,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use sluice_tests::xds_server::{document, ServerTls, Snapshot, XdsServer};
+use sluice_tests::xds_server::{document, ServerTls, Snapshot, XdsServer, CLA_TYPE, CLUSTER_TYPE};
 
-const USAGE: &str = "usage: sluice-xds-server --listen ADDR:PORT --file RESOURCES.yaml [--tls-cert CRT --tls-key KEY [--client-ca CA]]";
+const USAGE: &str = "usage: sluice-xds-server --listen ADDR:PORT --file RESOURCES.yaml [--tls-cert CRT --tls-key KEY [--client-ca CA]] [--push-order clusters-first|assignments-first] [--resend-nacked]";
 
 struct Args {
     listen: SocketAddr,
@@ -34,11 +39,14 @@ struct Args {
     cert: Option<PathBuf>,
     key: Option<PathBuf>,
     client_ca: Option<PathBuf>,
+    assignments_first: bool,
+    resend_nacked: bool,
 }
 
 fn args() -> Result<Args, String> {
     let mut it = std::env::args().skip(1);
     let (mut listen, mut file, mut cert, mut key, mut client_ca) = (None, None, None, None, None);
+    let (mut assignments_first, mut resend_nacked) = (false, false);
     while let Some(a) = it.next() {
         let mut val = || it.next().ok_or_else(|| format!("{a} needs a value"));
         match a.as_str() {
@@ -47,6 +55,14 @@ fn args() -> Result<Args, String> {
             "--tls-cert" => cert = Some(PathBuf::from(val()?)),
             "--tls-key" => key = Some(PathBuf::from(val()?)),
             "--client-ca" => client_ca = Some(PathBuf::from(val()?)),
+            "--push-order" => {
+                assignments_first = match val()?.as_str() {
+                    "clusters-first" => false,
+                    "assignments-first" => true,
+                    other => return Err(format!("--push-order: {other:?} is not clusters-first or assignments-first")),
+                }
+            }
+            "--resend-nacked" => resend_nacked = true,
             "-h" | "--help" => return Err(USAGE.into()),
             other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
         }
@@ -57,6 +73,8 @@ fn args() -> Result<Args, String> {
         cert,
         key,
         client_ca,
+        assignments_first,
+        resend_nacked,
     })
 }
 
@@ -95,6 +113,10 @@ async fn main() -> ExitCode {
         }
     };
     let server = XdsServer::new();
+    if a.assignments_first {
+        server.set_push_order(&[CLA_TYPE, CLUSTER_TYPE]);
+    }
+    server.set_resend_nacked(a.resend_nacked);
     let mut last = match load(&a.file) {
         Ok((doc, snaps)) => {
             server.set_all(snaps);

@@ -15,6 +15,21 @@
 //! reconciler keeps serving it). A state identical to the one served is
 //! not sent again (nothing is rebuilt), only acknowledged.
 //!
+//! Clusters that claim one VIP, port and protocol are held all the same
+//! (their assignments subscribed to): the first by name is served, the
+//! others are refused ([`mapping::update`]), and the Cluster response that
+//! holds them is NACKed with a reason naming both while the rest of it is
+//! served. So the outcome does not depend on the order things came in, and
+//! appliances that hold the same clusters serve the same ones.
+//!
+//! NACKs of one version of a type are paced ([`NACK_INTERVAL`]): a server
+//! that sends a refused version again at once (go-control-plane does in
+//! state of the world) is not answered as fast as both can go; a reason
+//! that repeats is logged once per [`NACK_LOG_INTERVAL`] and counted. ACKs
+//! are never held. In delta, resources of a refused response are looked at
+//! again after each later response (the server does not send them again),
+//! so one refused for what else was held is taken once that is fixed.
+//!
 //! Conventions followed (xDS protocol; go-control-plane and
 //! java-control-plane behave so):
 //! - SotW: the first request of a type on a stream carries the last
@@ -43,7 +58,8 @@
 //!
 //! Losing the server never changes what is served: nothing is sent to the
 //! reconciler until a new response is accepted. The client reconnects with
-//! capped exponential backoff and full jitter, and resubscribes with what
+//! exponential backoff and jitter ([`Backoff`]: soon after a short outage,
+//! at most every 30 s in a long one), and resubscribes with what
 //! it holds, so a server with the same state sends nothing new (or the
 //! same state, which is acknowledged without a rebuild).
 
@@ -90,8 +106,13 @@ const RESOURCE_TYPE: &str = "type.googleapis.com/envoy.service.discovery.v3.Reso
 /// not applied.
 pub const CLIENT_FEATURES: &[&str] = &["envoy.lb.does_not_support_overprovisioning"];
 
-/// First reconnection delay bound (full jitter: the delay is drawn below it).
-pub const BACKOFF_MIN: Duration = Duration::from_millis(500);
+/// Bound of the first reconnection delay of an outage.
+pub const BACKOFF_FIRST: Duration = Duration::from_millis(250);
+/// Largest reconnection delay early in an outage ([`BACKOFF_SHORT_FOR`]):
+/// a server that restarts is found again within about a second.
+pub const BACKOFF_SHORT_MAX: Duration = Duration::from_secs(1);
+/// How long an outage counts as short.
+pub const BACKOFF_SHORT_FOR: Duration = Duration::from_secs(30);
 /// Largest reconnection delay.
 pub const BACKOFF_MAX: Duration = Duration::from_secs(30);
 /// How long a connection attempt may take.
@@ -111,16 +132,51 @@ pub const WARMING_TIMEOUT: Duration = Duration::from_secs(15);
 pub const MAX_MESSAGE_BYTES: usize = 64 << 20;
 /// Longest `error_detail` message sent back.
 const MAX_ERROR_DETAIL: usize = 16 << 10;
+/// Least time between two NACKs of one version of one type: a server that
+/// sends a refused version again at once (go-control-plane does) is
+/// answered at this pace, not as fast as both can go. ACKs are never held.
+pub const NACK_INTERVAL: Duration = Duration::from_secs(1);
+/// A NACK reason that repeats the previous one of its type is logged once
+/// per this interval (and counted, [`status::TypeStatus::repeated_nacks`]).
+pub const NACK_LOG_INTERVAL: Duration = Duration::from_secs(30);
 /// `google.rpc.Code.INVALID_ARGUMENT`.
 const INVALID_ARGUMENT: i32 = 3;
 
-/// The delay before reconnection attempt `attempt` (0 for the first after
-/// a failure): drawn uniformly below `min(BACKOFF_MAX, BACKOFF_MIN * 2^attempt)`.
-pub fn backoff(attempt: u32) -> Duration {
-    let cap = BACKOFF_MIN.saturating_mul(1u32 << attempt.min(16)).min(BACKOFF_MAX);
-    let r = std::collections::hash_map::RandomState::new().build_hasher().finish();
-    let nanos = u64::try_from(cap.as_nanos()).unwrap_or(u64::MAX);
-    Duration::from_nanos(if nanos == 0 { 0 } else { r % nanos })
+/// The reconnection delays of one outage: the bound starts at
+/// [`BACKOFF_FIRST`] and doubles with each failed attempt, up to
+/// [`BACKOFF_SHORT_MAX`] for the first [`BACKOFF_SHORT_FOR`] of the outage
+/// and [`BACKOFF_MAX`] after; each delay is drawn between half the bound
+/// and the bound (jitter, so that a fleet does not reconnect in step).
+#[derive(Clone, Debug, Default)]
+pub struct Backoff {
+    /// When the outage began (its first failure).
+    since: Option<Instant>,
+    /// The bound of the last delay.
+    bound: Option<Duration>,
+}
+
+impl Backoff {
+    /// The server answered: the outage is over.
+    pub fn reset(&mut self) {
+        *self = Backoff::default();
+    }
+
+    /// The delay before the next attempt after a failure at `now`, with
+    /// `random` any number (uniform) for the jitter.
+    pub fn next(&mut self, now: Instant, random: u64) -> Duration {
+        let since = *self.since.get_or_insert(now);
+        let cap = if now.saturating_duration_since(since) < BACKOFF_SHORT_FOR { BACKOFF_SHORT_MAX } else { BACKOFF_MAX };
+        let bound = self.bound.map_or(BACKOFF_FIRST, |b| b.saturating_mul(2)).min(cap);
+        self.bound = Some(bound);
+        let half = bound / 2;
+        let span = u64::try_from((bound - half).as_nanos()).unwrap_or(u64::MAX).max(1);
+        half + Duration::from_nanos(random % span)
+    }
+}
+
+/// A random number (for jitter).
+fn random() -> u64 {
+    std::collections::hash_map::RandomState::new().build_hasher().finish()
 }
 
 /// An error and its causes, on one line.
@@ -358,6 +414,8 @@ struct Client {
     /// response carried it. Every response repeats every assignment; one
     /// whose bytes are those of an assignment held is not decoded again.
     sotw_clas: Digests,
+    /// Per type: the last NACK reason logged.
+    nack_log: HashMap<&'static str, NackLog>,
 }
 
 /// A digest of a resource's encoded bytes: two SipHash passes with fixed,
@@ -371,6 +429,133 @@ fn digest(bytes: &[u8]) -> u128 {
     a.write(bytes);
     b.write(bytes);
     (u128::from(a.finish()) << 64) | u128::from(b.finish())
+}
+
+/// The pace of NACKs on one stream: a NACK that refuses the same version
+/// of a type as the previous NACK of that type goes [`NACK_INTERVAL`] after
+/// it at the earliest; meanwhile it is held (and dropped if a newer
+/// response of its type comes first: that one is answered instead).
+struct Pacer<R> {
+    /// Per type: the version the last NACK refused, and when it went (or goes).
+    last: HashMap<&'static str, (String, Instant)>,
+    /// Per type: a NACK held back, and when it may go.
+    held: HashMap<&'static str, (Instant, R)>,
+}
+
+impl<R> Default for Pacer<R> {
+    fn default() -> Self {
+        Pacer { last: HashMap::new(), held: HashMap::new() }
+    }
+}
+
+impl<R> Pacer<R> {
+    /// A response of type `t` came: a NACK held for an earlier one is moot.
+    fn superseded(&mut self, t: &'static str) {
+        self.held.remove(t);
+    }
+
+    /// NACK `req` of version `version` of type `t`, at `now`: returned when
+    /// it may go now, otherwise held.
+    fn nack(&mut self, t: &'static str, version: &str, now: Instant, req: R) -> Option<R> {
+        let at = match self.last.get(t) {
+            Some((v, when)) if v == version => (*when + NACK_INTERVAL).max(now),
+            _ => now,
+        };
+        self.last.insert(t, (version.to_owned(), at));
+        if at <= now {
+            Some(req)
+        } else {
+            self.held.insert(t, (at, req));
+            None
+        }
+    }
+
+    /// When the first held NACK may go.
+    fn deadline(&self) -> Option<Instant> {
+        self.held.values().map(|(at, _)| *at).min()
+    }
+
+    /// The held NACKs that may go at `now`.
+    fn due(&mut self, now: Instant) -> Vec<R> {
+        let due: Vec<&'static str> = self.held.iter().filter(|(_, (at, _))| *at <= now).map(|(t, _)| *t).collect();
+        due.into_iter().filter_map(|t| self.held.remove(t).map(|(_, r)| r)).collect()
+    }
+}
+
+/// What the log said last of the NACKs of one type.
+struct NackLog {
+    /// The reason logged.
+    message: String,
+    /// When.
+    at: Instant,
+    /// NACKs with that reason since, not logged.
+    repeated: u64,
+}
+
+/// The resources of a delta response: name, version, resource.
+type Items = Vec<(String, String, Any)>;
+
+/// Delta resources refused on this stream. The server does not send a
+/// resource again that it sent once (it counts it as held), so one refused
+/// for what else was held (a cluster whose port its endpoints do not use,
+/// say) is looked at again after each later response, until it is
+/// accepted or a newer word on it comes.
+#[derive(Default)]
+struct Pending {
+    /// By name: version and resource.
+    resources: BTreeMap<String, (String, Any)>,
+    /// Removals.
+    removed: BTreeSet<String>,
+    /// The system version of the last response refused.
+    version: String,
+}
+
+impl Pending {
+    fn is_empty(&self) -> bool {
+        self.resources.is_empty() && self.removed.is_empty()
+    }
+
+    /// A newer response says something of `names`: what was refused of
+    /// them is moot.
+    fn forget<'a>(&mut self, names: impl IntoIterator<Item = &'a String>) {
+        for n in names {
+            self.resources.remove(n);
+            self.removed.remove(n);
+        }
+    }
+
+    /// Keeps what a refused response carried.
+    fn hold(&mut self, items: Items, removed: &[String], version: &str) {
+        for (name, v, any) in items {
+            self.removed.remove(&name);
+            self.resources.insert(name, (v, any));
+        }
+        for n in removed {
+            self.resources.remove(n);
+            self.removed.insert(n.clone());
+        }
+        version.clone_into(&mut self.version);
+    }
+
+    /// Everything held, as one response of type `t`.
+    fn response(&self, t: &'static str) -> DeltaDiscoveryResponse {
+        DeltaDiscoveryResponse {
+            system_version_info: self.version.clone(),
+            type_url: t.into(),
+            resources: self
+                .resources
+                .iter()
+                .map(|(name, (version, any))| Resource {
+                    name: name.clone(),
+                    version: version.clone(),
+                    resource: Some(any.clone()),
+                    ..Resource::default()
+                })
+                .collect(),
+            removed_resources: self.removed.iter().cloned().collect(),
+            ..DeltaDiscoveryResponse::default()
+        }
+    }
 }
 
 /// Per-stream protocol state.
@@ -576,6 +761,7 @@ impl Client {
         st.services = self.applied.services.len();
         st.endpoints = self.applied.endpoints();
         st.warming = self.applied.warming.iter().cloned().collect();
+        st.refused = self.applied.refused.keys().cloned().collect();
         st.ignored_clusters = self.held.clusters.len() - self.held.l4;
         st.types.entry(CLUSTER_TYPE.into()).or_default().resources = self.held.clusters.len();
         st.types.entry(CLA_TYPE.into()).or_default().resources = self.held.known;
@@ -665,13 +851,35 @@ impl Client {
         t.acks += 1;
     }
 
-    fn record_nack(&self, type_url: &'static str, version: &str, nonce: &str, problems: &[String]) -> RpcStatus {
+    /// Records a refusal and logs it: a reason that repeats the previous
+    /// one of its type is logged once per [`NACK_LOG_INTERVAL`] (with how
+    /// many times it came since) and counted.
+    fn record_nack(&mut self, type_url: &'static str, version: &str, nonce: &str, problems: &[String]) -> RpcStatus {
         let detail = error_detail(problems);
-        warn!(type_url, version, nonce, error = %detail.message, "xDS response refused (NACK); the last good state stays");
+        let now = Instant::now();
+        let repeated = match self.nack_log.get_mut(type_url) {
+            Some(l) if l.message == detail.message => {
+                l.repeated += 1;
+                if now.duration_since(l.at) >= NACK_LOG_INTERVAL {
+                    warn!(type_url, version, nonce, error = %detail.message, repeated = l.repeated, "xDS response refused (NACK) again; the last good state stays");
+                    l.at = now;
+                    l.repeated = 0;
+                } else {
+                    debug!(type_url, version, nonce, "xDS response refused (NACK) again, for the same reason");
+                }
+                true
+            }
+            _ => {
+                warn!(type_url, version, nonce, error = %detail.message, "xDS response refused (NACK); the last good state stays");
+                self.nack_log.insert(type_url, NackLog { message: detail.message.clone(), at: now, repeated: 0 });
+                false
+            }
+        };
         let mut st = self.status();
         let t = st.types.entry(type_url.into()).or_default();
         t.nonce = nonce.to_owned();
         t.nacks += 1;
+        t.repeated_nacks += u64::from(repeated);
         st.nacks += 1;
         st.last_nack = Some(Nack {
             type_url: type_url.into(),
@@ -681,6 +889,29 @@ impl Client {
             at: status::now(),
         });
         detail
+    }
+
+    /// The clusters refused for a VIP, port and protocol another one claims,
+    /// as problems of Cluster response `t`: all of them in state of the
+    /// world (a response holds every cluster), those the response names
+    /// (refused, or served in their place) in delta. The state is served
+    /// without them all the same.
+    fn refusals(&self, t: &'static str, named: Option<&BTreeSet<String>>) -> Result<(), Refused> {
+        if t != CLUSTER_TYPE {
+            return Ok(());
+        }
+        let problems: Vec<String> = self
+            .applied
+            .refused
+            .iter()
+            .filter(|(n, r)| named.is_none_or(|names| names.contains(*n) || names.contains(&r.by)))
+            .map(|(_, r)| r.message.clone())
+            .collect();
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(Refused::Problems(problems))
+        }
     }
 
     /// Assignments not received within [`WARMING_TIMEOUT`] count as absent.
@@ -817,6 +1048,7 @@ impl Client {
             Ok(r) => r.into_inner(),
             Err(e) => return End::Failed { error: format!("opening the ADS stream: {}{}", status_text(&e), self.refused_hint()), answered: false },
         };
+        let mut pacer: Pacer<DiscoveryRequest> = Pacer::default();
         loop {
             let deadline = self.next_warming_deadline();
             let msg = tokio::select! {
@@ -824,6 +1056,14 @@ impl Client {
                 () = sleep_until(deadline) => {
                     if let Err(Refused::Stopped) = self.expire_warming().await {
                         return End::Stopped;
+                    }
+                    continue;
+                }
+                () = sleep_until(pacer.deadline()) => {
+                    for r in pacer.due(Instant::now()) {
+                        if out.send(r).await.is_err() {
+                            return End::Failed { error: "the ADS stream closed".into(), answered: true };
+                        }
                     }
                     continue;
                 }
@@ -851,6 +1091,7 @@ impl Client {
                 continue;
             };
             s.nonces.insert(t, resp.nonce.clone());
+            pacer.superseded(t);
             let trigger = format!("xDS {} version {:?}", short(t), resp.version_info);
             let outcome = match self.sotw_next(t, &mut resp) {
                 Ok((next, digests)) => {
@@ -860,7 +1101,7 @@ impl Client {
                         d.retain(|_, n| self.held.holds_known(n));
                         self.sotw_clas = d;
                     }
-                    applied
+                    applied.and_then(|()| self.refusals(t, None))
                 }
                 Err(p) => Err(Refused::Problems(p)),
             };
@@ -869,17 +1110,22 @@ impl Client {
                     self.versions.insert(t, resp.version_info.clone());
                     self.record_ack(t, &resp.version_info, &resp.nonce);
                     let names = if t == CLA_TYPE { s.eds.iter().flat_map(|e| e.keys().cloned()).collect() } else { Vec::new() };
-                    self.sotw_request(t, &s, names)
+                    Some(self.sotw_request(t, &s, names))
                 }
                 Err(Refused::Stopped) => return End::Stopped,
                 Err(Refused::Problems(p)) => {
                     let previous = self.versions.get(t).cloned().unwrap_or_default();
                     let detail = self.record_nack(t, &resp.version_info, &resp.nonce, &p);
                     let names = if t == CLA_TYPE { s.eds.iter().flat_map(|e| e.keys().cloned()).collect() } else { Vec::new() };
-                    DiscoveryRequest { version_info: previous, error_detail: Some(detail), ..self.sotw_request(t, &s, names) }
+                    let nack = DiscoveryRequest { version_info: previous, error_detail: Some(detail), ..self.sotw_request(t, &s, names) };
+                    pacer.nack(t, &resp.version_info, Instant::now(), nack)
                 }
             };
-            if out.send(reply).await.is_err() || !self.sotw_subscribe(&mut s, &out).await {
+            let sent = match reply {
+                Some(r) => out.send(r).await.is_ok(),
+                None => true,
+            };
+            if !sent || !self.sotw_subscribe(&mut s, &out).await {
                 return End::Failed { error: "the ADS stream closed".into(), answered: true };
             }
         }
@@ -999,6 +1245,8 @@ impl Client {
             Ok(r) => r.into_inner(),
             Err(e) => return End::Failed { error: format!("opening the delta ADS stream: {}{}", status_text(&e), self.refused_hint()), answered: false },
         };
+        let mut pacer: Pacer<DeltaDiscoveryRequest> = Pacer::default();
+        let mut pending: BTreeMap<&'static str, Pending> = BTreeMap::new();
         loop {
             let deadline = self.next_warming_deadline();
             let msg = tokio::select! {
@@ -1006,6 +1254,14 @@ impl Client {
                 () = sleep_until(deadline) => {
                     if let Err(Refused::Stopped) = self.expire_warming().await {
                         return End::Stopped;
+                    }
+                    continue;
+                }
+                () = sleep_until(pacer.deadline()) => {
+                    for r in pacer.due(Instant::now()) {
+                        if out.send(r).await.is_err() {
+                            return End::Failed { error: "the delta ADS stream closed".into(), answered: true };
+                        }
                     }
                     continue;
                 }
@@ -1032,37 +1288,92 @@ impl Client {
                 continue;
             };
             s.nonces.insert(t, resp.nonce.clone());
+            pacer.superseded(t);
             let trigger = format!("xDS delta {} {:?}", short(t), resp.system_version_info);
-            let outcome = match self.delta_next(t, &mut resp, &s) {
-                Ok(next) => {
+            let named: BTreeSet<String> =
+                if t == CLUSTER_TYPE { resp.resources.iter().map(|r| r.name.clone()).collect() } else { BTreeSet::new() };
+            if let Some(p) = pending.get_mut(t) {
+                p.forget(resp.resources.iter().map(|r| &r.name).chain(&resp.removed_resources));
+            }
+            let (outcome, refused) = match self.delta_next(t, &mut resp, &s) {
+                Ok((next, items)) => {
                     if t == CLUSTER_TYPE && !self.subscribe_ahead(&next, &mut s, &out).await {
                         return End::Failed { error: "the delta ADS stream closed".into(), answered: true };
                     }
-                    self.apply(next, &trigger).await
+                    match self.apply(next, &trigger).await {
+                        Ok(()) => (self.refusals(t, Some(&named)), None),
+                        Err(e) => (Err(e), Some(items)),
+                    }
                 }
-                Err(p) => Err(Refused::Problems(p)),
+                Err((p, items)) => (Err(Refused::Problems(p)), Some(items)),
             };
+            if let (Err(Refused::Problems(_)), Some(items)) = (&outcome, refused) {
+                pending.entry(t).or_default().hold(items, &resp.removed_resources, &resp.system_version_info);
+            }
             let reply = match outcome {
                 Ok(()) => {
                     self.versions.insert(t, resp.system_version_info.clone());
                     self.record_ack(t, &resp.system_version_info, &resp.nonce);
-                    DeltaDiscoveryRequest { response_nonce: resp.nonce.clone(), ..self.delta_request(t) }
+                    Some(DeltaDiscoveryRequest { response_nonce: resp.nonce.clone(), ..self.delta_request(t) })
                 }
                 Err(Refused::Stopped) => return End::Stopped,
                 Err(Refused::Problems(p)) => {
                     let detail = self.record_nack(t, &resp.system_version_info, &resp.nonce, &p);
-                    DeltaDiscoveryRequest { response_nonce: resp.nonce.clone(), error_detail: Some(detail), ..self.delta_request(t) }
+                    let nack = DeltaDiscoveryRequest { response_nonce: resp.nonce.clone(), error_detail: Some(detail), ..self.delta_request(t) };
+                    pacer.nack(t, &resp.system_version_info, Instant::now(), nack)
                 }
             };
-            if out.send(reply).await.is_err() || !self.delta_subscribe(&mut s, &out).await {
+            let sent = match reply {
+                Some(r) => out.send(r).await.is_ok(),
+                None => true,
+            };
+            if !sent {
+                return End::Failed { error: "the delta ADS stream closed".into(), answered: true };
+            }
+            if let Err(Refused::Stopped) = self.look_again(&mut pending, &s).await {
+                return End::Stopped;
+            }
+            if !self.delta_subscribe(&mut s, &out).await {
                 return End::Failed { error: "the delta ADS stream closed".into(), answered: true };
             }
         }
     }
 
+    /// Looks again at the delta resources refused on this stream (clusters
+    /// first, then assignments): what the state now held lets through is
+    /// applied (it was NACKed already: nothing is sent to the server but
+    /// the subscriptions it leads to, afterwards). What was refused of a
+    /// type is taken or refused together, as the responses were.
+    async fn look_again(&mut self, pending: &mut BTreeMap<&'static str, Pending>, s: &Stream) -> Result<(), Refused> {
+        for t in [CLUSTER_TYPE, CLA_TYPE] {
+            let Some(p) = pending.get_mut(t).filter(|p| !p.is_empty()) else { continue };
+            let mut r = p.response(t);
+            let trigger = format!("xDS delta {} {:?}, refused before, looked at again", short(t), r.system_version_info);
+            let what: Vec<String> = r.resources.iter().map(|x| x.name.clone()).chain(r.removed_resources.iter().cloned()).collect();
+            let next = match self.delta_next(t, &mut r, s) {
+                Ok((next, _)) => next,
+                Err((why, _)) => {
+                    debug!(type_url = t, resources = ?what, ?why, "xDS resources refused before are still refused");
+                    continue;
+                }
+            };
+            // (Not subscribed to ahead: a set refused again would churn the
+            // subscriptions with every response.)
+            match self.apply(next, &trigger).await {
+                Ok(()) => {
+                    info!(type_url = t, resources = ?what, "xDS resources refused before are accepted now");
+                    pending.remove(t);
+                }
+                Err(Refused::Stopped) => return Err(Refused::Stopped),
+                Err(Refused::Problems(why)) => debug!(type_url = t, resources = ?what, ?why, "xDS resources refused before are still refused"),
+            }
+        }
+        Ok(())
+    }
+
     /// What would be held after delta response `resp` of type `t` (its
     /// resources are taken out of it, not copied).
-    fn delta_next(&self, t: &'static str, resp: &mut DeltaDiscoveryResponse, s: &Stream) -> Result<Resources, Vec<String>> {
+    fn delta_next(&self, t: &'static str, resp: &mut DeltaDiscoveryResponse, s: &Stream) -> Result<(Resources, Items), (Vec<String>, Items)> {
         let mut errors = Vec::new();
         let mut next = self.held.clone();
         let resources = std::mem::take(&mut resp.resources);
@@ -1082,12 +1393,12 @@ impl Client {
         }
         if t == CLUSTER_TYPE {
             // (Names are distinct: repeated ones are refused above.)
-            for (name, version, any) in items {
-                match decode_cluster_any(&any) {
-                    Ok(c) if c.name == name || c.name.is_empty() => {
-                        if let Some(h) = held_cluster(&name, &c, &mut errors) {
-                            next.cluster_versions.insert(name.clone(), version);
-                            next.insert_cluster(name, h);
+            for (name, version, any) in &items {
+                match decode_cluster_any(any) {
+                    Ok(c) if c.name == *name || c.name.is_empty() => {
+                        if let Some(h) = held_cluster(name, &c, &mut errors) {
+                            next.cluster_versions.insert(name.clone(), version.clone());
+                            next.insert_cluster(name.clone(), h);
                         }
                     }
                     Ok(c) => errors.push(format!("Cluster {:?} is sent under the name {name:?}", c.name)),
@@ -1098,22 +1409,22 @@ impl Client {
                 next.remove_cluster(name);
             }
         } else {
-            for (name, version, any) in items {
-                if !s.eds.as_ref().is_some_and(|e| e.contains_key(&name)) {
+            for (name, version, any) in &items {
+                if !s.eds.as_ref().is_some_and(|e| e.contains_key(name)) {
                     debug!(%name, "assignment not subscribed to: ignored");
                     continue;
                 }
-                if !self.held.is_l4_eds(&name) {
+                if !self.held.is_l4_eds(name) {
                     // An assignment of a cluster that is not an L4 service:
                     // held by version only (for initial_resource_versions).
-                    next.cla_versions.insert(name, version);
+                    next.cla_versions.insert(name.clone(), version.clone());
                     continue;
                 }
-                match decode_cla_any(&any) {
-                    Ok(c) if c.cluster_name == name || c.cluster_name.is_empty() => match mapping::decode_cla(&c) {
+                match decode_cla_any(any) {
+                    Ok(c) if c.cluster_name == *name || c.cluster_name.is_empty() => match mapping::decode_cla(&c) {
                         Ok(cla) => {
                             next.set_cla(name.clone(), ClaState::Known(Arc::new(cla)));
-                            next.cla_versions.insert(name, version);
+                            next.cla_versions.insert(name.clone(), version.clone());
                         }
                         Err(es) => errors.extend(es.into_iter().map(|e| format!("ClusterLoadAssignment {name:?}: {e}"))),
                     },
@@ -1129,9 +1440,9 @@ impl Client {
             }
         }
         if errors.is_empty() {
-            Ok(next)
+            Ok((next, items))
         } else {
-            Err(errors)
+            Err((errors, items))
         }
     }
 }
@@ -1212,8 +1523,9 @@ pub async fn run(
         // Up to an hour, three significant digits (valid bounds: never None).
         to_live: hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000, 3).ok(),
         sotw_clas: HashMap::new(),
+        nack_log: HashMap::new(),
     };
-    let mut attempt = 0u32;
+    let mut backoff = Backoff::default();
     let mut first = true;
     loop {
         let end = tokio::select! {
@@ -1224,10 +1536,9 @@ pub async fn run(
             End::Stopped => break,
             End::Failed { error, answered } => {
                 if answered {
-                    attempt = 0;
+                    backoff.reset();
                 }
-                let delay = backoff(attempt);
-                attempt = attempt.saturating_add(1);
+                let delay = backoff.next(Instant::now(), random());
                 warn!(server = %c.cfg.server, %error, retry_in_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX), "xDS server unreachable; serving the last good state");
                 {
                     let mut st = lock(&status);
@@ -1267,6 +1578,78 @@ mod tests {
             delivery: None,
         };
         HeldCluster { l4: l4.then(|| Arc::new(c)), eds: Some(eds.into()) }
+    }
+
+    /// An outage of five minutes, each attempt refused at once: the first
+    /// retry within 250 ms, the bound doubling, every delay at most 1 s for
+    /// the first 30 s and at most 30 s after (reached by doubling, not at a
+    /// jump); the server answering starts the next outage afresh. The clock
+    /// is the test's.
+    #[test]
+    fn reconnection_delays_through_an_outage() {
+        let mut rng = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut random = move || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        let t0 = Instant::now();
+        for outage in 0..2 {
+            let mut b = Backoff::default();
+            let start = t0 + Duration::from_secs(1000 * outage);
+            let mut t = start;
+            let mut delays: Vec<(Duration, Duration)> = Vec::new();
+            while t - start < Duration::from_secs(300) {
+                let d = b.next(t, random());
+                delays.push((t - start, d));
+                t += d + Duration::from_millis(1);
+            }
+            assert!(delays[0].1 <= Duration::from_millis(250), "first retry: {:?}", delays[0]);
+            assert!(delays[1].1 <= Duration::from_millis(500) && delays[2].1 <= Duration::from_secs(1), "{delays:?}");
+            for w in delays.windows(2) {
+                let ((_, a), (at, d)) = (w[0], w[1]);
+                assert!(d <= a * 4, "doubling (with jitter): {a:?} then {d:?}");
+                if at < BACKOFF_SHORT_FOR {
+                    assert!(d <= Duration::from_secs(1), "{d:?} at {at:?}");
+                } else {
+                    assert!(d <= BACKOFF_MAX, "{d:?} at {at:?}");
+                }
+            }
+            assert!(delays.iter().filter(|(at, _)| *at < BACKOFF_SHORT_FOR).count() >= 30, "about a second apart at most: {delays:?}");
+            assert!(delays.iter().any(|(_, d)| *d >= Duration::from_secs(15)), "the long cap is reached: {delays:?}");
+            // The jitter spreads the delays.
+            let early: BTreeSet<Duration> = delays.iter().filter(|(at, _)| *at < BACKOFF_SHORT_FOR).map(|(_, d)| *d).collect();
+            assert!(early.len() > 10, "{early:?}");
+            b.reset();
+            assert!(b.next(t, random()) <= Duration::from_millis(250), "after the server answered");
+        }
+    }
+
+    /// A NACK of the version the previous NACK refused waits until a second
+    /// after it; another version, or a response that supersedes the held
+    /// NACK, does not wait.
+    #[test]
+    fn nacks_of_one_version_are_paced() {
+        let t0 = Instant::now();
+        let mut p: Pacer<u32> = Pacer::default();
+        assert_eq!(p.nack(CLUSTER_TYPE, "v1", t0, 1), Some(1));
+        let t1 = t0 + Duration::from_millis(3);
+        assert_eq!(p.nack(CLUSTER_TYPE, "v1", t1, 2), None, "held");
+        assert_eq!(p.deadline(), Some(t0 + NACK_INTERVAL));
+        assert!(p.due(t0 + Duration::from_millis(999)).is_empty());
+        assert_eq!(p.due(t0 + NACK_INTERVAL), [2]);
+        assert_eq!(p.deadline(), None);
+        // The next one of v1 a second after that one.
+        let t2 = t0 + NACK_INTERVAL + Duration::from_millis(5);
+        assert_eq!(p.nack(CLUSTER_TYPE, "v1", t2, 3), None);
+        assert_eq!(p.deadline(), Some(t0 + NACK_INTERVAL * 2));
+        // A newer response of the type: the held NACK is dropped.
+        p.superseded(CLUSTER_TYPE);
+        assert_eq!(p.deadline(), None);
+        // Another version, or another type: at once.
+        assert_eq!(p.nack(CLUSTER_TYPE, "v2", t2, 4), Some(4));
+        assert_eq!(p.nack(CLA_TYPE, "v2", t2, 5), Some(5));
     }
 
     /// SotW repeats every assignment in every response: one that comes

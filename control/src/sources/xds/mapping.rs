@@ -297,8 +297,17 @@ pub struct Built {
     /// The services that differ from the previous state (added, removed or
     /// changed), in name order.
     pub changed: Vec<String>,
-    /// Each service's VIP, port and protocol, with the service.
+    /// Every L4 cluster held (warm, warming or refused) by the VIP, port
+    /// and protocol it claims: the first by name is the one served.
+    claims: OrdMap<(Addr, u16, u8), OrdSet<String>>,
+    /// The claim of each L4 cluster held.
+    claimed: OrdMap<String, (Addr, u16, u8)>,
+    /// The service served on each VIP, port and protocol (a warming cluster
+    /// that moved serves its previous one until it is warm).
     owners: OrdMap<(Addr, u16, u8), String>,
+    /// The clusters refused because another one, first by name, claims
+    /// their VIP, port and protocol.
+    pub refused: OrdMap<String, Refusal>,
     /// Endpoints of every service.
     endpoints: usize,
 }
@@ -324,6 +333,16 @@ impl Built {
     pub fn endpoints(&self) -> usize {
         self.endpoints
     }
+}
+
+/// Why a cluster is not served although it maps: another cluster, first
+/// by name, claims its VIP, port and protocol.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    /// The cluster served in its place.
+    pub by: String,
+    /// The message (it names both).
+    pub message: String,
 }
 
 /// A `google.protobuf.Value`'s kind, for messages.
@@ -750,6 +769,7 @@ pub fn build<'a>(
     let mut names: BTreeSet<&String> = clusters.values().map(|(n, _)| *n).collect();
     names.extend(prev.services.keys());
     names.extend(prev.warming.iter());
+    names.extend(prev.claimed.keys());
     update(prev, names, |n| clusters.get(n).map(|(_, c)| *c), clas, defaults)
 }
 
@@ -758,7 +778,15 @@ pub fn build<'a>(
 /// is in `prev`. A named cluster that `cluster` does not know is gone; one
 /// whose assignment is not there yet is warming (left out, or as it is in
 /// `prev`). A service whose cluster and assignment did not change is
-/// reused as it is. Two services may not share a VIP, port and protocol.
+/// reused as it is.
+///
+/// Of the clusters that claim one VIP, port and protocol, the first by
+/// name is served and the others are refused ([`Built::refused`]), whatever
+/// the order they came in and whether the first is warm yet: appliances
+/// that hold the same clusters serve the same ones. A refused cluster is no
+/// error here (the others are served); it is served as soon as it is the
+/// first of its claim. An `Err` is a cluster that cannot be mapped with its
+/// endpoints.
 pub fn update<'a>(
     prev: &Built,
     names: impl IntoIterator<Item = &'a String>,
@@ -774,18 +802,76 @@ pub fn update<'a>(
         warming: prev.warming.clone(),
         mapped: 0,
         changed: Vec::new(),
+        claims: prev.claims.clone(),
+        claimed: prev.claimed.clone(),
         owners: prev.owners.clone(),
+        refused: prev.refused.clone(),
         endpoints: prev.endpoints,
     };
+    // The claims first: a cluster that takes or leaves a VIP, port and
+    // protocol may change which of its other claimants is served.
+    let mut todo: BTreeSet<String> = BTreeSet::new();
+    let mut touched: BTreeSet<(Addr, u16, u8)> = BTreeSet::new();
+    for name in names {
+        let now = cluster(name).map(|c| (c.vip, c.port, c.protocol));
+        let was = out.claimed.get(name).copied();
+        if now != was {
+            if let Some(k) = was {
+                let mut set = out.claims.get(&k).cloned().unwrap_or_default();
+                set.remove(name);
+                if set.is_empty() {
+                    out.claims.remove(&k);
+                } else {
+                    out.claims.insert(k, set);
+                }
+                touched.insert(k);
+            }
+            match now {
+                Some(k) => {
+                    let mut set = out.claims.get(&k).cloned().unwrap_or_default();
+                    set.insert(name.clone());
+                    out.claims.insert(k, set);
+                    out.claimed.insert(name.clone(), k);
+                    touched.insert(k);
+                }
+                None => {
+                    out.claimed.remove(name);
+                }
+            }
+        }
+        todo.insert(name.clone());
+    }
+    for k in &touched {
+        if let Some(set) = out.claims.get(k) {
+            todo.extend(set.iter().cloned());
+        }
+        if let Some(n) = out.owners.get(k) {
+            todo.insert(n.clone());
+        }
+    }
     let mut errors = Vec::new();
     let empty = Cla::default();
-    let mut now: Vec<(&String, Option<Applied>)> = Vec::new();
-    for name in names {
-        let Some(c) = cluster(name) else {
-            out.warming.remove(name);
+    let mut now: Vec<(String, Option<Applied>)> = Vec::with_capacity(todo.len());
+    for name in todo {
+        let Some(c) = cluster(&name) else {
+            out.warming.remove(&name);
+            out.refused.remove(&name);
             now.push((name, None));
             continue;
         };
+        let key = (c.vip, c.port, c.protocol);
+        if let Some(first) = out.claims.get(&key).and_then(|set| set.get_min()).filter(|first| **first != name) {
+            let (vip, port, p) = key;
+            let why = format!(
+                "Cluster {name:?}: {vip}:{port}/{} is already claimed by cluster {first:?} (of the clusters that share a VIP, port and protocol, the first by name is served)",
+                proto_name(p)
+            );
+            out.refused.insert(name.clone(), Refusal { by: first.clone(), message: why });
+            out.warming.remove(&name);
+            now.push((name, None));
+            continue;
+        }
+        out.refused.remove(&name);
         let cla = match &c.endpoints {
             EndpointsFrom::Inline(cla) => Some((cla, None)),
             EndpointsFrom::Eds(n) => match clas.get(n) {
@@ -794,13 +880,13 @@ pub fn update<'a>(
                 None => None,
             },
         };
-        let old = prev.services.get(name);
+        let old = prev.services.get(&name);
         match cla {
             Some((_, shared)) if old.is_some_and(|a| a.mapped_from(c, shared, defaults)) => {
-                out.warming.remove(name);
+                out.warming.remove(&name);
             }
             Some((cla, shared)) => {
-                out.warming.remove(name);
+                out.warming.remove(&name);
                 match map_service(c, cla, defaults) {
                     Ok(s) => {
                         out.mapped += 1;
@@ -811,45 +897,42 @@ pub fn update<'a>(
                 }
             }
             None => {
-                out.warming.insert(name.clone());
+                // Warming: a served one keeps its previous definition,
+                // unless that is on a VIP, port and protocol another
+                // cluster now claims.
+                if old.is_some_and(|a| a.key != key && out.claims.contains_key(&a.key)) {
+                    now.push((name.clone(), None));
+                }
+                out.warming.insert(name);
             }
         }
     }
-    // Which services change, and out of whose way they move first (two
-    // services may swap VIPs in one state). A service mapped again equal
-    // to the one served is no change (it is still taken, so that nothing
-    // keeps the inputs it replaces).
-    let differs: Vec<bool> = now.iter().map(|(name, a)| prev.services.get(*name) != a.as_ref()).collect();
-    for ((name, _), _) in now.iter().zip(&differs).filter(|(_, d)| **d) {
-        if let Some(old) = prev.services.get(*name) {
-            out.endpoints -= old.endpoints.len();
-            if out.owners.get(&old.key) == Some(*name) {
-                out.owners.remove(&old.key);
-            }
-        }
-    }
-    for ((name, a), differs) in now.into_iter().zip(differs) {
-        let Some(a) = a else {
-            if differs {
-                out.services.remove(name);
-                out.changed.push(name.clone());
-            }
-            continue;
-        };
+    // Which services change. A service mapped again equal to the one
+    // served is no change (it is still taken, so that nothing keeps the
+    // inputs it replaces).
+    for (name, a) in now {
+        let differs = prev.services.get(&name) != a.as_ref();
         if differs {
+            if let Some(old) = prev.services.get(&name) {
+                out.endpoints -= old.endpoints.len();
+                if out.owners.get(&old.key) == Some(&name) {
+                    out.owners.remove(&old.key);
+                }
+            }
             out.changed.push(name.clone());
-            out.endpoints += a.endpoints.len();
-            if let Some(first) = out.owners.get(&a.key) {
-                // Reported as building in name order would: the later
-                // name is the one that claims a taken key.
-                let (later, first) = if first < name { (name, first) } else { (first, name) };
-                let (vip, port, p) = a.key;
-                errors.push(format!("Cluster {later:?}: {vip}:{port}/{} is already claimed by cluster {first:?}", proto_name(p)));
-            } else {
-                out.owners.insert(a.key, name.clone());
+        }
+        match a {
+            Some(a) => {
+                if differs {
+                    out.endpoints += a.endpoints.len();
+                    out.owners.insert(a.key, name.clone());
+                }
+                out.services.insert(name, a);
+            }
+            None => {
+                out.services.remove(&name);
             }
         }
-        out.services.insert(name.clone(), a);
     }
     if errors.is_empty() {
         Ok(out)

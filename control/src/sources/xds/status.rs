@@ -61,6 +61,8 @@ pub struct TypeStatus {
     pub acks: u64,
     /// Responses refused.
     pub nacks: u64,
+    /// Of those, refused for the same reason as the one before.
+    pub repeated_nacks: u64,
 }
 
 /// The xDS source's status.
@@ -98,6 +100,9 @@ pub struct XdsStatus {
     pub endpoints: usize,
     /// Clusters waiting for their endpoints.
     pub warming: Vec<String>,
+    /// Clusters not served: another cluster, first by name, claims their
+    /// VIP, port and protocol.
+    pub refused: Vec<String>,
     /// Clusters without L4 metadata, ignored.
     pub ignored_clusters: usize,
     /// From a response's arrival to its state being published.

@@ -318,13 +318,61 @@ fn build_warms_clusters_and_refuses_shared_vips() {
     assert!(empty.services["a"].endpoints.is_empty());
     assert_eq!(empty.services["a"].key.1, 81);
 
-    // Two clusters on one VIP, port and protocol.
+    // Two clusters on one VIP, port and protocol: the first by name is
+    // served, the other refused (no error: the rest is served).
     clusters.insert("b".to_owned(), Arc::new(l4(&cluster("b", "10.0.0.1", 81.0, "TCP"))));
     clas.insert("b".to_owned(), ClaState::Absent);
-    let e = build(&clusters, &clas, &served, &d).unwrap_err();
-    assert_eq!(e, ["Cluster \"b\": 10.0.0.1:81/TCP is already claimed by cluster \"a\""]);
+    let both = build(&clusters, &clas, &served, &d).unwrap();
+    assert_eq!(both.services.keys().collect::<Vec<_>>(), ["a"]);
+    assert_eq!(both.refused.keys().collect::<Vec<_>>(), ["b"]);
+    assert_eq!(both.refused["b"].by, "a");
+    assert!(both.refused["b"].message.starts_with("Cluster \"b\": 10.0.0.1:81/TCP is already claimed by cluster \"a\""), "{:?}", both.refused);
+    assert!(both.warming.is_empty(), "a refused cluster is not warming");
     clusters.insert("b".to_owned(), Arc::new(l4(&cluster("b", "10.0.0.1", 81.0, "UDP"))));
-    assert_eq!(build(&clusters, &clas, &served, &d).unwrap().services.len(), 2, "another protocol is another service");
+    let apart = build(&clusters, &clas, &both, &d).unwrap();
+    assert_eq!(apart.services.len(), 2, "another protocol is another service");
+    assert!(apart.refused.is_empty());
+}
+
+/// Of clusters that claim one VIP, port and protocol, the first by name is
+/// served whatever came first, warm or not; the others are served again
+/// as soon as they are the first of their claim.
+#[test]
+fn the_first_by_name_of_clusters_on_one_vip_is_served_whatever_came_first() {
+    let d = Defaults::default();
+    let known = |addr: &str| ClaState::Known(Arc::new(decode_cla(&cla("x", &[(addr, 80, HealthStatus::Healthy, 0, None)])).unwrap()));
+    let mut clas = OrdMap::new();
+    clas.insert("a".to_owned(), known("10.1.0.1"));
+    clas.insert("b".to_owned(), known("10.1.0.2"));
+    let a = Arc::new(l4(&cluster("a", "10.0.0.1", 80.0, "TCP")));
+    let b = Arc::new(l4(&cluster("b", "10.0.0.1", 80.0, "TCP")));
+    let names = ["a".to_owned(), "b".to_owned()];
+    let only_b: BTreeMap<String, Arc<L4Cluster>> = [("b".to_owned(), b.clone())].into();
+    let both: BTreeMap<String, Arc<L4Cluster>> = [("a".to_owned(), a.clone()), ("b".to_owned(), b.clone())].into();
+    let only_a: BTreeMap<String, Arc<L4Cluster>> = [("a".to_owned(), a.clone())].into();
+    // b first, then a: a takes the claim and b goes.
+    let b_first = update(&Built::default(), &names[1..], |n| only_b.get(n), &clas, &d).unwrap();
+    assert_eq!(b_first.services.keys().collect::<Vec<_>>(), ["b"]);
+    let then_a = update(&b_first, &names[..1], |n| both.get(n), &clas, &d).unwrap();
+    // a first, then b: b is refused.
+    let a_first = update(&Built::default(), &names[..1], |n| only_a.get(n), &clas, &d).unwrap();
+    let then_b = update(&a_first, &names[1..], |n| both.get(n), &clas, &d).unwrap();
+    for (what, s) in [("b then a", &then_a), ("a then b", &then_b)] {
+        assert_eq!(s.services.keys().collect::<Vec<_>>(), ["a"], "{what}");
+        assert_eq!(s.refused.keys().collect::<Vec<_>>(), ["b"], "{what}");
+        assert_eq!(s.endpoints(), 1, "{what}");
+    }
+    assert_eq!(then_a.services, then_b.services);
+    // a warming (no assignment yet) still holds the claim.
+    let mut no_a = clas.clone();
+    no_a.remove("a");
+    let warming = update(&b_first, &names[..1], |n| both.get(n), &no_a, &d).unwrap();
+    assert!(warming.services.is_empty() && warming.warming.contains("a") && warming.refused.contains_key("b"), "{warming:?}");
+    // a goes: b is served again.
+    let gone = update(&then_b, &names[..1], |n| only_b.get(n), &clas, &d).unwrap();
+    assert_eq!(gone.services.keys().collect::<Vec<_>>(), ["b"]);
+    assert!(gone.refused.is_empty());
+    assert_eq!(gone.services["b"].endpoints[0].address, "10.1.0.2".parse::<std::net::IpAddr>().unwrap().into());
 }
 
 #[test]
@@ -387,7 +435,7 @@ fn updating_the_changed_clusters_gives_what_building_everything_gives() {
     let mut clusters: BTreeMap<String, Arc<L4Cluster>> = BTreeMap::new();
     let mut clas: OrdMap<String, ClaState> = OrdMap::new();
     let mut prev = Built::default();
-    let (mut accepted, mut refused, mut changes) = (0, 0, 0);
+    let (mut accepted, mut refused, mut changes, mut conflicts) = (0, 0, 0, 0);
     for step in 0..600 {
         let (clusters_before, clas_before) = (clusters.clone(), clas.clone());
         let mut edited = BTreeSet::new();
@@ -448,6 +496,15 @@ fn updating_the_changed_clusters_gives_what_building_everything_gives() {
         match (full, changed) {
             (Ok(f), Ok(c)) => {
                 assert_eq!(f, c, "step {step}");
+                // At most one service per VIP, port and protocol, the first
+                // by name of the clusters claiming it.
+                let mut keys = BTreeSet::new();
+                for (n, svc) in &c.services {
+                    assert!(keys.insert(svc.key), "step {step}: {n} shares {:?}", svc.key);
+                    let first = clusters.iter().find(|(_, cl)| (cl.vip, cl.port, cl.protocol) == svc.key).map(|(n, _)| n);
+                    assert!(first == Some(n) || c.warming.contains(n), "step {step}: {n} is served, {first:?} claims first");
+                }
+                conflicts += usize::from(!c.refused.is_empty());
                 assert_eq!(c.endpoints(), c.services.values().map(|s| s.endpoints.len()).sum::<usize>(), "step {step}");
                 accepted += 1;
                 changes += c.changed.len();
@@ -461,5 +518,5 @@ fn updating_the_changed_clusters_gives_what_building_everything_gives() {
             (f, c) => panic!("step {step}: building everything gave {f:?}, updating {c:?}"),
         }
     }
-    assert!(accepted > 200 && refused > 20 && changes > 200, "the walk covers both outcomes: {accepted} accepted, {refused} refused, {changes} changes");
+    assert!(accepted > 200 && changes > 200 && conflicts > 20, "the walk covers every outcome: {accepted} accepted, {refused} refused, {changes} changes, {conflicts} with conflicts");
 }
