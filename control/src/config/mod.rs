@@ -709,6 +709,30 @@ routes:
     }
 
     #[test]
+    fn endpoint_and_gateway_macs_are_unicast() {
+        let text = r#"
+dpdk: {lcores: "0,1"}
+ports:
+  - {name: front, device: net_null0, addresses: [10.0.0.1/24]}
+gateways:
+  - {address: 10.0.0.2, port: front, mac: "01:00:5e:00:00:01"}
+services:
+  - name: web
+    endpoints:
+      - {id: 0, address: 10.0.0.3, mac: "ff:ff:ff:ff:ff:ff"}
+      - {id: 1, address: 10.0.0.4, mac: "00:00:00:00:00:00"}
+      - {id: 2, address: 10.0.0.5, mac: "33:33:00:00:00:01"}
+      - {id: 3, address: 10.0.0.6, mac: "02:00:00:00:00:06"}
+"#;
+        assert_eq!(problems(text), [
+            "c.yaml:6:43: gateways[0].mac: \"01:00:5e:00:00:01\" is a multicast MAC: a next hop needs a unicast MAC (the low bit of the first byte clear)",
+            "c.yaml:10:41: services[0].endpoints[0].mac: \"ff:ff:ff:ff:ff:ff\" is the broadcast MAC: a next hop needs a unicast MAC (the low bit of the first byte clear)",
+            "c.yaml:11:41: services[0].endpoints[1].mac: \"00:00:00:00:00:00\" is the all-zero MAC: a next hop needs a unicast MAC (the low bit of the first byte clear)",
+            "c.yaml:12:41: services[0].endpoints[2].mac: \"33:33:00:00:00:01\" is a multicast MAC: a next hop needs a unicast MAC (the low bit of the first byte clear)",
+        ]);
+    }
+
+    #[test]
     fn ports_are_checked_where_they_are_written() {
         let text = r#"
 dpdk: {lcores: "0,1", mbufs: 1023, descriptors: 1024}
