@@ -209,6 +209,11 @@ impl Proc {
         (status.and_then(|s| s.code()), out, err)
     }
 
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, Child::id)
+    }
+
     /// True while the process runs.
     pub fn running(&mut self) -> bool {
         self.child.as_mut().is_some_and(|c| c.try_wait().ok().flatten().is_none())
