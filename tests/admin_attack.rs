@@ -190,12 +190,6 @@ fn read_response(s: &mut TcpStream) -> Option<String> {
     Some(head)
 }
 
-/// Resident memory of process `pid`, in KiB.
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok()).unwrap_or(0)
-}
-
 #[test]
 fn health_answers_while_keep_alive_pollers_hold_every_slot() {
     if !privileged() {
@@ -252,116 +246,6 @@ fn health_answers_while_keep_alive_pollers_hold_every_slot() {
     }
     assert!(refused.is_empty(), "/healthz was refused next to 20 keep-alive pollers: {refused:?}");
     assert!(lb.running());
-    let (code, out, err) = lb.stop("INT", Duration::from_secs(20));
-    assert_eq!(code, Some(0), "exit status\n{out}\n{err}");
-    let _ = std::fs::remove_dir_all(&dir);
-}
-
-/// Fetches `path` with a plain GET and reads the response to its end,
-/// `pace` between reads of 64 KiB, for `limit` at most; returns its status
-/// line, the bytes read and whether the response was complete (a chunked
-/// body's last chunk, or Content-Length bytes of body, seen).
-fn fetch_all(addr: SocketAddr, path: &str, pace: Duration, limit: Duration) -> (String, u64, bool) {
-    let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_secs(2)) else { return (String::new(), 0, false) };
-    s.set_read_timeout(Some(limit)).unwrap();
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes()).unwrap();
-    let t0 = Instant::now();
-    let (mut n, mut head, mut tail) = (0u64, Vec::new(), Vec::new());
-    let mut buf = vec![0u8; 64 * 1024];
-    while t0.elapsed() < limit {
-        match s.read(&mut buf) {
-            Ok(0) | Err(_) => break,
-            Ok(k) => {
-                n += k as u64;
-                if head.len() < 4096 {
-                    head.extend_from_slice(&buf[..k.min(4096)]);
-                }
-                tail.extend_from_slice(&buf[..k]);
-                let keep = tail.len().saturating_sub(16);
-                tail.drain(..keep);
-            }
-        }
-        if !pace.is_zero() {
-            std::thread::sleep(pace);
-        }
-    }
-    let head = String::from_utf8_lossy(&head).into_owned();
-    let header_len = head.find("\r\n\r\n").map_or(u64::MAX, |i| i as u64 + 4);
-    let length = head.lines().find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").and_then(|v| v.trim().parse::<u64>().ok()));
-    let complete = match length {
-        Some(len) => n >= header_len.saturating_add(len),
-        None => tail.ends_with(b"\r\n0\r\n\r\n"),
-    };
-    (status_line(&head).to_owned(), n, complete)
-}
-
-#[test]
-fn the_largest_table_is_streamed_in_bounded_memory_and_cut_at_the_deadline() {
-    if !privileged() {
-        return;
-    }
-    let eps: Vec<String> = (0..64).map(|i| format!("{{id: {i}, address: 10.2.0.{}, mac: \"02:00:00:00:00:05\"}}", i + 10)).collect();
-    let svc = format!(
-        "capacity: {{tableMemoryMB: 1024}}\nservices: [{{name: web, tableSize: 16777213, endpoints: [{}]}}]\nroutes: [{{name: r, service: web, vips: [20.0.0.1]}}]\n",
-        eps.join(", ")
-    );
-    let (mut lb, addr, dir) = start("tables", ", requestTimeoutSeconds: 30", &svc);
-    assert!(wait_until(Duration::from_secs(120), || healthy(addr)), "the appliance never became healthy");
-    let pid = lb.pid();
-    let base = rss_kib(pid);
-    // Three at once, read as fast as they come; resident memory sampled meanwhile.
-    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let sampler = {
-        let done = std::sync::Arc::clone(&done);
-        std::thread::spawn(move || {
-            let mut peak = 0;
-            while !done.load(std::sync::atomic::Ordering::Relaxed) {
-                peak = peak.max(rss_kib(pid));
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            peak
-        })
-    };
-    let t0 = Instant::now();
-    let fetches: Vec<_> = (0..3).map(|_| std::thread::spawn(move || fetch_all(addr, "/tables/web", Duration::ZERO, Duration::from_secs(60)))).collect();
-    let got: Vec<(String, u64, bool)> = fetches.into_iter().map(|t| t.join().unwrap()).collect();
-    done.store(true, std::sync::atomic::Ordering::Relaxed);
-    let peak = sampler.join().unwrap();
-    let growth_mib = peak.saturating_sub(base) / 1024;
-    eprintln!("3 x /tables/web: {got:?} in {:?}; resident {base} KiB before, {peak} KiB at most (+{growth_mib} MiB)", t0.elapsed());
-    // 16 MiB per request is the bound; a wide margin for the allocator.
-    assert!(growth_mib < 3 * 32, "three dumps grew the appliance by {growth_mib} MiB");
-    for (status, n, complete) in &got {
-        assert!(status.starts_with("HTTP/1.1 200") && *complete && *n > 100 << 20, "a full table is over 100 MB of JSON: {status:?}, {n} bytes, complete: {complete}");
-    }
-    assert!(healthy(addr));
-    assert!(lb.running());
-    let (code, out, err) = lb.stop("INT", Duration::from_secs(20));
-    assert_eq!(code, Some(0), "exit status\n{out}\n{err}");
-    let _ = std::fs::remove_dir_all(&dir);
-}
-
-#[test]
-fn a_slow_reader_of_a_large_table_is_cut_at_the_request_deadline() {
-    if !privileged() {
-        return;
-    }
-    let eps: Vec<String> = (0..64).map(|i| format!("{{id: {i}, address: 10.2.0.{}, mac: \"02:00:00:00:00:05\"}}", i + 10)).collect();
-    let svc = format!(
-        "capacity: {{tableMemoryMB: 1024}}\nservices: [{{name: web, tableSize: 16777213, endpoints: [{}]}}]\nroutes: [{{name: r, service: web, vips: [20.0.0.1]}}]\n",
-        eps.join(", ")
-    );
-    let (mut lb, addr, dir) = start("slowtab", ", requestTimeoutSeconds: 3", &svc);
-    assert!(wait_until(Duration::from_secs(120), || healthy(addr)), "the appliance never became healthy");
-    let t0 = Instant::now();
-    // 64 KiB every 100 ms: 400 MB would take an hour.
-    let (status, n, complete) = fetch_all(addr, "/tables/web", Duration::from_millis(100), Duration::from_secs(60));
-    let took = t0.elapsed();
-    eprintln!("slow reader: {status:?}, {n} bytes in {took:?}, complete: {complete}");
-    assert!(status.starts_with("HTTP/1.1 200"), "the table is sent as it is made, not after: {status:?}");
-    assert!(!complete, "a response of {n} bytes was complete");
-    assert!(took < Duration::from_secs(30), "the response was not cut at its 3 s deadline: {took:?}");
-    assert!(healthy(addr));
     let (code, out, err) = lb.stop("INT", Duration::from_secs(20));
     assert_eq!(code, Some(0), "exit status\n{out}\n{err}");
     let _ = std::fs::remove_dir_all(&dir);
