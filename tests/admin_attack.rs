@@ -140,3 +140,112 @@ routes: [{{name: r, service: web, vips: [20.0.0.1]}}]
     assert_eq!(code, Some(0), "exit status\n{out}\n{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Starts `sluice run` on two `net_null` ports with `extra` appended to the
+/// configuration (services, routes, admin settings); returns it with its
+/// admin address and its directory.
+fn start(tag: &str, admin: &str, extra: &str) -> (Proc, SocketAddr, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!("sluice-admin-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let port = free_port();
+    let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+    let cfg = dir.join("null.yaml");
+    std::fs::write(
+        &cfg,
+        format!(
+            r#"
+dpdk: {{lcores: "0,1", memoryMB: 256, hugepages: false, filePrefix: {tag}{pid}, mbufs: 2047, descriptors: 256}}
+ports:
+  - {{name: a, device: net_null0, addresses: [10.1.0.1/24], kernelInterface: ""}}
+  - {{name: b, device: net_null1, addresses: [10.2.0.1/24], kernelInterface: ""}}
+admin: {{listen: "127.0.0.1:{port}"{admin}}}
+{extra}"#,
+            pid = std::process::id()
+        ),
+    )
+    .unwrap();
+    let lb = Proc::spawn(&[sluice_bin().to_str().unwrap(), "run", "--config", cfg.to_str().unwrap()]);
+    (lb, addr, dir)
+}
+
+/// Reads one HTTP/1.1 response (headers, then a body of Content-Length
+/// bytes) from a kept-alive connection; `None` when it was closed first.
+fn read_response(s: &mut TcpStream) -> Option<String> {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        if s.read(&mut byte).ok()? == 0 {
+            return None;
+        }
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&head).into_owned();
+    let len: usize = head
+        .lines()
+        .find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().parse().unwrap()))
+        .unwrap_or(0);
+    let mut body = vec![0u8; len];
+    s.read_exact(&mut body).ok()?;
+    Some(head)
+}
+
+#[test]
+fn health_answers_while_keep_alive_pollers_hold_every_slot() {
+    if !privileged() {
+        return;
+    }
+    let svc = "services: [{name: web, endpoints: [{id: 0, address: 10.2.0.5, mac: \"02:00:00:00:00:05\"}]}]\nroutes: [{name: r, service: web, vips: [20.0.0.1]}]\n";
+    // The default cap (16 connections), 20 pollers.
+    let (mut lb, addr, dir) = start("probe", "", svc);
+    assert!(wait_until(Duration::from_secs(30), || healthy(addr)), "the appliance never became healthy");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let answered = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let pollers: Vec<_> = (0..20)
+        .map(|_| {
+            let (stop, answered) = (std::sync::Arc::clone(&stop), std::sync::Arc::clone(&answered));
+            std::thread::spawn(move || {
+                let mut conn: Option<TcpStream> = None;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    if conn.is_none() {
+                        conn = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).ok();
+                        if let Some(c) = &conn {
+                            c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+                        }
+                    }
+                    if let Some(c) = conn.as_mut() {
+                        let ok = c.write_all(b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n").is_ok() && read_response(c).is_some();
+                        if ok {
+                            answered.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        } else {
+                            conn = None;
+                        }
+                    }
+                    // A kubelet-like period.
+                    std::thread::sleep(Duration::from_millis(1500));
+                }
+            })
+        })
+        .collect();
+    assert!(
+        wait_until(Duration::from_secs(20), || answered.load(std::sync::atomic::Ordering::Relaxed) >= 40),
+        "the pollers got {} answers",
+        answered.load(std::sync::atomic::Ordering::Relaxed)
+    );
+    let mut refused = Vec::new();
+    for i in 0..8 {
+        let r = raw(addr, b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", Duration::from_secs(3));
+        if !r.starts_with("HTTP/1.1 200") {
+            refused.push(format!("probe {i}: {:?}", status_line(&r)));
+        }
+        std::thread::sleep(Duration::from_millis(700));
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for p in pollers {
+        p.join().unwrap();
+    }
+    assert!(refused.is_empty(), "/healthz was refused next to 20 keep-alive pollers: {refused:?}");
+    assert!(lb.running());
+    let (code, out, err) = lb.stop("INT", Duration::from_secs(20));
+    assert_eq!(code, Some(0), "exit status\n{out}\n{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

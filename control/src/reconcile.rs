@@ -106,11 +106,6 @@ fn release_heap() {
     tracing::debug!(free_mib = r.free >> 20, used_mib = r.used >> 20, trimmed = r.trimmed, took_us = micros(t0.elapsed()), "heap release");
 }
 
-/// The settings of the running appliance that only a restart applies.
-fn restart_only(c: &ApplianceConfig) -> impl PartialEq + '_ {
-    (&c.dpdk, &c.ports, c.admin, c.flow_entries, c.flow_idle_secs, c.max_services, c.max_endpoints)
-}
-
 /// The reconciler's state.
 pub struct Reconciler {
     model: Model,
@@ -178,10 +173,19 @@ impl std::fmt::Debug for Reconciler {
     }
 }
 
+/// Where a compilation failure is reported before it is placed.
+const COMPILER: &str = "(compiler)";
+
 /// A compilation failure (capacity, a table that cannot be built) as a
 /// problem of the whole state.
 fn compile_problem(message: String) -> Problem {
-    Problem::new("(compiler)", "", message)
+    Problem::new(COMPILER, "", message)
+}
+
+/// `problems` with each compilation failure placed in `cfg`'s file (one
+/// about capacity at the key to raise).
+fn placed(problems: Refusal, cfg: &ApplianceConfig) -> Refusal {
+    problems.into_iter().map(|p| if p.file == COMPILER && p.pos.is_none() { cfg.compile_problem(p.message) } else { p }).collect()
 }
 
 /// Why a state was not applied.
@@ -281,11 +285,11 @@ impl Reconciler {
                 self.record(FILE_SOURCE, &trigger, outcome);
             }
             SourceMsg::Desired { source, desired, trigger, reply } => {
-                let outcome = self.apply_desired(&source, desired, &trigger);
+                let outcome = self.apply_desired(&source, desired, &trigger).map_err(|e| placed(e, &self.file.config));
                 self.answer(&source, &trigger, outcome, reply);
             }
             SourceMsg::Endpoints { source, changes, trigger, reply } => {
-                let outcome = self.apply_endpoints(&source, changes, &trigger);
+                let outcome = self.apply_endpoints(&source, changes, &trigger).map_err(|e| placed(e, &self.file.config));
                 self.answer(&source, &trigger, outcome, reply);
             }
             SourceMsg::Rejected { source, problems, trigger } => {
@@ -297,8 +301,10 @@ impl Reconciler {
     }
 
     fn apply_file(&mut self, state: FileState, trigger: &str) -> Result<Vec<String>, Refusal> {
-        if restart_only(&state.config) != restart_only(&self.started_with) {
-            warn!("dpdk, ports, admin, flowTable and capacity settings changed: they take effect at the next start; services, routes, gateways and defaults are applied now");
+        // What `sluice check --started-with` reports too.
+        let restart = state.config.start_only_changes(&self.started_with);
+        if !restart.is_empty() {
+            return Err(restart);
         }
         let saved = (
             self.model.get(FILE_SOURCE).cloned(),
@@ -309,7 +315,7 @@ impl Reconciler {
         state.set_into(&mut self.model);
         self.defaults = state.config.defaults;
         self.topo.gateways = with_learned(&state.config.gateways, &self.learned);
-        let outcome = self.resolve_and_publish(trigger);
+        let outcome = self.resolve_and_publish(trigger).map_err(|e| placed(e, &state.config));
         if outcome.is_ok() {
             self.settings.send_if_modified(|s| {
                 let next = Settings::of(&state.config);
@@ -1024,6 +1030,85 @@ mod tests {
         assert_eq!(r.topo.gateways, [gw("10.0.0.9"), gw("fd00::254")]);
         r.learned_gateways(Vec::new());
         assert_eq!(r.topo.gateways, [gw("10.0.0.9")]);
+    }
+
+    /// A reconciler started with the file `text` (written as `c.yaml` in
+    /// a directory of its own), and a way to read that file again after
+    /// writing `text` into it.
+    fn from_file(text: &str) -> (Reconciler, Arc<Shared>, impl Fn(&str) -> FileState) {
+        let dir = std::env::temp_dir().join(format!("sluice-rec-file-{}-{:?}", std::process::id(), std::thread::current().id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path: PathBuf = dir.join("c.yaml");
+        let reread = move |text: &str| {
+            std::fs::write(&path, text).unwrap();
+            crate::sources::read(&path).unwrap()
+        };
+        let state = reread(text);
+        let shared = Arc::new(Shared::new("c.yaml".into(), Vec::new(), Arc::new(IdlePool), Vec::<WorkerEntry>::new(), 1));
+        let topo = Topology {
+            ports: vec![TopoPort {
+                name: "p".into(),
+                mac: [2, 0, 0, 0, 0, 9],
+                mtu: 1500,
+                addresses: vec![IfAddr { addr: "10.0.0.1".parse().unwrap(), prefix: 24 }],
+            }],
+            gateways: vec![],
+        };
+        let (tx, _) = watch::channel(Arc::new(Vec::new()));
+        let (settings, _) = watch::channel(Settings::of(&state.config));
+        let mut r = Reconciler::new(state, topo, Publisher::new(Snapshot::default()), Arc::clone(&shared), tx, settings);
+        r.start().unwrap();
+        (r, shared, reread)
+    }
+
+    const PORT: &str = "ports: [{name: p, device: net_null0, addresses: [10.0.0.1/24]}]\n";
+    const WEB: &str = "routes: [{name: r, service: web, vips: [20.0.0.1]}]\nservices:\n  - name: web\n    endpoints:\n";
+
+    fn endpoint_lines(n: u32) -> String {
+        (0..n).map(|i| format!("      - {{id: {i}, address: 10.0.0.{}, mac: \"02:00:00:00:00:01\"}}\n", i + 10)).collect()
+    }
+
+    #[test]
+    fn a_reload_that_changes_a_start_only_key_is_refused_where_the_key_is() {
+        let (mut r, shared, reread) = from_file(&format!("{PORT}capacity: {{endpoints: 2}}\n{WEB}{}", endpoint_lines(2)));
+        let g = r.publisher().generation();
+        // Capacity raised and used at once: the running appliance has 2 slots.
+        let raised = reread(&format!("{PORT}capacity: {{endpoints: 4}}\n{WEB}{}", endpoint_lines(3)));
+        let file = raised.config.path.display().to_string();
+        r.apply(SourceMsg::File { state: Box::new(raised), trigger: "edit".into() });
+        let st = lock(&shared.state).sources[FILE_SOURCE].clone();
+        assert!(!st.accepted);
+        assert_eq!(st.problems, [format!(
+            "{file}:2:23: capacity.endpoints: 2 -> 4 takes effect at restart: the running appliance keeps 2 (restart it, or put back 2 to reload the rest)"
+        )]);
+        assert_eq!(r.publisher().generation(), g, "the last good state still serves");
+        // Alone, too: nothing of the file is applied while it asks for a restart.
+        let only = reread(&format!("{PORT}capacity: {{endpoints: 4}}\n{WEB}{}", endpoint_lines(2)));
+        r.apply(SourceMsg::File { state: Box::new(only), trigger: "edit".into() });
+        assert!(!lock(&shared.state).sources[FILE_SOURCE].accepted);
+        // A key taken out goes back to its default: a change, at the section.
+        let gone = reread(&format!("{PORT}{WEB}{}admin: {{maxConnections: 8}}\n", endpoint_lines(2)));
+        r.apply(SourceMsg::File { state: Box::new(gone), trigger: "edit".into() });
+        let st = lock(&shared.state).sources[FILE_SOURCE].clone();
+        assert_eq!(st.problems, [
+            format!("{file}:8:25: admin.maxConnections: 16 -> 8 takes effect at restart: the running appliance keeps 16 (restart it, or put back 16 to reload the rest)"),
+            format!("{file}:1:1: capacity.endpoints: 2 -> 65536 takes effect at restart: the running appliance keeps 2 (restart it, or put back 2 to reload the rest)"),
+        ]);
+        // Put back, the other changes apply.
+        let back = reread(&format!("{PORT}capacity: {{endpoints: 2}}\n{WEB}{}", endpoint_lines(1)));
+        r.apply(SourceMsg::File { state: Box::new(back), trigger: "edit".into() });
+        assert!(lock(&shared.state).sources[FILE_SOURCE].accepted);
+        assert_eq!(r.publisher().generation(), g + 1);
+    }
+
+    #[test]
+    fn a_file_over_capacity_is_refused_at_the_capacity_key() {
+        let (mut r, shared, reread) = from_file(&format!("{PORT}capacity: {{endpoints: 2}}\n{WEB}{}", endpoint_lines(2)));
+        let over = reread(&format!("{PORT}capacity: {{endpoints: 2}}\n{WEB}{}", endpoint_lines(3)));
+        let file = over.config.path.display().to_string();
+        r.apply(SourceMsg::File { state: Box::new(over), trigger: "edit".into() });
+        let st = lock(&shared.state).sources[FILE_SOURCE].clone();
+        assert_eq!(st.problems, [format!("{file}:2:23: capacity.endpoints: more than 2 endpoints: raise capacity.endpoints (it takes effect at restart)")]);
     }
 
     #[test]

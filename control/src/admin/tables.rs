@@ -136,24 +136,67 @@ pub fn summaries(snap: &Snapshot) -> Vec<TableSummary> {
     v
 }
 
+/// The runs of consecutive slots with the same endpoint address, from
+/// slot 0, computed as they are taken.
+fn runs(s: &Service) -> impl Iterator<Item = (String, u32)> + '_ {
+    let mut slots = slots(s).peekable();
+    std::iter::from_fn(move || {
+        let a = slots.next()?;
+        let mut n = 1u32;
+        while slots.next_if_eq(&a).is_some() {
+            n += 1;
+        }
+        Some((a.map_or_else(|| "-".to_owned(), |a| a.to_string()), n))
+    })
+}
+
 /// One service's table in full.
 pub fn dump(snap: &Snapshot, service: &str) -> Option<TableDump> {
     let s = named(snap, service)?;
-    let slots: Vec<Option<Addr>> = slots(s).collect();
-    // Runs by address first; each run's address is written out once.
-    let mut runs: Vec<(Option<Addr>, u32)> = Vec::new();
-    for a in &slots {
-        match runs.last_mut() {
-            Some((last, n)) if last == a => *n += 1,
-            _ => runs.push((*a, 1)),
+    Some(TableDump { summary: summary(s), runs: runs(s).collect() })
+}
+
+/// The service named `service`, if the snapshot has it.
+pub fn find(snap: &Arc<Snapshot>, service: &str) -> Option<Arc<Service>> {
+    named(snap, service).cloned()
+}
+
+/// Writes [`dump`]'s JSON (pretty, as the other views) of the service `s`
+/// to `w` as it is computed: the runs are never all held (a table of
+/// 16,777,213 slots has millions), so what it holds does not grow with the
+/// table. An error of `w` (the client went away, the request's time is
+/// up) stops it.
+pub fn write_dump(s: &Arc<Service>, digests: &Digests, w: impl std::io::Write) -> std::io::Result<()> {
+    /// The runs, serialized as a list while they are computed.
+    struct Runs<'a>(&'a Service);
+    impl Serialize for Runs<'_> {
+        fn serialize<S: serde::Serializer>(&self, ser: S) -> Result<S::Ok, S::Error> {
+            ser.collect_seq(runs(self.0))
         }
     }
-    let names: std::collections::HashMap<Addr, String> = s.endpoints().map(|e| (e.addr, e.addr.to_string())).collect();
-    let runs = runs
-        .into_iter()
-        .map(|(a, n)| (a.map_or_else(|| "-".to_owned(), |a| names.get(&a).cloned().unwrap_or_else(|| a.to_string())), n))
-        .collect();
-    Some(TableDump { summary: summary_of(s, digest(slots.iter().copied())), runs })
+    /// [`TableDump`]'s fields, in its order.
+    #[derive(Serialize)]
+    struct Streamed<'a> {
+        #[serde(flatten)]
+        summary: TableSummary,
+        runs: Runs<'a>,
+    }
+    let out = Streamed { summary: summary_of(s, digests.of(s)), runs: Runs(s) };
+    serde_json::to_writer_pretty(w, &out).map_err(std::io::Error::other)
+}
+
+/// Writes [`summaries`]' JSON to `w` one service at a time.
+pub fn write_summaries(snap: &Snapshot, w: impl std::io::Write) -> std::io::Result<()> {
+    /// The services' summaries by name, each made as it is written.
+    struct All<'a>(&'a Snapshot);
+    impl Serialize for All<'_> {
+        fn serialize<S: serde::Serializer>(&self, ser: S) -> Result<S::Ok, S::Error> {
+            let mut order: Vec<&Arc<Service>> = self.0.services.iter().collect();
+            order.sort_by(|a, b| a.name.cmp(&b.name));
+            ser.collect_seq(order.into_iter().map(|s| summary(s)))
+        }
+    }
+    serde_json::to_writer_pretty(w, &All(snap)).map_err(std::io::Error::other)
 }
 
 /// The endpoint a flow gets, and why.
@@ -385,6 +428,83 @@ mod tests {
         let d = dump(&snap(&[(0, "10.0.0.1"), (1, "10.0.0.2")]), "web").unwrap();
         assert_eq!(d.runs.iter().map(|r| r.1).sum::<u32>(), d.summary.size);
         assert!(dump(&snap(&[(0, "10.0.0.1")]), "nope").is_none());
+    }
+
+    /// A writer that keeps nothing: counts the bytes and hashes them.
+    #[derive(Default)]
+    struct Sink {
+        bytes: usize,
+        hash: Sha256,
+    }
+
+    impl std::io::Write for Sink {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.bytes += b.len();
+            self.hash.update(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn big(size: u32, eps: u16) -> Snapshot {
+        let endpoints = (0..eps)
+            .map(|id| EndpointSpec {
+                id,
+                incarnation: 1,
+                weight: 1,
+                draining: false,
+                addr: format!("10.1.{}.{}", id / 250, id % 250 + 1).parse().unwrap(),
+                port: 0,
+                mac: [2, 0, 0, 0, 0, 1],
+                delivery: Delivery::L2,
+                counter: u32::from(id),
+            })
+            .collect();
+        let spec = ServiceSpec { name: "web".into(), key: 0, algorithm: Algorithm::Maglev, flow_table: false, limit: eps.into(), table_size: size, endpoints };
+        Snapshot::new(1, &[], vec![Arc::new(Service::build(&spec).unwrap())], vec![PortInfo::default()], None, None)
+    }
+
+    #[test]
+    fn a_streamed_table_is_the_same_json() {
+        for (size, eps) in [(0, 1), (65537, 3), (1_000_003, 200)] {
+            let s = big(size, eps);
+            let whole = serde_json::to_string_pretty(&dump(&s, "web").unwrap()).unwrap();
+            let mut streamed = Vec::new();
+            write_dump(&s.services[0], &Digests::default(), &mut streamed).unwrap();
+            assert!(whole.as_bytes() == streamed, "table of {size} slots: the streamed JSON differs");
+            let whole = serde_json::to_string_pretty(&summaries(&s)).unwrap();
+            let mut streamed = Vec::new();
+            write_summaries(&s, &mut streamed).unwrap();
+            assert!(whole.as_bytes() == streamed);
+        }
+    }
+
+    #[test]
+    fn a_writer_error_stops_the_dump() {
+        struct Refuses(usize);
+        impl std::io::Write for Refuses {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0 += 1;
+                if self.0 > 3 {
+                    return Err(std::io::Error::new(std::io::ErrorKind::BrokenPipe, "gone"));
+                }
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let s = big(1_000_003, 200);
+        let mut w = Refuses(0);
+        let e = write_dump(&s.services[0], &Digests::default(), &mut w).unwrap_err();
+        assert!(e.to_string().contains("gone"), "{e}");
+        assert_eq!(w.0, 4, "nothing is written after the first error");
+        let mut sink = Sink::default();
+        write_dump(&s.services[0], &Digests::default(), &mut sink).unwrap();
+        assert!(sink.bytes > 1000 * 4, "{} bytes", sink.bytes);
+        let _ = sink.hash.finalize();
     }
 
     #[test]

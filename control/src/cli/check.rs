@@ -19,6 +19,11 @@ pub struct CheckArgs {
     /// The appliance configuration (YAML).
     #[arg(long, short, value_name = "FILE")]
     pub config: PathBuf,
+    /// The configuration the running appliance was started with: also
+    /// report the settings that only a restart applies and that differ (a
+    /// reload refuses them, at the same positions).
+    #[arg(long, value_name = "FILE")]
+    pub started_with: Option<PathBuf>,
 }
 
 /// Every next hop "resolves": check looks at placement, not at the network.
@@ -30,10 +35,17 @@ impl Neighbors for AllResolved {
     }
 }
 
-/// Everything wrong with the configuration at `path`.
-pub fn problems(path: &std::path::Path) -> Result<sources::Loaded, Vec<Problem>> {
+/// Everything wrong with the configuration at `path`; with `started_with`,
+/// as a reload of an appliance started with that configuration.
+pub fn problems(path: &std::path::Path, started_with: Option<&std::path::Path>) -> Result<sources::Loaded, Vec<Problem>> {
     let loaded = sources::load(path)?;
     let cfg = &loaded.config;
+    if let Some(running) = started_with {
+        let restart = cfg.start_only_changes(&crate::config::load(running)?);
+        if !restart.is_empty() {
+            return Err(restart);
+        }
+    }
     let topo = Topology {
         ports: cfg
             .ports
@@ -50,7 +62,7 @@ pub fn problems(path: &std::path::Path) -> Result<sources::Loaded, Vec<Problem>>
         .flat_map(|s| s.endpoints.iter().map(|e| ((e.service.as_str(), e.id), &*e.origin)))
         .collect();
     match Compiler::new(cfg.max_services, cfg.max_endpoints).compile(&loaded.resolved, &topo, &AllResolved) {
-        Err(e) => out.push(Problem::new(cfg.path.display().to_string(), "", e)),
+        Err(e) => out.push(cfg.compile_problem(e)),
         Ok(c) => {
             for e in c.endpoint_statuses() {
                 if let EndpointState::Unreachable(why) = &e.state {
@@ -134,7 +146,7 @@ fn host_warnings(l: &sources::Loaded, limit: impl Fn(bool) -> Option<u64>) -> Ve
 
 /// Runs `sluice check`.
 pub fn run(args: &CheckArgs) -> ExitCode {
-    match problems(&args.config) {
+    match problems(&args.config, args.started_with.as_deref()) {
         Ok(l) => {
             println!(
                 "{}: ok: {} route(s), {} service(s), {} endpoint(s), {} port(s){}",
@@ -213,12 +225,36 @@ mod tests {
         // One with a static MAC needs no entry.
         text.push_str("      - {id: 1500, address: 10.200.9.9, mac: \"02:00:00:00:00:01\"}\n");
         std::fs::write(&f, text).unwrap();
-        let l = problems(&f).unwrap();
+        let l = problems(&f, None).unwrap();
         let w = host_warnings(&l, |v4| v4.then_some(1024));
         assert_eq!(w.len(), 1, "{w:?}");
         assert!(w[0].starts_with("1500 IPv4 next hops to resolve") && w[0].contains("net.ipv4.neigh.default.gc_thresh3 = 1024"), "{}", w[0]);
         assert!(host_warnings(&l, |_| Some(2048)).is_empty());
         assert!(host_warnings(&l, |_| None).is_empty(), "nothing said when the limit cannot be read");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn check_refuses_what_a_reload_refuses_at_the_same_place() {
+        let dir = std::env::temp_dir().join(format!("sluice-check-reload-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let base = "ports: [{name: p, device: net_null0, addresses: [10.0.0.1/24]}]\nroutes: [{name: r, service: web, vips: [20.0.0.1]}]\nservices:\n  - name: web\n    endpoints:\n";
+        let eps = |n: u32| -> String { (0..n).map(|i| format!("      - {{id: {i}, address: 10.0.0.{}}}\n", i + 10)).collect() };
+        let (old, new) = (dir.join("old.yaml"), dir.join("new.yaml"));
+        std::fs::write(&old, format!("capacity: {{endpoints: 2}}\n{base}{}", eps(2))).unwrap();
+        std::fs::write(&new, format!("capacity: {{endpoints: 4}}\n{base}{}", eps(3))).unwrap();
+        let text = |ps: Vec<Problem>| ps.iter().map(ToString::to_string).collect::<Vec<_>>();
+        let n = new.display();
+        assert!(problems(&new, None).is_ok(), "on its own, the new file starts");
+        assert_eq!(text(problems(&new, Some(&old)).unwrap_err()), [format!(
+            "{n}:1:23: capacity.endpoints: 2 -> 4 takes effect at restart: the running appliance keeps 2 (restart it, or put back 2 to reload the rest)"
+        )]);
+        std::fs::write(&new, format!("capacity: {{endpoints: 2}}\n{base}{}", eps(3))).unwrap();
+        assert_eq!(text(problems(&new, Some(&old)).unwrap_err()), [format!(
+            "{n}:1:23: capacity.endpoints: more than 2 endpoints: raise capacity.endpoints (it takes effect at restart)"
+        )]);
+        std::fs::write(&new, format!("capacity: {{endpoints: 2}}\n{base}{}", eps(1))).unwrap();
+        assert!(problems(&new, Some(&old)).is_ok());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

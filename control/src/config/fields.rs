@@ -217,17 +217,36 @@ pub fn table_size(n: Node<'_>, p: &mut Problems) -> Option<u32> {
     Some(m)
 }
 
-/// A MAC address `aa:bb:cc:dd:ee:ff`.
+/// Why `m` cannot be a next hop's MAC (`None` for a unicast one): frames
+/// sent to a broadcast or multicast MAC reach every host of the segment
+/// (each backend would see every flow), and the all-zero MAC is no host's.
+pub fn not_unicast(m: [u8; 6]) -> Option<&'static str> {
+    if m == [0xff; 6] {
+        Some("the broadcast MAC")
+    } else if m[0] & 1 != 0 {
+        Some("a multicast MAC")
+    } else if m == [0; 6] {
+        Some("the all-zero MAC")
+    } else {
+        None
+    }
+}
+
+/// A unicast MAC address `aa:bb:cc:dd:ee:ff` (an endpoint's or a
+/// gateway's).
 pub fn mac(n: Node<'_>, p: &mut Problems) -> Option<[u8; 6]> {
     let s = n.string(p)?;
     let parts: Vec<&str> = s.trim().split(':').collect();
     let mut m = [0u8; 6];
-    if parts.len() == 6 && parts.iter().zip(m.iter_mut()).all(|(t, b)| u8::from_str_radix(t, 16).map(|v| *b = v).is_ok()) {
-        Some(m)
-    } else {
+    if !(parts.len() == 6 && parts.iter().zip(m.iter_mut()).all(|(t, b)| u8::from_str_radix(t, 16).map(|v| *b = v).is_ok())) {
         n.bad(p, format!("{s:?} is not a MAC address (aa:bb:cc:dd:ee:ff)"));
-        None
+        return None;
     }
+    if let Some(what) = not_unicast(m) {
+        n.bad(p, format!("{s:?} is {what}: a next hop needs a unicast MAC (the low bit of the first byte clear)"));
+        return None;
+    }
+    Some(m)
 }
 
 /// A name usable as an identifier: letters, digits, `-`, `_`, `.`.
@@ -293,6 +312,10 @@ mod tests {
         assert!(one("2001:db8::1/64", vip).unwrap_err().contains("not a /32 or /128"));
         assert_eq!(one("02:00:00:aa:bb:0c", mac).unwrap(), [2, 0, 0, 0xaa, 0xbb, 0x0c]);
         assert!(one("02:00:00:aa:bb", mac).is_err());
+        assert!(one("FF:FF:FF:FF:FF:FF", mac).unwrap_err().contains("is the broadcast MAC"), "in any spelling");
+        assert!(one("03:00:00:00:00:01", mac).unwrap_err().contains("is a multicast MAC"));
+        assert!(one("0:0:0:0:0:0", mac).unwrap_err().contains("is the all-zero MAC"));
+        assert_eq!(one("fe:ff:ff:ff:ff:ff", mac).unwrap(), [0xfe, 0xff, 0xff, 0xff, 0xff, 0xff], "locally administered unicast");
         assert!(one("web tier", name).is_err());
     }
 }

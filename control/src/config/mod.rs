@@ -216,6 +216,127 @@ pub struct ApplianceConfig {
     pub routing: crate::routing::router::RoutingConfig,
     /// The Kubernetes API as a source, if set (`kubernetes:`).
     pub kubernetes: Option<kubernetes::KubeConfig>,
+    /// Where the settings only a restart applies are written.
+    pub keys: KeyPositions,
+}
+
+/// The sections whose settings only a restart applies.
+const START_ONLY: &[&str] = &["dpdk", "ports", "admin", "flowTable", "capacity"];
+
+/// Where the file writes each setting that only a restart applies (its
+/// sections, their keys, each port), to point a problem about one at it.
+/// Positions are not part of what the configuration says: two files that
+/// differ only in layout compare equal.
+#[derive(Clone, Debug, Default)]
+pub struct KeyPositions(std::sync::Arc<Vec<(String, Pos)>>);
+
+impl PartialEq for KeyPositions {
+    fn eq(&self, _: &KeyPositions) -> bool {
+        true
+    }
+}
+
+impl Eq for KeyPositions {}
+
+impl KeyPositions {
+    fn of(v: &Value) -> KeyPositions {
+        let mut keys = vec![(String::new(), v.pos())];
+        for &section in START_ONLY {
+            let Some(s) = v.get(section) else { continue };
+            keys.push((section.to_owned(), s.pos()));
+            match s.data() {
+                yaml::Data::Map(m) => keys.extend(m.iter().filter_map(|(k, v)| Some((format!("{section}.{}", k.as_str()?), v.pos())))),
+                yaml::Data::Seq(items) => keys.extend(items.iter().enumerate().map(|(i, v)| (format!("{section}[{i}]"), v.pos()))),
+                _ => {}
+            }
+        }
+        KeyPositions(std::sync::Arc::new(keys))
+    }
+
+    /// Where `path` is written; when it is not, where its section is, else
+    /// the start of the file.
+    pub fn at(&self, path: &str) -> Option<Pos> {
+        let find = |p: &str| self.0.iter().find(|(k, _)| k == p).map(|(_, at)| *at);
+        let section = path.split(['.', '[']).next().unwrap_or("");
+        find(path).or_else(|| find(section)).or_else(|| find(""))
+    }
+}
+
+impl ApplianceConfig {
+    /// Why the running appliance, started with `running`, cannot take this
+    /// configuration on a reload: each setting that only a restart applies
+    /// and that differs, at the place the file writes it (or its section).
+    /// Empty when the file may be reloaded.
+    pub fn start_only_changes(&self, running: &ApplianceConfig) -> Vec<Problem> {
+        fn text<T: std::fmt::Debug>(v: &T) -> String {
+            format!("{v:?}")
+        }
+        let (was, now) = (running, self);
+        let (a, b) = (&was.dpdk, &now.dpdk);
+        let pairs: Vec<(&str, String, String)> = vec![
+            ("dpdk.lcores", text(&a.lcores), text(&b.lcores)),
+            ("dpdk.memoryMB", text(&a.memory_mb), text(&b.memory_mb)),
+            ("dpdk.hugepages", text(&a.hugepages), text(&b.hugepages)),
+            ("dpdk.filePrefix", text(&a.file_prefix), text(&b.file_prefix)),
+            ("dpdk.mbufs", text(&a.mbufs), text(&b.mbufs)),
+            ("dpdk.descriptors", text(&a.descriptors), text(&b.descriptors)),
+            ("dpdk.extraArgs", text(&a.extra_args), text(&b.extra_args)),
+            ("dpdk.busyPoll", text(&a.busy_poll), text(&b.busy_poll)),
+            ("dpdk.idlePauseMaxMicros", text(&a.idle_pause_max_us), text(&b.idle_pause_max_us)),
+            ("dpdk.rxInterrupts", text(&a.rx_interrupts), text(&b.rx_interrupts)),
+            ("dpdk.latencyHistogram", text(&a.latency_histogram), text(&b.latency_histogram)),
+        ];
+        let port = |p: Option<&PortConfig>| {
+            p.map_or_else(
+                || "no port".to_owned(),
+                |p| {
+                    let addrs: Vec<String> = p.addresses.iter().map(ToString::to_string).collect();
+                    format!("{} on {:?} (mtu {}, addresses [{}], kernelInterface {:?})", p.name, p.device, p.mtu, addrs.join(", "), p.kernel_interface)
+                },
+            )
+        };
+        let ports: Vec<(String, String, String)> = (0..was.ports.len().max(now.ports.len()))
+            .filter(|&i| was.ports.get(i) != now.ports.get(i))
+            .map(|i| (format!("ports[{i}]"), port(was.ports.get(i)), port(now.ports.get(i))))
+            .collect();
+        let rest: Vec<(&str, String, String)> = vec![
+            ("admin.listen", was.admin.to_string(), now.admin.to_string()),
+            ("admin.maxConnections", text(&was.admin_max_connections), text(&now.admin_max_connections)),
+            ("admin.requestTimeoutSeconds", text(&was.admin_request_timeout_secs), text(&now.admin_request_timeout_secs)),
+            ("flowTable.entries", text(&was.flow_entries), text(&now.flow_entries)),
+            ("flowTable.idleSeconds", text(&was.flow_idle_secs), text(&now.flow_idle_secs)),
+            ("capacity.services", text(&was.max_services), text(&now.max_services)),
+            ("capacity.endpoints", text(&was.max_endpoints), text(&now.max_endpoints)),
+        ];
+        let file = self.path.display().to_string();
+        pairs
+            .into_iter()
+            .map(|(k, a, b)| (k.to_owned(), a, b))
+            .chain(ports)
+            .chain(rest.into_iter().map(|(k, a, b)| (k.to_owned(), a, b)))
+            .filter(|(_, a, b)| a != b)
+            .map(|(key, a, b)| {
+                Problem::at(
+                    file.clone(),
+                    self.keys.at(&key),
+                    key,
+                    format!("{a} -> {b} takes effect at restart: the running appliance keeps {a} (restart it, or put back {a} to reload the rest)"),
+                )
+            })
+            .collect()
+    }
+
+    /// A compilation failure of this configuration's model as a problem:
+    /// one about capacity (`raise capacity.X`) is placed at that key.
+    pub fn compile_problem(&self, message: String) -> Problem {
+        let file = self.path.display().to_string();
+        for key in ["capacity.services", "capacity.endpoints"] {
+            if message.ends_with(&format!("raise {key}")) {
+                return Problem::at(file, self.keys.at(key), key, format!("{message} (it takes effect at restart)"));
+            }
+        }
+        Problem::new(file, "", message)
+    }
 }
 
 impl ApplianceConfig {
@@ -356,6 +477,7 @@ pub fn parse(v: &Value, path: &Path) -> Result<ApplianceConfig, Vec<Problem>> {
         xds,
         routing,
         kubernetes,
+        keys: KeyPositions::of(v),
     })
 }
 
@@ -711,6 +833,30 @@ routes:
             "c.yaml:12:86: routes[0].sourceCIDRs[0]: \"::ffff:10.0.0.0/104\" is an IPv4-mapped IPv6 address: write the IPv4 form, 10.0.0.0/8",
         ];
         assert_eq!(got, want);
+    }
+
+    #[test]
+    fn endpoint_and_gateway_macs_are_unicast() {
+        let text = r#"
+dpdk: {lcores: "0,1"}
+ports:
+  - {name: front, device: net_null0, addresses: [10.0.0.1/24]}
+gateways:
+  - {address: 10.0.0.2, port: front, mac: "01:00:5e:00:00:01"}
+services:
+  - name: web
+    endpoints:
+      - {id: 0, address: 10.0.0.3, mac: "ff:ff:ff:ff:ff:ff"}
+      - {id: 1, address: 10.0.0.4, mac: "00:00:00:00:00:00"}
+      - {id: 2, address: 10.0.0.5, mac: "33:33:00:00:00:01"}
+      - {id: 3, address: 10.0.0.6, mac: "02:00:00:00:00:06"}
+"#;
+        assert_eq!(problems(text), [
+            "c.yaml:6:43: gateways[0].mac: \"01:00:5e:00:00:01\" is a multicast MAC: a next hop needs a unicast MAC (the low bit of the first byte clear)",
+            "c.yaml:10:41: services[0].endpoints[0].mac: \"ff:ff:ff:ff:ff:ff\" is the broadcast MAC: a next hop needs a unicast MAC (the low bit of the first byte clear)",
+            "c.yaml:11:41: services[0].endpoints[1].mac: \"00:00:00:00:00:00\" is the all-zero MAC: a next hop needs a unicast MAC (the low bit of the first byte clear)",
+            "c.yaml:12:41: services[0].endpoints[2].mac: \"33:33:00:00:00:01\" is a multicast MAC: a next hop needs a unicast MAC (the low bit of the first byte clear)",
+        ]);
     }
 
     #[test]

@@ -93,7 +93,9 @@ pub(crate) struct Entry {
 }
 
 impl Entry {
-    /// The MAC, if the kernel considers it usable.
+    /// The MAC, if the kernel considers it usable and it is a unicast one
+    /// (a static entry may say `ff:ff:ff:ff:ff:ff` or a multicast MAC:
+    /// sending a backend's flows there would reach every host).
     fn resolved(&self) -> Option<[u8; 6]> {
         match self.state {
             NeighbourState::Reachable
@@ -101,7 +103,7 @@ impl Entry {
             | NeighbourState::Delay
             | NeighbourState::Probe
             | NeighbourState::Permanent
-            | NeighbourState::Noarp => self.mac,
+            | NeighbourState::Noarp => self.mac.filter(|&m| crate::config::fields::not_unicast(m).is_none()),
             _ => None,
         }
     }
@@ -748,6 +750,15 @@ mod tests {
             let (_, e) = decode(&parse(&b)).unwrap();
             assert_eq!(e.resolved().is_some(), resolved, "state {state:#x}");
         }
+    }
+
+    #[test]
+    fn a_broadcast_multicast_or_zero_lladdr_is_unresolved() {
+        for mac in [[0xff; 6], [1, 0, 0x5e, 0, 0, 1], [0x33, 0x33, 0, 0, 0, 1], [0; 6]] {
+            let e = entry(Some(mac), NeighbourState::Permanent, false);
+            assert_eq!(e.resolved(), None, "{mac:02x?}");
+        }
+        assert_eq!(entry(Some(MAC), NeighbourState::Permanent, false).resolved(), Some(MAC));
     }
 
     #[test]
