@@ -190,10 +190,9 @@ fn read_response(s: &mut TcpStream) -> Option<String> {
 }
 
 #[test]
+#[cfg_attr(sluice_unprivileged, ignore = "needs root: network namespaces and DPDK")]
 fn health_answers_while_keep_alive_pollers_hold_every_slot() {
-    if !privileged() {
-        return;
-    }
+    privileged();
     let svc = "services: [{name: web, endpoints: [{id: 0, address: 10.2.0.5, mac: \"02:00:00:00:00:05\"}]}]\nroutes: [{name: r, service: web, vips: [20.0.0.1]}]\n";
     // The default cap (16 connections), 20 pollers.
     let (mut lb, addr, dir) = start("probe", "", svc);

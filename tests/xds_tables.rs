@@ -261,10 +261,9 @@ fn served_addresses(port: u16, svc: &str) -> Vec<String> {
 /// endpoints. With the assignments pushed before the clusters and after,
 /// both appliances end with the same tables, serving the new endpoints.
 #[test]
+#[cfg_attr(sluice_unprivileged, ignore = "needs root: network namespaces and DPDK")]
 fn a_sotw_and_a_delta_appliance_agree_after_a_conflict_and_its_fix_in_either_push_order() {
-    if !privileged() {
-        return;
-    }
+    privileged();
     for (round, order) in ["assignments-first", "clusters-first"].into_iter().enumerate() {
         let dir = tempdir(&format!("xds-fix-{}-{round}", std::process::id()));
         let resources = dir.join("resources.json");

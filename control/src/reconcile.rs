@@ -1050,6 +1050,7 @@ mod tests {
                 name: "p".into(),
                 mac: [2, 0, 0, 0, 0, 9],
                 mtu: 1500,
+                vlan: 0,
                 addresses: vec![IfAddr { addr: "10.0.0.1".parse().unwrap(), prefix: 24 }],
             }],
             gateways: vec![],
