@@ -32,7 +32,23 @@ fn answer(port: u16, path: &str) -> Option<(String, String)> {
     let mut buf = String::new();
     s.read_to_string(&mut buf).ok()?;
     let (head, body) = buf.split_once("\r\n\r\n")?;
-    Some((head.lines().next().unwrap_or("").to_owned(), body.to_owned()))
+    let chunked = head.lines().any(|l| l.to_ascii_lowercase().replace(' ', "") == "transfer-encoding:chunked");
+    let body = if chunked { dechunk(body)? } else { body.to_owned() };
+    Some((head.lines().next().unwrap_or("").to_owned(), body))
+}
+
+/// The body of a chunked answer (the admin endpoint streams `/tables`).
+fn dechunk(mut rest: &str) -> Option<String> {
+    let mut out = String::new();
+    loop {
+        let (size, after) = rest.split_once("\r\n")?;
+        let n = usize::from_str_radix(size.split(';').next()?.trim(), 16).ok()?;
+        if n == 0 {
+            return Some(out);
+        }
+        out.push_str(after.get(..n)?);
+        rest = after.get(n..)?.strip_prefix("\r\n")?;
+    }
 }
 
 /// GET `path` from the admin endpoint at `port`: the body, if 200.
