@@ -35,6 +35,19 @@ impl Neighbors for AllResolved {
     }
 }
 
+/// The ports and gateways of `cfg` as the compiler sees them, with no MAC
+/// learnt yet: check looks at placement, not at the network.
+fn placement_topology(cfg: &crate::config::ApplianceConfig) -> Topology {
+    Topology {
+        ports: cfg
+            .ports
+            .iter()
+            .map(|p| TopoPort { name: p.name.clone(), mac: [0; 6], mtu: p.mtu, vlan: p.vlan, addresses: p.addresses.clone() })
+            .collect(),
+        gateways: cfg.gateways.clone(),
+    }
+}
+
 /// Everything wrong with the configuration at `path`; with `started_with`,
 /// as a reload of an appliance started with that configuration.
 pub fn problems(path: &std::path::Path, started_with: Option<&std::path::Path>) -> Result<sources::Loaded, Vec<Problem>> {
@@ -46,14 +59,7 @@ pub fn problems(path: &std::path::Path, started_with: Option<&std::path::Path>) 
             return Err(restart);
         }
     }
-    let topo = Topology {
-        ports: cfg
-            .ports
-            .iter()
-            .map(|p| TopoPort { name: p.name.clone(), mac: [0; 6], mtu: p.mtu, vlan: p.vlan, addresses: p.addresses.clone() })
-            .collect(),
-        gateways: cfg.gateways.clone(),
-    };
+    let topo = placement_topology(cfg);
     let mut out = Vec::new();
     let origins: HashMap<(&str, u32), &crate::model::Origin> = loaded
         .resolved
@@ -118,14 +124,7 @@ fn bird_problems(l: &sources::Loaded) -> Vec<Problem> {
 /// cannot be read).
 fn host_warnings(l: &sources::Loaded, limit: impl Fn(bool) -> Option<u64>) -> Vec<String> {
     let cfg = &l.config;
-    let topo = Topology {
-        ports: cfg
-            .ports
-            .iter()
-            .map(|p| TopoPort { name: p.name.clone(), mac: [0; 6], mtu: p.mtu, vlan: p.vlan, addresses: p.addresses.clone() })
-            .collect(),
-        gateways: cfg.gateways.clone(),
-    };
+    let topo = placement_topology(cfg);
     let Ok(c) = Compiler::new(cfg.max_services, cfg.max_endpoints).compile(&l.resolved, &topo, &AllResolved) else { return Vec::new() };
     let mut out = Vec::new();
     for v4 in [true, false] {
