@@ -907,7 +907,7 @@ gateways:
         assert_eq!(problems(&format!("dpdk: {{idlePauseMaxMicros: 100001}}\n{port}")).len(), 1);
         assert_eq!(d.dpdk.stall_exit_secs, 10);
         assert_eq!(parse_str(&format!("dpdk: {{stallExitSeconds: 3}}\n{port}"), Path::new("c.yaml")).unwrap().dpdk.stall_exit_secs, 3);
-        assert_eq!(problems(&format!("dpdk: {{stallExitSeconds: 1}}\n{port}")), ["c.yaml:1:27: dpdk.stallExitSeconds: 1 is out of range 2..=600"]);
+        assert_eq!(problems(&format!("dpdk: {{stallExitSeconds: 1}}\n{port}")), ["c.yaml:1:26: dpdk.stallExitSeconds: 1 is out of range 2..=600"]);
     }
 
     #[test]
