@@ -249,9 +249,26 @@ impl Rig {
     }
 
     fn start(&mut self, k: usize) {
+        self.start_with(k, &[]);
+    }
+
+    /// Starts appliance `k` with `env` (`NAME=value`) in its environment.
+    fn start_with(&mut self, k: usize, env: &[&str]) {
         let bin = sluice_bin();
         let lb = &mut self.lbs[k];
-        lb.proc = Some(lb.ns.spawn(&[bin.to_str().unwrap(), "run", "--config", lb.config.to_str().unwrap()]));
+        let mut cmd = vec!["env"];
+        cmd.extend_from_slice(env);
+        cmd.extend_from_slice(&[bin.to_str().unwrap(), "run", "--config", lb.config.to_str().unwrap()]);
+        lb.proc = Some(lb.ns.spawn(&cmd));
+    }
+
+    /// An admin endpoint's answer: status code and body.
+    fn admin(&self, k: usize, path: &str) -> (String, String) {
+        let url = format!("http://127.0.0.1:9091{path}");
+        let out = self.lbs[k].ns.output(&["curl", "-s", "-m", "2", "-w", "\n%{http_code}", &url]);
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let (body, code) = text.rsplit_once('\n').unwrap_or(("", ""));
+        (code.to_owned(), body.to_owned())
     }
 
     fn birdc(&self, cmd: &str) -> String {
@@ -277,7 +294,8 @@ impl Rig {
     /// reports it and as the gateway sees it, and its VIPs in the gateway's FIB.
     fn peered(&self, k: usize) -> bool {
         let st = self.status(k);
-        let sessions = st["bird"]["sessions"].as_array().cloned().unwrap_or_default();
+        // Sessions to routers other than the gateway (named `plain`) are not counted.
+        let sessions: Vec<Value> = st["bird"]["sessions"].as_array().cloned().unwrap_or_default().into_iter().filter(|s| s["router"] != "plain").collect();
         let want = if self.v6 { 2 } else { 1 };
         let ours = sessions.len() == want && sessions.iter().all(|s| s["bgp_state"] == "Established" && s["bfd_state"] == "Up");
         let bfd = self.birdc("show bfd sessions");
@@ -445,12 +463,15 @@ fn announce_withdraw_recover_and_drain_dual_stack() {
 
 /// The gateway's link to the appliance flaps again and again (BFD takes
 /// each session down in ~300 ms): every time the link is back, the
-/// sessions are Established again within a few seconds, IPv4 and IPv6,
-/// however many flaps came before. After each failure the appliance's BIRD
-/// waits its `error wait time`, doubled with each failure in a row up to
-/// the configured maximum, and refuses the gateway's connections meanwhile.
+/// sessions are Established again within a few seconds of the gateway
+/// accepting connections again, IPv4 and IPv6, however many flaps came
+/// before. After each failure a BIRD waits its `error wait time`, doubled
+/// with each failure in a row up to its maximum, and refuses connections
+/// meanwhile: the appliance's is at most 2 s; the gateway's (`1, 5` here)
+/// is its own, so the time is counted from the later of the link coming
+/// back and the gateway leaving its error wait.
 #[test]
-#[ignore = "with the appliance in the loop the sessions come back after 5.3-8.8 s, not about 3 s: the rest of the delay is not yet found"]
+#[cfg_attr(sluice_unprivileged, ignore = "needs root: network namespaces and DPDK")]
 fn sessions_reconnect_within_seconds_after_each_flap() {
     privileged();
     let mut rig = Rig::new("b4", 1, true, false, Eps::Same);
@@ -462,26 +483,164 @@ fn sessions_reconnect_within_seconds_after_each_flap() {
         let p = rig.birdc("show protocols");
         ["lb0 ", "lb0v6 "].iter().all(|n| p.lines().any(|l| l.starts_with(n) && l.contains("Established")))
     };
+    let appliance_down = |rig: &Rig| {
+        let st = rig.status(0);
+        let s = st["bird"]["sessions"].as_array().cloned().unwrap_or_default();
+        s.len() == 2 && s.iter().all(|s| s["bgp_state"] != "Established")
+    };
+    // BIRD shows "Error wait" while a protocol waits before it starts again.
+    let gateway_waits = |rig: &Rig| rig.birdc("show protocols all").contains("Error wait");
     let mut took = Vec::new();
     for flap in 1..=5 {
         rig.gw.run(&["ip", "link", "set", "ga0", "down"]);
-        if !wait_until(Duration::from_secs(10), || !established(&rig)) {
+        // The link stays down until both ends have taken the sessions down.
+        if !wait_until(Duration::from_secs(10), || !established(&rig) && appliance_down(&rig)) {
             rig.fail(&format!("flap {flap}: the sessions did not go down with the link"));
         }
-        std::thread::sleep(Duration::from_millis(1500));
         rig.gw.run(&["ip", "link", "set", "ga0", "up"]);
-        let t0 = Instant::now();
-        if !wait_until(Duration::from_secs(60), || established(&rig)) {
+        let up = Instant::now();
+        let mut accepting = None;
+        let back = wait_until(Duration::from_secs(60), || {
+            if accepting.is_none() && !gateway_waits(&rig) {
+                accepting = Some(Instant::now());
+            }
+            established(&rig)
+        });
+        if !back {
             rig.fail(&format!("flap {flap}: the sessions did not come back within 60 s"));
         }
-        took.push(t0.elapsed());
+        let now = Instant::now();
+        took.push((now - up, now - accepting.unwrap_or(up)));
     }
-    let ms: Vec<u128> = took.iter().map(Duration::as_millis).collect();
-    eprintln!("both sessions Established again after the link came back, per flap: {ms:?} ms");
-    let slowest = took.iter().max().unwrap();
-    if *slowest > Duration::from_secs(6) {
-        rig.fail(&format!("a session took {} ms to come back after a flap (all: {ms:?} ms); expected about 3 s", slowest.as_millis()));
+    let ms = |f: fn(&(Duration, Duration)) -> Duration| took.iter().map(|t| f(t).as_millis()).collect::<Vec<_>>();
+    let (from_link, from_accepting) = (ms(|t| t.0), ms(|t| t.1));
+    eprintln!("both sessions Established again, per flap: {from_link:?} ms after the link came back, {from_accepting:?} ms after the gateway accepted again");
+    let slowest = took.iter().map(|t| t.1).max().unwrap();
+    if slowest > Duration::from_secs(6) {
+        rig.fail(&format!("a session took {} ms to come back after the gateway accepted again (all: {from_accepting:?} ms); expected about 3 s", slowest.as_millis()));
     }
+}
+
+/// Two routers on the appliance's front interface: the DC gateway, which
+/// runs BFD, named with BFD timers of its own but no `switch`, and a second
+/// router that runs no BFD at all, named without any `bfd`. BFD is on by
+/// default: the gateway's BFD session comes Up with the appliance; the
+/// session to the router without BFD is Established all the same (its BFD
+/// never answers, which BIRD does not count as a failure) and it learns
+/// the VIP.
+#[test]
+#[cfg_attr(sluice_unprivileged, ignore = "needs root: network namespaces and DPDK")]
+fn bfd_is_on_by_default_and_a_router_without_bfd_still_peers() {
+    privileged();
+    let mut rig = Rig::new("b6", 1, false, false, Eps::Same);
+    // The second router: its own namespace on the gateway's bridge, a BIRD
+    // with no BFD protocol.
+    let plain = Netns::new("b6rt");
+    no_dad_or_no_v6(&plain, false);
+    veth(&rig.gw, "gr", &plain, "r0");
+    rig.gw.run(&["ip", "link", "set", "gr", "master", "gbr"]);
+    plain.run(&["ip", "addr", "add", "10.100.0.4/24", "dev", "r0"]);
+    let conf = rig.dir.join("plain.conf");
+    std::fs::write(
+        &conf,
+        "router id 10.100.0.4;\nlog stderr all;\nprotocol device { scan time 2; }\nprotocol kernel { ipv4 { export all; }; }\n\
+         protocol bgp lb0 { local 10.100.0.4 as 65002; neighbor 10.100.0.1 as 8103; ipv4 { import all; export none; }; }\n",
+    )
+    .unwrap();
+    let sock = rig.dir.join("plain.ctl");
+    let mut plain_bird = plain.spawn(&["bird", "-f", "-c", conf.to_str().unwrap(), "-s", sock.to_str().unwrap()]);
+    let prefix = format!("bgp{}b6", std::process::id());
+    let text = appliance_config(&prefix, 0, false, &rig.dir, Eps::Same, true)
+        .replace("bfd: {switch: true, minTx: 100ms", "bfd: {minTx: 100ms")
+        .replace("services:\n", "  - {name: plain, address: 10.100.0.4, interface: front, bgp: {localASN: 8103, remoteASN: 65002}}\nservices:\n");
+    assert!(text.contains("bfd: {minTx: 100ms") && text.contains("name: plain"), "{text}");
+    rig.rewrite(0, &text);
+    rig.start(0);
+    let session = |st: &Value, name: &str| st["bird"]["sessions"].as_array().and_then(|s| s.iter().find(|x| x["router"] == name).cloned()).unwrap_or(Value::Null);
+    let plain_route = || String::from_utf8_lossy(&plain.output(&["ip", "-4", "route", "show", VIP4]).stdout).trim().to_owned();
+    let t0 = Instant::now();
+    let both = wait_until(Duration::from_secs(60), || {
+        let st = rig.status(0);
+        rig.peered(0) && session(&st, "plain")["bgp_state"] == "Established" && plain_route().contains("10.100.0.1")
+    });
+    if !both {
+        let (_, _, log) = plain_bird.stop("TERM", Duration::from_secs(5));
+        let st = rig.status(0);
+        rig.fail(&format!("both routers were not peered, the gateway with BFD Up: {}\n--- router without BFD:\n{log}", st["bird"]));
+    }
+    eprintln!("both peered {} ms after start; router without BFD: {}", t0.elapsed().as_millis(), session(&rig.status(0), "plain"));
+    let st = rig.status(0);
+    let gw = session(&st, "dc-gw-v4");
+    assert_eq!((gw["bfd"].as_bool(), gw["bfd_state"].as_str()), (Some(true), Some("Up")), "{gw}");
+    let p = session(&st, "plain");
+    assert_eq!(p["bfd"], true, "BFD is asked for by default: {p}");
+    assert_ne!(p["bfd_state"], "Up", "the router without BFD never answers BFD: {p}");
+    let _ = plain_bird.stop("TERM", Duration::from_secs(5));
+}
+
+/// A worker stops polling (the test hook: SIGUSR2 freezes the appliance's
+/// only worker), so the appliance can send nothing, its withdrawal
+/// included. With BFD on by default the gateway drops the VIP within about
+/// a second all the same; the stall is reported once (log line,
+/// `sluice_worker_stalled`, `/healthz` 503); after `dpdk.stallExitSeconds`
+/// the process exits with status 3, and a new `sluice run` peers again.
+#[test]
+#[cfg_attr(sluice_unprivileged, ignore = "needs root: network namespaces and DPDK")]
+fn a_stalled_worker_is_left_by_the_gateway_reported_and_ends_the_process() {
+    privileged();
+    const EXIT_AFTER: u64 = 4;
+    let mut rig = Rig::new("b7", 1, false, false, Eps::Same);
+    let prefix = format!("bgp{}b7", std::process::id());
+    let text = appliance_config(&prefix, 0, false, &rig.dir, Eps::Same, true)
+        .replace(", bfd: {switch: true, minTx: 100ms, minRx: 100ms, multiplier: 3}", "")
+        .replace("descriptors: 512}", &format!("descriptors: 512, stallExitSeconds: {EXIT_AFTER}}}"));
+    assert!(!text.contains("bfd:") && text.contains("stallExitSeconds"), "{text}");
+    rig.rewrite(0, &text);
+    rig.start_with(0, &["SLUICE_TEST_HOOKS=1"]);
+    if !wait_until(Duration::from_secs(60), || rig.peered(0)) {
+        rig.fail("no BGP session with BFD (on by default) up, or the VIP was not learned");
+    }
+    assert_eq!(rig.admin(0, "/healthz").0, "200");
+    let pid = rig.lbs[0].proc.as_ref().and_then(Proc::id).unwrap();
+    let t0 = Instant::now();
+    sluice_tests::run(&["kill", "-USR2", &pid.to_string()]);
+    let left = wait_until(Duration::from_secs(10), || rig.gw_route(VIP4).is_empty());
+    let left_after = t0.elapsed();
+    if !left {
+        rig.fail("the gateway still routes the VIP to the stalled appliance");
+    }
+    let reported = wait_until(Duration::from_secs(5), || rig.admin(0, "/healthz").0 == "503");
+    let reported_after = t0.elapsed();
+    if !reported {
+        rig.fail("/healthz did not report the stalled worker");
+    }
+    let (_, why) = rig.admin(0, "/healthz");
+    assert!(why.contains("has not polled"), "{why}");
+    let (_, metrics) = rig.admin(0, "/metrics");
+    assert!(metrics.lines().any(|l| l.starts_with("sluice_worker_stalled{") && l.ends_with(" 1")), "{metrics}");
+    let proc = rig.lbs[0].proc.as_mut().unwrap();
+    let exited = wait_until(Duration::from_secs(EXIT_AFTER + 10), || !proc.running());
+    let exited_after = t0.elapsed();
+    let (code, _, err) = rig.lbs[0].proc.take().unwrap().stop("KILL", Duration::from_secs(5));
+    eprintln!(
+        "worker stalled: the gateway dropped the VIP after {} ms, /healthz 503 after {} ms, the process exited ({code:?}) after {} ms",
+        left_after.as_millis(),
+        reported_after.as_millis(),
+        exited_after.as_millis()
+    );
+    assert!(exited, "still running {} s after the stall:\n{err}", exited_after.as_secs());
+    assert_eq!(code, Some(3), "{err}");
+    assert!(exited_after >= Duration::from_secs(EXIT_AFTER), "exited before dpdk.stallExitSeconds: {exited_after:?}");
+    assert_eq!(err.matches("worker stalled").count(), 1, "reported once:\n{err}");
+    assert!(err.contains("exiting for the supervisor"), "{err}");
+
+    // The supervisor's restart: a new process starts, peers and announces.
+    let t1 = Instant::now();
+    rig.start(0);
+    if !wait_until(Duration::from_secs(60), || rig.peered(0)) {
+        rig.fail("after the exit, a new sluice run did not peer again");
+    }
+    eprintln!("started again: peered, the VIP back in the gateway's FIB, after {} ms", t1.elapsed().as_millis());
 }
 
 /// A GatewayRouter name of 100 characters (BIRD takes protocol names of
@@ -548,13 +707,13 @@ fn ecmp_graceful_stop(tag: &str, second: Eps) -> (u64, u64) {
         let (_, o, e) = hold.stop("KILL", Duration::from_secs(1));
         rig.fail(&format!("the connections could not be opened: {o}{e}"));
     }
-    std::thread::sleep(Duration::from_secs(2));
     let balanced = |rig: &Rig, k: usize| -> u64 {
         rig.status(k)["workers"].as_array().map_or(0, |w| w.iter().map(|w| w["balanced"].as_u64().unwrap_or(0)).sum())
     };
+    let both = wait_until(Duration::from_secs(10), || balanced(&rig, 0) > 0 && balanced(&rig, 1) > 0);
     let (a, b) = (balanced(&rig, 0), balanced(&rig, 1));
     eprintln!("packets balanced before the stop: appliance 0: {a}, appliance 1: {b}");
-    assert!(a > 0 && b > 0, "ECMP uses both appliances: {a} / {b}");
+    assert!(both, "ECMP uses both appliances: {a} / {b}");
 
     let (code, _, err) = rig.lbs[1].proc.take().unwrap().stop("TERM", Duration::from_secs(30));
     assert_eq!(code, Some(0), "{err}");

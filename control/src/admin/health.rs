@@ -47,6 +47,12 @@ pub fn sample(sh: &Shared, now: Instant) {
     }
 }
 
+/// For each worker, how long it has gone without polling, as of the last
+/// sample (zero for one that polls).
+pub fn silent_for(sh: &Shared, now: Instant) -> Vec<Duration> {
+    lock(&sh.liveness).iter().map(|l| now.saturating_duration_since(l.progressed)).collect()
+}
+
 /// Why the appliance is not healthy (empty when it is).
 pub fn unhealthy(sh: &Shared, now: Instant) -> Vec<String> {
     // One lock at a time: the reconciler and the sampler take them too.

@@ -347,6 +347,14 @@ impl Collector for SluiceCollector {
             Kind::Gauge,
             sh.workers.iter().map(|w| (worker(w), f(w.counters.interrupts_armed.get()))),
         )?;
+        let silent = health::silent_for(sh, now);
+        family(
+            &mut e,
+            "sluice_worker_stalled",
+            "1 while a worker has not polled for more than a second (the process exits after dpdk.stallExitSeconds).",
+            Kind::Gauge,
+            sh.workers.iter().zip(&silent).map(|(w, d)| (worker(w), f(u64::from(*d > health::STALL)))),
+        )?;
         family(
             &mut e,
             "sluice_worker_snapshot_generation",

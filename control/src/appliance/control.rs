@@ -34,6 +34,7 @@ use crate::routing::Neighbours;
 use crate::sources::kube::{self, KubeStatus};
 use crate::sources::xds::{self, XdsStatus};
 use crate::sources::{self, FileState, SourceMsg};
+use super::stall::{StallWatch, EXIT_STALLED};
 
 /// What the control runtime needs.
 #[derive(Debug)]
@@ -58,6 +59,9 @@ pub struct Parts {
     pub loss: LossSampler,
     /// Which VIPs lead to a ready endpoint (the BIRD driver follows it).
     pub served: watch::Receiver<Servable>,
+    /// How long a worker may go without polling before the process exits
+    /// (`dpdk.stallExitSeconds`).
+    pub stall_exit: Duration,
     /// Where the BIRD driver tells the reconciler the gateways it learned.
     pub learned: watch::Sender<Vec<crate::config::GatewayConfig>>,
 }
@@ -65,7 +69,7 @@ pub struct Parts {
 /// Runs until SIGINT or SIGTERM (or `stop` is cancelled), then shuts the
 /// control side down in order.
 pub async fn run(p: Parts, stop: CancellationToken) -> Result<()> {
-    let Parts { shared, reconciler, mut hops, settings, config_path, initial, admin: (admin_addr, limits), ifaces, mut loss, served, learned } = p;
+    let Parts { shared, reconciler, mut hops, settings, config_path, initial, admin: (admin_addr, limits), ifaces, mut loss, served, learned, stall_exit } = p;
     let listener = admin::bind(admin_addr)
         .await
         .with_context(|| format!("cannot listen on {admin_addr} for the admin endpoint (admin.listen)"))?;
@@ -92,12 +96,20 @@ pub async fn run(p: Parts, stop: CancellationToken) -> Result<()> {
     }
     {
         let (sh, c) = (Arc::clone(&shared), admin_cancel.clone());
+        let mut watch = StallWatch::new(shared.workers.len(), stall_exit);
         admin_tasks.spawn(async move {
             let mut t = tokio::time::interval(health::SAMPLE_EVERY);
             loop {
                 tokio::select! {
                     () = c.cancelled() => return "health sampler",
-                    _ = t.tick() => health::sample(&sh, Instant::now()),
+                    _ = t.tick() => {
+                        let now = Instant::now();
+                        health::sample(&sh, now);
+                        if let Some(why) = watch.check(&sh, now) {
+                            error!(reason = %why, status = EXIT_STALLED, "a worker is stalled: exiting for the supervisor to start Sluice again");
+                            sluice_ffi::process::exit_now(EXIT_STALLED);
+                        }
+                    }
                 }
             }
         });

@@ -18,6 +18,7 @@ pub mod control;
 pub mod eal;
 pub mod loss;
 pub mod plan;
+pub mod stall;
 pub mod workers;
 
 use std::path::PathBuf;
@@ -49,6 +50,34 @@ use crate::sources;
 pub use eal::{count_lcores, eal_args};
 use bringup::Machine;
 use plan::{Plan, Queue};
+
+/// The test hook that stalls a worker: built with the `test-hooks` feature
+/// and armed only when `SLUICE_TEST_HOOKS=1` is in the environment, SIGUSR2
+/// then sets the flag, and the first worker stops polling for good (it
+/// sleeps in place of reading its clock, forever, as a frozen worker
+/// would). `None` otherwise.
+#[cfg(feature = "test-hooks")]
+fn stall_hook() -> Option<Arc<AtomicBool>> {
+    if std::env::var_os("SLUICE_TEST_HOOKS").is_none_or(|v| v != "1") {
+        return None;
+    }
+    let flag = Arc::new(AtomicBool::new(false));
+    match signal_hook::flag::register(signal_hook::consts::SIGUSR2, Arc::clone(&flag)) {
+        Ok(_) => {
+            tracing::warn!("test hook armed: SIGUSR2 stalls the first worker");
+            Some(flag)
+        }
+        Err(e) => {
+            error!(error = %e, "test hook: cannot handle SIGUSR2");
+            None
+        }
+    }
+}
+
+#[cfg(not(feature = "test-hooks"))]
+fn stall_hook() -> Option<Arc<AtomicBool>> {
+    None
+}
 
 /// Run the load balancer.
 ///
@@ -282,12 +311,22 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
     let stop = Arc::new(AtomicBool::new(false));
     let mut workers = workers::Workers::new(Arc::clone(&stop));
     let mut on_main = None;
+    let mut freeze = stall_hook();
     for (lcore, mut worker) in built {
+        // The first worker only: the others go on polling.
+        let frozen = freeze.take();
         let task = move |stop: &AtomicBool| {
             let start = Instant::now();
             worker.run_with(
                 stop,
-                || u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX),
+                || {
+                    if let Some(f) = frozen.as_ref() {
+                        while f.load(std::sync::atomic::Ordering::Relaxed) {
+                            std::thread::sleep(Duration::from_millis(10));
+                        }
+                    }
+                    u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX)
+                },
                 sluice_ffi::tsc,
                 idle,
                 |us| std::thread::sleep(Duration::from_micros(u64::from(us))),
@@ -322,6 +361,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
         loss,
         served: served_rx,
         learned: learned_tx,
+        stall_exit: Duration::from_secs(u64::from(cfg.dpdk.stall_exit_secs)),
     };
     let control_result = match on_main {
         None => {

@@ -45,6 +45,10 @@ pub mod bounds {
     /// A worker's longest pause when idle, in microseconds
     /// (`dpdk.idlePauseMaxMicros`): far below the liveness check's second.
     pub const IDLE_PAUSE_MAX_MICROS: (i64, i64) = (1, 100_000);
+    /// Seconds a worker may go without polling before the process exits
+    /// (`dpdk.stallExitSeconds`): above the second after which it is
+    /// reported, and short enough for a supervisor to restart it soon.
+    pub const STALL_EXIT_SECONDS: (i64, i64) = (2, 600);
     /// Flow-table entries per worker (`flowTable.entries`); an entry takes
     /// 64 bytes, so at most 1 GiB per worker.
     pub const FLOW_ENTRIES: (i64, i64) = (16, 1 << 24);
@@ -90,6 +94,10 @@ pub struct DpdkConfig {
     /// Workers keep a histogram of each packet's time through them
     /// (`dpdk.latencyHistogram`), served at the admin endpoint's `/latency`.
     pub latency_histogram: bool,
+    /// A worker that has not polled for this many seconds makes the
+    /// process exit non-zero, so that its supervisor starts it again
+    /// (`dpdk.stallExitSeconds`).
+    pub stall_exit_secs: u32,
 }
 
 /// An address of the appliance on a port, with its prefix length.
@@ -285,6 +293,7 @@ impl ApplianceConfig {
             ("dpdk.idlePauseMaxMicros", text(&a.idle_pause_max_us), text(&b.idle_pause_max_us)),
             ("dpdk.rxInterrupts", text(&a.rx_interrupts), text(&b.rx_interrupts)),
             ("dpdk.latencyHistogram", text(&a.latency_histogram), text(&b.latency_histogram)),
+            ("dpdk.stallExitSeconds", text(&a.stall_exit_secs), text(&b.stall_exit_secs)),
         ];
         let port = |p: Option<&PortConfig>| {
             p.map_or_else(
@@ -504,6 +513,7 @@ fn dpdk_defaults() -> DpdkConfig {
         idle_pause_max_us: 2000,
         rx_interrupts: true,
         latency_histogram: false,
+        stall_exit_secs: 10,
     }
 }
 
@@ -523,6 +533,7 @@ fn dpdk(n: Node<'_>, p: &mut Problems) -> DpdkConfig {
             "idlePauseMaxMicros",
             "rxInterrupts",
             "latencyHistogram",
+            "stallExitSeconds",
         ],
     );
     n.field("lcores", |n| {
@@ -547,6 +558,8 @@ fn dpdk(n: Node<'_>, p: &mut Problems) -> DpdkConfig {
     n.field("idlePauseMaxMicros", |n| n.int(p, lo, hi).map(|v| d.idle_pause_max_us = v as u32));
     n.field("rxInterrupts", |n| n.boolean(p).map(|v| d.rx_interrupts = v));
     n.field("latencyHistogram", |n| n.boolean(p).map(|v| d.latency_histogram = v));
+    let (lo, hi) = bounds::STALL_EXIT_SECONDS;
+    n.field("stallExitSeconds", |n| n.int(p, lo, hi).map(|v| d.stall_exit_secs = v as u32));
     d
 }
 
@@ -892,6 +905,9 @@ gateways:
         assert!(d.dpdk.rx_interrupts, "on by default");
         assert_eq!(problems(&format!("dpdk: {{busyPoll: 1, idlePauseMaxMicros: 0, latencyHistogram: 2, rxInterrupts: 3}}\n{port}")).len(), 4);
         assert_eq!(problems(&format!("dpdk: {{idlePauseMaxMicros: 100001}}\n{port}")).len(), 1);
+        assert_eq!(d.dpdk.stall_exit_secs, 10);
+        assert_eq!(parse_str(&format!("dpdk: {{stallExitSeconds: 3}}\n{port}"), Path::new("c.yaml")).unwrap().dpdk.stall_exit_secs, 3);
+        assert_eq!(problems(&format!("dpdk: {{stallExitSeconds: 1}}\n{port}")), ["c.yaml:1:26: dpdk.stallExitSeconds: 1 is out of range 2..=600"]);
     }
 
     #[test]

@@ -10,9 +10,10 @@
 //! [`resolve`] ties each router to a port: its `interface` names a port or
 //! the port's kernel interface (the exception-path tap BIRD speaks through),
 //! the port must have an address of the router's family on the router's
-//! subnet (the DC gateway is directly connected), and routers that share an
-//! interface must agree on BFD timers (BIRD sets them per interface).
-//! Every problem is reported where it is written.
+//! subnet (the DC gateway is directly connected). BFD is on unless a router
+//! turns it off (`bfd: {switch: false}`), with timers of its own: routers
+//! on one interface may differ. Every problem is reported where it is
+//! written.
 
 // Integers are range-checked by `Node::int` before any narrowing cast.
 #![allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
@@ -97,7 +98,10 @@ impl<'de> Deserialize<'de> for Interval {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Bfd {
-    /// BFD on or off.
+    /// BFD on or off: on by default, as in the seed's example, so that a
+    /// frozen appliance is left within the detection time rather than the
+    /// hold time. A router that runs no BFD still peers (BIRD takes a
+    /// session down only when its BFD goes from Up to Down).
     pub switch: bool,
     /// Desired minimum transmit interval.
     pub min_tx: Interval,
@@ -109,7 +113,7 @@ pub struct Bfd {
 
 impl Default for Bfd {
     fn default() -> Bfd {
-        Bfd { switch: false, min_tx: Interval::ms(300), min_rx: Interval::ms(300), multiplier: 3 }
+        Bfd { switch: true, min_tx: Interval::ms(300), min_rx: Interval::ms(300), multiplier: 3 }
     }
 }
 
@@ -502,15 +506,6 @@ pub fn resolve(
             ));
             continue;
         }
-        if r.bgp.bfd.switch {
-            if let Some(other) = out.iter().find(|x| x.kernel_interface == port.kernel_interface && x.router.bgp.bfd.switch && x.router.bgp.bfd != r.bgp.bfd) {
-                problem_at(p, &o, "bgp.bfd", format!(
-                    "BFD timers differ from those of gateway router {:?} on the same interface {:?}: BIRD sets them per interface",
-                    other.router.name, port.kernel_interface
-                ));
-                continue;
-            }
-        }
         out.push(RouterConfig { port: port.name.clone(), kernel_interface: port.kernel_interface.clone(), local: local.addr.to_ip(), router: r, origin: o });
     }
     let first_v4 = ports.iter().flat_map(|x| &x.addresses).find(|a| a.addr.is_v4()).map(|a| a.addr.to_ip());
@@ -690,7 +685,6 @@ gatewayRouters:
             "c.yaml:5:115: gatewayRouters[2].bgp.localPort: 0 is out of range 1..=65535",
             "c.yaml:6:100: gatewayRouters[3].bgp.holdTime: hold time 3500ms is not whole seconds",
             "c.yaml:3:5: gatewayRouters[0].interface: \"nope\" is neither a port nor a port's kernel interface (ports: front (vlan-100), back (sl1-back))",
-            "c.yaml:8:5: gatewayRouters[5].bgp.bfd: BFD timers differ from those of gateway router \"e\" on the same interface \"vlan-100\": BIRD sets them per interface",
             "c.yaml:9:5: gatewayRouters[6].name: gateway router \"e\" is defined twice (first at c.yaml:7:5: gatewayRouters[4])",
             "c.yaml:11:5: gatewayRouters[8].name: gateway routers \"g.h\" and \"g-h\" have the same BIRD protocol name gw_g_h: rename one",
         ];

@@ -1,7 +1,7 @@
 //! The BIRD2 configuration, rendered from typed input.
 //!
 //! One BGP protocol per GatewayRouter, with the channel of its address
-//! family; BFD (one `bfd` protocol, timers per interface) where a router
+//! family; BFD (one `bfd` protocol, timers per session) where a router
 //! asks for it; the VIPs that may be announced as blackhole static routes
 //! (/32 in `sluice_vips4`, /128 in `sluice_vips6`); export filters that let
 //! out only those routes, and import filters that take only the default
@@ -36,24 +36,12 @@ pub fn render(router_id: Ipv4Addr, routers: &[RouterConfig], vips: &[IpAddr]) ->
     let _ = writeln!(o, "  scan time 10;");
     let _ = writeln!(o, "}}");
 
-    // BFD timers per interface (checked equal for routers sharing one).
-    let mut bfd_ifaces: Vec<&RouterConfig> = Vec::new();
-    for r in routers.iter().filter(|r| r.router.bgp.bfd.switch) {
-        if !bfd_ifaces.iter().any(|x| x.kernel_interface == r.kernel_interface) {
-            bfd_ifaces.push(r);
-        }
-    }
-    if !bfd_ifaces.is_empty() {
+    // One BFD protocol serves every session that asks for it; the timers
+    // are the session's own (BIRD's per-peer BFD options), so routers on
+    // one interface may differ, with or without BFD.
+    if routers.iter().any(|r| r.router.bgp.bfd.switch) {
         let _ = writeln!(o);
         let _ = writeln!(o, "protocol bfd {BFD} {{");
-        for r in bfd_ifaces {
-            let b = r.router.bgp.bfd;
-            let _ = writeln!(
-                o,
-                "  interface \"{}\" {{ min rx interval {} ms; min tx interval {} ms; multiplier {}; }};",
-                r.kernel_interface, b.min_rx.ms, b.min_tx.ms, b.multiplier
-            );
-        }
         let _ = writeln!(o, "}}");
     }
 
@@ -91,7 +79,17 @@ pub fn render(router_id: Ipv4Addr, routers: &[RouterConfig], vips: &[IpAddr]) ->
         let _ = writeln!(o, "  connect delay time 1;");
         let _ = writeln!(o, "  connect retry time 2;");
         let _ = writeln!(o, "  error wait time 1, 2;");
-        let _ = writeln!(o, "  bfd {};", if b.bfd.switch { "on" } else { "off" });
+        // BFD only takes a session down when it goes from Up to Down: a
+        // router that never answers BFD still peers, unsupervised.
+        if b.bfd.switch {
+            let _ = writeln!(
+                o,
+                "  bfd {{ min rx interval {} ms; min tx interval {} ms; multiplier {}; }};",
+                b.bfd.min_rx.ms, b.bfd.min_tx.ms, b.bfd.multiplier
+            );
+        } else {
+            let _ = writeln!(o, "  bfd off;");
+        }
         let _ = writeln!(o, "  {chan} {{");
         let _ = writeln!(o, "    import filter {{ if net = {default} then accept; reject; }};");
         let _ = writeln!(o, "    export filter {{ if proto = \"{vips}\" && net.len = {host} then accept; reject; }};");
@@ -172,6 +170,22 @@ gatewayRouters:
     fn nothing_to_announce() {
         let (id, rs) = routers(SEED);
         expect("no-vips.conf", &render(id, &rs, &[]));
+    }
+
+    /// Routers on one interface, with different BFD timers, with BFD by
+    /// default and without it: one configuration BIRD accepts, each session
+    /// with its own BFD options.
+    #[test]
+    fn routers_sharing_an_interface_with_and_without_bfd() {
+        let text = "gatewayRouters:
+  - {name: fast, address: 169.254.100.2, interface: front, bgp: {localASN: 1, remoteASN: 2, bfd: {minTx: 100ms, minRx: 100ms, multiplier: 3}}}
+  - {name: default, address: 169.254.100.3, interface: front, bgp: {localASN: 1, remoteASN: 2}}
+  - {name: plain, address: 169.254.100.4, interface: front, bgp: {localASN: 1, remoteASN: 2, bfd: {switch: false}}}
+";
+        let (id, rs) = routers(text);
+        let conf = render(id, &rs, &["20.0.0.1".parse().unwrap()]);
+        assert_eq!(conf.matches("protocol bfd ").count(), 1, "{conf}");
+        expect("shared-interface.conf", &conf);
     }
 
     #[test]
