@@ -309,20 +309,23 @@ fn the_largest_table_is_streamed_in_bounded_memory_and_cut_at_the_deadline() {
             peak
         })
     };
-    // `/healthz` asked every 200 ms meanwhile: (answered, refused).
+    // `/healthz` asked every 200 ms meanwhile (each try waits 3 s at most):
+    // answered, not, and the longest time without an answer.
     let probes = {
         let done = std::sync::Arc::clone(&done);
         std::thread::spawn(move || {
-            let (mut ok, mut refused) = (0u32, 0u32);
+            let (mut ok, mut refused, mut gap, mut last) = (0u32, 0u32, Duration::ZERO, Instant::now());
             while !done.load(std::sync::atomic::Ordering::Relaxed) {
                 if healthy(addr) {
                     ok += 1;
+                    last = Instant::now();
                 } else {
                     refused += 1;
                 }
+                gap = gap.max(last.elapsed());
                 std::thread::sleep(Duration::from_millis(200));
             }
-            (ok, refused)
+            (ok, refused, gap)
         })
     };
     // Three at once: one reads as fast as it can, one reads 64 KiB every
@@ -360,7 +363,7 @@ fn the_largest_table_is_streamed_in_bounded_memory_and_cut_at_the_deadline() {
     let quiet_after = ended.elapsed();
     done.store(true, std::sync::atomic::Ordering::Relaxed);
     let sampled = sampler.join().unwrap();
-    let (probed, refused) = probes.join().unwrap();
+    let (probed, refused, gap) = probes.join().unwrap();
     let peak = proc_kib(pid, "VmHWM").max(sampled);
     let after = proc_kib(pid, "VmRSS");
     let growth_mib = peak.saturating_sub(base) / 1024;
@@ -370,7 +373,7 @@ fn the_largest_table_is_streamed_in_bounded_memory_and_cut_at_the_deadline() {
         slow_end - started
     );
     eprintln!(
-        "resident: {base} KiB before, {peak} KiB at most (+{growth_mib} MiB), {after} KiB after; control threads' CPU ticks per second after: {busy:?}; /healthz {probed} answered, {refused} not"
+        "resident: {base} KiB before, {peak} KiB at most (+{growth_mib} MiB), {after} KiB after; control threads' CPU ticks per second after: {busy:?}; /healthz {probed} answered, {refused} not, at most {gap:?} without an answer"
     );
     let bound = 3 * PER_REQUEST_MIB + MARGIN_MIB;
     assert!(growth_mib <= bound, "three dumps of the largest table grew the appliance by {growth_mib} MiB (bound {bound} MiB)");
@@ -381,7 +384,7 @@ fn the_largest_table_is_streamed_in_bounded_memory_and_cut_at_the_deadline() {
     assert!(slow_end - started < timeout + Duration::from_secs(10), "the slow reader was not cut at the {timeout:?} deadline: {:?}", slow_end - started);
     assert!(quiet, "the control threads were still busy after the responses ended: {busy:?} ticks a second");
     assert!(quiet_after < Duration::from_secs(8), "the work went on {quiet_after:?} after the responses ended (ticks a second: {busy:?})");
-    assert_eq!(refused, 0, "/healthz was not answered {refused} times of {} while the table was fetched", probed + refused);
+    assert!(probed > 0 && gap < Duration::from_secs(5), "/healthz went {gap:?} without an answer while the table was fetched ({refused} of {} tries not answered)", probed + refused);
     assert!(healthy(addr));
     assert!(lb.running());
     let (code, out, err) = lb.stop("INT", Duration::from_secs(20));
