@@ -248,3 +248,146 @@ fn health_answers_while_keep_alive_pollers_hold_every_slot() {
     assert_eq!(code, Some(0), "exit status\n{out}\n{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A service with the largest table there is (16,777,213 slots) over 64
+/// endpoints: its `/tables/web` is some 400 MB of JSON.
+fn largest_table() -> String {
+    let eps: Vec<String> = (0..64).map(|i| format!("{{id: {i}, address: 10.2.0.{}, mac: \"02:00:00:00:00:05\"}}", i + 10)).collect();
+    format!(
+        "services: [{{name: web, endpointLimit: 64, tableSize: 16777213, endpoints: [{}]}}]\nroutes: [{{name: r, service: web, vips: [20.0.0.1]}}]\n",
+        eps.join(", ")
+    )
+}
+
+/// GETs `path` on a connection of its own and reads the answer, giving the
+/// body to `each` as it arrives (false: hang up). Returns the response and
+/// when the reading ended.
+fn fetch(addr: SocketAddr, path: &str, each: impl FnMut(&[u8]) -> bool) -> (sluice_tests::http::Response, Instant) {
+    let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_secs(2)) else { return (Default::default(), Instant::now()) };
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes()).unwrap();
+    let mut r = std::io::BufReader::with_capacity(64 * 1024, s);
+    let resp = sluice_tests::http::read_response(&mut r, each);
+    (resp, Instant::now())
+}
+
+/// The resident memory bound of a streamed admin response, beyond what the
+/// appliance holds without it.
+const PER_REQUEST_MIB: u64 = 16;
+
+/// What the allocator may keep besides (arenas of the threads that wrote).
+const MARGIN_MIB: u64 = 32;
+
+#[test]
+#[cfg_attr(sluice_unprivileged, ignore = "needs root: network namespaces and DPDK")]
+fn the_largest_table_is_streamed_in_bounded_memory_and_cut_at_the_deadline() {
+    use sluice_tests::http::{cpu_ticks_except, proc_kib, reset_peak};
+    privileged();
+    let timeout = Duration::from_secs(8);
+    let (mut lb, addr, dir) = start("tables", &format!(", requestTimeoutSeconds: {}", timeout.as_secs()), &largest_table());
+    let t0 = Instant::now();
+    // Built on start: a 16,777,213-slot Maglev table (about a second of one
+    // core's time).
+    let up = wait_until(Duration::from_secs(120), || !lb.running() || healthy(addr));
+    assert!(up && lb.running(), "the appliance did not become healthy:\n{}", lb.stop("INT", Duration::from_secs(20)).2);
+    eprintln!("healthy {:?} after start", t0.elapsed());
+    let pid = lb.id().unwrap();
+    // The table's digest is taken once and kept: taken before the baseline.
+    let (summary, _) = fetch(addr, "/tables/web?runs=false", |_| true);
+    assert!(summary.is(200) && summary.complete, "{summary:?}");
+    let base = proc_kib(pid, "VmRSS");
+    reset_peak(pid);
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = {
+        let done = std::sync::Arc::clone(&done);
+        std::thread::spawn(move || {
+            let mut peak = 0;
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                peak = peak.max(proc_kib(pid, "VmRSS"));
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            peak
+        })
+    };
+    // `/healthz` asked every 200 ms meanwhile (each try waits 3 s at most):
+    // answered, not, and the longest time without an answer.
+    let probes = {
+        let done = std::sync::Arc::clone(&done);
+        std::thread::spawn(move || {
+            let (mut ok, mut refused, mut gap, mut last) = (0u32, 0u32, Duration::ZERO, Instant::now());
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                if healthy(addr) {
+                    ok += 1;
+                    last = Instant::now();
+                } else {
+                    refused += 1;
+                }
+                gap = gap.max(last.elapsed());
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            (ok, refused, gap)
+        })
+    };
+    // Three at once: one reads as fast as it can, one reads 64 KiB every
+    // 50 ms (some 1.3 MB a second: cut at the deadline), one hangs up after
+    // a megabyte.
+    let started = Instant::now();
+    let fast = std::thread::spawn(move || fetch(addr, "/tables/web", |_| true));
+    let slow = std::thread::spawn(move || {
+        fetch(addr, "/tables/web", |_| {
+            std::thread::sleep(Duration::from_millis(50));
+            true
+        })
+    });
+    let gone = std::thread::spawn(move || {
+        let mut n = 0;
+        fetch(addr, "/tables/web", move |b| {
+            n += b.len();
+            n < 1 << 20
+        })
+    });
+    let (fast, fast_end) = fast.join().unwrap();
+    let (slow, slow_end) = slow.join().unwrap();
+    let (gone, _) = gone.join().unwrap();
+    let ended = fast_end.max(slow_end);
+    // The work of the three has stopped once the threads that are not
+    // workers are about idle: under a quarter of a core over a second.
+    let mut busy = Vec::new();
+    let quiet = wait_until(Duration::from_secs(20), || {
+        let a = cpu_ticks_except(pid, "rte-worker");
+        std::thread::sleep(Duration::from_secs(1));
+        let ticks = cpu_ticks_except(pid, "rte-worker") - a;
+        busy.push(ticks);
+        ticks < 25
+    });
+    let quiet_after = ended.elapsed();
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let sampled = sampler.join().unwrap();
+    let (probed, refused, gap) = probes.join().unwrap();
+    let peak = proc_kib(pid, "VmHWM").max(sampled);
+    let after = proc_kib(pid, "VmRSS");
+    let growth_mib = peak.saturating_sub(base) / 1024;
+    eprintln!(
+        "fast: {fast:?} in {:?}; slow: {slow:?} in {:?}; hung up: {gone:?}",
+        fast_end - started,
+        slow_end - started
+    );
+    eprintln!(
+        "resident: {base} KiB before, {peak} KiB at most (+{growth_mib} MiB), {after} KiB after; control threads' CPU ticks per second after: {busy:?}; /healthz {probed} answered, {refused} not, at most {gap:?} without an answer"
+    );
+    let bound = 3 * PER_REQUEST_MIB + MARGIN_MIB;
+    assert!(growth_mib <= bound, "three dumps of the largest table grew the appliance by {growth_mib} MiB (bound {bound} MiB)");
+    assert!(fast.is(200) && slow.is(200) && gone.is(200), "each is answered at once, the table sent as it is made: {fast:?} {slow:?} {gone:?}");
+    assert!(fast.body_bytes > 8 << 20, "the fast reader got {} bytes", fast.body_bytes);
+    assert!(gone.body_bytes >= 1 << 20 && !gone.complete);
+    assert!(!slow.complete, "a slow reader of 400 MB got it all: {slow:?}");
+    assert!(slow_end - started < timeout + Duration::from_secs(10), "the slow reader was not cut at the {timeout:?} deadline: {:?}", slow_end - started);
+    assert!(quiet, "the control threads were still busy after the responses ended: {busy:?} ticks a second");
+    assert!(quiet_after < Duration::from_secs(8), "the work went on {quiet_after:?} after the responses ended (ticks a second: {busy:?})");
+    assert!(probed > 0 && gap < Duration::from_secs(5), "/healthz went {gap:?} without an answer while the table was fetched ({refused} of {} tries not answered)", probed + refused);
+    assert!(healthy(addr));
+    assert!(lb.running());
+    let (code, out, err) = lb.stop("INT", Duration::from_secs(20));
+    assert_eq!(code, Some(0), "exit status\n{out}\n{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -7,20 +7,28 @@
 //! it is refused as not a regular file while `/healthz` keeps answering,
 //! and the next edit puts a regular file back.
 //!
+//! Meanwhile the largest table there is (16,777,213 slots) is fetched from
+//! `/tables/big` by two clients at once, a third reads `/tables` on a
+//! kept-alive connection, six pollers hold keep-alive connections, and
+//! `/healthz` is asked every 250 ms.
+//!
 //! The appliance must never exit, traffic must never stop or fail, every
 //! invalid edit must be rejected with its own reason (and every valid one
-//! applied), and every mbuf must be back in the pool at the end.
+//! applied), `/healthz` must answer throughout (never 5 s without a 200),
+//! resident memory must stay within [`SOAK_GROWTH_MIB`] of what it was when
+//! ready, and every mbuf must be back in the pool at the end.
 //!
 //! Bounded: `SOAK_SECONDS` (default 45) of churn.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::Path;
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use sluice_tests::http::{proc_kib, reset_peak};
 use sluice_tests::topology::{root, Topology};
 use sluice_tests::{privileged, sluice_bin, wait_until, Proc};
 
@@ -46,6 +54,18 @@ impl Rng {
 
 const BACKENDS: [&str; 3] = ["10.200.0.11", "10.200.0.12", "10.200.0.13"];
 
+/// A service with the largest table there is (16,777,213 slots; its
+/// `/tables/big` is hundreds of megabytes of JSON), which the edits leave
+/// alone (it states its flow table, which the edits' defaults vary).
+const BIG: &str = "  - name: big
+    tableSize: 16777213
+    flowTable: false
+    endpoints:
+      - {id: 0, address: 10.200.0.11}
+      - {id: 1, address: 10.200.0.12}
+      - {id: 2, address: 10.200.0.13}
+";
+
 /// The services and routes part of the configuration, valid, varied by `n`.
 fn valid(n: u64, rng: &mut Rng) -> String {
     let flow_table = rng.below(2) == 1;
@@ -57,7 +77,7 @@ fn valid(n: u64, rng: &mut Rng) -> String {
         r#"defaults:
   flowTable: {flow_table}
 services:
-  - name: web
+{BIG}  - name: web
     endpoints:
       - {{id: 0, address: 10.200.0.11}}
       - {{id: 1, address: 10.200.0.12}}
@@ -75,6 +95,7 @@ routes:
   - {{name: web-tcp, service: web, priority: 10, vips: [20.0.0.1], protocols: [TCP], destinationPorts: ["80"]}}
   - {{name: dns-udp, service: dns, priority: 10, vips: [20.0.0.1], protocols: [UDP], destinationPorts: ["53"]}}
   - {{name: extra, service: extra, priority: {n}, vips: [20.0.0.2], protocols: [TCP], destinationPorts: ["8080"]}}
+  - {{name: big, service: big, priority: 10, vips: [20.0.0.2], protocols: [TCP], destinationPorts: ["443"]}}
 "#,
         w0 = 1 + rng.below(3),
         w1 = 1 + rng.below(3),
@@ -133,6 +154,124 @@ fn new_lines(log: &Path, offset: &mut usize) -> Vec<String> {
     s[..end].lines().map(str::to_owned).collect()
 }
 
+/// What the admin readers saw.
+#[derive(Debug, Default)]
+struct AdminTally {
+    /// `/tables/big` answered 200, read to its end, cut short (by the
+    /// request timeout, or the reader), and the bytes of it read.
+    tables: u64,
+    tables_complete: u64,
+    tables_cut: u64,
+    table_bytes: u64,
+    /// Requests not answered 200 (refused at the connection cap, or the
+    /// connection closed before an answer).
+    refused: u64,
+    /// Answers of the keep-alive pollers, and how many came on a
+    /// connection kept from an earlier answer.
+    polled: u64,
+    kept_alive: u64,
+    /// `/healthz` asked on a fresh connection: answered 200, not, and the
+    /// longest time without an answer.
+    health_ok: u64,
+    health_not: u64,
+    health_gap: Duration,
+}
+
+/// Runs `f` on a thread inside the network namespace `ns` (where the
+/// appliance's admin endpoint is on loopback) until `stop`.
+fn in_netns(ns: &str, f: impl FnOnce() + Send + 'static) -> std::thread::JoinHandle<()> {
+    let path = format!("/run/netns/{ns}");
+    std::thread::spawn(move || {
+        let fd = std::fs::File::open(&path).unwrap();
+        nix::sched::setns(&fd, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+        f();
+    })
+}
+
+/// Readers of the admin endpoint of the appliance in `ns`, while the soak
+/// runs: two fetch `/tables/big` over and over at once (one fast, one
+/// slowly), one reads `/tables` and the big table's summary on a
+/// kept-alive connection, six keep-alive pollers ask `/readyz` every
+/// second, and `/healthz` is asked every 250 ms on a fresh connection.
+fn admin_readers(ns: &str, stop: &Arc<AtomicBool>, tally: &Arc<Mutex<AdminTally>>) -> Vec<std::thread::JoinHandle<()>> {
+    use sluice_tests::http::Client;
+    let addr: std::net::SocketAddr = ([127, 0, 0, 1], 9091).into();
+    let mut threads = Vec::new();
+    // 64 KiB a millisecond at most (the whole table in about ten seconds,
+    // a quarter of a core for its JSON), and 64 KiB every 20 ms.
+    for pace in [Duration::from_millis(1), Duration::from_millis(20)] {
+        let (stop, tally) = (Arc::clone(stop), Arc::clone(tally));
+        threads.push(in_netns(ns, move || {
+            let mut c = Client::new(addr);
+            while !stop.load(Ordering::Relaxed) {
+                let r = c.get("/tables/big", |_| {
+                    std::thread::sleep(pace);
+                    !stop.load(Ordering::Relaxed)
+                });
+                let mut t = tally.lock().unwrap();
+                if r.is(200) {
+                    t.tables += 1;
+                    t.table_bytes += r.body_bytes;
+                    if r.complete {
+                        t.tables_complete += 1;
+                    } else {
+                        t.tables_cut += 1;
+                    }
+                } else {
+                    t.refused += 1;
+                    drop(t);
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            }
+        }));
+    }
+    let pollers = [(&["/tables", "/tables/big?runs=false"][..], Duration::from_millis(500))].into_iter().chain(std::iter::repeat_n((&["/readyz"][..], Duration::from_secs(1)), 6));
+    for (paths, period) in pollers {
+        let (stop, tally) = (Arc::clone(stop), Arc::clone(tally));
+        threads.push(in_netns(ns, move || {
+            let mut c = Client::new(addr);
+            while !stop.load(Ordering::Relaxed) {
+                for path in paths {
+                    let r = c.get(path, |_| true);
+                    let mut t = tally.lock().unwrap();
+                    if r.is(200) && r.complete {
+                        t.polled += 1;
+                    } else {
+                        t.refused += 1;
+                    }
+                }
+                std::thread::sleep(period);
+            }
+            tally.lock().unwrap().kept_alive += c.reused;
+        }));
+    }
+    let (stop, tally) = (Arc::clone(stop), Arc::clone(tally));
+    threads.push(in_netns(ns, move || {
+        let mut last = Instant::now();
+        while !stop.load(Ordering::Relaxed) {
+            let r = Client::new(addr).get("/healthz", |_| true);
+            let mut t = tally.lock().unwrap();
+            if r.is(200) {
+                t.health_ok += 1;
+                last = Instant::now();
+            } else {
+                t.health_not += 1;
+            }
+            t.health_gap = t.health_gap.max(last.elapsed());
+            drop(t);
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }));
+    threads
+}
+
+/// The resident memory a soaking appliance may hold beyond what it held
+/// when it became ready: three streamed admin responses of 16 MiB each at
+/// most (item "every admin response is bounded"), and what the edits
+/// compile meanwhile (each compiles the small services again and publishes
+/// a snapshot; old snapshots are freed once the workers have moved on).
+const SOAK_GROWTH_MIB: u64 = 3 * 16 + 64;
+
 #[test]
 #[cfg_attr(sluice_unprivileged, ignore = "needs root: network namespaces and DPDK")]
 fn traffic_admin_attacks_and_config_churn_do_not_stop_the_appliance() {
@@ -167,12 +306,38 @@ fn traffic_admin_attacks_and_config_churn_do_not_stop_the_appliance() {
         let o = t.output("lb", &[bin.to_str().unwrap(), "status", "--json"]);
         o.status.success().then(|| serde_json::from_slice(&o.stdout).ok()).flatten()
     };
-    let ready = wait_until(Duration::from_secs(30), || {
+    // The big table is built on start (about a second of one core).
+    let ready = wait_until(Duration::from_secs(60), || {
         status(&topo).is_some_and(|s| s["ready"] == true && s["endpoints"].as_array().is_some_and(|e| e.iter().any(|e| e["state"] == "ready")))
     });
     assert!(ready, "the appliance did not become ready:\n{}", std::fs::read_to_string(&log).unwrap_or_default());
     let mut offset = 0usize;
     let _ = new_lines(&log, &mut offset);
+
+    // Resident memory, from now on: the baseline once the big table's
+    // digest has been taken (it is kept), then sampled every 50 ms, and the
+    // peak (VmHWM, reset now) at the end.
+    let pid = lb.id().unwrap();
+    // The kernel keeps the first 15 bytes of the program's name.
+    let name: String = bin.file_name().unwrap().to_string_lossy().chars().take(15).collect();
+    assert_eq!(std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default().trim(), name, "the appliance is the process started");
+    let summary = topo.output("lb", &["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "-m", "30", "http://127.0.0.1:9091/tables/big?runs=false"]);
+    assert_eq!(String::from_utf8_lossy(&summary.stdout), "200", "the big table's summary");
+    let base = proc_kib(pid, "VmRSS");
+    reset_peak(pid);
+    let rss_peak = Arc::new(AtomicU64::new(base));
+    let admin_stop = Arc::new(AtomicBool::new(false));
+    let sampler = {
+        let (stop, peak) = (Arc::clone(&admin_stop), Arc::clone(&rss_peak));
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                peak.fetch_max(proc_kib(pid, "VmRSS"), Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        })
+    };
+    let admin_tally = Arc::new(Mutex::new(AdminTally::default()));
+    let readers = admin_readers(&topo.ns("lb"), &admin_stop, &admin_tally);
 
     let hammer = root().join("scripts/admin_hammer.py");
     let mut hammer = topo.spawn("lb", &["python3", hammer.to_str().unwrap(), "127.0.0.1:9091", &secs.to_string()]);
@@ -291,6 +456,15 @@ fn traffic_admin_attacks_and_config_churn_do_not_stop_the_appliance() {
     traffic.join().unwrap();
     let (_, hammer_out, hammer_err) = hammer.stop("TERM", Duration::from_secs(30));
     eprintln!("admin hammer: {hammer_out}{hammer_err}");
+    admin_stop.store(true, Ordering::Relaxed);
+    for r in readers {
+        r.join().unwrap();
+    }
+    sampler.join().unwrap();
+    let peak = rss_peak.load(Ordering::Relaxed).max(proc_kib(pid, "VmHWM"));
+    let admin = std::mem::take(&mut *admin_tally.lock().unwrap());
+    eprintln!("admin readers: {admin:?}");
+    eprintln!("resident: {base} KiB when ready, {peak} KiB at most (+{} MiB; bound +{SOAK_GROWTH_MIB} MiB)", peak.saturating_sub(base) / 1024);
     let (batches, ok, failed, gap) = *tally.lock().unwrap();
     eprintln!("{applied} edits applied, {rejected} rejected ({fifos} of them FIFOs); traffic: {batches} batches, {ok} ok, {failed} failed, longest gap {gap:?}");
     assert!(applied > 0 && rejected > 0 && fifos > 0);
@@ -298,6 +472,14 @@ fn traffic_admin_attacks_and_config_churn_do_not_stop_the_appliance() {
     assert_eq!(failed, 0, "no connection or query failed");
     assert!(gap < Duration::from_secs(10), "traffic never stalled (longest batch {gap:?})");
     assert!(lb.running());
+    assert!(admin.tables > 2 && admin.table_bytes > 64 << 20, "the big table was fetched: {admin:?}");
+    assert!(admin.polled > 0 && admin.kept_alive > 0, "keep-alive connections answered: {admin:?}");
+    assert!(
+        peak.saturating_sub(base) / 1024 <= SOAK_GROWTH_MIB,
+        "resident memory grew by {} MiB, more than {SOAK_GROWTH_MIB} MiB",
+        peak.saturating_sub(base) / 1024
+    );
+    assert!(admin.health_ok > 0 && admin.health_gap < Duration::from_secs(5), "/healthz answered throughout: {admin:?}");
 
     let st = status(&topo).expect("status after the soak");
     assert_eq!(st["healthy"], true, "{st}");

@@ -12,6 +12,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test harness: failing loudly is the point
 
 pub mod fake_apiserver;
+pub mod http;
 pub mod topology;
 pub mod xds_server;
 

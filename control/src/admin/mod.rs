@@ -240,7 +240,8 @@ fn streamed_json(timeout: Duration, write: impl FnOnce(&mut ChunkWriter) -> std:
 async fn tables_handler(State(app): State<App>) -> Response {
     app.counters.requests.fetch_add(1, Ordering::Relaxed);
     let Some(snap) = snapshot(&app) else { return (StatusCode::SERVICE_UNAVAILABLE, "nothing published yet\n").into_response() };
-    streamed_json(app.limits.request_timeout, move |w| tables::write_summaries(&snap, w))
+    let digests = Arc::clone(&app.digests);
+    streamed_json(app.limits.request_timeout, move |w| tables::write_summaries(&snap, &digests, w))
 }
 
 async fn table_handler(
