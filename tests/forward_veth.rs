@@ -12,7 +12,17 @@
 
 use std::time::Duration;
 
-use sluice_tests::{privileged, python, sluice_bin, veth, wait_until, Netns};
+use sluice_tests::{privileged, python, sluice_bin, veth, wait_until, Netns, Proc};
+
+/// Waits until `sink` listens on `port` (`ss` flag `-u` or `-t`) in `ns`.
+fn listening(ns: &Netns, sink: &mut Proc, proto: &str, port: u16) {
+    let filter = format!("sport = :{port}");
+    let up = wait_until(Duration::from_secs(10), || !ns.output(&["ss", "-Hln", proto, &filter]).stdout.is_empty());
+    if !up {
+        let (code, out, err) = sink.stop("TERM", Duration::from_secs(5));
+        panic!("the sink never listened on {port} (exit {code:?}):\n{out}\n{err}");
+    }
+}
 
 const UDP_SINK: &str = r#"
 import socket, sys
@@ -101,15 +111,18 @@ fn forwards_real_traffic_between_namespaces() {
     assert!(String::from_utf8_lossy(&ping.stdout).contains(" 0% packet loss"));
 
     let mut sink = python(&server, UDP_SINK, &[]);
-    std::thread::sleep(Duration::from_millis(300));
+    listening(&server, &mut sink, "-u", 9000);
     client.run(&["python3", "-c", UDP_SEND, "10.77.0.2", "300"]);
-    let (_, got, err) = sink.stop("CONT", Duration::from_secs(10));
+    // The sink ends on its own, 3 s after the last datagram.
+    let (code, got, err) = sink.stop("CONT", Duration::from_secs(20));
+    assert_eq!(code, Some(0), "the UDP sink's exit status (stderr: {err})");
     assert_eq!(got.trim(), "300", "UDP datagrams received (stderr: {err})");
 
     let mut tsink = python(&server, TCP_SINK, &[]);
-    std::thread::sleep(Duration::from_millis(300));
+    listening(&server, &mut tsink, "-t", 9001);
     let sent = client.run(&["python3", "-c", TCP_SEND, "10.77.0.2", "2000000"]);
-    let (_, got, err) = tsink.stop("CONT", Duration::from_secs(20));
+    let (code, got, err) = tsink.stop("CONT", Duration::from_secs(20));
+    assert_eq!(code, Some(0), "the TCP sink's exit status (stderr: {err})");
     assert_eq!(got.trim(), String::from_utf8_lossy(&sent.stdout).trim(), "TCP bytes and digest (stderr: {err})");
 
     let (code, out, err) = fwd.stop("INT", Duration::from_secs(10));

@@ -1,4 +1,5 @@
-//! With hugepages, a Sluice command gives them back when it ends: DPDK
+//! With hugepages, a Sluice command maps them while it runs (the kernel's
+//! `HugePages_Free` drops) and gives them back when it ends: DPDK
 //! unlinks each hugepage file once mapped (`--huge-unlink`), so no file of
 //! its prefix stays in hugetlbfs holding pages, and the EAL's runtime
 //! directory is removed at shutdown. (Without `--huge-unlink` the files
@@ -11,13 +12,18 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::Duration;
 
 use sluice_dataplane::craft;
 use sluice_dataplane::parse::ethertype;
-use sluice_tests::{pcap, privileged, sluice_bin};
+use sluice_tests::{pcap, privileged, sluice_bin, wait_until, Proc};
 
 /// Pages of 2 MiB the command maps (its `--memory-mb`, and a margin).
 const PAGES: u64 = 96;
+
+/// Pages the command is seen holding at least while it runs (half of its
+/// `--memory-mb`).
+const MAPPED: u64 = 32;
 
 fn meminfo(key: &str) -> u64 {
     let text = std::fs::read_to_string("/proc/meminfo").unwrap();
@@ -105,15 +111,26 @@ fn a_command_on_hugepages_gives_them_back_and_leaves_no_runtime_directory() {
     one_frame_pcap(&input);
     let free_before = meminfo("HugePages_Free");
 
-    let o = Command::new(sluice_bin())
-        .args(["capture", "--json", "--port"])
-        .arg(format!("net_pcap0,rx_pcap={}", input.display()))
-        .args(["-w", dir.join("out.pcap").to_str().unwrap(), "-c", "1", "--duration", "5"])
-        .args(["--lcores", "0", "--memory-mb", "128", "--mbufs", "2047", "--hugepages", "--file-prefix", &prefix])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&o.stderr);
-    let out = String::from_utf8_lossy(&o.stdout);
+    // Runs until stopped: the pages it maps are seen taken meanwhile. Its
+    // log goes to a file, to see when it captures.
+    let log = dir.join("capture.log");
+    let cmdline = format!(
+        "exec {} capture --json --port net_pcap0,rx_pcap={} -w {} -c 0 --duration 120 --lcores 0 --memory-mb 128 --mbufs 2047 --hugepages --file-prefix {prefix} 2> {}",
+        sluice_bin().display(),
+        input.display(),
+        dir.join("out.pcap").display(),
+        log.display()
+    );
+    let mut capture = Proc::spawn(&["sh", "-c", &cmdline]);
+    let mut least = free_before;
+    let mapped = wait_until(Duration::from_secs(60), || {
+        least = least.min(meminfo("HugePages_Free"));
+        free_before - least >= MAPPED
+    });
+    // Stopped once it captures (its signal handlers are in place by then).
+    let capturing = wait_until(Duration::from_secs(60), || std::fs::read_to_string(&log).is_ok_and(|l| l.contains("capturing")));
+    let (code, out, _) = capture.stop("INT", Duration::from_secs(20));
+    let err = std::fs::read_to_string(&log).unwrap_or_default();
     // What the command left, all cleaned up before anything is judged.
     let left = hugepage_files(&prefix);
     for f in &left {
@@ -125,7 +142,10 @@ fn a_command_on_hugepages_gives_them_back_and_leaves_no_runtime_directory() {
     let _ = std::fs::remove_dir_all(&runtime);
     let _ = std::fs::remove_dir_all(&dir);
 
-    assert!(o.status.success(), "capture failed:\n{err}");
+    eprintln!("HugePages_Free: {free_before} before, {least} at least while it ran, {free_after} after");
+    assert!(mapped, "the command never held {MAPPED} hugepages: HugePages_Free went from {free_before} down to {least} at most\n{err}");
+    assert!(capturing, "the capture wrote nothing:\n{err}");
+    assert_eq!(code, Some(0), "capture failed:\n{err}");
     assert!(out.contains("\"written\":1"), "{out}\n{err}");
     assert!(left.is_empty(), "{} hugepage files left behind, such as {:?}", left.len(), left.first());
     assert_eq!(free_after, free_before, "every hugepage is free again");

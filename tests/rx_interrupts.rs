@@ -9,10 +9,13 @@
 
 use std::time::Duration;
 
-use sluice_tests::{privileged, python, sluice_bin, wait_until, Netns, Proc};
+use sluice_tests::{privileged, python, sluice_bin, wait_until, Netns, Proc, Tcpdump};
 
 /// The DPDK side's MAC on the front tap (given to the tap PMD).
 const FRONT_MAC: &str = "02:00:00:00:01:01";
+
+/// The endpoint's MAC (in the configuration).
+const ENDPOINT_MAC: &str = "02:00:00:00:02:0b";
 
 fn config(dir: &std::path::Path, tag: &str, admin: u16, ports: &str, dpdk_extra: &str) -> std::path::PathBuf {
     let cfg = dir.join(format!("{tag}.yaml"));
@@ -95,6 +98,9 @@ fn traffic_after_idle_wakes_the_worker_through_the_receive_interrupt() {
     ns.run(&["ip", "addr", "add", "10.1.0.2/24", "dev", "sli0"]);
     ns.run(&["ip", "route", "add", "20.0.0.0/24", "via", "10.1.0.1"]);
     ns.run(&["ip", "neigh", "replace", "10.1.0.1", "lladdr", FRONT_MAC, "dev", "sli0", "nud", "permanent"]);
+    // What leaves the back port, seen from its kernel end: frames to the
+    // endpoint's MAC.
+    let dump = Tcpdump::start(&ns.name, "sli1", &format!("ether dst {ENDPOINT_MAC} and udp dst port 53"), &dir.join("back.pcap"));
     let woken_before = metric(&ns, admin, "interrupt_wakeups").unwrap_or(0);
     let balanced_before = metric(&ns, admin, "balanced_packets").unwrap_or(0);
     // 20 datagrams, 30 ms apart: the worker is deep in its pauses (2 ms
@@ -111,13 +117,24 @@ fn traffic_after_idle_wakes_the_worker_through_the_receive_interrupt() {
     let all = wait_until(Duration::from_secs(10), || {
         metric(&ns, admin, "balanced_packets").is_some_and(|n| n >= balanced_before + 20)
     });
-    let _ = send.stop("TERM", Duration::from_secs(2));
+    let (sent, sout, serr) = send.stop("0", Duration::from_secs(10));
     let balanced = metric(&ns, admin, "balanced_packets").unwrap_or(0) - balanced_before;
     let woken = metric(&ns, admin, "interrupt_wakeups").unwrap_or(0) - woken_before;
+    // Every datagram balanced has been sent to the tap by the time the
+    // counter shows it; the kernel hands it to tcpdump within this wait.
+    let out_frames = dump.wait_for(20, Duration::from_secs(5));
+    let frames = dump.frames();
     let (code, _out, err) = lb.stop("INT", Duration::from_secs(10));
     let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(sent, Some(0), "the sender's exit status:\n{sout}\n{serr}");
     assert_eq!(armed, Some(1), "both taps have receive interrupts: the worker waits on them\n{err}");
     assert!(all && balanced == 20, "every datagram balanced: {balanced} of 20\n{err}");
+    let to_vip = frames.iter().filter(|f| f.len() > 42 && f[30..34] == [20, 0, 0, 1] && f[36..38] == 53u16.to_be_bytes()).count();
+    assert_eq!(
+        (frames.len(), to_vip),
+        (20, 20),
+        "the back port's kernel end saw every datagram to the VIP sent to the endpoint's MAC ({out_frames} when last looked)\n{err}"
+    );
     assert!(woken >= 10, "most datagrams arrived during a wait and ended it: {woken} wake-ups for 20\n{err}");
     assert_eq!(code, Some(0), "clean stop:\n{err}");
     assert!(err.contains("rx_interrupts=true"), "the idle policy says so in the log:\n{err}");
@@ -133,13 +150,17 @@ fn without_interrupts_the_worker_sleeps_its_pauses() {
         let admin = if tag == "off" { 19302 } else { 19303 };
         let cfg = config(&dir, tag, admin, &ports, extra);
         let mut lb = start(&ns, &cfg, admin);
-        std::thread::sleep(Duration::from_millis(300));
-        let (armed, waits, pauses) =
-            (metric(&ns, admin, "rx_interrupts"), metric(&ns, admin, "interrupt_waits"), metric(&ns, admin, "idle_pauses"));
+        // Many pauses taken: had any waited on an interrupt it would show.
+        let mut pauses = None;
+        wait_until(Duration::from_secs(10), || {
+            pauses = metric(&ns, admin, "idle_pauses");
+            pauses.is_some_and(|p| p > 100)
+        });
+        let (armed, waits) = (metric(&ns, admin, "rx_interrupts"), metric(&ns, admin, "interrupt_waits"));
         let (code, _out, err) = lb.stop("INT", Duration::from_secs(10));
         assert_eq!(armed, Some(0), "{tag}: the worker sleeps\n{err}");
         assert_eq!(waits, Some(0), "{tag}: no pause waited on interrupts\n{err}");
-        assert!(pauses.is_some_and(|p| p > 10), "{tag}: the idle worker pauses: {pauses:?}\n{err}");
+        assert!(pauses.is_some_and(|p| p > 100), "{tag}: the idle worker pauses: {pauses:?}\n{err}");
         assert_eq!(code, Some(0), "{tag}: clean stop:\n{err}");
     }
     let _ = std::fs::remove_dir_all(&dir);

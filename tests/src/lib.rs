@@ -291,3 +291,76 @@ pub fn python(ns: &Netns, program: &str, args: &[&str]) -> Proc {
     cmd.extend_from_slice(args);
     ns.spawn(&cmd)
 }
+
+/// The frames of a classic pcap file, read with pcap-file.
+pub fn read_pcap(path: &std::path::Path) -> Vec<Vec<u8>> {
+    let file = std::fs::File::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut r = pcap_file::pcap::PcapReader::new(std::io::BufReader::new(file)).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut v = Vec::new();
+    while let Some(p) = r.next_packet() {
+        v.push(p.unwrap_or_else(|e| panic!("{}: {e}", path.display())).data.into_owned());
+    }
+    v
+}
+
+/// tcpdump on an interface of a namespace, writing a pcap file: the view
+/// from outside the appliance of what it sent there.
+#[derive(Debug)]
+pub struct Tcpdump {
+    proc: Proc,
+    path: PathBuf,
+}
+
+impl Tcpdump {
+    /// Starts `tcpdump -i IFACE -w PATH FILTER` in the namespace named `ns`
+    /// and returns once it captures (tcpdump opens its output file after
+    /// the capture is active).
+    pub fn start(ns: &str, iface: &str, filter: &str, path: &std::path::Path) -> Tcpdump {
+        let _ = std::fs::remove_file(path);
+        let p = path.to_str().expect("a UTF-8 path");
+        let mut proc =
+            Proc::spawn(&["ip", "netns", "exec", ns, "tcpdump", "-i", iface, "-n", "-U", "--immediate-mode", "-s", "256", "-w", p, filter]);
+        let up = wait_until(Duration::from_secs(10), || path.exists());
+        if !up {
+            let (code, out, err) = proc.stop("INT", Duration::from_secs(5));
+            panic!("tcpdump on {iface} did not start (exit {code:?}):\n{out}\n{err}");
+        }
+        Tcpdump { proc, path: path.to_owned() }
+    }
+
+    /// Frames written so far (whole records after the file's header; tcpdump
+    /// writes the file in this machine's byte order).
+    pub fn count(&self) -> usize {
+        let bytes = std::fs::read(&self.path).unwrap_or_default();
+        let mut at = 24;
+        let mut n = 0;
+        while let Some(rec) = bytes.get(at..at + 16) {
+            let caplen = u32::from_ne_bytes([rec[8], rec[9], rec[10], rec[11]]) as usize;
+            if bytes.len() < at + 16 + caplen {
+                break;
+            }
+            at += 16 + caplen;
+            n += 1;
+        }
+        n
+    }
+
+    /// Waits up to `timeout` until it has written `n` frames; returns how
+    /// many it has.
+    pub fn wait_for(&self, n: usize, timeout: Duration) -> usize {
+        let mut seen = 0;
+        wait_until(timeout, || {
+            seen = self.count();
+            seen >= n
+        });
+        seen
+    }
+
+    /// Stops it (SIGINT, checking it exits 0) and returns the frames it
+    /// captured.
+    pub fn frames(mut self) -> Vec<Vec<u8>> {
+        let (code, out, err) = self.proc.stop("INT", Duration::from_secs(10));
+        assert_eq!(code, Some(0), "tcpdump on {}:\n{out}\n{err}", self.path.display());
+        read_pcap(&self.path)
+    }
+}

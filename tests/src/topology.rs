@@ -146,13 +146,16 @@ impl Topology {
 
 impl Held {
     /// Waits for the connections to end; checks that the flows of backend
-    /// `moved` moved and that no connection to another was disturbed.
+    /// `moved` moved (some had landed there, none of them survived) and
+    /// that no connection to another was disturbed.
     pub fn only_moved(&self, moved: &str) {
         assert!(wait_until(Duration::from_secs(30), || self.out.exists()), "long-lived connections finished");
         let held: HashMap<String, [u64; 2]> = serde_json::from_str(&std::fs::read_to_string(&self.out).unwrap()).unwrap();
+        let landed = held.get(moved).map_or(0, |[ok, broken]| ok + broken);
+        assert!(landed > 0, "no connection landed on {moved}, so none could move: {held:?}");
         for (b, [ok, broken]) in &held {
             if b == moved {
-                assert_eq!(*ok, 0, "flows of the removed endpoint moved");
+                assert_eq!(*ok, 0, "flows of the removed endpoint moved: {held:?}");
             } else {
                 assert_eq!(*broken, 0, "{b}: {broken} established connections were disturbed: {held:?}");
                 assert!(*ok > 0);
