@@ -69,9 +69,15 @@ pub struct WorkerCounters {
     pub from_kernel: Counter,
     /// Later IP fragments held back.
     pub stashed: Counter,
-    /// ICMP errors sent back to clients ("fragmentation needed", "packet
-    /// too big") in place of packets too big for their tunnel.
+    /// ICMP errors ("fragmentation needed", "packet too big") sent back to
+    /// the sources of packets too big for their tunnel or their output's
+    /// MTU, in their place.
     pub icmp_too_big: Counter,
+    /// IPv4 packets larger than their output's MTU sent as fragments
+    /// ([`crate::fragment`]).
+    pub fragmented: Counter,
+    /// The fragments they were sent as.
+    pub fragments: Counter,
     /// Packets handed to the worker that owns their flow.
     pub steered_out: Counter,
     /// Packets taken from this worker's steering queue (or, at shutdown,
@@ -121,6 +127,8 @@ impl WorkerCounters {
             from_kernel: Counter::default(),
             stashed: Counter::default(),
             icmp_too_big: Counter::default(),
+            fragmented: Counter::default(),
+            fragments: Counter::default(),
             steered_out: Counter::default(),
             steered_in: Counter::default(),
             busy_polls: Counter::default(),
@@ -165,11 +173,13 @@ impl WorkerCounters {
 ///     + steered_out                              (handed to the worker that owns the flow)
 /// ```
 ///
-/// and what was handed to an output was either accepted or dropped there:
+/// and what was handed to an output, a packet sent as fragments counting
+/// as its fragments, was either accepted or dropped there:
 ///
 /// ```text
 /// balanced + returned + exception + icmp_generated + passthrough
-///     = sent + tx_queue_full + no_such_output
+///     - fragmented + fragments
+///     = sent + tx_queue_full + no_such_output + fragment_no_buffer
 /// ```
 ///
 /// Summed over the workers of a steering set, `steered_out - steered_in`
@@ -190,6 +200,10 @@ pub struct Ledger {
     pub icmp_generated: u64,
     /// Packets from the kernel handed to a port.
     pub passthrough: u64,
+    /// Packets sent as fragments.
+    pub fragmented: u64,
+    /// The fragments they were sent as.
+    pub fragments: u64,
     /// Drops before any output.
     pub dropped: u64,
     /// Later fragments held now.
@@ -198,7 +212,8 @@ pub struct Ledger {
     pub steered_out: u64,
     /// Packets outputs accepted.
     pub sent: u64,
-    /// Drops at an output (`tx_queue_full`, `no_such_output`).
+    /// Drops at an output (`tx_queue_full`, `no_such_output`,
+    /// `fragment_no_buffer`).
     pub output_drops: u64,
 }
 
@@ -206,8 +221,10 @@ impl Ledger {
     /// The ledger of `c`, for a worker holding `held` fragments. Read it
     /// when the worker is between polls (or stopped).
     pub fn of(c: &WorkerCounters, held: u64) -> Ledger {
-        let output_drops =
-            c.drops[DropReason::TxQueueFull.index()].get() + c.drops[DropReason::NoSuchOutput.index()].get();
+        let output_drops = [DropReason::TxQueueFull, DropReason::NoSuchOutput, DropReason::FragmentNoBuffer]
+            .iter()
+            .map(|r| c.drops[r.index()].get())
+            .sum::<u64>();
         Ledger {
             received: c.rx_packets.get(),
             steered_in: c.steered_in.get(),
@@ -216,6 +233,8 @@ impl Ledger {
             exception: c.exception.get(),
             icmp_generated: c.icmp_too_big.get(),
             passthrough: c.from_kernel.get(),
+            fragmented: c.fragmented.get(),
+            fragments: c.fragments.get(),
             dropped: c.total_drops() - output_drops,
             held,
             steered_out: c.steered_out.get(),
@@ -244,10 +263,10 @@ impl Ledger {
         if self.taken_in() != self.accounted() {
             return Err(format!("taken in {} != accounted for {}: {self:?}", self.taken_in(), self.accounted()));
         }
-        if self.to_outputs() != self.sent + self.output_drops {
+        let frames = (self.to_outputs() + self.fragments).checked_sub(self.fragmented);
+        if frames != Some(self.sent + self.output_drops) {
             return Err(format!(
-                "handed to outputs {} != sent {} + dropped at outputs {}: {self:?}",
-                self.to_outputs(),
+                "frames handed to outputs {frames:?} != sent {} + dropped at outputs {}: {self:?}",
                 self.sent,
                 self.output_drops
             ));
@@ -267,6 +286,8 @@ impl std::ops::Add for Ledger {
             exception: self.exception + o.exception,
             icmp_generated: self.icmp_generated + o.icmp_generated,
             passthrough: self.passthrough + o.passthrough,
+            fragmented: self.fragmented + o.fragmented,
+            fragments: self.fragments + o.fragments,
             dropped: self.dropped + o.dropped,
             held: self.held + o.held,
             steered_out: self.steered_out + o.steered_out,

@@ -66,6 +66,15 @@ pub trait PacketIo {
     /// output did not accept are freed; returns how many were accepted.
     fn tx(&mut self, output: usize, burst: &mut Burst<Self::Buf>) -> usize;
 
+    /// Appends `n` new buffers to `burst`, each holding a frame of `len`
+    /// bytes (to be overwritten), or none when fewer than `n` can be had
+    /// or `burst` has less room; returns how many were added. The default
+    /// has none to give.
+    fn alloc_frames(&mut self, burst: &mut Burst<Self::Buf>, n: usize, len: usize) -> usize {
+        let _ = (burst, n, len);
+        0
+    }
+
     /// Frees every packet of `burst` (in bulk where the backend can).
     fn free(&mut self, burst: &mut Burst<Self::Buf>) {
         burst.clear();

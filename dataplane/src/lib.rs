@@ -11,6 +11,7 @@ pub mod classify;
 pub mod counters;
 pub mod craft;
 pub mod flow;
+pub mod fragment;
 pub mod gen;
 pub mod hash;
 pub mod icmp;

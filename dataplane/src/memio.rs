@@ -97,6 +97,10 @@ pub struct MemIo {
     /// Waits that end signalled although no frame shows yet (a device
     /// whose interrupt comes before its data is readable).
     pub early_signals: usize,
+    /// New buffers it may still give out (simulates a pool running dry).
+    pub buffers: usize,
+    /// New buffers given out.
+    pub allocated: usize,
 }
 
 impl MemIo {
@@ -111,6 +115,8 @@ impl MemIo {
             interrupts: false,
             waited: Vec::new(),
             early_signals: 0,
+            buffers: usize::MAX,
+            allocated: 0,
         }
     }
 }
@@ -145,6 +151,18 @@ impl PacketIo for MemIo {
     fn free(&mut self, burst: &mut Burst<MemBuf>) {
         self.freed += burst.len();
         burst.clear();
+    }
+
+    fn alloc_frames(&mut self, burst: &mut Burst<MemBuf>, n: usize, len: usize) -> usize {
+        if n > self.buffers || n > burst.remaining_capacity() {
+            return 0;
+        }
+        self.buffers -= n;
+        self.allocated += n;
+        for _ in 0..n {
+            burst.push(MemBuf::new(&vec![0; len]));
+        }
+        n
     }
 
     fn arm_wait(&mut self) -> bool {

@@ -7,7 +7,12 @@
 //! - Too big for its tunnel: the ICMP error path-MTU discovery needs goes
 //!   back to the client instead ([`crate::icmp`]), at a bounded rate; an
 //!   IPv4 packet without DF is dropped as `encap_too_big_no_df` (the
-//!   appliance does not fragment).
+//!   appliance does not fragment outer packets).
+//! - Forwarded at layer 2 (to an endpoint, or return traffic to the
+//!   gateway) but larger than the output's MTU: IPv4 without DF goes on,
+//!   and the worker sends it as fragments ([`crate::fragment`]); with DF,
+//!   or IPv6, the ICMP error goes back to its source instead, or it is
+//!   dropped as `too_big_for_output` where none may be sent.
 //! - Source is a VIP: return traffic, sent to the gateway when it comes
 //!   from an endpoint of a service that VIP routes to (input port and source
 //!   MAC), dropped otherwise.
@@ -455,6 +460,9 @@ impl State {
                 return Verdict::Drop(DropReason::ReturnNotFromEndpoint);
             }
             let out = snap.ports.get(usize::from(gw.port)).copied().unwrap_or_default();
+            if let Some(v) = self.too_big(cx, p, pkt, out.mtu) {
+                return v;
+            }
             return match forward_l2(pkt, p, out.mac, gw.mac, out.vlan) {
                 Ok(()) => {
                     cx.ctr.returned.add(1);
@@ -579,7 +587,12 @@ impl State {
     ) -> Verdict {
         let Some(port) = cx.snap.ports.get(usize::from(ep.port)) else { return Verdict::Drop(DropReason::NoEndpoint) };
         let r = match svc.delivery(ep) {
-            Delivery::L2 => forward_l2(pkt, p, port.mac, ep.mac, port.vlan),
+            Delivery::L2 => {
+                if let Some(v) = self.too_big(cx, p, pkt, port.mtu) {
+                    return v;
+                }
+                forward_l2(pkt, p, port.mac, ep.mac, port.vlan)
+            }
             Delivery::IpIp { src } => {
                 let t = Tunnel { src, dst: ep.addr, src_mac: port.mac, dst_mac: ep.mac, mtu: port.mtu, vlan: port.vlan };
                 match encapsulate(pkt, p, &t, hash) {
@@ -589,7 +602,7 @@ impl State {
                     Err(DropReason::EncapTooBig) => {
                         let outer = if src.is_v4() { v4::MIN_LEN } else { v6::LEN };
                         let mtu = port.mtu.saturating_sub(u16::try_from(outer).unwrap_or(u16::MAX));
-                        return self.answer_too_big(cx, p, pkt, mtu);
+                        return self.answer_too_big(cx, p, pkt, mtu, DropReason::EncapTooBig);
                     }
                     r => r,
                 }
@@ -605,15 +618,30 @@ impl State {
         }
     }
 
+    /// For a packet forwarded at layer 2 out of a port of MTU `mtu`: `None`
+    /// when it fits, or is IPv4 without DF (the worker fragments it);
+    /// otherwise the verdict that replaces it (the ICMP error to its
+    /// source, or a drop).
+    #[inline(always)]
+    fn too_big<P: PacketBuf>(&mut self, cx: &Cx<'_>, p: &Parsed, pkt: &mut P, mtu: u16) -> Option<Verdict> {
+        if usize::from(p.ip_end) - usize::from(p.l3) <= usize::from(mtu) {
+            return None;
+        }
+        if !p.v6 && !dont_fragment(pkt.data(), p) {
+            return None;
+        }
+        Some(self.answer_too_big(cx, p, pkt, mtu, DropReason::TooBigForOutput))
+    }
+
     /// The ICMP error for a packet that does not fit `mtu`, out of the port
-    /// it came in on; a drop when none may or can be sent.
+    /// it came in on; a drop (`otherwise`) when none may or can be sent.
     #[cold]
-    fn answer_too_big<P: PacketBuf>(&mut self, cx: &Cx<'_>, p: &Parsed, pkt: &mut P, mtu: u16) -> Verdict {
+    fn answer_too_big<P: PacketBuf>(&mut self, cx: &Cx<'_>, p: &Parsed, pkt: &mut P, mtu: u16, otherwise: DropReason) -> Verdict {
         let Some(port) = cx.snap.ports.get(usize::from(cx.in_port)) else {
-            return Verdict::Drop(DropReason::EncapTooBig);
+            return Verdict::Drop(otherwise);
         };
         if !icmp::may_answer(pkt.data(), p) {
-            return Verdict::Drop(DropReason::EncapTooBig);
+            return Verdict::Drop(otherwise);
         }
         if !self.icmp.take(cx.now_ms) {
             return Verdict::Drop(DropReason::IcmpRateLimited);

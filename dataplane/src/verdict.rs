@@ -88,11 +88,18 @@ pub enum DropReason {
     /// 802.1Q/802.1ad-tagged frame on a port that serves no VLAN, or a
     /// frame not of the port's VLAN (untagged, another VLAN, or stacked tags).
     VlanNotServed,
+    /// IPv4 without DF larger than its output's MTU, and no packet buffer
+    /// for one of its fragments (the datagram is dropped whole).
+    FragmentNoBuffer,
+    /// Larger than its output's MTU and not to be fragmented (DF set, or
+    /// IPv6), and the ICMP error that would say so may not be sent (about
+    /// an ICMP error, a later fragment, or a source that cannot take one).
+    TooBigForOutput,
 }
 
 impl DropReason {
     /// Every reason, in counter order.
-    pub const ALL: [DropReason; 37] = [
+    pub const ALL: [DropReason; 39] = [
         DropReason::EthTruncated,
         DropReason::FrameTooLong,
         DropReason::NotOurMac,
@@ -130,6 +137,8 @@ impl DropReason {
         DropReason::Ipv6HopByHopNotFirst,
         DropReason::EncapTooBigNoDf,
         DropReason::VlanNotServed,
+        DropReason::FragmentNoBuffer,
+        DropReason::TooBigForOutput,
     ];
 
     /// Number of reasons.
@@ -181,6 +190,8 @@ impl DropReason {
             DropReason::Ipv6HopByHopNotFirst => "ipv6_hop_by_hop_not_first",
             DropReason::EncapTooBigNoDf => "encap_too_big_no_df",
             DropReason::VlanNotServed => "vlan_not_served",
+            DropReason::FragmentNoBuffer => "fragment_no_buffer",
+            DropReason::TooBigForOutput => "too_big_for_output",
         }
     }
 }

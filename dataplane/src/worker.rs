@@ -10,6 +10,11 @@
 //! Every packet is counted once, in a way [`crate::counters::Ledger`]
 //! checks: taken in (received or steered in), then sent (by category),
 //! dropped under a reason, held, or steered out.
+//!
+//! A forwarded IPv4 packet larger than its port's MTU (the pipeline lets
+//! through only those without DF) leaves as fragments ([`crate::fragment`]),
+//! made in buffers the I/O backend gives; without them it is dropped as
+//! `fragment_no_buffer`.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -19,9 +24,10 @@ use crate::flow::FragKey;
 use crate::io::{Burst, PacketBuf, PacketIo, Waited, BURST};
 use crate::latency::{Recorder, SharedLatency};
 use crate::pipeline::{FragEvent, Pipeline, PipelineConfig};
-use crate::rewrite::add_vlan_tag;
+use crate::fragment;
+use crate::rewrite::{add_vlan_tag, l2_len};
 use crate::rcu::Reader;
-use crate::snapshot::Snapshot;
+use crate::snapshot::{PortInfo, Snapshot};
 use crate::steer::{Steered, Steering};
 use crate::verdict::{DropReason, Verdict};
 
@@ -185,6 +191,8 @@ enum Arrival {
 /// Where packets go, and the counters, burst buffers and hold-back area
 /// they need; split from the worker so the snapshot can be borrowed alongside.
 struct Out<'a, P> {
+    /// The snapshot's ports: outputs `0..ports.len()`.
+    ports: &'a [PortInfo],
     tx: &'a mut [Burst<P>],
     free: &'a mut Burst<P>,
     ctr: &'a WorkerCounters,
@@ -230,7 +238,15 @@ impl<P: PacketBuf> Out<'_, P> {
         pkt: P,
     ) {
         match v {
-            Verdict::Forward(o) => self.send(io, usize::from(o), pkt),
+            Verdict::Forward(o) => {
+                let o = usize::from(o);
+                match self.ports.get(o) {
+                    Some(port) if pkt.data().len() > l2_len(port.vlan) + usize::from(port.mtu) => {
+                        self.send_fragments(io, o, port.mtu, pkt);
+                    }
+                    _ => self.send(io, o, pkt),
+                }
+            }
             Verdict::Exception => match exception {
                 Some(o) => {
                     self.ctr.exception.add(1);
@@ -256,6 +272,41 @@ impl<P: PacketBuf> Out<'_, P> {
                 }
             }
             Verdict::Drop(r) => self.discard(io, r, pkt),
+        }
+    }
+
+    /// Sends `pkt`, too big for `output` of IP MTU `mtu`, as fragments.
+    /// All its fragments or none: it is dropped when the buffers for them
+    /// cannot all be had.
+    #[cold]
+    fn send_fragments<IO: PacketIo<Buf = P>>(&mut self, io: &mut IO, output: usize, mtu: u16, mut pkt: P) {
+        let plan = match fragment::plan(pkt.data(), mtu) {
+            Ok(Some(p)) => p,
+            // What the pipeline does not hand over for fragmenting (DF,
+            // IPv6: those get an ICMP error instead) goes as it is, and the
+            // output refuses it.
+            Ok(None) | Err(_) => return self.send(io, output, pkt),
+        };
+        let later = fragment::later_header(&pkt.data()[plan.l3..plan.l3 + plan.header]);
+        let mut frags: Burst<P> = Burst::new();
+        let n = plan.count - 1;
+        if n > BURST || io.alloc_frames(&mut frags, n, plan.frame_len(1, later.1)) < n {
+            io.free(&mut frags);
+            self.discard(io, DropReason::FragmentNoBuffer, pkt);
+            return;
+        }
+        for (i, f) in frags.iter_mut().enumerate() {
+            let len = plan.frame_len(i + 1, later.1);
+            f.truncate(len);
+            fragment::write(pkt.data(), &plan, &later, i + 1, f.data_mut());
+        }
+        fragment::first_in_place(pkt.data_mut(), &plan);
+        pkt.truncate(plan.frame_len(0, later.1));
+        self.ctr.fragmented.add(1);
+        self.ctr.fragments.add(plan.count as u64);
+        self.send(io, output, pkt);
+        for f in frags.drain(..) {
+            self.send(io, output, f);
         }
     }
 
@@ -416,7 +467,7 @@ impl<IO: PacketIo> Worker<IO> {
         }
         let staged = staged.1;
         let capacity = *stash_capacity;
-        let mut out = Out { tx, free, ctr, stash, steering: steering.as_ref().map(|(s, _)| &**s), now_ms };
+        let mut out = Out { ports: &snap.ports, tx, free, ctr, stash, steering: steering.as_ref().map(|(s, _)| &**s), now_ms };
         let mut total = 0usize;
         for (i, input) in inputs.iter().enumerate() {
             if io.rx(i, rx) == 0 {

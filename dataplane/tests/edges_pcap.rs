@@ -2,7 +2,8 @@
 //! pcap file, read back from it into a worker, and what the worker sends is
 //! written to pcap files that tshark decodes. IPv6 Hop-by-Hop options after
 //! another extension header, 802.1Q tags on ports with and without a VLAN,
-//! and IPv4 without DF too big for its tunnel.
+//! IPv4 without DF too big for its tunnel, and IPv4 datagrams larger than
+//! the output's MTU (fragmented, or refused with DF).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::cast_possible_truncation)]
 
 mod common;
@@ -108,9 +109,16 @@ impl Run {
 /// into a worker over `snap`, polls until every frame is taken, and writes
 /// each output to `out<N>.pcap`.
 fn run(d: &Path, snap: Snapshot, inputs: &[Vec<Vec<u8>>]) -> Run {
+    run_with(d, snap, inputs, usize::MAX)
+}
+
+/// [`run`] with an I/O backend that gives at most `buffers` new buffers.
+fn run_with(d: &Path, snap: Snapshot, inputs: &[Vec<Vec<u8>>], buffers: usize) -> Run {
     let p = Publisher::new(snap);
     let ctr = Arc::new(WorkerCounters::new(8, 1000));
-    let mut w = Worker::new(MemIo::new(3, 3), p.reader(), ctr.clone(), &config());
+    let mut io = MemIo::new(3, 3);
+    io.buffers = buffers;
+    let mut w = Worker::new(io, p.reader(), ctr.clone(), &config());
     let mut total = 0;
     for (i, frames) in inputs.iter().enumerate() {
         let path = d.join(format!("in{i}.pcap"));
@@ -280,4 +288,107 @@ fn ipv4_without_df_too_big_for_its_tunnel_is_dropped_under_its_own_reason() {
     assert_eq!(back, ["3|4|1480"], "{back:?}");
     let tunnelled = tshark(&d.join("out1.pcap"), &["ip.proto", "ip.len"]);
     assert_eq!(tunnelled, ["4,6|160,140"], "{tunnelled:?}");
+}
+
+/// The UDP datagram to the `dns` service (VIP:53, layer 2) with a
+/// 3,000-byte payload: 3,028 bytes of IPv4, identification `id`.
+fn udp3000(id: u16, frag: u16) -> (Vec<u8>, Vec<u8>) {
+    let payload: Vec<u8> = (0..3000u32).map(|i| (i % 251) as u8).collect();
+    let udp = craft::udp(5353, 53, &payload);
+    let ip = craft::with_l4_checksum(craft::ipv4_full(CLIENT, VIP, proto::UDP, 64, id, frag, &[], &udp), 20);
+    (ip, udp)
+}
+
+/// The fragments a sender at MTU 1500 makes of `ip` (no options): 1,480
+/// bytes of data each, the last what is left.
+fn fragments_at_1500(ip: &[u8]) -> Vec<Vec<u8>> {
+    let data = &ip[20..];
+    let id = u16::from_be_bytes([ip[4], ip[5]]);
+    data.chunks(1480)
+        .enumerate()
+        .map(|(i, chunk)| {
+            let more = if (i + 1) * 1480 < data.len() { v4::MF } else { 0 };
+            let frag = more | (i * 1480 / 8) as u16;
+            craft::ipv4_full(CLIENT, VIP, proto::UDP, 64, id, frag, &[], chunk)
+        })
+        .collect()
+}
+
+/// tshark's view of `path` with IPv4 reassembly on: per frame, the fields.
+fn tshark_reassembling(path: &Path, fields: &[&str]) -> Vec<String> {
+    let mut cmd = Command::new("tshark");
+    cmd.args(["-n", "-o", "ip.defragment:TRUE", "-r"]).arg(path);
+    cmd.args(["-T", "fields", "-E", "separator=|", "-E", "occurrence=a", "-E", "aggregator=,"]);
+    for f in fields {
+        cmd.args(["-e", f]);
+    }
+    let out = cmd.output().expect("tshark is needed for this test (scripts/setup.sh installs it)");
+    assert!(out.status.success(), "tshark: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap().lines().map(str::to_owned).collect()
+}
+
+#[test]
+fn fragments_pass_as_they_are_and_a_datagram_over_the_mtu_leaves_as_fragments_of_it() {
+    let d = dir("fragments");
+    let frame = |ip: &[u8]| craft::ether_with(FRONT_MAC, CLIENT_MAC, &[], ethertype::IPV4, ip);
+    // As the client sent it (fragments), as a kernel reassembled it (af_packet), and with DF.
+    let (sent, _) = udp3000(41, 0);
+    let udp = sent[20..].to_vec();
+    let (whole, _) = udp3000(42, 0);
+    let (df, _) = udp3000(43, v4::DF);
+    let mut front: Vec<Vec<u8>> = fragments_at_1500(&sent).iter().map(|f| frame(f)).collect();
+    front.push(frame(&whole));
+    front.push(frame(&df));
+    let r = run(&d, appliance(1), &[front, vec![], vec![]]);
+    // tshark gives the fragment offset in 8-byte units.
+    let seen = tshark(&d.join("in0.pcap"), &["ip.id", "ip.len", "ip.flags.mf", "ip.frag_offset"]);
+    assert_eq!(seen, ["0x0029|1500|1|0", "0x0029|1500|1|185", "0x0029|68|0|370", "0x002a|3028|0|0", "0x002b|3028|0|0"], "{seen:?}");
+
+    // Out of the back port: the client's fragments as they were, then the
+    // reassembled datagram as three fragments of at most 1500 bytes; each
+    // datagram to one endpoint, and whole again once reassembled.
+    let out = tshark(&d.join("out1.pcap"), &["eth.dst", "ip.id", "ip.len", "ip.flags.mf", "ip.frag_offset", "ip.ttl"]);
+    assert_eq!(out.len(), 6, "{out:?}");
+    let cols: Vec<Vec<&str>> = out.iter().map(|l| l.split('|').collect()).collect();
+    let shape: Vec<String> = cols.iter().map(|c| c[1..].join("|")).collect();
+    assert_eq!(
+        shape,
+        [
+            "0x0029|1500|1|0|63",
+            "0x0029|1500|1|185|63",
+            "0x0029|68|0|370|63",
+            "0x002a|1500|1|0|63",
+            "0x002a|1500|1|185|63",
+            "0x002a|68|0|370|63",
+        ]
+    );
+    assert!(cols[..3].iter().all(|c| c[0] == cols[0][0]) && cols[3..].iter().all(|c| c[0] == cols[3][0]), "one endpoint each: {out:?}");
+    let whole_again = tshark_reassembling(&d.join("out1.pcap"), &["ip.id", "udp.length", "ip.checksum.status", "udp.checksum.status"]);
+    let reassembled: Vec<&String> = whole_again.iter().filter(|l| l.contains("|3008|")).collect();
+    assert_eq!(reassembled.len(), 2, "both datagrams reassemble whole: {whole_again:?}");
+    for (frames, id) in [(&r.outputs[1][..3], 41u16), (&r.outputs[1][3..], 42)] {
+        let mut data = Vec::new();
+        for f in frames {
+            assert_eq!(u16::from_be_bytes([f[18], f[19]]), id);
+            data.extend_from_slice(&f[34..]);
+        }
+        assert!(data == udp, "datagram {id}: the UDP datagram, byte for byte");
+    }
+    // The one with DF: "fragmentation needed" with the port's MTU, back to the client.
+    let back = tshark(&d.join("out0.pcap"), &["ip.dst", "icmp.type", "icmp.code", "icmp.mtu"]);
+    assert_eq!(back, ["198.51.100.7,20.0.0.1|3|4|1500"], "{back:?}");
+    assert_eq!(r.ctr.fragmented.get(), 1);
+    assert_eq!(r.ctr.fragments.get(), 3);
+    assert_eq!(r.ctr.icmp_too_big.get(), 1);
+    assert_eq!(r.ctr.total_drops(), 0);
+}
+
+#[test]
+fn a_datagram_whose_fragments_find_no_buffer_is_dropped_whole_under_its_own_reason() {
+    let d = dir("fragbufs");
+    let (whole, _) = udp3000(44, 0);
+    let r = run_with(&d, appliance(1), &[vec![craft::ether_with(FRONT_MAC, CLIENT_MAC, &[], ethertype::IPV4, &whole)], vec![], vec![]], 1);
+    assert!(r.outputs[1].is_empty(), "no fragment of it left");
+    assert_eq!(r.drops(DropReason::FragmentNoBuffer), 1);
+    assert_eq!(r.ctr.fragmented.get(), 0);
 }

@@ -1,6 +1,7 @@
 //! [`PacketIo`] over DPDK queues: a worker's receive queues are its inputs,
-//! its transmit queues its outputs, in the order given. [`GenQueues`] adds
-//! a pool to allocate from, for the traffic generator.
+//! its transmit queues its outputs, in the order given, and new frames
+//! (fragments) come from its pool. [`GenQueues`] adds a pool to allocate
+//! from, for the traffic generator.
 
 use std::sync::Arc;
 
@@ -19,8 +20,18 @@ pub struct QueueIo {
     pub rx: Vec<RxQueue>,
     /// Outputs, by index.
     pub tx: Vec<TxQueue>,
+    /// The pool new frames (fragments) are allocated from; none: no frame
+    /// can be made.
+    pub pool: Option<Arc<Mempool>>,
     /// Every input's receive interrupt is armed on the polling thread.
     armed: bool,
+}
+
+impl QueueIo {
+    /// No queues yet, allocating new frames from `pool`.
+    pub fn with_pool(pool: Arc<Mempool>) -> QueueIo {
+        QueueIo { pool: Some(pool), ..QueueIo::default() }
+    }
 }
 
 /// The shortest pause spent waiting on receive interrupts, in
@@ -53,6 +64,21 @@ impl PacketIo for QueueIo {
     #[inline]
     fn free(&mut self, burst: &mut Burst<Mbuf>) {
         free_burst(burst);
+    }
+
+    fn alloc_frames(&mut self, burst: &mut Burst<Mbuf>, n: usize, len: usize) -> usize {
+        let Some(pool) = &self.pool else { return 0 };
+        let at = burst.len();
+        if pool.alloc_bulk(burst, n) < n {
+            return 0;
+        }
+        if burst[at..].iter_mut().all(|m| m.set_len(len)) {
+            return n;
+        }
+        // Longer than the buffers: give them back.
+        let mut extra: Burst<Mbuf> = burst.drain(at..).collect();
+        free_burst(&mut extra);
+        0
     }
 
     fn arm_wait(&mut self) -> bool {

@@ -46,7 +46,7 @@ pub use ids::{LcoreId, PortId, QueueId};
 pub use io::{GenQueues, QueueIo};
 pub use keep::Holders;
 pub use mbuf::{free_burst, Mbuf};
-pub use mempool::{Mempool, DEFAULT_DATA_ROOM};
+pub use mempool::{Mempool, DEFAULT_DATA_ROOM, MBUF_HEADROOM};
 pub use port::{
     port_by_name, port_info, ports, Link, MacAddr, Port, PortConfig, PortInfo, PortStats, PortStatsReader, RxQueue,
     TxQueue,

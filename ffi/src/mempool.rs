@@ -43,8 +43,11 @@ impl fmt::Debug for Mempool {
     }
 }
 
+/// DPDK's headroom before the packet data of each mbuf (`RTE_PKTMBUF_HEADROOM`).
+pub const MBUF_HEADROOM: u16 = 128;
+
 /// Default space for packet data in each mbuf (2048 plus DPDK's headroom).
-pub const DEFAULT_DATA_ROOM: u16 = 2048 + 128;
+pub const DEFAULT_DATA_ROOM: u16 = 2048 + MBUF_HEADROOM;
 
 /// The pool's name as a C string, once the request is known to be sound.
 fn check(name: &str, count: u32) -> Result<CString> {

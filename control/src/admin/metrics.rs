@@ -106,7 +106,7 @@ type WorkerMetric = (&'static str, &'static str, fn(&WorkerCounters) -> u64);
 /// A metric read from a port's statistics.
 type PortMetric = (&'static str, &'static str, fn(&PortStats) -> u64);
 
-const WORKER_COUNTERS: [WorkerMetric; 17] = [
+const WORKER_COUNTERS: [WorkerMetric; 19] = [
     ("rx_packets", "Packets received from ports.", |w| w.rx_packets.get()),
     ("rx_bytes", "Bytes received from ports.", |w| w.rx_bytes.get()),
     ("tx_packets", "Packets sent.", |w| w.tx_packets.get()),
@@ -121,7 +121,9 @@ const WORKER_COUNTERS: [WorkerMetric; 17] = [
     ("interrupt_waits", "Idle pauses spent waiting on the ports' receive interrupts instead of asleep (dpdk.rxInterrupts).", |w| w.interrupt_waits.get()),
     ("interrupt_wakeups", "Interrupt waits that a receive interrupt ended early: traffic woke the worker.", |w| w.interrupt_wakeups.get()),
     ("flow_evictions", "Live flow-table entries evicted to make room.", |w| w.flow_evictions.get()),
-    ("icmp_too_big", "ICMP fragmentation-needed / packet-too-big errors sent to clients whose packets no longer fit a tunnel.", |w| w.icmp_too_big.get()),
+    ("icmp_too_big", "ICMP fragmentation-needed / packet-too-big errors sent to the sources of packets that do not fit their output (a tunnel, or a port's MTU).", |w| w.icmp_too_big.get()),
+    ("fragmented_packets", "IPv4 packets larger than their output's MTU sent as fragments.", |w| w.fragmented.get()),
+    ("fragments_sent", "The fragments those packets were sent as.", |w| w.fragments.get()),
     ("steered_out_packets", "Packets handed to the worker that owns their flow.", |w| w.steered_out.get()),
     ("steered_in_packets", "Packets received from another worker that handed over their flow.", |w| w.steered_in.get()),
 ];

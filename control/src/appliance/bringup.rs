@@ -5,10 +5,10 @@
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
-use sluice_ffi::{Eal, Mempool, Port, PortConfig as FfiPortConfig, DEFAULT_DATA_ROOM};
+use sluice_ffi::{Eal, Mempool, Port, PortConfig as FfiPortConfig};
 use tracing::info;
 
-use super::eal::tap_device;
+use super::eal::{data_room, tap_device};
 use crate::config::{ApplianceConfig, PortConfig};
 
 /// A started port and its exception tap.
@@ -39,8 +39,12 @@ pub fn start(eal: &Eal, cfg: &ApplianceConfig, workers: u16) -> Result<Machine> 
     // Without hugepages no device reads the pool by physical address, and
     // mbufs packed across pages are what net_af_xdp needs (Mempool::packed).
     let make = if cfg.dpdk.hugepages { Mempool::new } else { Mempool::packed };
-    let pool = make(eal, "sluice_pool", cfg.dpdk.mbufs, cache, DEFAULT_DATA_ROOM)
+    // Large enough for a whole af_packet ring frame: a datagram the kernel
+    // reassembled (eal::AF_PACKET_FRAME).
+    let room = data_room(&cfg.ports);
+    let pool = make(eal, "sluice_pool", cfg.dpdk.mbufs, cache, room)
         .context("creating the packet pool (lower dpdk.mbufs or raise dpdk.memoryMB)")?;
+    info!(mbufs = cfg.dpdk.mbufs, data_room = room, "packet pool created");
     let mut ports = Vec::new();
     for (i, pc) in cfg.ports.iter().enumerate() {
         let id = sluice_ffi::port_by_name(eal, pc.device_name())?;

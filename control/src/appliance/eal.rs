@@ -1,6 +1,6 @@
 //! The EAL arguments of an appliance configuration.
 
-use crate::config::ApplianceConfig;
+use crate::config::{ApplianceConfig, PortConfig};
 
 /// Number of cores in an EAL core list like `0,1` or `0-3,6`.
 pub fn count_lcores(list: &str) -> usize {
@@ -47,6 +47,63 @@ pub fn memory_arg(hugepages: bool, given: &[String]) -> Option<&'static str> {
     (!said).then_some("--huge-unlink")
 }
 
+/// Frame size of the af_packet rings Sluice asks for: DPDK's af_packet
+/// driver has the kernel reassemble IPv4 fragments (its socket joins a
+/// fanout group with the defrag flag, which it offers no way to turn off),
+/// and a datagram the kernel reassembled arrives in one ring frame. A
+/// frame holds `AF_PACKET_FRAME - 66` bytes of Ethernet frame (the kernel's
+/// frame header and alignment take the rest): IP datagrams of up to 9,136
+/// bytes. DPDK's own default (2,048) cuts reassembled datagrams short.
+pub const AF_PACKET_FRAME: u32 = 9216;
+/// Frames per ring block: the kernel allocates each block in a power of
+/// two of pages, and 28 frames (63 pages) fill a 64-page block to 98 %.
+/// The driver finds frame `i` at `i * framesz`, so blocks hold whole frames.
+pub const AF_PACKET_FRAMES_PER_BLOCK: u32 = 28;
+/// Frames per ring (18 blocks), about DPDK's default of 512: each ring of
+/// each queue takes 4.5 MiB of kernel memory.
+pub const AF_PACKET_FRAMES: u32 = 18 * AF_PACKET_FRAMES_PER_BLOCK;
+/// DPDK's af_packet frame size when the device arguments give none.
+const AF_PACKET_DPDK_FRAME: u32 = 2048;
+/// Bytes of an af_packet ring frame before the packet that the driver
+/// does not copy (its `TPACKET2_HDRLEN - sizeof(struct sockaddr_ll)`).
+const AF_PACKET_FRAME_OVERHEAD: u32 = 32;
+
+/// The ring arguments added to an af_packet device that gives none of
+/// `framesz`, `blocksz`, `framecnt` (a device that gives one gives them all
+/// as it wants them).
+pub fn af_packet_ring_args(device: &str) -> Option<String> {
+    let given = device.split(',').skip(1).any(|kv| {
+        let k = kv.split('=').next().unwrap_or("").trim();
+        matches!(k, "framesz" | "blocksz" | "framecnt")
+    });
+    (!given).then(|| {
+        format!(
+            ",framesz={AF_PACKET_FRAME},blocksz={},framecnt={AF_PACKET_FRAMES}",
+            AF_PACKET_FRAME * AF_PACKET_FRAMES_PER_BLOCK
+        )
+    })
+}
+
+/// The mbuf data room (headroom included) that receives every frame of
+/// `ports`: the driver of an af_packet port refuses a pool whose mbufs
+/// cannot hold a whole ring frame.
+pub fn data_room(ports: &[PortConfig]) -> u16 {
+    let need = ports
+        .iter()
+        .filter(|p| p.device_name().starts_with("net_af_packet"))
+        .map(|p| {
+            let given = p.device.split(',').skip(1).find_map(|kv| kv.strip_prefix("framesz=")?.trim().parse::<u32>().ok());
+            let frame = match af_packet_ring_args(&p.device) {
+                Some(_) => AF_PACKET_FRAME,
+                None => given.unwrap_or(AF_PACKET_DPDK_FRAME),
+            };
+            frame.saturating_sub(AF_PACKET_FRAME_OVERHEAD) + u32::from(sluice_ffi::MBUF_HEADROOM)
+        })
+        .max()
+        .unwrap_or(0);
+    u16::try_from(need).unwrap_or(u16::MAX).max(sluice_ffi::DEFAULT_DATA_ROOM)
+}
+
 /// The EAL arguments for `cfg` with `workers` workers.
 pub fn eal_args(cfg: &ApplianceConfig, workers: usize) -> Vec<String> {
     let d = &cfg.dpdk;
@@ -64,8 +121,11 @@ pub fn eal_args(cfg: &ApplianceConfig, workers: usize) -> Vec<String> {
     }
     for p in cfg.ports.iter().filter(|p| !p.is_pci()) {
         let mut dev = p.device.clone();
-        if p.device_name().starts_with("net_af_packet") && !dev.contains("qpairs=") {
-            dev.push_str(&format!(",qpairs={workers}"));
+        if p.device_name().starts_with("net_af_packet") {
+            if !dev.contains("qpairs=") {
+                dev.push_str(&format!(",qpairs={workers}"));
+            }
+            dev.extend(af_packet_ring_args(&p.device));
         }
         a.push(format!("--vdev={dev}"));
     }
@@ -94,6 +154,30 @@ mod tests {
     fn devices_as_eal_arguments() {
         assert_eq!(device_args("0000:3b:00.0"), ["-a", "0000:3b:00.0"]);
         assert_eq!(device_args("net_memif0,role=server,socket=/tmp/a.sock"), ["--vdev=net_memif0,role=server,socket=/tmp/a.sock"]);
+    }
+
+    #[test]
+    fn af_packet_rings_hold_a_reassembled_jumbo_datagram_unless_the_device_says_otherwise() {
+        let port = |device: &str| PortConfig {
+            name: "p".into(),
+            device: device.into(),
+            addresses: vec![],
+            mtu: 1500,
+            vlan: 0,
+            kernel_interface: String::new(),
+        };
+        let dev = "net_af_packet0,iface=a";
+        assert_eq!(af_packet_ring_args(dev).as_deref(), Some(",framesz=9216,blocksz=258048,framecnt=504"));
+        // 28 whole frames in 63 pages, and the frame count in whole blocks.
+        assert_eq!(AF_PACKET_FRAME * AF_PACKET_FRAMES_PER_BLOCK % 4096, 0);
+        assert_eq!(AF_PACKET_FRAMES % AF_PACKET_FRAMES_PER_BLOCK, 0);
+        assert_eq!(data_room(&[port(dev)]), 9216 - 32 + 128);
+        let own = "net_af_packet0,iface=a,framesz=4096,blocksz=4096";
+        assert_eq!(af_packet_ring_args(own), None);
+        assert_eq!(data_room(&[port(own)]), 4096 - 32 + 128);
+        let count_only = "net_af_packet0,iface=a,framecnt=64";
+        assert_eq!(data_room(&[port(count_only)]), sluice_ffi::DEFAULT_DATA_ROOM, "DPDK's own 2,048-byte frames");
+        assert_eq!(data_room(&[port("net_null0"), port("net_pcap0,rx_pcap=/dev/null")]), sluice_ffi::DEFAULT_DATA_ROOM);
     }
 
     #[test]

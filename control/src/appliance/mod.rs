@@ -226,7 +226,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
     let mut entries = Vec::new();
     for (k, &lcore) in lcores.iter().enumerate() {
         let q = u16::try_from(k)?;
-        let mut io = QueueIo::default();
+        let mut io = QueueIo::with_pool(machine.pool.clone());
         for r in &plan.rx {
             let queue = match *r {
                 Queue::Port(i) => machine.ports[i].port.take_rx_queue(q),
