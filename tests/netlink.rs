@@ -238,8 +238,8 @@ async fn body(a: &Netns, b: &Netns, ia: &str, ib: &str) {
     drop(n);
 }
 
-/// The host's `net.ipv4.neigh.default.gc_thresh3` (read in the initial
-/// network namespace, where the test runs: namespaces have no copy).
+/// The host's `net.ipv4.neigh.default.gc_thresh3`, read from the initial
+/// network namespace (the test's main thread): namespaces have no copy.
 fn host_neighbour_limit() -> usize {
     std::fs::read_to_string("/proc/sys/net/ipv4/neigh/default/gc_thresh3").unwrap().trim().parse().unwrap()
 }
@@ -283,7 +283,6 @@ fn next_hops_beyond_the_hosts_neighbour_table_limit_all_resolve() {
                 assert_eq!(outcome, Ok(true), "{resolved} of {hops} next hops resolved within 60 s (gc_thresh3 = {limit})");
                 eprintln!("{hops} next hops (gc_thresh3 = {limit}) resolved in {:?}", start.elapsed());
                 assert!(rx.borrow().values().all(|m| *m == mac_b));
-                assert_eq!(host_neighbour_limit(), limit, "the host's limit is left alone");
                 n.clear().await.unwrap();
                 assert!(managed(&a, &ia).is_empty());
                 drop(n);
@@ -292,4 +291,5 @@ fn next_hops_beyond_the_hosts_neighbour_table_limit_all_resolve() {
         .join()
         .unwrap_or_else(|p| std::panic::resume_unwind(p));
     });
+    assert_eq!(host_neighbour_limit(), limit, "the host's limit is left alone");
 }
