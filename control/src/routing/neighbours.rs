@@ -733,7 +733,7 @@ mod tests {
     const MANAGED_REACHABLE_V4: [u8; 40] = [
         2, 0, 0, 0, // family AF_INET, padding
         7, 0, 0, 0, // ifindex 7
-        0x02, 0x10, 0, 1, // state NUD_REACHABLE, flags NTF_EXT_LEARNED, type RTN_UNICAST
+        0x02, 0x00, 0x10, 1, // state NUD_REACHABLE (u16), flags NTF_EXT_LEARNED, type RTN_UNICAST
         8, 0, 1, 0, 10, 9, 0, 2, // NDA_DST 10.9.0.2
         10, 0, 2, 0, 0x02, 0xaa, 0xbb, 0xcc, 0xdd, 0xee, 0, 0, // NDA_LLADDR, padded
         8, 0, 15, 0, 1, 0, 0, 0, // NDA_FLAGS_EXT NTF_EXT_MANAGED
@@ -790,7 +790,7 @@ mod tests {
         // NDA_DST only: FAILED entries carry no NDA_LLADDR.
         let mut b = MANAGED_REACHABLE_V4[..20].to_vec();
         b[8] = 0x20;
-        b[9] = 0;
+        b[10] = 0;
         let (key, e) = decode(&parse(&b)).unwrap();
         assert_eq!(key, (7, a("10.9.0.2")));
         assert_eq!(e, entry(None, NeighbourState::Failed, false));
