@@ -237,3 +237,59 @@ async fn body(a: &Netns, b: &Netns, ia: &str, ib: &str) {
     assert!(rx.borrow().is_empty());
     drop(n);
 }
+
+/// The host's `net.ipv4.neigh.default.gc_thresh3`, read from the initial
+/// network namespace (the test's main thread): namespaces have no copy.
+fn host_neighbour_limit() -> usize {
+    std::fs::read_to_string("/proc/sys/net/ipv4/neigh/default/gc_thresh3").unwrap().trim().parse().unwrap()
+}
+
+/// More next hops than the kernel's neighbour table limit (`gc_thresh3`,
+/// one for the whole host) all resolve: the entries Sluice asks for are
+/// outside the count that limit caps, and the limit is left as it is.
+#[test]
+#[cfg_attr(sluice_unprivileged, ignore = "needs root: network namespaces and DPDK")]
+fn next_hops_beyond_the_hosts_neighbour_table_limit_all_resolve() {
+    privileged();
+    let limit = host_neighbour_limit();
+    assert!(limit <= 65_536, "gc_thresh3 = {limit}: the test adds 1000 entries more than that, too many above 65,536");
+    let hops = limit + 1000;
+    let pid = std::process::id();
+    let a = Netns::new("nga");
+    let b = Netns::new("ngb");
+    let (ia, ib) = (format!("sng{pid}a"), format!("sng{pid}b"));
+    veth(&a, &ia, &b, &ib);
+    a.run(&["ip", "addr", "add", "10.78.0.1/16", "dev", &ia]);
+    b.run(&["ip", "addr", "add", "10.78.0.2/16", "dev", &ib]);
+    // "b" answers ARP for every address of 10.78.128.0/17.
+    b.run(&["ip", "route", "add", "local", "10.78.128.0/17", "dev", "lo", "table", "main"]);
+    let hop = |i: usize| {
+        let i = u32::try_from(i).unwrap();
+        Addr::from(std::net::Ipv4Addr::from(u32::from(std::net::Ipv4Addr::new(10, 78, 128, 1)) + i))
+    };
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let ns = File::open(format!("/run/netns/{}", a.name)).unwrap();
+            setns(&ns, CloneFlags::CLONE_NEWNET).unwrap();
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            rt.block_on(async {
+                let mac_b = mac_of(&b, &ib);
+                let (n, mut rx) = Neighbours::spawn(vec![ia.clone()]).unwrap();
+                let wanted: Vec<(u8, Addr)> = (0..hops).map(|i| (0, hop(i))).collect();
+                let start = Instant::now();
+                n.want(&wanted);
+                let outcome = tokio::time::timeout(Duration::from_secs(60), rx.wait_for(|m| m.len() == hops)).await.map(|r| r.is_ok());
+                let resolved = rx.borrow().len();
+                assert_eq!(outcome, Ok(true), "{resolved} of {hops} next hops resolved within 60 s (gc_thresh3 = {limit})");
+                eprintln!("{hops} next hops (gc_thresh3 = {limit}) resolved in {:?}", start.elapsed());
+                assert!(rx.borrow().values().all(|m| *m == mac_b));
+                n.clear().await.unwrap();
+                assert!(managed(&a, &ia).is_empty());
+                drop(n);
+            });
+        })
+        .join()
+        .unwrap_or_else(|p| std::panic::resume_unwind(p));
+    });
+    assert_eq!(host_neighbour_limit(), limit, "the host's limit is left alone");
+}

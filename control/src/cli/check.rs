@@ -117,32 +117,6 @@ fn bird_problems(l: &sources::Loaded) -> Vec<Problem> {
     }
 }
 
-/// What the configuration asks of the host `sluice check` runs on that
-/// the host does not give: more next hops to resolve (endpoints delivered
-/// on a shared segment, gateways, without a static MAC) than the kernel's
-/// neighbour table holds, as `limit` reads it for a family (none when it
-/// cannot be read).
-fn host_warnings(l: &sources::Loaded, limit: impl Fn(bool) -> Option<u64>) -> Vec<String> {
-    let cfg = &l.config;
-    let topo = placement_topology(cfg);
-    let Ok(c) = Compiler::new(cfg.max_services, cfg.max_endpoints).compile(&l.resolved, &topo, &AllResolved) else { return Vec::new() };
-    let mut out = Vec::new();
-    for v4 in [true, false] {
-        let hops = c.next_hops.iter().filter(|(_, a)| a.is_v4() == v4).count() as u64;
-        let (name, _) = crate::routing::neighbours::limit_sysctl(v4);
-        match limit(v4) {
-            Some(max) if hops > max => out.push(format!(
-                "{hops} IPv{} next hops to resolve, more than this host's neighbour table holds ({name} = {max}): \
-                 those beyond it stay unresolved and their endpoints unused; raise {name} (and gc_thresh1/gc_thresh2) \
-                 above {hops} plus the host's other neighbours",
-                if v4 { 4 } else { 6 }
-            )),
-            _ => {}
-        }
-    }
-    out
-}
-
 /// Runs `sluice check`.
 pub fn run(args: &CheckArgs) -> ExitCode {
     match problems(&args.config, args.started_with.as_deref()) {
@@ -193,9 +167,6 @@ pub fn run(args: &CheckArgs) -> ExitCode {
                     k.kubeconfig.as_ref().map_or_else(|| "in-cluster".to_owned(), |p| format!("kubeconfig {}", p.display()))
                 );
             }
-            for w in host_warnings(&l, crate::routing::neighbours::table_limit) {
-                eprintln!("{}: warning: {w}", args.config.display());
-            }
             ExitCode::SUCCESS
         }
         Err(ps) => {
@@ -211,27 +182,6 @@ pub fn run(args: &CheckArgs) -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn next_hops_beyond_the_neighbour_table_are_a_warning_naming_the_limit() {
-        let dir = std::env::temp_dir().join(format!("sluice-check-neigh-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let f = dir.join("c.yaml");
-        let mut text = String::from("ports: [{name: back, device: net_null0, addresses: [10.200.0.1/16]}]\nservices:\n  - name: s\n    endpointLimit: 2000\n    endpoints:\n");
-        for i in 0..1500u32 {
-            text.push_str(&format!("      - {{id: {i}, address: 10.200.{}.{}}}\n", i / 250, 1 + i % 250));
-        }
-        // One with a static MAC needs no entry.
-        text.push_str("      - {id: 1500, address: 10.200.9.9, mac: \"02:00:00:00:00:01\"}\n");
-        std::fs::write(&f, text).unwrap();
-        let l = problems(&f, None).unwrap();
-        let w = host_warnings(&l, |v4| v4.then_some(1024));
-        assert_eq!(w.len(), 1, "{w:?}");
-        assert!(w[0].starts_with("1500 IPv4 next hops to resolve") && w[0].contains("net.ipv4.neigh.default.gc_thresh3 = 1024"), "{}", w[0]);
-        assert!(host_warnings(&l, |_| Some(2048)).is_empty());
-        assert!(host_warnings(&l, |_| None).is_empty(), "nothing said when the limit cannot be read");
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
 
     #[test]
     fn check_refuses_what_a_reload_refuses_at_the_same_place() {

@@ -10,6 +10,17 @@
 //! longer wanted (also leftovers of an earlier run). A static (permanent)
 //! entry for a wanted pair is left alone: it is resolved already.
 //!
+//! The entries are also marked externally learned (`NTF_EXT_LEARNED`):
+//! the kernel then keeps them out of its garbage collection and out of
+//! the count that `gc_thresh3` limits. That limit is one for the whole
+//! host (every network namespace shares it, and only the initial one can
+//! change it; 1024 by default), so entries counted against it would cap
+//! the next hops at about a thousand and, near the cap, starve the host's
+//! own neighbours. Sluice's entries are bounded by its configuration
+//! (`capacity.endpoints`) instead; the host's limit keeps guarding what
+//! traffic makes the kernel learn. The kernel still resolves and
+//! re-probes these entries, and takes a new MAC from ARP/ND as usual.
+//!
 //! Observed state comes from one netlink socket subscribed to the kernel's
 //! neighbour and link groups: a dump when the socket is opened, then
 //! notifications. A notification only names the entry that changed; the
@@ -90,6 +101,9 @@ pub(crate) struct Entry {
     pub state: NeighbourState,
     /// `NTF_EXT_MANAGED` is set.
     pub managed: bool,
+    /// `NTF_EXT_LEARNED` is set (the entry is outside the kernel's
+    /// garbage collection and its `gc_thresh3` count).
+    pub learned: bool,
 }
 
 impl Entry {
@@ -136,7 +150,8 @@ pub(crate) fn decode(m: &NeighbourMessage) -> Option<(Key, Entry)> {
             _ => {}
         }
     }
-    Some(((m.header.ifindex, dst?), Entry { mac, state: m.header.state, managed }))
+    let learned = m.header.flags.contains(NeighbourFlags::ExtLearned);
+    Some(((m.header.ifindex, dst?), Entry { mac, state: m.header.state, managed, learned }))
 }
 
 /// The interface index of each wanted pair (pairs of ports without a
@@ -148,19 +163,21 @@ fn wanted_keys(wanted: &HashSet<(u8, Addr)>, index: &[Option<u32>]) -> HashSet<K
 /// What a reconcile pass has to do.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub(crate) struct Plan {
-    /// Entries to make managed.
+    /// Entries to make managed and externally learned.
     pub add: Vec<Key>,
     /// Managed entries to delete.
     pub del: Vec<Key>,
 }
 
 /// The difference between the wanted pairs and the kernel's entries on the
-/// ports' interfaces (`observed` holds only those), in a stable order.
+/// ports' interfaces (`observed` holds only those), in a stable order. A
+/// managed entry that is not externally learned (made by an older Sluice)
+/// is added again, so that it leaves the `gc_thresh3` count.
 pub(crate) fn plan(wanted: &HashSet<(u8, Addr)>, index: &[Option<u32>], observed: &HashMap<Key, Entry>) -> Plan {
     let want = wanted_keys(wanted, index);
     let mut add: Vec<Key> = want
         .iter()
-        .filter(|k| observed.get(k).is_none_or(|e| !e.managed && e.state != NeighbourState::Permanent))
+        .filter(|k| observed.get(k).is_none_or(|e| !(e.managed && e.learned) && e.state != NeighbourState::Permanent))
         .copied()
         .collect();
     let mut del: Vec<Key> = observed.iter().filter(|(k, e)| e.managed && !want.contains(k)).map(|(k, _)| *k).collect();
@@ -577,7 +594,12 @@ impl Task {
                 }
                 let name = self.iface(v, key.0).to_owned();
                 let op = format!("adding managed neighbour {}", key.1);
-                let mut req = h.neighbours().add(key.0, key.1.to_ip()).state(NeighbourState::None).replace();
+                let mut req = h
+                    .neighbours()
+                    .add(key.0, key.1.to_ip())
+                    .state(NeighbourState::None)
+                    .flags(NeighbourFlags::ExtLearned)
+                    .replace();
                 req.message_mut().attributes.push(NeighbourAttribute::ExtFlags(NeighbourExtFlags::Managed));
                 if let Err(e) = req.execute().await {
                     if errno(&e) == Some(libc::ENOBUFS) {
@@ -590,11 +612,11 @@ impl Task {
                 Self::refresh(h, v, key)
                     .await
                     .map_err(|e| Exit::Lost(format!("reading neighbour {} back: {e}", key.1)))?;
-                if !v.observed.get(&key).is_some_and(|e| e.managed) {
+                if !v.observed.get(&key).is_some_and(|e| e.managed && e.learned) {
                     errors.push(RoutingError::Unexpected {
                         iface: name,
                         op,
-                        what: "the entry is not managed (NTF_EXT_MANAGED needs Linux 5.16 or later)".into(),
+                        what: "the entry is not managed and externally learned (NTF_EXT_MANAGED needs Linux 5.16 or later)".into(),
                     });
                 }
             }
@@ -706,11 +728,12 @@ mod tests {
     }
 
     /// An `RTM_NEWNEIGH` body as the kernel sends it for a managed,
-    /// reachable IPv4 entry: ndmsg, then NDA_DST, NDA_LLADDR, NDA_FLAGS_EXT.
+    /// externally learned, reachable IPv4 entry: ndmsg, then NDA_DST,
+    /// NDA_LLADDR, NDA_FLAGS_EXT.
     const MANAGED_REACHABLE_V4: [u8; 40] = [
         2, 0, 0, 0, // family AF_INET, padding
         7, 0, 0, 0, // ifindex 7
-        0x02, 0x00, 0, 1, // state NUD_REACHABLE, flags 0, type RTN_UNICAST
+        0x02, 0x00, 0x10, 1, // state NUD_REACHABLE (u16), flags NTF_EXT_LEARNED, type RTN_UNICAST
         8, 0, 1, 0, 10, 9, 0, 2, // NDA_DST 10.9.0.2
         10, 0, 2, 0, 0x02, 0xaa, 0xbb, 0xcc, 0xdd, 0xee, 0, 0, // NDA_LLADDR, padded
         8, 0, 15, 0, 1, 0, 0, 0, // NDA_FLAGS_EXT NTF_EXT_MANAGED
@@ -720,8 +743,9 @@ mod tests {
         NeighbourMessage::parse(bytes).unwrap()
     }
 
+    /// An entry; `managed` ones are also externally learned, as Sluice makes them.
     fn entry(mac: Option<[u8; 6]>, state: NeighbourState, managed: bool) -> Entry {
-        Entry { mac, state, managed }
+        Entry { mac, state, managed, learned: managed }
     }
 
     const MAC: [u8; 6] = [2, 0xaa, 0xbb, 0xcc, 0xdd, 0xee];
@@ -766,6 +790,7 @@ mod tests {
         // NDA_DST only: FAILED entries carry no NDA_LLADDR.
         let mut b = MANAGED_REACHABLE_V4[..20].to_vec();
         b[8] = 0x20;
+        b[10] = 0;
         let (key, e) = decode(&parse(&b)).unwrap();
         assert_eq!(key, (7, a("10.9.0.2")));
         assert_eq!(e, entry(None, NeighbourState::Failed, false));
@@ -820,16 +845,19 @@ mod tests {
         observed.insert((10, a("10.0.0.3")), entry(None, NeighbourState::Failed, true)); // unwanted managed
         observed.insert((12, a("10.0.0.4")), entry(Some(MAC), NeighbourState::Reachable, false)); // not ours
         observed.insert((12, a("10.0.0.5")), entry(Some(MAC), NeighbourState::Permanent, false)); // static
+        let counted = Entry { learned: false, ..entry(Some(MAC), NeighbourState::Reachable, true) };
+        observed.insert((12, a("10.0.0.6")), counted); // managed, but within gc_thresh3's count
         let w = wanted(&[
             (0, "10.0.0.1"),
             (0, "10.0.0.2"),
             (2, "2001:db8::1"),
             (2, "10.0.0.5"),
+            (2, "10.0.0.6"),
             (1, "10.0.0.9"),
             (7, "10.0.0.8"),
         ]);
         let p = plan(&w, &index, &observed);
-        assert_eq!(p.add, vec![(10, a("10.0.0.2")), (12, a("2001:db8::1"))]);
+        assert_eq!(p.add, vec![(10, a("10.0.0.2")), (12, a("10.0.0.6")), (12, a("2001:db8::1"))]);
         assert_eq!(p.del, vec![(10, a("10.0.0.3"))]);
     }
 
