@@ -24,7 +24,8 @@
 //! Observed state comes from one netlink socket subscribed to the kernel's
 //! neighbour and link groups: a dump when the socket is opened, then
 //! notifications. A notification only names the entry that changed; the
-//! task reads that entry back (one `RTM_GETNEIGH`), so what it holds is
+//! task reads that entry back (one `RTM_GETNEIGH`, or one dump when a
+//! batch names more than [`DUMP_ABOVE`] entries), so what it holds is
 //! never older than the notification, whatever the order of dump and
 //! notifications on the socket. A lost notification (socket buffer
 //! overrun) or a change of the ports' interfaces (created, deleted,
@@ -41,8 +42,12 @@
 //! retry: a pass logs one line with the first failure and the count, and
 //! only when that differs from what was last said. A full neighbour table
 //! (ENOBUFS: the kernel's `gc_thresh3` reached, a limit of the whole host)
-//! ends the pass's adds at once (the others would fail alike) and is said
-//! once, with the limit and its remedy, until every entry fits again.
+//! is said once, with the limit and its remedy, until every entry fits
+//! again.
+//!
+//! Requests are pipelined ([`IN_FLIGHT`] at a time on the one socket), and
+//! reading many entries back is one dump: 100,000 next hops are added and
+//! read in seconds.
 
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
@@ -75,6 +80,12 @@ type Key = (u32, Addr);
 const RETRY_MIN: Duration = Duration::from_millis(100);
 /// Longest delay between retries.
 const RETRY_MAX: Duration = Duration::from_secs(5);
+/// Requests (adds, deletes, reads) the task keeps in flight on its socket,
+/// so that a pass over 100,000 next hops costs seconds, not a round trip
+/// after another.
+const IN_FLIGHT: usize = 64;
+/// More entries to read back than this: one dump of the table instead.
+const DUMP_ABOVE: usize = 1024;
 
 /// The host's limit on neighbour entries of `v4`'s family
 /// (`net.ipv{4,6}.neigh.default.gc_thresh3`), when this network namespace
@@ -435,6 +446,11 @@ impl Task {
     async fn resync(&self, h: &Handle, v: &mut View) -> Result<(), rtnetlink::Error> {
         let links: Vec<LinkMessage> = h.link().get().execute().try_collect().await?;
         v.index = index_ports(&self.names, &links);
+        self.resync_neighbours(h, v).await
+    }
+
+    /// Reads every neighbour entry on the ports' interfaces.
+    async fn resync_neighbours(&self, h: &Handle, v: &mut View) -> Result<(), rtnetlink::Error> {
         v.observed.clear();
         let ours: HashSet<u32> = v.index.iter().flatten().copied().collect();
         for family in [AddressFamily::Inet, AddressFamily::Inet6] {
@@ -450,11 +466,23 @@ impl Task {
         Ok(())
     }
 
-    /// Reads entry `key` back from the kernel.
-    async fn refresh(h: &Handle, v: &mut View, key: Key) -> Result<(), rtnetlink::Error> {
+    /// Makes `key` a managed, externally learned entry (a replace).
+    async fn add(h: &Handle, key: Key) -> Result<(), rtnetlink::Error> {
+        let mut req = h
+            .neighbours()
+            .add(key.0, key.1.to_ip())
+            .state(NeighbourState::None)
+            .flags(NeighbourFlags::ExtLearned)
+            .replace();
+        req.message_mut().attributes.push(NeighbourAttribute::ExtFlags(NeighbourExtFlags::Managed));
+        req.execute().await
+    }
+
+    /// Reads entry `key` back from the kernel (`None`: it has none).
+    async fn read_back(mut h: Handle, key: Key) -> Result<Option<Entry>, rtnetlink::Error> {
         let mut req = NetlinkMessage::from(RouteNetlinkMessage::GetNeighbour(key_message(key)));
         req.header.flags = NLM_F_REQUEST;
-        let mut answers = h.clone().request(req)?;
+        let mut answers = h.request(req)?;
         let mut found = None;
         while let Some(m) = answers.next().await {
             match m.payload {
@@ -470,10 +498,29 @@ impl Task {
                 _ => {}
             }
         }
-        match found {
-            Some(e) => v.observed.insert(key, e),
-            None => v.observed.remove(&key),
-        };
+        Ok(found)
+    }
+
+    /// Reads entries `keys` back from the kernel, [`IN_FLIGHT`] requests
+    /// at a time; past [`DUMP_ABOVE`] entries one dump of the table costs
+    /// less than a request each. Either answer is newer than the
+    /// notifications that named the keys.
+    async fn refresh(&self, h: &Handle, v: &mut View, keys: Vec<Key>) -> Result<(), Exit> {
+        if keys.len() > DUMP_ABOVE {
+            return self.resync_neighbours(h, v).await.map_err(|e| Exit::Lost(format!("reading the neighbour table back: {e}")));
+        }
+        let mut answers = futures_util::stream::iter(keys)
+            .map(|key| {
+                let h = h.clone();
+                async move { (key, Self::read_back(h, key).await) }
+            })
+            .buffer_unordered(IN_FLIGHT);
+        while let Some((key, answer)) = answers.next().await {
+            match answer.map_err(|e| Exit::Lost(format!("reading neighbour {} back: {e}", key.1)))? {
+                Some(e) => v.observed.insert(key, e),
+                None => v.observed.remove(&key),
+            };
+        }
         Ok(())
     }
 
@@ -513,10 +560,7 @@ impl Task {
         if resync {
             return self.resync(h, v).await.map_err(|e| Exit::Lost(e.to_string()));
         }
-        for key in keys {
-            Self::refresh(h, v, key).await.map_err(|e| Exit::Lost(format!("reading neighbour {} back: {e}", key.1)))?;
-        }
-        Ok(())
+        self.refresh(h, v, keys.into_iter().collect()).await
     }
 
     /// Says what failed in a pass, once per condition: a full table with
@@ -586,54 +630,62 @@ impl Task {
             // this pass, and how many it did not.
             let mut table_full: [Option<(usize, usize)>; 2] = [None, None];
             let mut added = [0usize; 2];
-            for key in p.add {
+            let mut adds = futures_util::stream::iter(p.add)
+                .map(|key| {
+                    let h = h.clone();
+                    async move { (key, Self::add(&h, key).await) }
+                })
+                .buffer_unordered(IN_FLIGHT);
+            let mut done = Vec::new();
+            while let Some((key, result)) = adds.next().await {
                 let fam = usize::from(!key.1.is_v4());
-                if let Some((_, left)) = table_full[fam].as_mut() {
-                    *left += 1;
-                    continue;
-                }
-                let name = self.iface(v, key.0).to_owned();
                 let op = format!("adding managed neighbour {}", key.1);
-                let mut req = h
-                    .neighbours()
-                    .add(key.0, key.1.to_ip())
-                    .state(NeighbourState::None)
-                    .flags(NeighbourFlags::ExtLearned)
-                    .replace();
-                req.message_mut().attributes.push(NeighbourAttribute::ExtFlags(NeighbourExtFlags::Managed));
-                if let Err(e) = req.execute().await {
-                    if errno(&e) == Some(libc::ENOBUFS) {
-                        table_full[fam] = Some((added[fam], 1));
+                match result {
+                    Ok(()) => {
+                        added[fam] += 1;
+                        done.push(key);
                     }
-                    errors.push(RoutingError::netlink(&name, op, e));
-                    continue;
+                    Err(e) => {
+                        if errno(&e) == Some(libc::ENOBUFS) {
+                            table_full[fam].get_or_insert((0, 0)).1 += 1;
+                        }
+                        errors.push(RoutingError::netlink(self.iface(v, key.0), op, e));
+                    }
                 }
-                added[fam] += 1;
-                Self::refresh(h, v, key)
-                    .await
-                    .map_err(|e| Exit::Lost(format!("reading neighbour {} back: {e}", key.1)))?;
+            }
+            drop(adds);
+            for (fam, full) in table_full.iter_mut().enumerate() {
+                if let Some(f) = full {
+                    f.0 = added[fam];
+                }
+            }
+            self.refresh(h, v, done.clone()).await?;
+            for key in done {
                 if !v.observed.get(&key).is_some_and(|e| e.managed && e.learned) {
                     errors.push(RoutingError::Unexpected {
-                        iface: name,
-                        op,
+                        iface: self.iface(v, key.0).to_owned(),
+                        op: format!("adding managed neighbour {}", key.1),
                         what: "the entry is not managed and externally learned (NTF_EXT_MANAGED needs Linux 5.16 or later)".into(),
                     });
                 }
             }
-            for key in p.del {
-                match h.neighbours().del(key_message(key)).execute().await {
+            let mut dels = futures_util::stream::iter(p.del)
+                .map(|key| {
+                    let h = h.clone();
+                    async move { (key, h.neighbours().del(key_message(key)).execute().await) }
+                })
+                .buffer_unordered(IN_FLIGHT);
+            while let Some((key, result)) = dels.next().await {
+                match result {
                     Err(e) if errno(&e) != Some(libc::ENOENT) => {
-                        errors.push(RoutingError::netlink(
-                            self.iface(v, key.0),
-                            format!("deleting managed neighbour {}", key.1),
-                            e,
-                        ));
+                        errors.push(RoutingError::netlink(self.iface(v, key.0), format!("deleting managed neighbour {}", key.1), e));
                     }
                     _ => {
                         v.observed.remove(&key);
                     }
                 }
             }
+            drop(dels);
             self.report(&wanted, v, &table_full, &errors);
             if errors.is_empty() {
                 v.retry = None;
