@@ -115,18 +115,36 @@ fn no_dad(name: &str) -> Result<(), RoutingError> {
 
 /// Makes the kernel leave interface `name` to DPDK: a `net_af_packet` or
 /// `net_af_xdp` port only copies (or takes) frames, and a kernel that also
-/// handled them would answer packets to the VIPs itself (IPv6 sends
-/// "unreachable" for what it cannot route, even with forwarding off).
-/// Turns IPv6 off on the interface (procfs, calling thread's namespace);
-/// IPv4 needs nothing as long as the interface has no IPv4 address.
+/// handled them would answer them itself. IPv6 goes off on the interface
+/// (IPv6 sends "unreachable" for what it cannot route, even with
+/// forwarding off). IPv4 cannot be turned off, and the kernel takes a
+/// packet to any of its addresses on any interface: a SYN-ACK to the
+/// exception interface's address, seen here before it comes through the
+/// tap, finds no socket (BIRD binds its sessions to the tap) and is
+/// answered with a reset, so the appliance's own IPv4 connections (BGP)
+/// were reset at once. Strict reverse-path filtering drops everything that
+/// arrives here for the kernel, since nothing is routed through this
+/// interface; it only holds while `conf/all/rp_filter` is not 2 (the
+/// kernel applies the larger of the two), which is warned about.
+/// Procfs writes, in the calling thread's namespace.
 pub fn leave_to_dpdk(name: &str) -> Result<(), RoutingError> {
-    let path = format!("/proc/sys/net/ipv6/conf/{}/disable_ipv6", name.replace('.', "/"));
-    match std::fs::write(&path, "1") {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-            Err(RoutingError::Sysctl { iface: name.to_owned(), path, source: e })
+    // Dots in interface names are slashes in sysctl paths (eth0.100).
+    let dir = name.replace('.', "/");
+    for (path, value) in [(format!("/proc/sys/net/ipv6/conf/{dir}/disable_ipv6"), "1"), (format!("/proc/sys/net/ipv4/conf/{dir}/rp_filter"), "1")] {
+        match std::fs::write(&path, value) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(RoutingError::Sysctl { iface: name.to_owned(), path, source: e });
+            }
+            _ => {}
         }
-        _ => Ok(()),
     }
+    if std::fs::read_to_string("/proc/sys/net/ipv4/conf/all/rp_filter").is_ok_and(|v| v.trim() == "2") {
+        tracing::warn!(
+            interface = name,
+            "net.ipv4.conf.all.rp_filter is 2 (loose), which overrides the strict filter set on this interface: the kernel answers IPv4 packets that DPDK reads here (it resets the appliance's own BGP connections); set net.ipv4.conf.all.rp_filter to 0 or 1"
+        );
+    }
+    Ok(())
 }
 
 /// The link's MAC, MTU and whether it is administratively up.
