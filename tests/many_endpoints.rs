@@ -317,3 +317,58 @@ fn a_hundred_thousand_l2_endpoints_resolve_forward_and_stop_in_time() {
     assert_eq!(code, Some(0), "a clean exit:\n{text}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// SIGTERM while the control side is as busy as 100,000 next hops make
+/// it: none of them answers ARP, so the kernel keeps probing every entry
+/// (managed entries are never let go) and the neighbour task keeps
+/// following their changes. The appliance is stopped as soon as it serves
+/// and the kernel holds some of its entries, and must be gone within
+/// `bird.withdrawWaitMs` (2 s by default) + 5 s, with a second of slack
+/// for the measurement, having exited by itself.
+#[test]
+#[cfg_attr(sluice_unprivileged, ignore = "needs root: network namespaces and DPDK")]
+fn sigterm_while_100000_unanswered_next_hops_are_being_resolved_stops_in_time() {
+    privileged();
+    let lb = Netns::new("mql");
+    let void = Netns::new("mqv");
+    veth(&void, "vf", &lb, "lbf");
+    veth(&void, "vb", &lb, "lbb");
+    let dir = tempdir(&format!("many-stop-{}", std::process::id()));
+    let (cfg, log) = (dir.join("appliance.yaml"), dir.join("sluice.log"));
+    let prefix = format!("mq{}", std::process::id());
+    std::fs::write(&cfg, config(&prefix, &[])).unwrap();
+
+    let cmd = format!("exec {} --log info run --config {} 2> {}", sluice_bin().display(), cfg.display(), log.display());
+    let mut proc: Proc = lb.spawn(&["sh", "-c", &cmd]);
+    let serving = wait_until(Duration::from_secs(60), || {
+        let st = status(&lb);
+        st["generation"].as_u64().is_some_and(|g| g > 0) && st["endpoints_total"] == ENDPOINTS
+    });
+    assert!(serving, "the appliance did not serve the configuration within 60 s:\n{}", read(&log));
+    let mut entries = 0;
+    let busy = wait_until(Duration::from_secs(30), || {
+        let out = lb.output(&["ip", "-4", "neigh", "show", "dev", "sl-back"]);
+        entries = out.stdout.split(|&b| b == b'\n').filter(|l| l.starts_with(b"10.20")).count();
+        entries >= 500
+    });
+    assert!(busy, "only {entries} neighbour entries on sl-back after 30 s:\n{}", read(&log));
+    let unresolved = status(&lb)["next_hops_unresolved"].clone();
+
+    let term = Instant::now();
+    let (code, _, _) = proc.stop("TERM", Duration::from_secs(30));
+    let to_exit = term.elapsed();
+    let text = read(&log);
+    let _ = std::fs::remove_dir_all(Path::new("/var/run/dpdk").join(&prefix));
+    let tail: Vec<&str> = text.lines().rev().take(40).collect::<Vec<_>>().into_iter().rev().collect();
+    let tail = tail.join("\n");
+    eprintln!(
+        "SIGTERM with {entries} entries on sl-back and {unresolved} next hops unresolved: exited after {to_exit:?} (code {code:?}); \
+         log: {} lines",
+        text.lines().count()
+    );
+    assert!(code.is_some(), "still running 30 s after SIGTERM (killed); the log ends with:\n{tail}");
+    assert!(to_exit < Duration::from_secs(8), "exited {to_exit:?} after SIGTERM, beyond bird.withdrawWaitMs + 5 s:\n{tail}");
+    assert!(text.contains("SIGTERM: stopping"), "the stop is logged:\n{tail}");
+    assert_eq!(code, Some(0), "a clean exit, not the stop watchdog's:\n{tail}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -21,16 +21,17 @@
 //! traffic makes the kernel learn. The kernel still resolves and
 //! re-probes these entries, and takes a new MAC from ARP/ND as usual.
 //!
-//! Observed state comes from one netlink socket subscribed to the kernel's
+//! Observed state comes from a netlink socket subscribed to the kernel's
 //! neighbour and link groups: a dump when the socket is opened, then
 //! notifications. A notification only names the entry that changed; the
 //! task reads that entry back (one `RTM_GETNEIGH`, or one dump when a
 //! batch names more than [`DUMP_ABOVE`] entries), so what it holds is
 //! never older than the notification, whatever the order of dump and
-//! notifications on the socket. A lost notification (socket buffer
-//! overrun) or a change of the ports' interfaces (created, deleted,
-//! renamed) makes it dump everything again; a socket error makes it open a
-//! new socket and start over.
+//! notifications. Requests, dumps included, go over a second socket that
+//! nothing is broadcast to (see [`Conn`]). A lost notification (socket
+//! buffer overrun) or a change of the ports' interfaces (created, deleted,
+//! renamed) makes it dump everything again; a socket error makes it open
+//! new sockets and start over.
 //!
 //! Invariants: adds and deletes are idempotent (add is a replace, delete
 //! of a missing entry succeeds); failed ones are retried with a growing
@@ -61,6 +62,7 @@ use rtnetlink::packet_route::neighbour::{
     NeighbourAddress, NeighbourAttribute, NeighbourExtFlags, NeighbourFlags, NeighbourMessage, NeighbourState,
 };
 use rtnetlink::packet_route::{AddressFamily, RouteNetlinkMessage};
+use rtnetlink::sys::AsyncSocket;
 use rtnetlink::{Handle, MulticastGroup};
 use sluice_dataplane::addr::Addr;
 use tokio::sync::{mpsc, oneshot, watch};
@@ -86,6 +88,11 @@ const RETRY_MAX: Duration = Duration::from_secs(5);
 const IN_FLIGHT: usize = 64;
 /// More entries to read back than this: one dump of the table instead.
 const DUMP_ABOVE: usize = 1024;
+/// Receive buffer asked for the notifications' socket, in bytes (the kernel
+/// doubles it for its bookkeeping): room for tens of thousands of
+/// notifications, as many next hops resolving at once send, while the task
+/// is busy. It only holds memory while notifications wait in it.
+const NOTIFY_BUFFER: usize = 32 << 20;
 
 /// The host's limit on neighbour entries of `v4`'s family
 /// (`net.ipv{4,6}.neigh.default.gc_thresh3`), when this network namespace
@@ -259,28 +266,48 @@ fn key_message((ifindex, addr): Key) -> NeighbourMessage {
     m
 }
 
-/// The task's own netlink connection: requests and notifications on one
-/// socket. Dropping it stops the connection task.
+/// The task's own netlink connections: one socket for its requests, one
+/// subscribed to notifications. Dropping it stops both connection tasks.
+///
+/// Requests never share the notifications' socket: when notifications
+/// overrun a socket's receive buffer (100,000 entries resolving at once
+/// send far more than it holds) the kernel also drops the answers it
+/// sends to that socket, and a request whose acknowledgement was dropped
+/// waits for ever. The request socket receives only answers, at most
+/// [`IN_FLIGHT`] requests' worth (a dump's parts the kernel sends as
+/// room frees up), so it never overruns; an overrun of the other one
+/// loses notifications only, and costs a dump.
 struct Conn {
     handle: Handle,
     events: UnboundedReceiver<(NetlinkMessage<RouteNetlinkMessage>, rtnetlink::sys::SocketAddr)>,
-    driver: JoinHandle<()>,
+    drivers: [JoinHandle<()>; 2],
 }
 
 impl Drop for Conn {
     fn drop(&mut self) {
-        self.driver.abort();
+        for d in &self.drivers {
+            d.abort();
+        }
     }
 }
 
 impl Conn {
-    /// Opens a socket subscribed to neighbour and link notifications, in
-    /// the calling thread's network namespace; must run inside a runtime.
+    /// Opens the request socket and one subscribed to neighbour and link
+    /// notifications, in the calling thread's network namespace; must run
+    /// inside a runtime.
     fn open() -> Result<Conn, RoutingError> {
-        let (conn, handle, events) =
+        let (mut listener, _unused, events) =
             rtnetlink::new_multicast_connection(&[MulticastGroup::Neigh, MulticastGroup::Link])
                 .map_err(RoutingError::Socket)?;
-        Ok(Conn { handle, events, driver: tokio::spawn(conn) })
+        let socket = listener.socket_mut().socket_ref();
+        // Beyond `net.core.rmem_max` when privileged (as `sluice run` is);
+        // else as far as that limit allows.
+        if let Err(e) = rustix::net::sockopt::set_socket_recv_buffer_size_force(socket, NOTIFY_BUFFER) {
+            debug!(error = %e, "SO_RCVBUFFORCE refused; the notifications' buffer stays within net.core.rmem_max");
+            socket.set_rx_buf_sz(NOTIFY_BUFFER).map_err(RoutingError::Socket)?;
+        }
+        let (requester, handle, _unsolicited) = rtnetlink::new_connection().map_err(RoutingError::Socket)?;
+        Ok(Conn { handle, events, drivers: [tokio::spawn(listener), tokio::spawn(requester)] })
     }
 }
 
@@ -295,6 +322,9 @@ struct View {
     backoff: Duration,
     /// Ports already reported as lacking their interface.
     missing_reported: HashSet<u8>,
+    /// Times the table was read again after lost notifications or a
+    /// change of the ports' interfaces (the first is logged).
+    resyncs: u64,
 }
 
 /// Why a session ended.
@@ -379,6 +409,7 @@ impl Task {
             retry: None,
             backoff: RETRY_MIN,
             missing_reported: HashSet::new(),
+            resyncs: 0,
         };
         if let Err(e) = self.resync(&c.handle, &mut v).await {
             return Exit::Lost(e.to_string());
@@ -536,7 +567,6 @@ impl Task {
         for m in batch {
             match m.payload {
                 NetlinkPayload::Overrun(_) => {
-                    info!("neighbour notifications were lost (socket buffer full); reading the table again");
                     resync = true;
                 }
                 NetlinkPayload::InnerMessage(
@@ -558,6 +588,12 @@ impl Task {
             }
         }
         if resync {
+            v.resyncs += 1;
+            if v.resyncs == 1 {
+                info!("neighbour notifications were lost (socket buffer full) or a port's interface changed; reading the table again");
+            } else {
+                debug!(times = v.resyncs, "reading the neighbour table again");
+            }
             return self.resync(h, v).await.map_err(|e| Exit::Lost(e.to_string()));
         }
         self.refresh(h, v, keys.into_iter().collect()).await
