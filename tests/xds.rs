@@ -12,7 +12,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use sluice::admin::state::{lock, PoolProbe, Shared, SourceStatus, WorkerEntry};
+use sluice::admin::state::{PoolProbe, Shared, SourceStatus, WorkerEntry};
+use sluice::ground::lock;
 use sluice::compile::{TopoPort, Topology};
 use sluice::config::IfAddr;
 use sluice::reconcile::{NeighMap, Reconciler, Settings};

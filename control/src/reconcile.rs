@@ -21,7 +21,8 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use crate::admin::state::{lock, micros, now_epoch, RouteMeta, ServiceMeta, Shared};
+use crate::admin::state::{RouteMeta, ServiceMeta, Shared};
+use crate::ground::{lock, micros, now_epoch};
 use crate::compile::{Compiled, Compiler, EndpointState, Neighbors, Topology, ABANDONED};
 use crate::config::{ApplianceConfig, GatewayConfig};
 use crate::model::{Defaults, Desired, EndpointDef, Model, Resolved};

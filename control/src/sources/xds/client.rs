@@ -91,7 +91,7 @@ use super::config::{Mode, XdsConfig};
 use super::mapping::{self, Built, ClaState, L4Cluster};
 use super::status::{self, ConnectionState, Nack, XdsStatus};
 use super::{tls, SOURCE};
-use crate::admin::state::micros;
+use crate::ground::{lock, micros};
 use crate::model::Defaults;
 use crate::sources::SourceMsg;
 
@@ -592,10 +592,6 @@ fn endpoint_changes(applied: &Built, next: &Built) -> Option<Vec<(String, Arc<[c
         changes.push((name.clone(), Arc::clone(&now.endpoints)));
     }
     Some(changes)
-}
-
-fn lock(s: &Mutex<XdsStatus>) -> std::sync::MutexGuard<'_, XdsStatus> {
-    s.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn type_key(t: &str) -> Option<&'static str> {
