@@ -17,7 +17,7 @@ use sluice::ground::lock;
 use sluice::compile::{TopoPort, Topology};
 use sluice::config::IfAddr;
 use sluice::reconcile::{NeighMap, Reconciler, Settings};
-use sluice::sources::xds::config::{ServerAddress, TlsPaths};
+use sluice::config::xds::{ServerAddress, TlsPaths};
 use sluice::sources::xds::status::ConnectionState;
 use sluice::sources::xds::{self, Mode, XdsConfig, XdsStatus};
 use sluice_dataplane::rcu::Publisher;

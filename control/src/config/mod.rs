@@ -16,6 +16,8 @@ pub mod fields;
 pub mod kubernetes;
 pub mod manifests;
 pub mod node;
+pub mod tls;
+pub mod xds;
 pub mod yaml;
 
 use std::net::SocketAddr;
@@ -26,8 +28,8 @@ use sluice_dataplane::classify::RouteMatch;
 
 use crate::model::{limits, Defaults, DeliveryMode, Desired, EndpointDef, Origin, RouteDef, ServiceDef};
 use crate::problem::{Pos, Problem, Problems};
-use crate::sources::xds::{self, XdsConfig};
 use node::Node;
+use xds::XdsConfig;
 use yaml::Value;
 
 /// Bounds of the numbers only the configuration file sets.
@@ -461,7 +463,7 @@ pub fn parse(v: &Value, path: &Path) -> Result<ApplianceConfig, Vec<Problem>> {
         let base = path.parent().unwrap_or(Path::new("."));
         Some(ManifestsConfig { directory: base.join(dir?), gateway })
     });
-    let xds = root.field("xds-control-plane", |n| xds::config::parse(n, &mut p, path.parent().unwrap_or(Path::new(".")))).flatten();
+    let xds = root.field("xds-control-plane", |n| xds::parse(n, &mut p, path.parent().unwrap_or(Path::new(".")))).flatten();
     let routing = routing(&root, &mut p, &dpdk.file_prefix, &ports, path);
     let kubernetes = root.field("kubernetes", |n| kubernetes::parse(n, &mut p, path)).flatten();
 

@@ -87,7 +87,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::{Channel, Endpoint};
 use tracing::{debug, info, warn};
 
-use super::config::{Mode, XdsConfig};
+use crate::config::xds::{Mode, XdsConfig};
 use super::mapping::{self, Built, ClaState, L4Cluster};
 use super::status::{self, ConnectionState, Nack, XdsStatus};
 use super::{tls, SOURCE};
