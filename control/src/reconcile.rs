@@ -156,7 +156,7 @@ pub struct Settings {
     /// The xDS management server, when enabled.
     pub xds: Option<crate::sources::xds::XdsConfig>,
     /// BIRD and the gateway routers (the BIRD driver follows them).
-    pub routing: crate::routing::router::RoutingConfig,
+    pub routing: crate::config::router::RoutingConfig,
     /// The Kubernetes API, when enabled (`kubernetes:`).
     pub kube: Option<crate::sources::kube::KubeConfig>,
 }

@@ -16,6 +16,7 @@ pub mod fields;
 pub mod kubernetes;
 pub mod manifests;
 pub mod node;
+pub mod router;
 pub mod tls;
 pub mod xds;
 pub mod yaml;
@@ -223,7 +224,7 @@ pub struct ApplianceConfig {
     pub xds: Option<XdsConfig>,
     /// BIRD and the DC gateways to announce VIPs to (`bird`,
     /// `gatewayRouters`; manifests add theirs in [`crate::sources::read`]).
-    pub routing: crate::routing::router::RoutingConfig,
+    pub routing: router::RoutingConfig,
     /// The Kubernetes API as a source, if set (`kubernetes:`).
     pub kubernetes: Option<kubernetes::KubeConfig>,
     /// Where the settings only a restart applies are written.
@@ -493,8 +494,7 @@ pub fn parse(v: &Value, path: &Path) -> Result<ApplianceConfig, Vec<Problem>> {
 }
 
 /// The `bird:` section and the `gatewayRouters:` list, checked against the ports.
-fn routing(root: &Node<'_>, p: &mut Problems, prefix: &str, ports: &[PortConfig], path: &Path) -> crate::routing::router::RoutingConfig {
-    use crate::routing::router;
+fn routing(root: &Node<'_>, p: &mut Problems, prefix: &str, ports: &[PortConfig], path: &Path) -> router::RoutingConfig {
     let base = path.parent().unwrap_or(Path::new("."));
     let bird = router::parse_bird(root, p, prefix, base);
     let list = root.field("gatewayRouters", |n| router::parse_list(n, p)).unwrap_or_default();

@@ -31,7 +31,7 @@ use crate::config::GatewayConfig;
 use crate::admin::state::Shared;
 use crate::ground::now_epoch;
 use crate::reconcile::Settings;
-use crate::routing::router::{protocol_name, BirdConfig, BirdMode, RoutingConfig};
+use crate::config::router::{protocol_name, BirdConfig, BirdMode, RoutingConfig};
 
 /// For each VIP, the services it routes to and whether each has a ready
 /// endpoint (the reconciler publishes this with every snapshot).
