@@ -12,11 +12,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use sluice::admin::state::{lock, PoolProbe, Shared, SourceStatus, WorkerEntry};
+use sluice::admin::state::{PoolProbe, Shared, SourceStatus, WorkerEntry};
+use sluice::ground::lock;
 use sluice::compile::{TopoPort, Topology};
 use sluice::config::IfAddr;
 use sluice::reconcile::{NeighMap, Reconciler, Settings};
-use sluice::sources::xds::config::{ServerAddress, TlsPaths};
+use sluice::config::xds::{ServerAddress, TlsPaths};
 use sluice::sources::xds::status::ConnectionState;
 use sluice::sources::xds::{self, Mode, XdsConfig, XdsStatus};
 use sluice_dataplane::rcu::Publisher;

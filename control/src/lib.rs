@@ -13,6 +13,7 @@ pub mod cli;
 pub mod compile;
 pub mod config;
 pub mod controller;
+pub mod ground;
 pub mod model;
 pub mod problem;
 pub mod reconcile;

@@ -21,7 +21,8 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use crate::admin::state::{lock, micros, now_epoch, RouteMeta, ServiceMeta, Shared};
+use crate::admin::state::{RouteMeta, ServiceMeta, Shared};
+use crate::ground::{lock, micros, now_epoch};
 use crate::compile::{Compiled, Compiler, EndpointState, Neighbors, Topology, ABANDONED};
 use crate::config::{ApplianceConfig, GatewayConfig};
 use crate::model::{Defaults, Desired, EndpointDef, Model, Resolved};
@@ -155,7 +156,7 @@ pub struct Settings {
     /// The xDS management server, when enabled.
     pub xds: Option<crate::sources::xds::XdsConfig>,
     /// BIRD and the gateway routers (the BIRD driver follows them).
-    pub routing: crate::routing::router::RoutingConfig,
+    pub routing: crate::config::router::RoutingConfig,
     /// The Kubernetes API, when enabled (`kubernetes:`).
     pub kube: Option<crate::sources::kube::KubeConfig>,
 }

@@ -9,7 +9,8 @@
 
 use std::time::{Duration, Instant};
 
-use super::state::{lock, Shared};
+use super::state::Shared;
+use crate::ground::lock;
 
 /// How long a worker may go without polling, or without picking up a new
 /// snapshot, before the appliance is unhealthy.

@@ -19,7 +19,8 @@ use sluice_dataplane::counters::WorkerCounters;
 use sluice_dataplane::verdict::DropReason;
 
 use super::{health, AdminCounters};
-use super::state::{lock, PortStats, Shared};
+use super::state::{PortStats, Shared};
+use crate::ground::lock;
 use crate::compile::EndpointStatus;
 
 type Labels = Vec<(&'static str, Cow<'static, str>)>;

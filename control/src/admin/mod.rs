@@ -145,7 +145,7 @@ async fn latency_handler(State(app): State<App>) -> Response {
 }
 
 fn snapshot(app: &App) -> Option<Arc<sluice_dataplane::snapshot::Snapshot>> {
-    state::lock(&app.shared.state).snapshot.clone()
+    crate::ground::lock(&app.shared.state).snapshot.clone()
 }
 
 fn json<T: serde::Serialize>(v: &T) -> Response {
@@ -357,13 +357,13 @@ impl Conn {
 
     fn begin(&self) {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
-        *state::lock(&self.last) = Instant::now();
+        *crate::ground::lock(&self.last) = Instant::now();
     }
 
     fn end(&self) {
         self.in_flight.fetch_sub(1, Ordering::Relaxed);
         self.answered.fetch_add(1, Ordering::Relaxed);
-        *state::lock(&self.last) = Instant::now();
+        *crate::ground::lock(&self.last) = Instant::now();
     }
 
     /// Has not begun a request yet.
@@ -390,11 +390,11 @@ type Open = Arc<std::sync::Mutex<Vec<Arc<Conn>>>>;
 /// connection is answering a request, or just arrived).
 fn make_room(open: &Open) -> bool {
     let now = Instant::now();
-    let open = state::lock(open);
+    let open = crate::ground::lock(open);
     let live = || open.iter().filter(|c| !c.close.is_cancelled());
     let idle = live()
         .filter(|c| c.in_flight.load(Ordering::Relaxed) == 0 && c.answered.load(Ordering::Relaxed) > 0)
-        .min_by_key(|c| *state::lock(&c.last));
+        .min_by_key(|c| *crate::ground::lock(&c.last));
     let silent = || live().filter(|c| c.silent() && now.saturating_duration_since(c.accepted) >= SILENT_GRACE).min_by_key(|c| c.accepted);
     match idle.or_else(silent) {
         Some(c) => {
@@ -549,9 +549,9 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>, limits: Limits, c
             drop(pending);
             let _permit = permit;
             let conn = Arc::new(Conn::new());
-            state::lock(&list).push(Arc::clone(&conn));
+            crate::ground::lock(&list).push(Arc::clone(&conn));
             serve_connection(stream, peer, router, Arc::clone(&conn), keep_alive, limits, counters).await;
-            state::lock(&list).retain(|c| !Arc::ptr_eq(c, &conn));
+            crate::ground::lock(&list).retain(|c| !Arc::ptr_eq(c, &conn));
         });
     }
     drop(listener);

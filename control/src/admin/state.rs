@@ -8,8 +8,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Instant, SystemTime};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use serde::Serialize;
 use sluice_dataplane::counters::WorkerCounters;
@@ -253,11 +253,6 @@ pub struct Shared {
     pub kube: Mutex<Option<Arc<Mutex<crate::sources::kube::KubeStatus>>>>,
 }
 
-/// Locks, recovering from a poisoned lock (the data is plain records).
-pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
 impl Shared {
     /// Shared state for these ports, pool and workers.
     pub fn new(
@@ -343,15 +338,6 @@ impl Shared {
     }
 }
 
-/// A duration as whole microseconds, for a log field or a status.
-pub fn micros(d: std::time::Duration) -> u64 {
-    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
-}
-
-/// Seconds since the epoch.
-pub fn now_epoch() -> u64 {
-    SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
-}
 
 #[cfg(test)]
 mod tests {

@@ -85,11 +85,11 @@ impl Digests {
     fn of(&self, s: &Arc<Service>) -> String {
         // A kept weak reference keeps the service's allocation, so no other
         // service can be at the same address while its digest is kept.
-        if let Some((_, d)) = crate::admin::state::lock(&self.0).iter().find(|(w, _)| std::ptr::eq(w.as_ptr(), Arc::as_ptr(s))) {
+        if let Some((_, d)) = crate::ground::lock(&self.0).iter().find(|(w, _)| std::ptr::eq(w.as_ptr(), Arc::as_ptr(s))) {
             return d.clone();
         }
         let d = digest(slots(s));
-        let mut kept = crate::admin::state::lock(&self.0);
+        let mut kept = crate::ground::lock(&self.0);
         kept.retain(|(w, _)| w.strong_count() > 0);
         if kept.len() >= DIGESTS_KEPT {
             kept.pop_front();
@@ -534,13 +534,13 @@ mod tests {
         for i in 0..DIGESTS_KEPT + 3 {
             let s = snap(&[(0, "10.0.0.1"), (1, &format!("10.0.1.{i}"))]);
             assert_eq!(summary_for(&s, "web", &digests).unwrap(), summaries(&s).remove(0));
-            assert_eq!(crate::admin::state::lock(&digests.0).len(), 1, "only live services are kept");
+            assert_eq!(crate::ground::lock(&digests.0).len(), 1, "only live services are kept");
         }
         let live: Vec<Snapshot> = (0..DIGESTS_KEPT + 3).map(|i| snap(&[(0, &format!("10.0.2.{i}"))])).collect();
         for s in &live {
             summary_for(s, "web", &digests).unwrap();
         }
-        assert_eq!(crate::admin::state::lock(&digests.0).len(), DIGESTS_KEPT);
+        assert_eq!(crate::ground::lock(&digests.0).len(), DIGESTS_KEPT);
         assert_eq!(summary_for(&live[0], "web", &digests).unwrap(), summaries(&live[0]).remove(0), "let go, then taken again");
     }
 

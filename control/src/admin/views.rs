@@ -8,7 +8,8 @@ use serde::Serialize;
 use sluice_dataplane::verdict::DropReason;
 
 use super::health;
-use super::state::{lock, ControlState, PortLoss, PortMeta, RouteMeta, ServiceMeta, Shared, SourceStatus};
+use crate::ground::lock;
+use super::state::{ControlState, PortLoss, PortMeta, RouteMeta, ServiceMeta, Shared, SourceStatus};
 use sluice_dataplane::addr::Addr;
 use crate::compile::EndpointState;
 

@@ -25,7 +25,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info};
 
 use super::loss::LossSampler;
-use crate::admin::state::{lock, Shared};
+use crate::admin::state::Shared;
+use crate::ground::lock;
 use crate::admin::{self, health, AdminCounters, Limits};
 use crate::model::{Defaults, Desired};
 use crate::reconcile::{Reconciler, Settings};

@@ -24,7 +24,8 @@ use std::time::Duration;
 
 use tracing::debug;
 
-use crate::admin::state::{lock, PortLoss, Shared};
+use crate::admin::state::{PortLoss, Shared};
+use crate::ground::lock;
 use crate::config::PortConfig;
 use crate::routing::link_counters;
 

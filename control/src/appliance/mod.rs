@@ -183,7 +183,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
     }
     // A child left running by an earlier run that was killed may hold
     // DPDK's files of this prefix: it goes before DPDK starts.
-    if cfg.routing.bird.mode == crate::routing::router::BirdMode::Supervised {
+    if cfg.routing.bird.mode == crate::config::router::BirdMode::Supervised {
         crate::routing::bird::supervisor::stop_leftover(&cfg.routing.bird);
     }
     let eal_args = eal_args(&cfg, nworkers);

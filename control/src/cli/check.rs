@@ -92,7 +92,7 @@ pub fn problems(path: &std::path::Path, started_with: Option<&std::path::Path>) 
 /// Has BIRD parse the configuration Sluice would give it (every VIP
 /// announced), when gateway routers are configured and Sluice runs `bird`.
 fn bird_problems(l: &sources::Loaded) -> Vec<Problem> {
-    use crate::routing::router::BirdMode;
+    use crate::config::router::BirdMode;
     let r = &l.config.routing;
     let file = l.config.path.display().to_string();
     let (Some(id), false) = (r.router_id, r.routers.is_empty()) else { return Vec::new() };

@@ -167,7 +167,7 @@ pub fn render(st: &Value) -> String {
     }
     let x = &st["xds"];
     if x.is_object() {
-        let ago = |t: &Value| t.as_u64().map_or_else(|| "never".to_owned(), |t| format!("{}s ago", crate::admin::state::now_epoch().saturating_sub(t)));
+        let ago = |t: &Value| t.as_u64().map_or_else(|| "never".to_owned(), |t| format!("{}s ago", crate::ground::now_epoch().saturating_sub(t)));
         let versions: Vec<String> = x["types"]
             .as_object()
             .into_iter()

@@ -16,6 +16,9 @@ pub mod fields;
 pub mod kubernetes;
 pub mod manifests;
 pub mod node;
+pub mod router;
+pub mod tls;
+pub mod xds;
 pub mod yaml;
 
 use std::net::SocketAddr;
@@ -26,8 +29,8 @@ use sluice_dataplane::classify::RouteMatch;
 
 use crate::model::{limits, Defaults, DeliveryMode, Desired, EndpointDef, Origin, RouteDef, ServiceDef};
 use crate::problem::{Pos, Problem, Problems};
-use crate::sources::xds::{self, XdsConfig};
 use node::Node;
+use xds::XdsConfig;
 use yaml::Value;
 
 /// Bounds of the numbers only the configuration file sets.
@@ -221,7 +224,7 @@ pub struct ApplianceConfig {
     pub xds: Option<XdsConfig>,
     /// BIRD and the DC gateways to announce VIPs to (`bird`,
     /// `gatewayRouters`; manifests add theirs in [`crate::sources::read`]).
-    pub routing: crate::routing::router::RoutingConfig,
+    pub routing: router::RoutingConfig,
     /// The Kubernetes API as a source, if set (`kubernetes:`).
     pub kubernetes: Option<kubernetes::KubeConfig>,
     /// Where the settings only a restart applies are written.
@@ -461,7 +464,7 @@ pub fn parse(v: &Value, path: &Path) -> Result<ApplianceConfig, Vec<Problem>> {
         let base = path.parent().unwrap_or(Path::new("."));
         Some(ManifestsConfig { directory: base.join(dir?), gateway })
     });
-    let xds = root.field("xds-control-plane", |n| xds::config::parse(n, &mut p, path.parent().unwrap_or(Path::new(".")))).flatten();
+    let xds = root.field("xds-control-plane", |n| xds::parse(n, &mut p, path.parent().unwrap_or(Path::new(".")))).flatten();
     let routing = routing(&root, &mut p, &dpdk.file_prefix, &ports, path);
     let kubernetes = root.field("kubernetes", |n| kubernetes::parse(n, &mut p, path)).flatten();
 
@@ -491,8 +494,7 @@ pub fn parse(v: &Value, path: &Path) -> Result<ApplianceConfig, Vec<Problem>> {
 }
 
 /// The `bird:` section and the `gatewayRouters:` list, checked against the ports.
-fn routing(root: &Node<'_>, p: &mut Problems, prefix: &str, ports: &[PortConfig], path: &Path) -> crate::routing::router::RoutingConfig {
-    use crate::routing::router;
+fn routing(root: &Node<'_>, p: &mut Problems, prefix: &str, ports: &[PortConfig], path: &Path) -> router::RoutingConfig {
     let base = path.parent().unwrap_or(Path::new("."));
     let bird = router::parse_bird(root, p, prefix, base);
     let list = root.field("gatewayRouters", |n| router::parse_list(n, p)).unwrap_or_default();

@@ -34,6 +34,7 @@ use tracing::{debug, info, warn};
 
 use super::gateway::{APP_MANAGED_BY_LABEL, GATEWAY_LABEL};
 use crate::config::manifests::ENDPOINT_IDS;
+use crate::ground::lock;
 use super::lease::{self, LeaseConfig};
 use super::{gateway_conditions, is_subset, observed_conditions, plan, Full, Key, Settings, Store, FIELD_MANAGER, MANAGED_BY, MANAGED_BY_LABEL};
 
@@ -89,10 +90,6 @@ pub struct Status {
     pub ignored: BTreeMap<String, Vec<String>>,
     /// Services that are full, by `namespace/service`.
     pub full: BTreeMap<String, Full>,
-}
-
-fn lock(m: &Mutex<Status>) -> std::sync::MutexGuard<'_, Status> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// A client from a kubeconfig, or the in-cluster service account.

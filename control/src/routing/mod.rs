@@ -17,7 +17,6 @@
 pub mod bird;
 pub mod links;
 pub mod neighbours;
-pub mod router;
 
 use std::net::IpAddr;
 

@@ -92,7 +92,7 @@ pub fn read(path: &Path) -> Result<FileState, Vec<Problem>> {
         Some(m) => Some(manifests::load(&m.directory, &m.gateway)?),
         None => None,
     };
-    crate::routing::router::add_manifest_routers(&mut config)?;
+    crate::config::router::add_manifest_routers(&mut config)?;
     Ok(FileState { config, manifests })
 }
 

@@ -28,9 +28,10 @@ use super::supervisor::Supervisor;
 use super::{BirdError, BirdStatus, SessionStatus};
 use crate::admin::health;
 use crate::config::GatewayConfig;
-use crate::admin::state::{now_epoch, Shared};
+use crate::admin::state::Shared;
+use crate::ground::now_epoch;
 use crate::reconcile::Settings;
-use crate::routing::router::{protocol_name, BirdConfig, BirdMode, RoutingConfig};
+use crate::config::router::{protocol_name, BirdConfig, BirdMode, RoutingConfig};
 
 /// For each VIP, the services it routes to and whether each has a ready
 /// endpoint (the reconciler publishes this with every snapshot).

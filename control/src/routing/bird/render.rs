@@ -12,7 +12,7 @@
 use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv4Addr};
 
-use crate::routing::router::{protocol_name, RouterConfig};
+use crate::config::router::{protocol_name, RouterConfig};
 
 /// Name of the static protocol holding the IPv4 VIPs.
 pub const VIPS4: &str = "sluice_vips4";
@@ -105,7 +105,7 @@ mod tests {
     use std::path::{Path, PathBuf};
 
     use super::*;
-    use crate::routing::router;
+    use crate::config::router;
 
     fn routers(text: &str) -> (Ipv4Addr, Vec<RouterConfig>) {
         let (id, rs) = router::testing::check(text).unwrap();

@@ -27,7 +27,7 @@ use tracing::{debug, info, warn};
 
 use super::client::Client;
 use super::BirdError;
-use crate::routing::router::BirdConfig;
+use crate::config::router::BirdConfig;
 
 /// First delay before a restart.
 const BACKOFF_MIN: Duration = Duration::from_millis(500);

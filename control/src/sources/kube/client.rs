@@ -29,7 +29,7 @@ use tracing::{debug, info, warn};
 
 use super::sync::{observed_part, Objects, Outcome, Plan, Statuses, Sync, KINDS};
 use super::{crd, KubeConfig, KubeError, KubeStatus, RefusedObject, RouterEntry, FIELD_MANAGER, SOURCE};
-use crate::admin::state::now_epoch;
+use crate::ground::{lock, now_epoch};
 use crate::config::manifests::{api_origin, PROXY_NAME_LABEL};
 use crate::model::{Defaults, Desired};
 use crate::sources::SourceMsg;
@@ -47,10 +47,6 @@ const RETRY: Duration = Duration::from_secs(5);
 const PROBE: Duration = Duration::from_secs(3);
 /// Kinds of Sluice's own CRDs: without them the rest is still served.
 const OPTIONAL: [&str; 2] = ["L34Route", "GatewayRouter"];
-
-fn lock(m: &Mutex<KubeStatus>) -> std::sync::MutexGuard<'_, KubeStatus> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
 
 /// A client for `cfg`: its kubeconfig, or the in-cluster service account.
 pub async fn client(cfg: &KubeConfig) -> Result<Client, KubeError> {

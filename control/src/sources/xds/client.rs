@@ -87,11 +87,11 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::{Channel, Endpoint};
 use tracing::{debug, info, warn};
 
-use super::config::{Mode, XdsConfig};
+use crate::config::xds::{Mode, XdsConfig};
 use super::mapping::{self, Built, ClaState, L4Cluster};
 use super::status::{self, ConnectionState, Nack, XdsStatus};
 use super::{tls, SOURCE};
-use crate::admin::state::micros;
+use crate::ground::{lock, micros};
 use crate::model::Defaults;
 use crate::sources::SourceMsg;
 
@@ -592,10 +592,6 @@ fn endpoint_changes(applied: &Built, next: &Built) -> Option<Vec<(String, Arc<[c
         changes.push((name.clone(), Arc::clone(&now.endpoints)));
     }
     Some(changes)
-}
-
-fn lock(s: &Mutex<XdsStatus>) -> std::sync::MutexGuard<'_, XdsStatus> {
-    s.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn type_key(t: &str) -> Option<&'static str> {

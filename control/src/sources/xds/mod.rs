@@ -3,14 +3,15 @@
 //! appliances follows one control plane (the Cilium CFP "xDS-controlled
 //! standalone L4 load balancer").
 //!
-//! - [`config`]: the `xds-control-plane` section of the configuration file.
+//! - [`crate::config::xds`]: the `xds-control-plane` section of the
+//!   configuration file, and [`crate::config::tls`] its TLS files.
 //! - [`client`]: the ADS stream (state of the world or incremental), ACK
 //!   and NACK, reconnection with backoff.
 //! - [`mapping`]: `Cluster` + `ClusterLoadAssignment` → services, routes,
 //!   endpoints; what the metadata may say.
 //! - [`identity`]: endpoint identifiers from the endpoints themselves, the
 //!   same on every appliance.
-//! - [`tls`]: TLS and mutual TLS files, checked with clear messages.
+//! - [`tls`]: TLS and mutual TLS to the server, from the section's files.
 //! - [`status`]: what the source reports.
 //!
 //! Invariants: the source owns everything under the source name
@@ -27,7 +28,6 @@
 //! ```
 
 pub mod client;
-pub mod config;
 pub mod identity;
 pub mod mapping;
 pub mod status;
@@ -38,7 +38,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-pub use config::{Mode, XdsConfig};
+pub use crate::config::xds::{Mode, XdsConfig};
 pub use status::XdsStatus;
 
 use crate::model::Defaults;

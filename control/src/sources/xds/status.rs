@@ -8,7 +8,7 @@ use std::time::SystemTime;
 
 use serde::Serialize;
 
-use super::config::Mode;
+use crate::config::xds::Mode;
 
 /// Seconds since the Unix epoch.
 pub fn now() -> u64 {
