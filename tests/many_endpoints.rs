@@ -219,7 +219,7 @@ fn read(log: &Path) -> String {
 }
 
 #[test]
-#[ignore = "needs root, and does not pass yet: with 100,000 next hops (requests now pipelined) the appliance publishes no snapshot after its first within 90 s while netlink notifications overrun its socket; 2,024 resolve (tests/netlink.rs)"]
+#[ignore = "needs root, and does not pass yet: requests and notifications now have their own sockets and snapshots follow the neighbour map, but ARP for 100,000 next hops through the exception path resolves about 1,300 a second (69,000 after 90 s); the kernel alone resolves them in 2 s (tests/netlink.rs)"]
 fn a_hundred_thousand_l2_endpoints_resolve_forward_and_stop_in_time() {
     privileged();
     let limit = std::fs::read_to_string("/proc/sys/net/ipv4/neigh/default/gc_thresh3").unwrap().trim().to_owned();
@@ -331,8 +331,8 @@ fn sigterm_while_100000_unanswered_next_hops_are_being_resolved_stops_in_time() 
     privileged();
     let lb = Netns::new("mql");
     let void = Netns::new("mqv");
-    veth(&void, "vf", &lb, "lbf");
-    veth(&void, "vb", &lb, "lbb");
+    veth(&void, "qf", &lb, "lbf");
+    veth(&void, "qb", &lb, "lbb");
     let dir = tempdir(&format!("many-stop-{}", std::process::id()));
     let (cfg, log) = (dir.join("appliance.yaml"), dir.join("sluice.log"));
     let prefix = format!("mq{}", std::process::id());
