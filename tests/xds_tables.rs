@@ -7,18 +7,32 @@
 //! endpoint address of every slot, and the slots per endpoint), and one
 //! flow explained by both (`/explain`).
 //!
-//! No namespaces: `net_null` ports, endpoints behind a gateway with a
-//! static MAC (IP-in-IP delivery), the server on loopback.
+//! And from outside the appliances, in the first test: new flows to every
+//! VIP, sent to each appliance's port `a` (an af_packet port on a veth
+//! pair in a namespace of the test's own), leave it IP-in-IP towards the
+//! gateway, captured on the pair's other end: each flow goes to the
+//! endpoint its appliance's `/explain` names, and to the same endpoint from
+//! both. A data plane forwarding with another table than the one reported
+//! (a stale one of the right size, say) fails there.
+//!
+//! Endpoints behind a gateway with a static MAC (IP-in-IP delivery), the
+//! server on loopback; ports on `net_null` except that af_packet port.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::collections::BTreeMap;
+use std::fs::File;
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::time::Duration;
 
+use nix::sched::{setns, CloneFlags};
 use serde_json::{json, Value};
+use sluice_dataplane::craft;
+use sluice_dataplane::parse::{ethertype, proto};
 use sluice_tests::topology::tempdir;
-use sluice_tests::{privileged, sluice_bin, tool_bin, wait_until, Proc};
+use sluice_tests::{pcap, privileged, sluice_bin, tool_bin, veth, wait_until, Netns, Proc, Tcpdump};
 
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
@@ -144,16 +158,22 @@ fn write_resources(path: &Path, version: usize, b: &(Vec<Value>, Vec<Value>)) {
 }
 
 fn config(dir: &Path, tag: &str, admin: u16, xds: u16, mode: &str) -> PathBuf {
+    config_on(dir, tag, admin, xds, mode, "net_null0")
+}
+
+/// [`config`] with port `a` (where flows come in, and leave IP-in-IP for
+/// the gateway) on `device`.
+fn config_on(dir: &Path, tag: &str, admin: u16, xds: u16, mode: &str, device: &str) -> PathBuf {
     let pid = std::process::id();
     let text = format!(
         r#"
 dpdk: {{lcores: "0,1", memoryMB: 256, hugepages: false, filePrefix: xt{pid}{tag}, mbufs: 2047, descriptors: 256}}
 ports:
-  - {{name: a, device: net_null0, addresses: [10.1.0.1/24, "2001:db8:1::1/64"], kernelInterface: ""}}
+  - {{name: a, device: "{device}", addresses: [10.1.0.1/24, "2001:db8:1::1/64"], kernelInterface: ""}}
   - {{name: b, device: net_null1, addresses: [10.2.0.1/24], kernelInterface: ""}}
 gateways:
-  - {{address: 10.1.0.254, port: a, mac: "02:00:00:00:01:fe"}}
-  - {{address: "2001:db8:1::fe", port: a, mac: "02:00:00:00:01:fe"}}
+  - {{address: 10.1.0.254, port: a, mac: "{GATEWAY_MAC}"}}
+  - {{address: "2001:db8:1::fe", port: a, mac: "{GATEWAY_MAC}"}}
 admin: {{listen: "127.0.0.1:{admin}"}}
 xds-control-plane:
   enabled: true
@@ -172,10 +192,145 @@ fn tables(port: u16) -> Value {
     json_at(port, "/tables")
 }
 
+/// The gateway's MAC: where the appliances send IP-in-IP frames.
+const GATEWAY_MAC: &str = "02:00:00:00:01:fe";
+
+/// The MAC of the veth end an appliance's port `a` opens: new flows are
+/// sent to it.
+const PORT_MAC: [u8; 6] = [0x02, 0x5a, 0, 0, 0, 0x0a];
+
+/// Runs `f` on a thread that joined namespace `ns`: the sockets it opens
+/// and the processes it starts are in there.
+fn in_netns<T: Send>(ns: &Netns, f: impl FnOnce() -> T + Send) -> T {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let file = File::open(format!("/run/netns/{}", ns.name)).unwrap();
+            setns(&file, CloneFlags::CLONE_NEWNET).unwrap();
+            f()
+        })
+        .join()
+        .unwrap_or_else(|p| std::panic::resume_unwind(p))
+    })
+}
+
+/// A new flow: its VIP and source port (the source address is fixed).
+type FlowKey = (IpAddr, u16);
+
+const CLIENT4: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 7);
+const CLIENT6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0x99, 0, 0, 0, 0, 7);
+
+/// The first packet (a SYN) of new TCP flows to port 80 of each VIP:
+/// alpha's 160, gamma's 40, beta's (IPv6) 100.
+fn flows() -> Vec<(FlowKey, Vec<u8>)> {
+    let src_mac = [0x02, 0x5a, 0, 0, 0, 0x01];
+    let mut v = Vec::new();
+    for (vip, n) in [("20.0.0.1", 160u16), ("20.0.0.3", 40), ("2001:db8:20::1", 100)] {
+        let vip: IpAddr = vip.parse().unwrap();
+        for sport in 20_000..20_000 + n {
+            let syn = craft::tcp(sport, 80, 0x02, b"");
+            let frame = match vip {
+                IpAddr::V4(d) => {
+                    let ip = craft::with_l4_checksum(craft::ipv4(CLIENT4.octets(), d.octets(), proto::TCP, &syn), 20);
+                    craft::ether_with(PORT_MAC, src_mac, &[], ethertype::IPV4, &ip)
+                }
+                IpAddr::V6(d) => {
+                    let ip = craft::with_l4_checksum(craft::ipv6(CLIENT6.octets(), d.octets(), proto::TCP, &syn), 40);
+                    craft::ether_with(PORT_MAC, src_mac, &[], ethertype::IPV6, &ip)
+                }
+            };
+            v.push(((vip, sport), frame));
+        }
+    }
+    v
+}
+
+/// Sends the frames of a pcap file out of an interface, a few at a time
+/// (the appliance's receive ring is not the subject here); prints how many.
+const REPLAY: &str = r#"
+import socket, struct, sys, time
+data = open(sys.argv[2], "rb").read()
+order = "<" if data[:4] == b"\xd4\xc3\xb2\xa1" else ">"
+s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
+s.bind((sys.argv[1], 0))
+at, n = 24, 0
+while at + 16 <= len(data):
+    size = struct.unpack(order + "I", data[at + 8:at + 12])[0]
+    s.send(data[at + 16:at + 16 + size])
+    at, n = at + 16 + size, n + 1
+    if n % 16 == 0:
+        time.sleep(0.002)
+print(n)
+"#;
+
+/// What an appliance sent towards the gateway, read off the wire: for each
+/// flow, the outer destination of its IP-in-IP frame (the endpoint), and
+/// the frames that were not IP-in-IP.
+fn delivered(frames: &[Vec<u8>]) -> (BTreeMap<FlowKey, Vec<IpAddr>>, usize) {
+    let (mut out, mut other) = (BTreeMap::<FlowKey, Vec<IpAddr>>::new(), 0);
+    for f in frames {
+        let Some((outer, inner)) = ipip(f) else {
+            other += 1;
+            continue;
+        };
+        let (dst, l4) = match inner.first().map(|b| b >> 4) {
+            Some(4) if inner.len() >= 24 => (IpAddr::from(<[u8; 4]>::try_from(&inner[16..20]).unwrap()), &inner[usize::from(inner[0] & 0xf) * 4..]),
+            Some(6) if inner.len() >= 44 => (IpAddr::from(<[u8; 16]>::try_from(&inner[24..40]).unwrap()), &inner[40..]),
+            _ => {
+                other += 1;
+                continue;
+            }
+        };
+        let sport = u16::from_be_bytes([l4[0], l4[1]]);
+        out.entry((dst, sport)).or_default().push(outer);
+    }
+    (out, other)
+}
+
+/// The outer destination and the inner packet of an IP-in-IP frame
+/// (IPv4 or IPv6 outside, either inside).
+fn ipip(f: &[u8]) -> Option<(IpAddr, &[u8])> {
+    match u16::from_be_bytes([*f.get(12)?, *f.get(13)?]) {
+        ethertype::IPV4 if matches!(f.get(23), Some(4 | 41)) => {
+            let ihl = usize::from(f[14] & 0xf) * 4;
+            Some((IpAddr::from(<[u8; 4]>::try_from(f.get(30..34)?).ok()?), f.get(14 + ihl..)?))
+        }
+        ethertype::IPV6 if matches!(f.get(20), Some(4 | 41)) => Some((IpAddr::from(<[u8; 16]>::try_from(f.get(38..54)?).ok()?), f.get(54..)?)),
+        _ => None,
+    }
+}
+
+/// The endpoint address the appliance at admin port `port` says a new
+/// flow gets (`/explain`).
+fn explained(port: u16, (vip, sport): FlowKey) -> Option<IpAddr> {
+    // Brackets and colons percent-encoded: an IPv6 `[address]:port`.
+    let enc = |a: std::net::SocketAddr| a.to_string().replace('[', "%5B").replace(']', "%5D").replace(':', "%3A");
+    let src = match vip {
+        IpAddr::V4(_) => std::net::SocketAddr::new(CLIENT4.into(), sport),
+        IpAddr::V6(_) => std::net::SocketAddr::new(CLIENT6.into(), sport),
+    };
+    let q = format!("/explain?proto=tcp&src={}&dst={}", enc(src), enc(std::net::SocketAddr::new(vip, 80)));
+    json_at(port, &q)["endpoint"][1].as_str()?.parse().ok()
+}
+
 #[test]
 #[cfg_attr(sluice_unprivileged, ignore = "needs root: network namespaces and DPDK")]
 fn two_appliances_pick_the_same_endpoint_for_every_slot_whatever_the_order() {
     privileged();
+    // A namespace of the test's own (everything runs in there): each
+    // appliance's port `a` on one end of a veth pair, whose other end
+    // sends the flows and captures what comes out.
+    let ns = Netns::new("xdstables");
+    ns.sysctl("net.ipv6.conf.all.disable_ipv6", "1");
+    ns.sysctl("net.ipv6.conf.default.disable_ipv6", "1");
+    let port_mac = PORT_MAC.map(|b| format!("{b:02x}")).join(":");
+    for t in ["a", "b"] {
+        veth(&ns, &format!("xt{t}0"), &ns, &format!("xt{t}1"));
+        ns.run(&["ip", "link", "set", "dev", &format!("xt{t}0"), "address", &port_mac]);
+    }
+    in_netns(&ns, || same_tables_and_same_forwarding(&ns));
+}
+
+fn same_tables_and_same_forwarding(ns: &Netns) {
     let dir = tempdir(&format!("xds-tables-{}", std::process::id()));
     let resources = dir.join("resources.json");
     let steps = steps();
@@ -190,8 +345,10 @@ fn two_appliances_pick_the_same_endpoint_for_every_slot_whatever_the_order() {
     ]);
     let (pa, pb) = (free_port(), free_port());
     let bin = sluice_bin();
-    let mut a = Proc::spawn(&[bin.to_str().unwrap(), "run", "--config", config(&dir, "a", pa, xds, "sotw").to_str().unwrap()]);
-    let mut b = Proc::spawn(&[bin.to_str().unwrap(), "run", "--config", config(&dir, "b", pb, xds, "delta").to_str().unwrap()]);
+    let cfg_a = config_on(&dir, "a", pa, xds, "sotw", "net_af_packet0,iface=xta0");
+    let cfg_b = config_on(&dir, "b", pb, xds, "delta", "net_af_packet0,iface=xtb0");
+    let mut a = Proc::spawn(&[bin.to_str().unwrap(), "run", "--config", cfg_a.to_str().unwrap()]);
+    let mut b = Proc::spawn(&[bin.to_str().unwrap(), "run", "--config", cfg_b.to_str().unwrap()]);
     let mut fail = |what: String| -> ! {
         let (ca, oa, ea) = a.stop("INT", Duration::from_secs(10));
         let (cb, ob, eb) = b.stop("INT", Duration::from_secs(10));
@@ -238,6 +395,45 @@ fn two_appliances_pick_the_same_endpoint_for_every_slot_whatever_the_order() {
     let (ea, eb) = (json_at(pa, q), json_at(pb, q));
     assert!(ea.to_string().contains("10.50."), "{ea}");
     assert_eq!(ea, eb);
+
+    // From outside: the same new flows sent to each leave it for the
+    // endpoint its /explain names, the same from both.
+    let sent = flows();
+    let input = dir.join("flows.pcap");
+    std::fs::write(&input, pcap(&sent.iter().map(|(_, f)| f.clone()).collect::<Vec<_>>(), 0)).unwrap();
+    let mut seen = Vec::new();
+    for (t, port) in [("a", pa), ("b", pb)] {
+        let dump = Tcpdump::start(&ns.name, &format!("xt{t}1"), &format!("ether dst {GATEWAY_MAC}"), &dir.join(format!("{t}-out.pcap")));
+        let o = Command::new("python3").args(["-c", REPLAY, &format!("xt{t}1"), input.to_str().unwrap()]).output().unwrap();
+        if !o.status.success() || String::from_utf8_lossy(&o.stdout).trim() != sent.len().to_string() {
+            fail(format!("sending the flows to {t}: {o:?}"));
+        }
+        let got = dump.wait_for(sent.len(), Duration::from_secs(20));
+        let (out, other) = delivered(&dump.frames());
+        let missing: Vec<&FlowKey> = sent.iter().map(|(k, _)| k).filter(|k| !out.contains_key(*k)).take(5).collect();
+        if got < sent.len() || !missing.is_empty() || other > 0 {
+            fail(format!("{t} sent {got} frames to the gateway for {} flows ({other} not IP-in-IP); flows not seen, such as {missing:?}", sent.len()));
+        }
+        // Each flow went to one endpoint, the one the appliance names.
+        let mut wrong = Vec::new();
+        for (k, outer) in &out {
+            let said = explained(port, *k);
+            if outer.len() != 1 || said != Some(outer[0]) {
+                wrong.push(format!("{}:{} sent to {outer:?}, explained as {said:?}", k.0, k.1));
+            }
+        }
+        if !wrong.is_empty() {
+            fail(format!("{t} forwarded {} of {} flows elsewhere than its /explain says, such as {:?}", wrong.len(), out.len(), &wrong[..wrong.len().min(5)]));
+        }
+        seen.push(out);
+    }
+    let differ: Vec<String> =
+        seen[0].iter().filter(|(k, e)| seen[1].get(*k) != Some(*e)).map(|(k, e)| format!("{}:{} to {e:?} by a, {:?} by b", k.0, k.1, seen[1].get(k))).collect();
+    if !differ.is_empty() {
+        fail(format!("a and b sent {} of {} flows to different endpoints, such as {:?}", differ.len(), seen[0].len(), &differ[..differ.len().min(5)]));
+    }
+    let endpoints: std::collections::BTreeSet<&IpAddr> = seen[0].values().flatten().collect();
+    eprintln!("{} flows, seen on the wire, went to the same {} endpoints from both appliances, as each one's /explain says", seen[0].len(), endpoints.len());
 
     // /status lists endpoints up to a limit and narrows to one service.
     let all = json_at(pa, "/status?endpoints=all");

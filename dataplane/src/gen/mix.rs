@@ -233,10 +233,12 @@ fn check_offset(kind: Kind) -> usize {
     }
 }
 
-/// IP payload bytes of the first fragment: at least the transport header
-/// and a stamp, a multiple of 8.
+/// IP payload bytes of the first fragment: a multiple of 8 (fragment
+/// offsets count 8-byte units) that fits in `room`, so the frame is never
+/// larger than the size asked; at least the transport header and a stamp
+/// (rounded up), which only sizes far below any MTU cannot hold.
 fn first_fragment_len(room: usize, hdr: usize) -> usize {
-    room.max(hdr + STAMP_LEN).div_ceil(8) * 8
+    (room / 8 * 8).max((hdr + STAMP_LEN).div_ceil(8) * 8)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -423,16 +425,23 @@ mod tests {
     #[test]
     fn fragments_split_one_datagram_with_a_stamp_each() {
         let mut s = spec();
+        // Six flows: each size over IPv4 and over IPv6, 1518 the largest
+        // frame an MTU of 1500 carries.
         s.flows = 6;
         s.kinds = vec![Kind::Udp];
         s.fragment_percent = 100;
-        s.sizes = vec![200];
+        s.sizes = vec![200, 1518, 203];
         for d in build(&s).unwrap() {
             assert_eq!(d.frames.len(), 2, "flow {}", d.flow);
+            let asked = usize::from(s.sizes[d.flow as usize % 3]) - FCS_LEN;
             for f in &d.frames {
                 assert_eq!(stamp::read(&f.bytes[f.stamp.unwrap()..]).unwrap().flow, d.flow);
-                assert!(f.bytes.len() <= 200 - FCS_LEN + 8);
+                assert!(f.bytes.len() <= asked, "flow {}: a {}-byte frame for {asked} asked", d.flow, f.bytes.len());
             }
+            // The first fragment is as large as a multiple of 8 allows, the
+            // second exactly the size asked.
+            assert!(d.frames[0].bytes.len() + 8 > asked, "flow {}: {}", d.flow, d.frames[0].bytes.len());
+            assert_eq!(d.frames[1].bytes.len(), asked, "flow {}", d.flow);
             let first = ip(&d.frames[0].bytes);
             assert_eq!(first.flow.dport, [80, 443, 53][(d.flow as usize / 2) % 3]);
             assert_eq!(first.frag, Fragment::First);
