@@ -36,6 +36,7 @@ xds-control-plane:
 "#;
 
 const CLA: &str = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
+const CLUSTER: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
 
 /// An endpoint as the server announces it: backend number, weight, health.
 #[derive(Clone, Copy)]
@@ -82,6 +83,9 @@ struct Rig {
     resources: PathBuf,
     lb: Proc,
     server: Option<Proc>,
+    /// Servers started so far; the latest one's events file.
+    starts: u32,
+    events: PathBuf,
     version: u32,
 }
 
@@ -90,12 +94,32 @@ impl Rig {
         self.topo.json("lb", &[sluice_bin().to_str().unwrap(), "status", "--json"])
     }
 
+    /// Starts the server, its requests and responses going to a file of
+    /// its own ([`Rig::events`]).
     fn start_server(&mut self) {
         let bin = tool_bin("sluice-xds-server");
+        self.starts += 1;
+        self.events = self.dir.join(format!("events-{}.jsonl", self.starts));
+        let _ = std::fs::remove_file(&self.events);
         self.server = Some(self.topo.spawn(
             "lb",
-            &[bin.to_str().unwrap(), "--listen", "127.0.0.1:18000", "--file", self.resources.to_str().unwrap()],
+            &[
+                bin.to_str().unwrap(),
+                "--listen",
+                "127.0.0.1:18000",
+                "--file",
+                self.resources.to_str().unwrap(),
+                "--events",
+                self.events.to_str().unwrap(),
+            ],
         ));
+    }
+
+    /// What the latest server received and sent so far (the lines it has
+    /// written whole).
+    fn events(&self) -> Vec<Value> {
+        let text = std::fs::read_to_string(&self.events).unwrap_or_default();
+        text.lines().map_while(|l| serde_json::from_str(l).ok()).collect()
     }
 
     fn fail(&mut self, what: &str) -> ! {
@@ -150,7 +174,7 @@ fn tcp_follows_what_the_management_server_announces() {
     let two = [Ep(1, 1, "HEALTHY"), Ep(2, 1, "HEALTHY")];
     publish(&resources_file, &resources(1, &two));
     let lb = topo.spawn("lb", &[sluice_bin().to_str().unwrap(), "run", "--config", cfg.to_str().unwrap()]);
-    let mut rig = Rig { topo, dir, resources: resources_file, lb, server: None, version: 1 };
+    let mut rig = Rig { topo, dir, resources: resources_file, lb, server: None, starts: 0, events: PathBuf::new(), version: 1 };
     rig.start_server();
 
     // Initial sync: two endpoints per VIP.
@@ -236,7 +260,25 @@ fn tcp_follows_what_the_management_server_announces() {
         }),
         "reconnected"
     );
-    std::thread::sleep(Duration::from_secs(2));
+    // The reconnected client's requests for both types are the event to
+    // wait for (the server may answer with nothing: the client holds its
+    // version), and any response sent must have been acknowledged (applied
+    // or refused) before the generation is compared.
+    let mut events = Vec::new();
+    let settled = wait_until(Duration::from_secs(30), || {
+        events = rig.events();
+        let requested = |t: &str| events.iter().any(|e| e["event"] == "request" && e["type_url"] == t && e["node"] == "e2e");
+        let acknowledged = |nonce: &Value| {
+            events.iter().any(|e| e["event"] == "request" && e["nonce"] == *nonce && (e["kind"] == "ack" || e["kind"] == "nack"))
+        };
+        requested(CLUSTER) && requested(CLA) && events.iter().filter(|e| e["event"] == "response").all(|r| acknowledged(&r["nonce"]))
+    });
+    if !settled {
+        rig.fail(&format!("the reconnected client's requests did not reach the server, or a response was not acknowledged: {events:?}"));
+    }
+    let holding = format!("v{}", rig.version);
+    let requests: Vec<&Value> = events.iter().filter(|e| e["event"] == "request").collect();
+    assert!(requests.iter().all(|e| e["version"] == holding.as_str()), "the client asked holding version {holding}: {events:?}");
     let after = rig.status();
     assert_eq!(after["generation"], before["generation"], "an unchanged state rebuilds nothing");
 

@@ -379,6 +379,15 @@ pub struct Sent {
     pub at: std::time::Instant,
 }
 
+/// What the server did, in order, for a watcher ([`XdsServer::events`]).
+#[derive(Clone, Debug)]
+pub enum Event {
+    /// A request received.
+    Request(Logged),
+    /// A response sent.
+    Response(Sent),
+}
+
 #[derive(Default)]
 struct Shared {
     /// Shared with the streams: a response reads them without copying
@@ -391,6 +400,8 @@ struct Shared {
     order: Vec<&'static str>,
     /// SotW: a NACKed version is sent again at once (go-control-plane).
     resend_nacked: bool,
+    /// Watchers of requests and responses (closed ones are dropped).
+    watchers: Vec<mpsc::UnboundedSender<Event>>,
 }
 
 /// The management server: a snapshot cache that outlives the listeners
@@ -528,6 +539,15 @@ impl XdsServer {
             .collect()
     }
 
+    /// Every request received and response sent from now on, in order:
+    /// what a test waits for when the server may have nothing to send (a
+    /// client reconnecting with the version it holds).
+    pub fn events(&self) -> mpsc::UnboundedReceiver<Event> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        self.lock().watchers.push(tx);
+        rx
+    }
+
     /// Streams opened so far.
     pub fn streams(&self) -> u64 {
         self.lock().streams
@@ -561,7 +581,9 @@ impl XdsServer {
     }
 
     fn log(&self, l: Logged) {
-        self.lock().requests.push(l);
+        let mut g = self.lock();
+        g.watchers.retain(|w| w.send(Event::Request(l.clone())).is_ok());
+        g.requests.push(l);
     }
 
     fn next_stream(&self) -> u64 {
@@ -575,7 +597,9 @@ impl XdsServer {
     }
 
     fn record_sent(&self, s: Sent) {
-        self.lock().sent.push(s);
+        let mut g = self.lock();
+        g.watchers.retain(|w| w.send(Event::Response(s.clone())).is_ok());
+        g.sent.push(s);
     }
 }
 

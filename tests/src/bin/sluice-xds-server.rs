@@ -7,12 +7,18 @@
 //! ```text
 //! sluice-xds-server --listen 127.0.0.1:18000 --file resources.yaml \
 //!     [--tls-cert server.crt --tls-key server.key [--client-ca ca.crt]] \
-//!     [--push-order clusters-first|assignments-first] [--resend-nacked]
+//!     [--push-order clusters-first|assignments-first] [--resend-nacked] \
+//!     [--events events.jsonl]
 //! ```
 //!
 //! `--push-order` is the order in which the types go out after a change
 //! (clusters first by default); `--resend-nacked` answers a state-of-the-world
 //! NACK with the refused version again at once, as go-control-plane v0.11 does.
+//! `--events` writes each request received and response sent to a file, a
+//! JSON object a line, as it happens (`{"event": "request"|"response",
+//! "stream", "delta", "node", "type_url", "version", "nonce", "kind":
+//! "initial"|"ack"|"nack"|"other", "stale", "initial_versions"}`): what a
+//! test waits for when the server answers a request with nothing.
 //!
 //! The file: `{version, clusters: [...], assignments: [...], nodes: {<node
 //! id>: {version, clusters, assignments}}}`, resources in Envoy's JSON
@@ -24,14 +30,16 @@
 #![forbid(unsafe_code)]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use sluice_tests::xds_server::{document, ServerTls, Snapshot, XdsServer, CLA_TYPE, CLUSTER_TYPE};
+use serde_json::json;
+use sluice_tests::xds_server::{document, Event, RequestKind, ServerTls, Snapshot, XdsServer, CLA_TYPE, CLUSTER_TYPE};
 
-const USAGE: &str = "usage: sluice-xds-server --listen ADDR:PORT --file RESOURCES.yaml [--tls-cert CRT --tls-key KEY [--client-ca CA]] [--push-order clusters-first|assignments-first] [--resend-nacked]";
+const USAGE: &str = "usage: sluice-xds-server --listen ADDR:PORT --file RESOURCES.yaml [--tls-cert CRT --tls-key KEY [--client-ca CA]] [--push-order clusters-first|assignments-first] [--resend-nacked] [--events FILE]";
 
 struct Args {
     listen: SocketAddr,
@@ -41,11 +49,12 @@ struct Args {
     client_ca: Option<PathBuf>,
     assignments_first: bool,
     resend_nacked: bool,
+    events: Option<PathBuf>,
 }
 
 fn args() -> Result<Args, String> {
     let mut it = std::env::args().skip(1);
-    let (mut listen, mut file, mut cert, mut key, mut client_ca) = (None, None, None, None, None);
+    let (mut listen, mut file, mut cert, mut key, mut client_ca, mut events) = (None, None, None, None, None, None);
     let (mut assignments_first, mut resend_nacked) = (false, false);
     while let Some(a) = it.next() {
         let mut val = || it.next().ok_or_else(|| format!("{a} needs a value"));
@@ -63,6 +72,7 @@ fn args() -> Result<Args, String> {
                 }
             }
             "--resend-nacked" => resend_nacked = true,
+            "--events" => events = Some(PathBuf::from(val()?)),
             "-h" | "--help" => return Err(USAGE.into()),
             other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
         }
@@ -75,7 +85,31 @@ fn args() -> Result<Args, String> {
         client_ca,
         assignments_first,
         resend_nacked,
+        events,
     })
+}
+
+/// One line of the `--events` file.
+fn event_line(e: &Event) -> serde_json::Value {
+    match e {
+        Event::Request(r) => {
+            let kind = match r.kind {
+                RequestKind::Initial => "initial",
+                RequestKind::Ack => "ack",
+                RequestKind::Nack(_) => "nack",
+                RequestKind::Other => "other",
+            };
+            json!({
+                "event": "request", "stream": r.stream, "delta": r.delta, "node": r.node, "type_url": r.type_url,
+                "version": r.version_info, "nonce": r.nonce, "kind": kind, "stale": r.stale,
+                "initial_versions": r.initial_versions.len(),
+            })
+        }
+        Event::Response(s) => json!({
+            "event": "response", "stream": s.stream, "type_url": s.type_url, "version": s.version, "nonce": s.nonce,
+            "resources": s.names.len(), "removed": s.removed.len(),
+        }),
+    }
 }
 
 /// The file as JSON (compared to see changes) and its snapshots.
@@ -117,6 +151,17 @@ async fn main() -> ExitCode {
         server.set_push_order(&[CLA_TYPE, CLUSTER_TYPE]);
     }
     server.set_resend_nacked(a.resend_nacked);
+    // Watched before anything is served, so that no event is missed.
+    let (mut events_file, mut events) = match &a.events {
+        Some(p) => match std::fs::File::create(p) {
+            Ok(f) => (Some(f), Some(server.events())),
+            Err(e) => {
+                eprintln!("{}: {e}", p.display());
+                return ExitCode::from(2);
+            }
+        },
+        None => (None, None),
+    };
     let mut last = match load(&a.file) {
         Ok((doc, snaps)) => {
             server.set_all(snaps);
@@ -141,6 +186,14 @@ async fn main() -> ExitCode {
         tokio::select! {
             _ = tokio::signal::ctrl_c() => break,
             _ = term.recv() => break,
+            Some(e) = async { events.as_mut()?.recv().await } => {
+                if let Some(f) = events_file.as_mut() {
+                    if let Err(err) = f.write_all(format!("{}\n", event_line(&e)).as_bytes()) {
+                        eprintln!("--events: {err}");
+                        return ExitCode::from(1);
+                    }
+                }
+            }
             _ = poll.tick() => match load(&a.file) {
                 Ok((doc, snaps)) if doc != last => {
                     eprintln!("{}: changed, serving it", a.file.display());
