@@ -197,6 +197,9 @@ fn rig(sample: &[u32]) -> Rig {
         r.sample.run(&["ip", "link", "add", &dev, "link", "s0", "type", "macvlan", "mode", "bridge"]);
         r.sample.run(&["ip", "addr", "add", &format!("{}/32", endpoint(i)), "dev", &dev]);
         r.sample.run(&["ip", "link", "set", &dev, "up"]);
+        // The server's socket is bound to the device, so its answers need
+        // a route out of that device (the one via s0 does not match).
+        r.sample.run(&["ip", "route", "add", "default", "via", "10.200.0.1", "dev", &dev, "onlink", "metric", &(100 + k).to_string()]);
     }
     r
 }
@@ -219,7 +222,7 @@ fn read(log: &Path) -> String {
 }
 
 #[test]
-#[ignore = "needs root, and does not pass yet: requests and notifications now have their own sockets and snapshots follow the neighbour map, but ARP for 100,000 next hops through the exception path resolves about 1,300 a second (69,000 after 90 s); the kernel alone resolves them in 2 s (tests/netlink.rs)"]
+#[ignore = "needs root, and does not pass reliably yet: ARP for 100,000 next hops through the exception path resolves them all in 31 s in some runs and leaves 5,000-30,000 unresolved after 90 s in others; the kernel alone resolves them in 2 s (tests/netlink.rs). With them resolved, forwarding to the sample and stopping pass"]
 fn a_hundred_thousand_l2_endpoints_resolve_forward_and_stop_in_time() {
     privileged();
     let limit = std::fs::read_to_string("/proc/sys/net/ipv4/neigh/default/gc_thresh3").unwrap().trim().to_owned();
