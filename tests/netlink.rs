@@ -133,8 +133,9 @@ async fn body(a: &Netns, b: &Netns, ia: &str, ib: &str) {
     a.run(&["ip", "link", "set", "dev", ia, "down"]);
     a.run(&["ip", "addr", "add", "10.99.0.1/24", "dev", ia]);
     let want = [("10.77.0.1".parse().unwrap(), 24), ("fd00:77::1".parse().unwrap(), 64)];
-    routing::configure_interface(&h, ia, MAC_A, 1400, &want).await.unwrap();
+    routing::configure_interface(&h, ia, MAC_A, 1400, 5000, &want).await.unwrap();
     let l = link(a, ia);
+    assert_eq!(l["txqlen"], 5000, "the transmit queue holds a probe per next hop");
     assert_eq!(l["address"], "02:5e:00:00:00:0a");
     assert_eq!(l["mtu"], 1400);
     assert!(l["flags"].as_array().unwrap().iter().any(|f| f == "UP"), "{l}");
@@ -146,12 +147,12 @@ async fn body(a: &Netns, b: &Netns, ia: &str, ib: &str) {
     // A second call changes nothing, and does not bounce the link.
     let carrier_changes = || a.run(&["cat", &format!("/sys/class/net/{ia}/carrier_changes")]).stdout;
     let changes = carrier_changes();
-    routing::configure_interface(&h, ia, MAC_A, 1400, &want).await.unwrap();
+    routing::configure_interface(&h, ia, MAC_A, 1400, 5000, &want).await.unwrap();
     assert_eq!(carrier_changes(), changes);
     let mut again: Vec<_> = addrs(a, ia).into_iter().filter(|(ip, _, _)| !ip.starts_with("fe80:")).collect();
     again.sort();
     assert_eq!(again, got);
-    let missing = routing::configure_interface(&h, "snl-none", MAC_A, 1400, &want).await;
+    let missing = routing::configure_interface(&h, "snl-none", MAC_A, 1400, 5000, &want).await;
     assert!(matches!(missing, Err(RoutingError::NoInterface { .. })), "{missing:?}");
 
     // link_counters: pings show up on both directions.
@@ -223,7 +224,7 @@ async fn body(a: &Netns, b: &Netns, ia: &str, ib: &str) {
     veth(a, ia, b, ib);
     b.run(&["ip", "addr", "add", "10.77.0.2/24", "dev", ib]);
     b.run(&["ip", "addr", "add", "fd00:77::2/64", "dev", ib, "nodad"]);
-    routing::configure_interface(&h, ia, MAC_A, 1400, &want).await.unwrap();
+    routing::configure_interface(&h, ia, MAC_A, 1400, 1000, &want).await.unwrap();
     let mac_b = mac_of(b, ib);
     let took = published(&mut rx, start, "resolution on the new interface", |m| {
         m.get(&(1, peer4)) == Some(&mac_b) && m.get(&(1, peer6)) == Some(&mac_b)

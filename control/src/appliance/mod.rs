@@ -208,10 +208,13 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
     let w16 = u16::try_from(lcores.len()).context("too many workers")?;
     let mut machine = bringup::start(&eal, &cfg, w16)?;
     let netlink = rt.block_on(async { crate::routing::connect() }).context("opening a netlink socket")?;
+    // Every next hop may sit behind one port: its probes all fit the
+    // exception interface's queue.
+    let queue = crate::routing::exception_queue_len(cfg.max_endpoints);
     for p in &machine.ports {
         if !p.cfg.kernel_interface.is_empty() {
             let addrs: Vec<_> = p.cfg.addresses.iter().map(|a| (a.addr.to_ip(), a.prefix)).collect();
-            rt.block_on(crate::routing::configure_interface(&netlink, &p.cfg.kernel_interface, p.mac, p.cfg.mtu, &addrs))
+            rt.block_on(crate::routing::configure_interface(&netlink, &p.cfg.kernel_interface, p.mac, p.cfg.mtu, queue, &addrs))
                 .with_context(|| format!("configuring kernel interface {:?}", p.cfg.kernel_interface))?;
             info!(port = %p.cfg.name, interface = %p.cfg.kernel_interface, addresses = ?p.cfg.addresses.iter().map(ToString::to_string).collect::<Vec<_>>(), "exception path ready");
         }

@@ -13,6 +13,14 @@
 //! own, and while the link-local address is tentative the kernel sends no
 //! neighbour solicitation at all, so IPv6 next hops would stay unresolved
 //! for the first seconds after the link comes up.
+//!
+//! The interface's transmit queue holds at least as many frames as the
+//! appliance may have next hops ([`exception_queue_len`]). The kernel
+//! resolves every next hop it is given at once, and re-probes all the
+//! unresolved ones together every few seconds: with the default 1,000,
+//! 100,000 next hops made it drop most of its ARP requests before DPDK read
+//! them, and resolution took minutes. The queue costs a pointer per slot
+//! up front and memory for frames only while they wait in it.
 
 use std::collections::HashSet;
 use std::net::IpAddr;
@@ -147,18 +155,35 @@ pub fn leave_to_dpdk(name: &str) -> Result<(), RoutingError> {
     Ok(())
 }
 
-/// The link's MAC, MTU and whether it is administratively up.
-fn link_state(link: &LinkMessage) -> (Option<&[u8]>, Option<u32>, bool) {
+/// The kernel's default transmit queue of a tap interface, in frames.
+const QUEUE_DEFAULT: u32 = 1000;
+/// Room in the exception interface's transmit queue beside the next hops'
+/// probes: the kernel's own traffic (BGP, BFD, ICMP) sent meanwhile.
+const QUEUE_HEADROOM: u32 = 1024;
+/// The largest transmit queue asked for (8 MiB of slots per queue).
+const QUEUE_MAX: u32 = 1 << 20;
+
+/// The transmit queue, in frames, that an exception interface needs for
+/// `next_hops` next hops resolving at once: one probe each, plus headroom.
+pub fn exception_queue_len(next_hops: u32) -> u32 {
+    next_hops.saturating_add(QUEUE_HEADROOM).clamp(QUEUE_DEFAULT, QUEUE_MAX)
+}
+
+/// The link's MAC, MTU, transmit queue length and whether it is
+/// administratively up.
+fn link_state(link: &LinkMessage) -> (Option<&[u8]>, Option<u32>, Option<u32>, bool) {
     let mut mac = None;
     let mut mtu = None;
+    let mut qlen = None;
     for a in &link.attributes {
         match a {
             LinkAttribute::Address(m) => mac = Some(m.as_slice()),
             LinkAttribute::Mtu(m) => mtu = Some(*m),
+            LinkAttribute::TxQueueLen(q) => qlen = Some(*q),
             _ => {}
         }
     }
-    (mac, mtu, link.header.flags.contains(LinkFlags::Up))
+    (mac, mtu, qlen, link.header.flags.contains(LinkFlags::Up))
 }
 
 /// The local address and prefix of an address message.
@@ -187,15 +212,17 @@ pub(crate) fn stale_addresses(existing: &[(IpAddr, u8)], wanted: &[(IpAddr, u8)]
     existing.iter().filter(|a| !want.contains(a) && !is_v6_link_local(a.0)).copied().collect()
 }
 
-/// Gives kernel interface `name` the port's MAC and MTU, brings it up, and
-/// makes `addrs` its addresses (IPv6 ones without duplicate address
-/// detection: the port's addresses are the appliance's own). The link is
-/// taken down only to change its MAC.
+/// Gives kernel interface `name` the port's MAC and MTU and a transmit
+/// queue of at least `queue` frames, brings it up, and makes `addrs` its
+/// addresses (IPv6 ones without duplicate address detection: the port's
+/// addresses are the appliance's own). The link is taken down only to
+/// change its MAC.
 pub async fn configure_interface(
     h: &Handle,
     name: &str,
     mac: [u8; 6],
     mtu: u16,
+    queue: u32,
     addrs: &[(IpAddr, u8)],
 ) -> Result<(), RoutingError> {
     for &(addr, prefix) in addrs {
@@ -207,7 +234,7 @@ pub async fn configure_interface(
     let link = get_link(h, name).await?;
     no_dad(name)?;
     let index = link.header.index;
-    let (cur_mac, cur_mtu, up) = link_state(&link);
+    let (cur_mac, cur_mtu, cur_queue, up) = link_state(&link);
     let set = |msg: LinkMessage, op: String| async move {
         h.link().set(msg).execute().await.map_err(|e| RoutingError::netlink(name, op, e))
     };
@@ -220,6 +247,10 @@ pub async fn configure_interface(
         set(msg, format!("setting MAC {} and MTU {mtu}", mac_str(&mac))).await?;
     } else if cur_mtu != Some(u32::from(mtu)) {
         set(LinkUnspec::new_with_index(index).mtu(u32::from(mtu)).build(), format!("setting MTU {mtu}")).await?;
+    }
+    if cur_queue.is_none_or(|q| q < queue) {
+        set(LinkUnspec::new_with_index(index).txqueuelen(queue).build(), format!("setting the transmit queue to {queue} frames"))
+            .await?;
     }
     if mac_changes || !up {
         set(LinkUnspec::new_with_index(index).up().build(), "bringing the link up".into()).await?;
@@ -266,6 +297,15 @@ mod tests {
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
+    }
+
+    #[test]
+    fn the_exception_queue_holds_a_probe_per_next_hop() {
+        assert_eq!(exception_queue_len(0), 1024);
+        assert_eq!(exception_queue_len(65_536), 66_560);
+        assert_eq!(exception_queue_len(100_000), 101_024);
+        assert_eq!(exception_queue_len(4_194_304), 1 << 20);
+        assert_eq!(exception_queue_len(u32::MAX), 1 << 20);
     }
 
     #[test]
