@@ -25,6 +25,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::net::Ipv4Addr;
 use std::path::Path;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -227,6 +228,11 @@ fn kernel_tx(ns: &Netns, dev: &str) -> (u64, u64) {
     (tx["packets"].as_u64().unwrap_or(0), tx["dropped"].as_u64().unwrap_or(u64::MAX))
 }
 
+/// Held by each test for its whole run: two appliances with 100,000 next
+/// hops each, on one host, would share its CPU and the kernel's neighbour
+/// work, and each measures how long it takes to resolve or to stop.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
 fn read(log: &Path) -> String {
     std::fs::read_to_string(log).unwrap_or_default()
 }
@@ -235,6 +241,7 @@ fn read(log: &Path) -> String {
 #[cfg_attr(sluice_unprivileged, ignore = "needs root: network namespaces and DPDK")]
 fn a_hundred_thousand_l2_endpoints_resolve_forward_and_stop_in_time() {
     privileged();
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let limit = std::fs::read_to_string("/proc/sys/net/ipv4/neigh/default/gc_thresh3").unwrap().trim().to_owned();
     let sample = draw_sample();
     let r = rig(&sample);
@@ -353,6 +360,7 @@ fn a_hundred_thousand_l2_endpoints_resolve_forward_and_stop_in_time() {
 #[cfg_attr(sluice_unprivileged, ignore = "needs root: network namespaces and DPDK")]
 fn sigterm_while_100000_unanswered_next_hops_are_being_resolved_stops_in_time() {
     privileged();
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let lb = Netns::new("mql");
     let void = Netns::new("mqv");
     veth(&void, "qf", &lb, "lbf");

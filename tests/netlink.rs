@@ -324,3 +324,59 @@ fn resolve_and_clear(tag: &str, hops: usize, within: Duration) -> (Duration, Dur
     });
     times
 }
+
+/// The stop's way out of 100,000 unanswered next hops: the neighbour task
+/// is stopped where it is and the interface taken down, one request, and
+/// the kernel has dropped every managed entry of it (deleting them one by
+/// one took seconds while the kernel kept probing them). Nothing answers
+/// ARP on the other end, so every entry stays INCOMPLETE and is re-probed.
+#[test]
+#[cfg_attr(sluice_unprivileged, ignore = "needs root: network namespaces and DPDK")]
+fn unanswered_next_hops_go_with_their_interface_taken_down() {
+    privileged();
+    let pid = std::process::id();
+    let a = Netns::new("nda");
+    let b = Netns::new("ndb");
+    let (ia, ib) = (format!("snd{pid}a"), format!("snd{pid}b"));
+    veth(&a, &ia, &b, &ib);
+    a.run(&["ip", "addr", "add", "10.84.0.1/14", "dev", &ia]);
+    let hops = 100_000u32;
+    let first = u32::from(std::net::Ipv4Addr::new(10, 85, 0, 1));
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let ns = File::open(format!("/run/netns/{}", a.name)).unwrap();
+            setns(&ns, CloneFlags::CLONE_NEWNET).unwrap();
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            rt.block_on(async {
+                let (n, _rx) = Neighbours::spawn(vec![ia.clone()]).unwrap();
+                let wanted: Vec<(u8, Addr)> = (0..hops).map(|i| (0, Addr::from(std::net::Ipv4Addr::from(first + i)))).collect();
+                n.want(&wanted);
+                // Bounded: until the kernel holds a good share of them.
+                let deadline = Instant::now() + Duration::from_secs(60);
+                let mut held = 0;
+                while Instant::now() < deadline {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    held = managed(&a, &ia).len();
+                    if held >= 20_000 {
+                        break;
+                    }
+                }
+                assert!(held >= 20_000, "only {held} managed entries after 60 s");
+                let start = Instant::now();
+                n.stop();
+                let h = routing::connect().unwrap();
+                routing::take_down(&h, &ia).await.unwrap();
+                let took = start.elapsed();
+                let left = managed(&a, &ia);
+                eprintln!("{held}+ managed entries, all INCOMPLETE: the interface taken down in {took:?}, {} left", left.len());
+                assert!(left.is_empty(), "{} managed entries left after the interface went down, the first {:?}", left.len(), left.first());
+                assert!(took < Duration::from_secs(2), "taking the interface down took {took:?}");
+                // An interface that is gone already is no failure.
+                let gone = format!("snd{pid}x");
+                routing::take_down(&h, &gone).await.unwrap();
+            });
+        })
+        .join()
+        .unwrap_or_else(|p| std::panic::resume_unwind(p));
+    });
+}

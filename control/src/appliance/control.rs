@@ -128,6 +128,7 @@ pub async fn run(p: Parts, stop: CancellationToken) -> Result<()> {
         });
     }
 
+    let exception_ifaces: Vec<String> = ifaces.iter().filter(|i| !i.is_empty()).cloned().collect();
     let (neighbours, neigh_rx) = Neighbours::spawn(ifaces).context("starting the neighbour task")?;
     let neighbours = Arc::new(neighbours);
     {
@@ -245,10 +246,24 @@ pub async fn run(p: Parts, stop: CancellationToken) -> Result<()> {
     drain(&mut admin_tasks, deadline).await;
     rest_cancel.cancel();
     drain(&mut tasks, deadline).await;
-    match tokio::time::timeout_at(deadline.max(tokio::time::Instant::now() + CLEAR_AT_LEAST), neighbours.clear()).await {
+    // Next hops: the neighbour task stops where it is, and each exception
+    // interface is taken down, one request each whatever the number of
+    // entries: the kernel drops their neighbour entries and stops probing.
+    // Deleting the entries one by one took seconds for 100,000 of them
+    // while the kernel kept probing them. The interfaces go with DPDK's
+    // ports right after.
+    neighbours.stop();
+    let take_down = async {
+        let h = crate::routing::connect()?;
+        for name in &exception_ifaces {
+            crate::routing::take_down(&h, name).await?;
+        }
+        Ok::<(), crate::routing::RoutingError>(())
+    };
+    match tokio::time::timeout_at(deadline.max(tokio::time::Instant::now() + CLEAR_AT_LEAST), take_down).await {
         Ok(Ok(())) => {}
-        Ok(Err(e)) => error!(error = %e, "could not remove the neighbour entries Sluice asked the kernel for"),
-        Err(_) => error!("removing the neighbour entries Sluice asked the kernel for did not finish in time; the next start removes what is left"),
+        Ok(Err(e)) => error!(error = %e, "could not take the exception interfaces down; their neighbour entries go with them when DPDK closes them"),
+        Err(_) => error!("taking the exception interfaces down did not finish in time; their neighbour entries go with them when DPDK closes them"),
     }
     if faults > 0 {
         error!(faults, "control tasks ended early during this run");
@@ -261,7 +276,7 @@ const WITHDRAW_TIMEOUT: Duration = Duration::from_secs(2);
 /// The control side has stopped this long after `bird.withdrawWaitMs`
 /// (from the stop signal), whatever its tasks are doing.
 const STOP_CONTROL: Duration = Duration::from_millis(3500);
-/// Time the neighbour entries' removal gets even past the deadline.
+/// Time taking the exception interfaces down gets even past the deadline.
 const CLEAR_AT_LEAST: Duration = Duration::from_millis(250);
 /// The process has ended this long after `bird.withdrawWaitMs` (from the
 /// stop signal), however it gets there.

@@ -212,6 +212,24 @@ pub(crate) fn stale_addresses(existing: &[(IpAddr, u8)], wanted: &[(IpAddr, u8)]
     existing.iter().filter(|a| !want.contains(a) && !is_v6_link_local(a.0)).copied().collect()
 }
 
+/// Takes exception interface `name` down when the appliance stops. The
+/// kernel then drops every neighbour entry of the interface in that one
+/// request (the managed ones Sluice asked for included, however many) and
+/// stops probing them, and the frames waiting in its transmit queue. An
+/// interface that is gone already is no failure.
+pub async fn take_down(h: &Handle, name: &str) -> Result<(), RoutingError> {
+    let link = match get_link(h, name).await {
+        Ok(link) => link,
+        Err(RoutingError::NoInterface { .. }) => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    let msg = LinkUnspec::new_with_index(link.header.index).down().build();
+    match h.link().set(msg).execute().await {
+        Err(e) if errno(&e) == Some(libc::ENODEV) => Ok(()),
+        r => r.map_err(|e| RoutingError::netlink(name, "taking the link down", e)),
+    }
+}
+
 /// Gives kernel interface `name` the port's MAC and MTU and a transmit
 /// queue of at least `queue` frames, brings it up, and makes `addrs` its
 /// addresses (IPv6 ones without duplicate address detection: the port's

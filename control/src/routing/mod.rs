@@ -20,7 +20,7 @@ pub mod neighbours;
 
 use std::net::IpAddr;
 
-pub use links::{configure_interface, exception_queue_len, leave_to_dpdk, link_counters, mac_str, LinkCounters};
+pub use links::{configure_interface, exception_queue_len, leave_to_dpdk, link_counters, mac_str, take_down, LinkCounters};
 pub use neighbours::{NeighMap, Neighbours};
 
 /// Errors of the kernel side of the exception path.

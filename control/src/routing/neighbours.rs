@@ -741,7 +741,8 @@ impl Task {
 }
 
 /// The neighbour reconciler's handle. Dropping it stops the task (entries
-/// stay in the kernel: call [`Neighbours::clear`] first to remove them).
+/// stay in the kernel: call [`Neighbours::clear`] first to remove them, or
+/// take the interface down).
 #[derive(Debug)]
 pub struct Neighbours {
     wanted: watch::Sender<HashSet<(u8, Addr)>>,
@@ -788,6 +789,13 @@ impl Neighbours {
     pub async fn clear(&self) -> Result<(), RoutingError> {
         self.want(&[]);
         self.settle().await
+    }
+
+    /// Stops the task where it is, leaving its entries in the kernel (at
+    /// shutdown, before the exception interfaces are taken down with them:
+    /// a pass over 100,000 entries would hold the stop for seconds).
+    pub fn stop(&self) {
+        self.task.abort();
     }
 
     /// Waits for a reconcile pass of the current wanted set and returns its
