@@ -407,6 +407,13 @@ impl Collector for SluiceCollector {
         )?;
         family(
             &mut e,
+            "sluice_port_rx_lost_below_dpdk_exact",
+            "1 when sluice_port_rx_lost_below_dpdk counts every frame lost up to its last sample; 0 while it is a lower bound (frames arriving).",
+            Kind::Gauge,
+            sh.ports.iter().map(|p| (vec![("port", s(p.meta.name.clone()))], f(u64::from(lock(&p.loss).exact)))),
+        )?;
+        family(
+            &mut e,
             "sluice_port_link_up",
             "1 when a port's link is up.",
             Kind::Gauge,

@@ -79,6 +79,11 @@ pub struct PortLoss {
     /// `kernel:<iface>` (the kernel interface's receive counter minus what
     /// DPDK received), or `none` when nothing can tell.
     pub source: String,
+    /// True when `below_dpdk` counts every frame lost up to the last
+    /// sample; false before the first sample and while frames arrive at a
+    /// kernel interface, when it is a lower bound (frames counted by the
+    /// kernel may still be on their way to DPDK). See `appliance::loss`.
+    pub exact: bool,
 }
 
 /// A port and its exception tap.

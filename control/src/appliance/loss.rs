@@ -18,6 +18,12 @@
 //! its way and the difference is exact. The figure only grows (it is a
 //! counter), never counts a frame that DPDK received, and is exact once
 //! the port is quiet.
+//!
+//! Each port's [`PortLoss::exact`] says which of the two the figure is:
+//! true when it counts every frame lost up to the last sample (DPDK's own
+//! counter, or the kernel's count that did not move over the period),
+//! false before the first sample and while frames arrive (a lower bound).
+//! Whoever compares the figure with counts taken elsewhere waits for it.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -93,16 +99,17 @@ struct Tracked {
 
 impl Tracked {
     /// Frames lost below DPDK given the kernel's count `krx` and DPDK's
-    /// `drx`, read after it: exact when the kernel counted nothing since
-    /// the previous sample, else a lower bound.
-    fn lost(&mut self, krx: u64, drx: u64) -> u64 {
+    /// `drx`, read after it, and whether that is exact: it is when the
+    /// kernel counted nothing since the previous sample, else it is a
+    /// lower bound.
+    fn lost(&mut self, krx: u64, drx: u64) -> (u64, bool) {
         let (k0, d0) = *self.base.get_or_insert((krx, drx));
         let quiet = self.last_kernel.replace(krx) == Some(krx);
         let gap = krx.saturating_sub(k0).saturating_sub(drx.saturating_sub(d0));
         if quiet {
-            gap
+            (gap, true)
         } else {
-            gap.saturating_sub(self.in_flight)
+            (gap.saturating_sub(self.in_flight), false)
         }
     }
 }
@@ -143,18 +150,30 @@ impl LossSampler {
         for ((t, entry), k) in self.ports.iter_mut().zip(&self.shared.ports).zip(kernel) {
             let Some(d) = entry.port.stats() else { continue };
             let next = match (t.iface.clone(), k) {
-                (Some(iface), Some(krx)) => PortLoss { below_dpdk: t.lost(krx, d.ipackets) + d.imissed, source: format!("kernel:{iface}") },
+                (Some(iface), Some(krx)) => {
+                    let (lost, exact) = t.lost(krx, d.ipackets);
+                    PortLoss { below_dpdk: lost + d.imissed, source: format!("kernel:{iface}"), exact }
+                }
                 (Some(iface), None) => {
                     debug!(%iface, "kernel counters unavailable; falling back to imissed");
-                    PortLoss { below_dpdk: d.imissed, source: "imissed".into() }
+                    PortLoss { below_dpdk: d.imissed, source: "imissed".into(), exact: true }
                 }
-                (None, _) => PortLoss { below_dpdk: d.imissed, source: "imissed".into() },
+                (None, _) => PortLoss { below_dpdk: d.imissed, source: "imissed".into(), exact: true },
             };
-            let mut cur = lock(&entry.loss);
-            if next.below_dpdk >= cur.below_dpdk || next.source != cur.source {
-                *cur = next;
-            }
+            publish(&mut lock(&entry.loss), next);
         }
+    }
+}
+
+/// Publishes `next` over `cur`. A counter does not go back: a figure
+/// below the one published is not published, and then what is published
+/// is not exact (above an exact figure, or above a lower bound that says
+/// nothing about it).
+fn publish(cur: &mut PortLoss, next: PortLoss) {
+    if next.below_dpdk >= cur.below_dpdk || next.source != cur.source {
+        *cur = next;
+    } else {
+        cur.exact = false;
     }
 }
 
@@ -207,9 +226,39 @@ mod tests {
             (12_001, 7_011, 4_990), // an ARP probe, received
         ];
         for (k, d, truth) in samples {
-            published = published.max(t.lost(k, d));
+            published = published.max(t.lost(k, d).0);
             assert!(published <= truth, "published {published} > lost {truth} at ({k}, {d})");
         }
         assert_eq!(published, 4_990);
+    }
+
+    /// The figure says it is exact only when the kernel's count stood still
+    /// over a period, and then it is the truth; what is published keeps
+    /// that flag.
+    #[test]
+    fn the_figure_is_exact_only_once_the_port_was_quiet_for_a_period() {
+        let mut t = Tracked { iface: Some("lbf".into()), base: None, last_kernel: None, in_flight: 32 };
+        let mut cur = PortLoss::default();
+        assert!(!cur.exact, "nothing sampled yet");
+        // (kernel received, DPDK received, truly lost so far, exact)
+        let samples = [
+            (100, 100, 0, false), // the first sample: no period seen yet
+            (100, 100, 0, true),
+            (5_000, 4_000, 990, false), // frames arrive: a lower bound
+            (9_000, 5_000, 3_968, false),
+            (9_000, 5_032, 3_968, true), // quiet: the ring has drained
+            (9_001, 5_033, 3_968, false), // one frame: not known yet
+            (9_001, 5_033, 3_968, true),
+        ];
+        for (k, d, truth, exact) in samples {
+            let (lost, e) = t.lost(k, d);
+            publish(&mut cur, PortLoss { below_dpdk: lost, source: "kernel:lbf".into(), exact: e });
+            assert_eq!(cur.exact, exact, "at ({k}, {d}): {cur:?}");
+            if cur.exact {
+                assert_eq!(cur.below_dpdk, truth, "exact at ({k}, {d})");
+            } else {
+                assert!(cur.below_dpdk <= truth, "a lower bound at ({k}, {d}): {cur:?}");
+            }
+        }
     }
 }

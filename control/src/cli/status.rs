@@ -219,7 +219,8 @@ pub fn render(st: &Value) -> String {
                 s(&p["kernel_interface"]),
                 s(&p["rx_packets"]),
                 s(&p["tx_packets"]),
-                format!("{} ({})", s(&lost["below_dpdk"]), s(&lost["source"])),
+                // A lower bound while frames arrive: "at least".
+                format!("{}{} ({})", if lost["exact"] == false { ">=" } else { "" }, s(&lost["below_dpdk"]), s(&lost["source"])),
                 s(&p["rx_nombuf"]),
             ]
         })
