@@ -204,10 +204,12 @@ impl FlowPin {
     }
 }
 
-/// A flow-table entry's full key: the 5-tuple and the service. One cache
-/// line.
+/// A flow-table entry's full key: the 5-tuple and the service, in 64
+/// bytes. Not declared 64-byte aligned (nor is [`Bucket`]): the allocator
+/// would then write zeros over the whole table instead of handing out
+/// untouched zeroed pages.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, bytemuck::Zeroable)]
-#[repr(C, align(64))]
+#[repr(C)]
 pub struct FlowKey {
     /// The flow.
     pub flow: Flow,
@@ -215,9 +217,9 @@ pub struct FlowKey {
     pub service: u32,
 }
 
-/// One flow-table bucket: one cache line.
+/// One flow-table bucket: 64 bytes, a cache line's worth.
 #[derive(Clone, Copy, Debug, Default, bytemuck::Zeroable)]
-#[repr(C, align(64))]
+#[repr(C)]
 struct Bucket {
     sig: [u16; FLOW_WAYS],
     deadline: [u16; FLOW_WAYS],
