@@ -19,13 +19,41 @@ const TCP_FLOWS: u32 = 48;
 const UDP_FLOWS: u32 = 24;
 
 /// The demo configuration with one maglev service `web` for TCP port 80
-/// and UDP port 53, of endpoints `eps` (YAML flow mappings).
+/// and UDP port 53, of endpoints `eps` (YAML flow mappings). Whatever the
+/// demo says of flow state (`defaults.flowTable`, the `flowTable` section)
+/// is left out: the defaults apply.
 fn config(base: &str, eps: &[&str]) -> String {
-    let head = &base[..base.find("\nservices:\n").expect("demo.yaml has services") + 1];
+    let head = without_flow_settings(&base[..base.find("\nservices:\n").expect("demo.yaml has services") + 1]);
+    assert!(!head.lines().any(|l| l.trim_start().starts_with("flowTable:")), "flow settings left in:\n{head}");
     let eps: String = eps.iter().map(|e| format!("      - {e}\n")).collect();
     format!(
         "{head}services:\n  - name: web\n    endpoints:\n{eps}routes:\n  - name: web-tcp\n    service: web\n    vips: [20.0.0.1]\n    protocols: [TCP]\n    destinationPorts: [\"80\"]\n  - name: web-udp\n    service: web\n    vips: [20.0.0.1]\n    protocols: [UDP]\n    destinationPorts: [\"53\"]\n"
     )
+}
+
+/// `text` without its `flowTable` lines: the key in `defaults` with the
+/// comment lines that continue it, and the top-level section up to the
+/// next blank line.
+fn without_flow_settings(text: &str) -> String {
+    let mut out = String::new();
+    let mut skip = None;
+    for line in text.lines() {
+        let indent = line.len() - line.trim_start().len();
+        if let Some(at) = skip {
+            let continues = if at == 0 { !line.trim().is_empty() } else { indent > at && line.trim_start().starts_with('#') };
+            if continues {
+                continue;
+            }
+            skip = None;
+        }
+        if line.trim_start().starts_with("flowTable:") {
+            skip = Some(indent);
+            continue;
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
 }
 
 /// What a client wrote to `out`: `{backend: [survived, broken]}`.
