@@ -5,8 +5,15 @@
                                         object {backend: count, "failed": n}
   client.py udp VIP N                   N UDP queries; same output
   client.py hold VIP N SECONDS FILE     opens N long-lived connections, sends a
-                                        line on each every 0.2 s for SECONDS,
-                                        writes {backend: [ok, broken]} to FILE
+                                        line on each every 0.2 s for SECONDS (or
+                                        until FILE.stop exists), writes
+                                        {backend: [ok, broken]} to FILE, and the
+                                        rounds done so far to FILE.rounds
+  client.py udphold VIP N SECONDS FILE  the same with N UDP flows (one socket
+                                        each, to port 53): a flow is broken when
+                                        an answer comes from another backend than
+                                        its first, or none comes; FILE gets
+                                        {backend: [ok, broken]} by first backend
   client.py load VIP RATE               short connections at RATE per second,
                                         forever (for the demo)
 """
@@ -77,7 +84,8 @@ def hold(vip, n, secs, out):
     with open(out + ".ready", "w") as fh:
         json.dump(Counter(x[2] for x in conns), fh)
     end = time.time() + secs
-    while time.time() < end:
+    rounds = 0
+    while time.time() < end and not os.path.exists(out + ".stop"):
         for x in conns:
             if not x[3]:
                 continue
@@ -87,16 +95,55 @@ def hold(vip, n, secs, out):
                     x[3] = False
             except OSError:
                 x[3] = False
+        rounds += 1
+        write_whole(out + ".rounds", rounds)
         time.sleep(0.2)
     res = {}
     for _, _, name, ok in conns:
         r = res.setdefault(name, [0, 0])
         r[0 if ok else 1] += 1
+    write_whole(out, res)
+
+
+def write_whole(path, value):
     # Written whole, then renamed: the test waits for the file to exist and
     # reads it at once (it read an empty file once, mid-write).
-    with open(out + ".tmp", "w") as fh:
-        json.dump(res, fh)
-    os.replace(out + ".tmp", out)
+    with open(path + ".tmp", "w") as fh:
+        json.dump(value, fh)
+    os.replace(path + ".tmp", path)
+
+
+def udphold(vip, n, secs, out):
+    family = socket.AF_INET6 if ":" in vip else socket.AF_INET
+    flows = []
+    for i in range(n):
+        s = socket.socket(family, socket.SOCK_DGRAM)
+        s.settimeout(2.0)
+        flows.append([s, None, True])
+    end = time.time() + secs
+    rounds = 0
+    while time.time() < end and not os.path.exists(out + ".stop"):
+        for i, x in enumerate(flows):
+            if not x[2]:
+                continue
+            try:
+                x[0].sendto(b"u%d" % i, (vip, 53))
+                d, _ = x[0].recvfrom(2048)
+                name = d.split(b" ")[0].decode()
+                if x[1] is None:
+                    x[1] = name
+                elif name != x[1]:
+                    x[2] = False
+            except OSError:
+                x[2] = False
+        rounds += 1
+        write_whole(out + ".rounds", rounds)
+        time.sleep(0.2)
+    res = {}
+    for _, name, ok in flows:
+        r = res.setdefault(name or "none", [0, 0])
+        r[0 if ok else 1] += 1
+    write_whole(out, res)
 
 
 def load(vip, rate):
@@ -121,6 +168,8 @@ if __name__ == "__main__":
         print(json.dumps(udp(vip, int(sys.argv[3]))))
     elif mode == "hold":
         hold(vip, int(sys.argv[3]), float(sys.argv[4]), sys.argv[5])
+    elif mode == "udphold":
+        udphold(vip, int(sys.argv[3]), float(sys.argv[4]), sys.argv[5])
     elif mode == "load":
         load(vip, int(sys.argv[3]))
     else:

@@ -324,7 +324,7 @@ impl Default for Defaults {
         Defaults {
             algorithm: Algorithm::Maglev,
             limit: 32,
-            flow_table: false,
+            flow_table: true,
             delivery: DeliveryMode::L2,
             table_memory_mb: limits::TABLE_MEMORY_MB_DEFAULT,
         }

@@ -1,18 +1,55 @@
-//! Per-worker state: the flow table (which endpoint an established flow
-//! uses) and the fragment table (which endpoint the first fragment of a
+//! Per-worker state: the flow table (which endpoint each flow is pinned
+//! to) and the fragment table (which endpoint the first fragment of a
 //! datagram went to). Both are fixed-size set-associative tables, allocated
-//! once when the worker starts: a lookup or insert touches one bucket, never
-//! allocates, and evicts the least recently used entry of a full bucket.
+//! once when the worker starts, as zeroed memory: a page becomes resident
+//! when a flow first lands in it; nothing here allocates afterwards.
+//!
+//! The flow table is laid out for the cache:
+//! - a bucket is one 64-byte line of 8 ways, each a 16-bit signature (hash
+//!   bits the bucket index does not use; 0 = empty, a real 0 is stored as
+//!   1), a 16-bit deadline (the expiry second modulo 2^16) and a 32-bit
+//!   [`FlowPin`];
+//! - the full key of way `w` of bucket `b` ([`FlowKey`]: the 5-tuple and the
+//!   service) is `keys[b * 8 + w]`, a line of its own, read only when a
+//!   signature matches: a miss reads one line, a hit two, and two flows
+//!   never share a pin (a signature only filters);
+//! - a way is live while `deadline - now` (modulo 2^16) is in
+//!   `1..=MAX_TIMEOUT`; [`FlowTable::advance`] clears expired ways long
+//!   before the modulo could make one look live again;
+//! - one pass over a bucket ([`FlowTable::probe`]) finds the flow's way or
+//!   the way an insert takes: the first empty or expired one, otherwise the
+//!   live way nearest its deadline (the least recently used, as a use
+//!   moves the deadline), which is counted as an eviction.
+//!
+//! The bucket and the signature come from [`flow_hash`] (the hash Maglev
+//! uses: every version computes the same) mixed with the service key.
 
 use crate::addr::Addr;
 use crate::hash::flow_hash;
 use crate::maglev::EndpointId;
 use crate::parse::Flow;
 
-/// Entries per bucket.
-const WAYS: usize = 4;
+/// Ways of a flow-table bucket.
+pub const FLOW_WAYS: usize = 8;
 
-/// Which endpoint of which service a flow (or datagram) was given.
+/// Entries per fragment-table bucket.
+const FRAG_WAYS: usize = 4;
+
+/// The longest idle timeout a flow may have, in seconds. An expired way
+/// reads as expired until `2^16 - MAX_TIMEOUT` seconds after its deadline.
+pub const MAX_TIMEOUT: u16 = 16384;
+
+/// Seconds within which [`FlowTable::advance`] visits every bucket once:
+/// well inside the `2^16 - MAX_TIMEOUT` seconds an expired way reads as
+/// expired.
+const SWEEP_PERIOD: u64 = 16384;
+
+/// TCP flags that end a connection.
+const TCP_FIN: u8 = 0x01;
+const TCP_RST: u8 = 0x04;
+
+/// Which endpoint of which service a datagram was given (the fragment
+/// table's entries).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, bytemuck::Zeroable)]
 pub struct Pin {
     /// The service's stable key.
@@ -27,12 +64,194 @@ pub struct Pin {
     pub at: u16,
 }
 
+/// What a flow's protocol says of its lifetime: it chooses the idle timeout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum FlowState {
+    /// Neither TCP nor UDP.
+    #[default]
+    Other = 0,
+    /// UDP.
+    Udp = 1,
+    /// TCP, no FIN or RST seen.
+    TcpOpen = 2,
+    /// TCP after a FIN or an RST.
+    TcpClosing = 3,
+}
+
+impl FlowState {
+    /// The state of a flow of protocol `proto` after a packet with TCP
+    /// flags `tcp_flags`, when it was `was` (`None`: a new flow). A closing
+    /// TCP flow stays closing.
+    #[inline(always)]
+    pub fn after(was: Option<FlowState>, proto: u8, tcp_flags: u8) -> FlowState {
+        match proto {
+            6 if tcp_flags & (TCP_FIN | TCP_RST) != 0 || was == Some(FlowState::TcpClosing) => FlowState::TcpClosing,
+            6 => FlowState::TcpOpen,
+            17 => FlowState::Udp,
+            _ => FlowState::Other,
+        }
+    }
+
+    #[inline(always)]
+    fn from_bits(b: u32) -> FlowState {
+        match b & 3 {
+            0 => FlowState::Other,
+            1 => FlowState::Udp,
+            2 => FlowState::TcpOpen,
+            _ => FlowState::TcpClosing,
+        }
+    }
+}
+
+/// Idle timeouts in seconds, per [`FlowState`]; each in `1..=MAX_TIMEOUT`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FlowTimeouts {
+    /// TCP, established.
+    pub tcp_established: u16,
+    /// TCP after a FIN or an RST.
+    pub tcp_closing: u16,
+    /// UDP.
+    pub udp: u16,
+    /// Any other protocol.
+    pub other: u16,
+}
+
+impl Default for FlowTimeouts {
+    fn default() -> Self {
+        FlowTimeouts { tcp_established: 3600, tcp_closing: 60, udp: 300, other: 60 }
+    }
+}
+
+impl FlowTimeouts {
+    /// The timeout of a flow in state `s`.
+    #[inline(always)]
+    pub fn of(&self, s: FlowState) -> u16 {
+        match s {
+            FlowState::Other => self.other,
+            FlowState::Udp => self.udp,
+            FlowState::TcpOpen => self.tcp_established,
+            FlowState::TcpClosing => self.tcp_closing,
+        }
+    }
+
+    fn clamped(self) -> FlowTimeouts {
+        let c = |s: u16| s.clamp(1, MAX_TIMEOUT);
+        FlowTimeouts { tcp_established: c(self.tcp_established), tcp_closing: c(self.tcp_closing), udp: c(self.udp), other: c(self.other) }
+    }
+}
+
+/// Bits of an endpoint's incarnation a [`FlowPin`] keeps.
+pub const PIN_INCARNATION_BITS: u32 = 12;
+
+/// A flow's pin, in 32 bits: the endpoint identifier (16 bits, stable while
+/// the endpoint stays in its service, unlike its position), the low
+/// [`PIN_INCARNATION_BITS`] bits of its incarnation, the [`FlowState`]
+/// (2 bits), and an "exported" bit for sharing pins with sibling
+/// appliances (1 bit, not set by this table); 1 bit spare.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct FlowPin(u32);
+
+impl FlowPin {
+    const INC_SHIFT: u32 = 16;
+    const INC_MASK: u32 = (1 << PIN_INCARNATION_BITS) - 1;
+    const STATE_SHIFT: u32 = 28;
+    const EXPORTED: u32 = 1 << 30;
+
+    /// The pin of endpoint `endpoint` of incarnation `incarnation`, for a
+    /// flow in state `state`.
+    #[inline(always)]
+    pub fn new(endpoint: EndpointId, incarnation: u32, state: FlowState) -> FlowPin {
+        FlowPin(u32::from(endpoint) | (incarnation & Self::INC_MASK) << Self::INC_SHIFT | (state as u32) << Self::STATE_SHIFT)
+    }
+
+    /// The endpoint identifier.
+    #[inline(always)]
+    #[allow(clippy::cast_possible_truncation)] // the low 16 bits
+    pub fn endpoint(self) -> EndpointId {
+        self.0 as u16
+    }
+
+    /// True when `incarnation` agrees with the one pinned (in the bits kept).
+    #[inline(always)]
+    pub fn is_incarnation(self, incarnation: u32) -> bool {
+        (self.0 >> Self::INC_SHIFT) & Self::INC_MASK == incarnation & Self::INC_MASK
+    }
+
+    /// The flow's state.
+    #[inline(always)]
+    pub fn state(self) -> FlowState {
+        FlowState::from_bits(self.0 >> Self::STATE_SHIFT)
+    }
+
+    /// The same pin in state `s`.
+    #[inline(always)]
+    #[must_use]
+    pub fn with_state(self, s: FlowState) -> FlowPin {
+        FlowPin(self.0 & !(3 << Self::STATE_SHIFT) | (s as u32) << Self::STATE_SHIFT)
+    }
+
+    /// True when the pin was exported to sibling appliances.
+    #[inline(always)]
+    pub fn exported(self) -> bool {
+        self.0 & Self::EXPORTED != 0
+    }
+
+    /// The same pin, marked exported or not.
+    #[inline(always)]
+    #[must_use]
+    pub fn with_exported(self, yes: bool) -> FlowPin {
+        FlowPin(if yes { self.0 | Self::EXPORTED } else { self.0 & !Self::EXPORTED })
+    }
+}
+
+/// A flow-table entry's full key: the 5-tuple and the service, in 64
+/// bytes. Not declared 64-byte aligned (nor is [`Bucket`]): the allocator
+/// would then write zeros over the whole table instead of handing out
+/// untouched zeroed pages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, bytemuck::Zeroable)]
+#[repr(C)]
+pub struct FlowKey {
+    /// The flow.
+    pub flow: Flow,
+    /// The service's stable key.
+    pub service: u32,
+}
+
+/// One flow-table bucket: 64 bytes, a cache line's worth.
 #[derive(Clone, Copy, Debug, Default, bytemuck::Zeroable)]
-struct FlowEntry {
-    flow: Flow,
-    pin: Pin,
-    /// Last use, in seconds; 0 = empty.
-    last: u32,
+#[repr(C)]
+struct Bucket {
+    sig: [u16; FLOW_WAYS],
+    deadline: [u16; FLOW_WAYS],
+    pin: [u32; FLOW_WAYS],
+}
+
+const _: () = assert!(std::mem::size_of::<Bucket>() == 64 && std::mem::size_of::<FlowKey>() == 64);
+
+/// Remaining seconds of a way with `deadline` at `now` (modulo 2^16);
+/// live when in `1..=MAX_TIMEOUT`.
+#[inline(always)]
+#[allow(clippy::cast_possible_truncation)] // seconds modulo 2^16
+fn remaining(deadline: u16, now: u32) -> u16 {
+    deadline.wrapping_sub(now as u16)
+}
+
+#[inline(always)]
+fn is_live(sig: u16, r: u16) -> bool {
+    sig != 0 && r != 0 && r <= MAX_TIMEOUT
+}
+
+/// Where a probed flow is (a hit) or would go (a miss), as found by one
+/// pass over its bucket. Valid until the table changes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Slot {
+    bucket: usize,
+    way: usize,
+    sig: u16,
+    /// The flow's own way.
+    hit: bool,
+    /// A miss that replaces a live way.
+    evicts: bool,
 }
 
 /// Counters of a table's behaviour.
@@ -45,101 +264,176 @@ pub struct TableStats {
 /// The flow table of one worker.
 #[derive(Debug)]
 pub struct FlowTable {
-    entries: Box<[[FlowEntry; WAYS]]>,
+    buckets: Box<[Bucket]>,
+    keys: Box<[FlowKey]>,
     mask: usize,
-    idle_secs: u32,
+    timeouts: FlowTimeouts,
+    /// The latest second given to [`FlowTable::advance`].
+    now: u32,
+    /// The next bucket the sweep visits, and the bucket-seconds it owes.
+    cursor: usize,
+    owed: u64,
+    /// Something was stored since the table was last cleared.
+    written: bool,
     /// What happened so far.
     pub stats: TableStats,
 }
 
 impl FlowTable {
-    /// A table of at least `capacity` entries (rounded up to a power of two)
-    /// whose entries expire after `idle_secs` without traffic.
-    pub fn new(capacity: usize, idle_secs: u32) -> FlowTable {
-        let buckets = capacity.div_ceil(WAYS).next_power_of_two().max(1);
+    /// A table of at least `capacity` entries (rounded up to a power of two
+    /// of buckets) whose entries expire after the idle `timeouts` of their
+    /// state (clamped to `1..=MAX_TIMEOUT`).
+    pub fn new(capacity: usize, timeouts: FlowTimeouts) -> FlowTable {
+        let buckets = capacity.div_ceil(FLOW_WAYS).next_power_of_two().max(1);
         FlowTable {
-            // Zeroed (= empty) memory: a bucket's page becomes resident
-            // when a flow first lands in it.
-            entries: bytemuck::zeroed_slice_box(buckets),
+            buckets: bytemuck::zeroed_slice_box(buckets),
+            keys: bytemuck::zeroed_slice_box(buckets * FLOW_WAYS),
             mask: buckets - 1,
-            idle_secs: idle_secs.max(1),
+            timeouts: timeouts.clamped(),
+            now: 0,
+            cursor: 0,
+            owed: 0,
+            written: false,
             stats: TableStats::default(),
         }
     }
 
-    /// Where the bucket of (`flow`, `service`) lives (for a prefetch; not read).
-    #[inline(always)]
-    pub fn bucket_addr(&self, flow: &Flow, service: u32) -> *const u8 {
-        self.entries.as_ptr().wrapping_add(self.bucket(flow, service)).cast()
-    }
-
     /// Number of entries it holds at most.
     pub fn capacity(&self) -> usize {
-        self.entries.len() * WAYS
+        self.buckets.len() * FLOW_WAYS
     }
 
+    /// The timeouts in force.
+    pub fn timeouts(&self) -> FlowTimeouts {
+        self.timeouts
+    }
+
+    /// The bucket index and signature of a flow of `service` whose
+    /// [`flow_hash`] is `hash`.
     #[inline(always)]
-    #[allow(clippy::cast_possible_truncation)] // masked to the table size
-    fn bucket(&self, flow: &Flow, service: u32) -> usize {
-        (flow_hash(flow) ^ u64::from(service).wrapping_mul(0x9e37_79b9_7f4a_7c15)) as usize & self.mask
+    #[allow(clippy::cast_possible_truncation)] // masked to the table size; the top 16 bits
+    pub fn place(&self, hash: u64, service: u32) -> (usize, u16) {
+        let h = hash ^ u64::from(service).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        ((h as usize) & self.mask, ((h >> 48) as u16).max(1))
     }
 
+    /// Where the bucket of a flow lives (for a prefetch; not read).
     #[inline(always)]
-    fn live(&self, e: &FlowEntry, now: u32) -> bool {
-        e.last != 0 && now.wrapping_sub(e.last) <= self.idle_secs
+    pub fn bucket_addr(&self, hash: u64, service: u32) -> *const u8 {
+        self.buckets.as_ptr().wrapping_add(self.place(hash, service).0).cast()
     }
 
-    /// The pin of `flow` in `service`, refreshing it; `now` in seconds (> 0).
+    /// One pass over the bucket of `key` (whose [`flow_hash`] is `hash`) at
+    /// second `now`: its pin when it has a live entry, and the slot it has
+    /// or would take.
     #[inline]
-    pub fn lookup(&mut self, flow: &Flow, service: u32, now: u32) -> Option<Pin> {
-        let b = self.bucket(flow, service);
-        let idle = self.idle_secs;
-        for e in &mut self.entries[b] {
-            if e.last != 0 && now.wrapping_sub(e.last) <= idle && e.pin.service == service && e.flow == *flow {
-                e.last = now;
-                return Some(e.pin);
+    pub fn probe(&self, key: &FlowKey, hash: u64, now: u32) -> (Slot, Option<FlowPin>) {
+        let (b, sig) = self.place(hash, key.service);
+        let bucket = &self.buckets[b];
+        let (mut victim, mut nearest) = (0, u16::MAX);
+        for w in 0..FLOW_WAYS {
+            let r = remaining(bucket.deadline[w], now);
+            if !is_live(bucket.sig[w], r) {
+                if nearest != 0 {
+                    (victim, nearest) = (w, 0);
+                }
+                continue;
+            }
+            if bucket.sig[w] == sig && self.keys[b * FLOW_WAYS + w] == *key {
+                return (Slot { bucket: b, way: w, sig, hit: true, evicts: false }, Some(FlowPin(bucket.pin[w])));
+            }
+            if r < nearest {
+                (victim, nearest) = (w, r);
             }
         }
-        None
+        (Slot { bucket: b, way: victim, sig, hit: false, evicts: nearest != 0 }, None)
     }
 
-    /// The pin of `flow`, without refreshing it (for ICMP errors).
+    /// The pin of `key`, if it has one (nothing changes).
     #[inline]
-    pub fn peek(&self, flow: &Flow, service: u32, now: u32) -> Option<Pin> {
-        let b = self.bucket(flow, service);
-        self.entries[b].iter().find(|e| self.live(e, now) && e.pin.service == service && e.flow == *flow).map(|e| e.pin)
+    pub fn peek(&self, key: &FlowKey, hash: u64, now: u32) -> Option<FlowPin> {
+        self.probe(key, hash, now).1
     }
 
-    /// Records `pin` for `flow`.
+    /// Gives `key` the pin `pin` at `slot` (found by [`FlowTable::probe`]
+    /// for this key, with nothing changed since), with the deadline of its
+    /// state from `now`.
     #[inline]
-    pub fn insert(&mut self, flow: &Flow, pin: Pin, now: u32) {
-        let b = self.bucket(flow, pin.service);
-        let now = now.max(1);
-        let mut victim = 0;
-        let mut oldest = u32::MAX;
-        for (i, e) in self.entries[b].iter().enumerate() {
-            if e.last != 0 && e.pin.service == pin.service && e.flow == *flow {
-                victim = i;
-                oldest = 0;
-                break;
-            }
-            if !self.live(e, now) {
-                victim = i;
-                oldest = 0;
-            } else if oldest != 0 && e.last < oldest {
-                victim = i;
-                oldest = e.last;
-            }
+    #[allow(clippy::cast_possible_truncation)] // seconds modulo 2^16
+    pub fn set(&mut self, slot: Slot, key: &FlowKey, pin: FlowPin, now: u32) {
+        let deadline = (now as u16).wrapping_add(self.timeouts.of(pin.state()));
+        let b = &mut self.buckets[slot.bucket];
+        b.sig[slot.way] = slot.sig;
+        b.deadline[slot.way] = deadline;
+        b.pin[slot.way] = pin.0;
+        if !slot.hit {
+            self.stats.evictions += u64::from(slot.evicts);
+            self.keys[slot.bucket * FLOW_WAYS + slot.way] = *key;
+            self.written = true;
         }
-        if oldest != 0 {
-            self.stats.evictions += 1;
+    }
+
+    /// Looks `key` up and, when found, refreshes it in the state a packet
+    /// with TCP flags `tcp_flags` leaves it in; otherwise inserts `pin()`
+    /// (a convenience over [`FlowTable::advance`], [`FlowTable::probe`] and
+    /// [`FlowTable::set`]).
+    pub fn lookup_or_insert(&mut self, key: &FlowKey, now: u32, tcp_flags: u8, pin: impl FnOnce() -> FlowPin) -> FlowPin {
+        self.advance(now);
+        let hash = flow_hash(&key.flow);
+        let (slot, found) = self.probe(key, hash, now);
+        let p = match found {
+            Some(p) => p.with_state(FlowState::after(Some(p.state()), key.flow.proto, tcp_flags)),
+            None => pin(),
+        };
+        self.set(slot, key, p, now);
+        p
+    }
+
+    /// Moves the table's clock to `now` (seconds, not going back) and
+    /// clears the expired ways of the buckets due: every bucket once per
+    /// `SWEEP_PERIOD` seconds, or all at once after `MAX_TIMEOUT` seconds
+    /// or more (every entry has expired then). Call it before the table is
+    /// used at a new second: an expired way then never reads as live.
+    #[inline(always)]
+    pub fn advance(&mut self, now: u32) {
+        if now > self.now {
+            self.sweep(now);
         }
-        self.entries[b][victim] = FlowEntry { flow: *flow, pin, last: now };
+    }
+
+    #[cold]
+    #[allow(clippy::cast_possible_truncation)] // at most the number of buckets
+    fn sweep(&mut self, now: u32) {
+        let elapsed = u64::from(now - self.now);
+        self.now = now;
+        if elapsed >= u64::from(MAX_TIMEOUT) {
+            if self.written {
+                for b in self.buckets.iter_mut().filter(|b| b.sig != [0; FLOW_WAYS]) {
+                    b.sig = [0; FLOW_WAYS];
+                }
+                self.written = false;
+            }
+            self.owed = 0;
+            return;
+        }
+        let n = self.buckets.len() as u64;
+        self.owed = self.owed.saturating_add(elapsed * n);
+        let due = (self.owed / SWEEP_PERIOD + 1).min(n);
+        self.owed = self.owed.saturating_sub(due * SWEEP_PERIOD);
+        for _ in 0..due {
+            let b = &mut self.buckets[self.cursor];
+            for w in 0..FLOW_WAYS {
+                if b.sig[w] != 0 && !is_live(b.sig[w], remaining(b.deadline[w], now)) {
+                    b.sig[w] = 0;
+                }
+            }
+            self.cursor = (self.cursor + 1) & self.mask;
+        }
     }
 
     /// Live entries (walks the whole table: for status, not the fast path).
     pub fn len(&self, now: u32) -> usize {
-        self.entries.iter().flatten().filter(|e| self.live(e, now)).count()
+        self.buckets.iter().map(|b| (0..FLOW_WAYS).filter(|&w| is_live(b.sig[w], remaining(b.deadline[w], now))).count()).sum()
     }
 
     /// True when no entry is live.
@@ -172,7 +466,7 @@ struct FragEntry {
 /// Where the first fragment of recent datagrams went, per worker.
 #[derive(Debug)]
 pub struct FragTable {
-    entries: Box<[[FragEntry; WAYS]]>,
+    entries: Box<[[FragEntry; FRAG_WAYS]]>,
     mask: usize,
     ttl_ms: u64,
     /// What happened so far.
@@ -182,7 +476,7 @@ pub struct FragTable {
 impl FragTable {
     /// A table of at least `capacity` entries, each valid `ttl_ms`.
     pub fn new(capacity: usize, ttl_ms: u64) -> FragTable {
-        let buckets = capacity.div_ceil(WAYS).next_power_of_two().max(1);
+        let buckets = capacity.div_ceil(FRAG_WAYS).next_power_of_two().max(1);
         FragTable {
             entries: bytemuck::zeroed_slice_box(buckets),
             mask: buckets - 1,
@@ -238,24 +532,58 @@ impl FragTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+    use std::collections::HashMap;
 
     fn flow(i: u32) -> Flow {
         Flow { src: Addr::v4(i.to_be_bytes()), dst: Addr::v4([20, 0, 0, 1]), sport: 1000, dport: 80, proto: 6 }
+    }
+
+    fn key(i: u32) -> FlowKey {
+        FlowKey { flow: flow(i), service: 7 }
     }
 
     fn pin(e: u16) -> Pin {
         Pin { service: 7, endpoint: e, incarnation: 1, at: e }
     }
 
+    fn tcp(e: u16) -> FlowPin {
+        FlowPin::new(e, 1, FlowState::TcpOpen)
+    }
+
+    /// Inserts (or re-pins) `k` with `p` at `now`, as the pipeline does.
+    fn put(t: &mut FlowTable, k: &FlowKey, p: FlowPin, now: u32) {
+        t.advance(now);
+        let (slot, _) = t.probe(k, flow_hash(&k.flow), now);
+        t.set(slot, k, p, now);
+    }
+
+    fn peek(t: &FlowTable, k: &FlowKey, now: u32) -> Option<FlowPin> {
+        t.peek(k, flow_hash(&k.flow), now)
+    }
+
     #[test]
-    fn a_zeroed_entry_is_an_empty_default_one() {
-        let (z, d): (FlowEntry, FlowEntry) = (bytemuck::Zeroable::zeroed(), FlowEntry::default());
-        assert_eq!(format!("{z:?}"), format!("{d:?}"));
+    fn a_pin_keeps_its_fields_apart() {
+        let p = FlowPin::new(65535, 0xffff_fabc, FlowState::TcpClosing);
+        assert_eq!((p.endpoint(), p.state(), p.exported()), (65535, FlowState::TcpClosing, false));
+        assert!(p.is_incarnation(0xabc) && p.is_incarnation(0x1abc), "12 bits are kept");
+        assert!(!p.is_incarnation(0xabd));
+        let q = p.with_exported(true).with_state(FlowState::Udp);
+        assert_eq!((q.endpoint(), q.state(), q.exported()), (65535, FlowState::Udp, true));
+        assert!(q.is_incarnation(0xabc));
+        assert_eq!(q.with_exported(false).with_state(FlowState::TcpClosing), p);
+        let z = FlowPin::new(0, 0, FlowState::Other);
+        assert_eq!((z.endpoint(), z.state(), z.exported()), (0, FlowState::Other, false));
+    }
+
+    #[test]
+    fn a_zeroed_table_is_empty() {
         let (z, d): (FragEntry, FragEntry) = (bytemuck::Zeroable::zeroed(), FragEntry::default());
         assert_eq!(format!("{z:?}"), format!("{d:?}"));
-        let t = FlowTable::new(64, 10);
-        assert_eq!(t.len(1), 0);
-        assert_eq!(t.peek(&Flow::default(), 0, 1), None, "the all-zero flow is not found in an empty table");
+        let t = FlowTable::new(64, FlowTimeouts::default());
+        assert_eq!((t.capacity(), t.len(1)), (64, 0));
+        assert_eq!(peek(&t, &FlowKey::default(), 1), None, "the all-zero key is not found in an empty table");
+        assert_eq!(peek(&t, &FlowKey::default(), 0), None);
     }
 
     /// Resident kilobytes of this process (Linux).
@@ -266,55 +594,215 @@ mod tests {
 
     #[test]
     fn a_table_is_resident_only_where_flows_landed() {
-        // 2^20 buckets: hundreds of MB of table, of which only the pages of
-        // the buckets written become resident.
+        // 2^19 buckets and 2^22 keys: hundreds of MB of table, of which
+        // only the pages of the ways written become resident.
         // With transparent hugepages always on, the kernel may back a
-        // touched bucket with a 2 MiB page: fewer flows then, so that the
-        // pages they land in (at most 16 MiB) still stay far below the
+        // touched page with a 2 MiB page: fewer flows then, so that the
+        // pages they land in (at most 32 MiB) still stay far below the
         // table's size.
         let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").is_ok_and(|s| s.contains("[always]"));
         let flows = if thp { 8 } else { 1000 };
         let before = rss_kib().expect("VmRSS in /proc/self/status");
-        let mut t = FlowTable::new(4 << 20, 10);
-        let size_kib = (std::mem::size_of_val(&*t.entries) / 1024) as u64;
+        let mut t = FlowTable::new(4 << 20, FlowTimeouts::default());
+        let size_kib = ((std::mem::size_of_val(&*t.buckets) + std::mem::size_of_val(&*t.keys)) / 1024) as u64;
         assert!(size_kib >= 256 * 1024, "{size_kib} KiB");
         for i in 0..flows {
-            t.insert(&flow(i), pin(1), 1);
+            put(&mut t, &key(i), tcp(1), 1);
+        }
+        // Cleared after an idle period: only written buckets are written again.
+        t.advance(1 + u32::from(MAX_TIMEOUT));
+        assert_eq!(t.len(1 + u32::from(MAX_TIMEOUT)), 0);
+        for i in 0..flows {
+            put(&mut t, &key(i), tcp(1), 2 + u32::from(MAX_TIMEOUT));
         }
         let grown = rss_kib().unwrap_or(0).saturating_sub(before);
-        // 1,000 flows touch at most 1,000 pages (4 MiB); other tests of
+        // 1,000 flows touch at most 2,000 pages (8 MiB); other tests of
         // this binary allocate a little meanwhile.
         assert!(grown < 64 * 1024, "the table of {size_kib} KiB made the process {grown} KiB bigger ({flows} flows)");
-        assert_eq!(t.len(1), flows as usize);
+        assert_eq!(t.len(2 + u32::from(MAX_TIMEOUT)), flows as usize);
     }
 
     #[test]
-    fn remembers_refreshes_and_expires() {
-        let mut t = FlowTable::new(1024, 10);
-        assert_eq!(t.lookup(&flow(1), 7, 100), None);
-        t.insert(&flow(1), pin(3), 100);
-        assert_eq!(t.lookup(&flow(1), 7, 105), Some(pin(3)));
-        assert_eq!(t.lookup(&flow(1), 8, 105), None, "another service's flow");
-        assert_eq!(t.lookup(&flow(1), 7, 115), Some(pin(3)), "refreshed at 105");
-        assert_eq!(t.peek(&flow(1), 7, 126), None, "idle for 11 s");
-        t.insert(&flow(1), pin(4), 130);
-        assert_eq!(t.peek(&flow(1), 7, 131), Some(pin(4)));
-        assert_eq!(t.len(131), 1);
+    fn each_state_has_its_own_idle_timeout() {
+        let to = FlowTimeouts { tcp_established: 100, tcp_closing: 10, udp: 30, other: 5 };
+        let mut t = FlowTable::new(1024, to);
+        let k = key(1);
+        assert_eq!(t.lookup_or_insert(&k, 1000, 0x02, || tcp(3)), tcp(3));
+        assert_eq!(peek(&t, &k, 1099), Some(tcp(3)));
+        assert_eq!(peek(&t, &FlowKey { service: 8, ..k }, 1050), None, "another service's flow");
+        assert_eq!(peek(&t, &k, 1100), None, "idle for 100 s");
+        assert_eq!(t.lookup_or_insert(&k, 1050, 0x10, || tcp(4)), tcp(3), "refreshed, not replaced");
+        assert_eq!(peek(&t, &k, 1149), Some(tcp(3)));
+        let closing = t.lookup_or_insert(&k, 1060, 0x11, || tcp(4));
+        assert_eq!((closing.endpoint(), closing.state()), (3, FlowState::TcpClosing), "a FIN");
+        assert_eq!(peek(&t, &k, 1069), Some(closing));
+        assert_eq!(peek(&t, &k, 1070), None, "closing flows live 10 s");
+        let mut t = FlowTable::new(1024, to);
+        t.lookup_or_insert(&k, 1000, 0x04, || tcp(3).with_state(FlowState::after(None, 6, 0x04)));
+        assert_eq!(t.lookup_or_insert(&k, 1005, 0x10, || tcp(4)).state(), FlowState::TcpClosing, "closing stays closing");
+        assert_eq!(peek(&t, &k, 1015), None);
+        let u = FlowKey { flow: Flow { proto: 17, ..flow(2) }, service: 7 };
+        let o = FlowKey { flow: Flow { proto: 47, ..flow(3) }, service: 7 };
+        t.lookup_or_insert(&u, 2000, 0, || FlowPin::new(1, 1, FlowState::after(None, 17, 0)));
+        t.lookup_or_insert(&o, 2000, 0, || FlowPin::new(1, 1, FlowState::after(None, 47, 0)));
+        assert!(peek(&t, &u, 2029).is_some() && peek(&t, &u, 2030).is_none(), "UDP lives 30 s");
+        assert!(peek(&t, &o, 2004).is_some() && peek(&t, &o, 2005).is_none(), "others live 5 s");
+    }
+
+    #[test]
+    fn an_expired_way_never_reads_as_live_again() {
+        // Deadlines are kept modulo 2^16: after any sequence of clock steps
+        // the sweep has cleared what expired.
+        for step in [1u32, 7, 999, 16_383, 16_384, 40_000, 65_535, 65_536, 70_000] {
+            let mut t = FlowTable::new(64 * 1024, FlowTimeouts::default());
+            let ks: Vec<FlowKey> = (0..50).map(key).collect();
+            for k in &ks {
+                put(&mut t, k, tcp(1), 10);
+            }
+            let mut now = 10;
+            while now < 400_000 {
+                now += step;
+                t.advance(now);
+                let live = ks.iter().filter(|k| peek(&t, k, now).is_some()).count();
+                let want = if now < 3610 { 50 } else { 0 };
+                assert_eq!(live, want, "steps of {step} s, at {now}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_full_bucket_gives_up_the_way_nearest_its_deadline() {
+        let mut t = FlowTable::new(8, FlowTimeouts { tcp_established: 100, ..FlowTimeouts::default() });
+        assert_eq!(t.capacity(), 8);
+        for i in 0..8u16 {
+            put(&mut t, &key(i.into()), tcp(i), 1 + u32::from(i));
+        }
+        assert_eq!(t.stats.evictions, 0);
+        t.lookup_or_insert(&key(0), 9, 0x10, || tcp(99));
+        put(&mut t, &key(8), tcp(8), 10);
+        assert_eq!(t.stats.evictions, 1);
+        assert_eq!(peek(&t, &key(1), 10), None, "flow 1 had the nearest deadline");
+        assert_eq!(peek(&t, &key(0), 10), Some(tcp(0)), "flow 0 was refreshed at 9");
+        assert_eq!(t.len(10), 8);
+        // An expired way is taken before a live one is evicted.
+        t.lookup_or_insert(&key(2), 100, 0x11, || tcp(99)); // closing: 60 s
+        put(&mut t, &key(9), tcp(9), 170);
+        assert_eq!(t.stats.evictions, 1);
+        assert_eq!(peek(&t, &key(2), 170), None);
     }
 
     #[test]
     fn bounded_with_lru_eviction() {
-        let mut t = FlowTable::new(64, 1000);
-        assert_eq!(t.capacity(), 64);
+        let mut t = FlowTable::new(64, FlowTimeouts::default());
         for i in 0..10_000u32 {
-            t.insert(&flow(i), pin(1), 1 + i / 100);
+            put(&mut t, &key(i), tcp(1), 1 + i / 100);
         }
         assert!(t.len(200) <= 64);
         assert!(t.stats.evictions >= 10_000 - 64);
-        // The most recent flows survive.
-        let recent = (9_900..10_000u32).filter(|&i| t.peek(&flow(i), 7, 200).is_some()).count();
-        let old = (0..100u32).filter(|&i| t.peek(&flow(i), 7, 200).is_some()).count();
+        let recent = (9_900..10_000u32).filter(|&i| peek(&t, &key(i), 200).is_some()).count();
+        let old = (0..100u32).filter(|&i| peek(&t, &key(i), 200).is_some()).count();
         assert!(recent > old, "recent {recent} old {old}");
+    }
+
+    #[test]
+    fn flows_that_share_a_signature_keep_their_own_pins() {
+        let mut t = FlowTable::new(16, FlowTimeouts::default());
+        let mut seen = HashMap::new();
+        let (a, b) = (0..100_000u32)
+            .find_map(|i| {
+                let k = key(i);
+                seen.insert(t.place(flow_hash(&k.flow), k.service), i).map(|j| (key(j), k))
+            })
+            .expect("two flows with the same bucket and signature");
+        put(&mut t, &a, tcp(1), 5);
+        assert_eq!(peek(&t, &b, 5), None, "a signature alone does not find a flow");
+        put(&mut t, &b, tcp(2), 5);
+        assert_eq!((peek(&t, &a, 6), peek(&t, &b, 6)), (Some(tcp(1)), Some(tcp(2))));
+        assert_eq!(t.len(6), 2);
+    }
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        /// Clock moves on by this many seconds.
+        Advance(u32),
+        /// A packet of flow k with these TCP flags: refreshes its pin if it has one.
+        Packet(u32, u8),
+        /// Flow k (re)pinned to endpoint e.
+        Pin(u32, u16),
+    }
+
+    const KEYS: u32 = 24;
+
+    fn model_key(i: u32) -> FlowKey {
+        let proto = [6, 17, 1][(i % 3) as usize];
+        FlowKey { flow: Flow { proto, ..flow(i / 2) }, service: i % 2 }
+    }
+
+    fn ops() -> impl Strategy<Value = Vec<Op>> {
+        let dt = prop_oneof![4 => 0..4u32, 2 => 0..60u32, 1 => Just(16_384u32), 1 => 16_000..70_000u32];
+        let op = prop_oneof![
+            1 => dt.prop_map(Op::Advance),
+            3 => (0..KEYS, prop_oneof![Just(0u8), Just(0x10), Just(0x11), Just(0x04)]).prop_map(|(k, f)| Op::Packet(k, f)),
+            3 => (0..KEYS, any::<u16>()).prop_map(|(k, e)| Op::Pin(k, e)),
+        ];
+        proptest::collection::vec(op, 1..300)
+    }
+
+    proptest! {
+        /// The table agrees with a map of the same expiry rules: what is
+        /// live, its pin, and which flow a full bucket gives up (one of
+        /// those nearest their deadline, counted).
+        #[test]
+        fn agrees_with_a_map(ops in ops(), capacity in prop_oneof![Just(8usize), Just(16), Just(1024)]) {
+            let to = FlowTimeouts { tcp_established: 40, tcp_closing: 5, udp: 20, other: 3 };
+            let mut t = FlowTable::new(capacity, to);
+            let mut model: HashMap<u32, (FlowPin, u64)> = HashMap::new();
+            let mut now = 1u32;
+            let mut evictions = 0;
+            for op in ops {
+                t.advance(now);
+                match op {
+                    Op::Advance(dt) => {
+                        now += dt;
+                        t.advance(now);
+                        model.retain(|_, (_, d)| *d > u64::from(now));
+                    }
+                    Op::Packet(i, flags) => {
+                        let k = model_key(i);
+                        let (slot, found) = t.probe(&k, flow_hash(&k.flow), now);
+                        prop_assert_eq!(found, model.get(&i).map(|e| e.0));
+                        if let Some(p) = found {
+                            let p = p.with_state(FlowState::after(Some(p.state()), k.flow.proto, flags));
+                            t.set(slot, &k, p, now);
+                            model.insert(i, (p, u64::from(now) + u64::from(to.of(p.state()))));
+                        }
+                    }
+                    Op::Pin(i, e) => {
+                        let k = model_key(i);
+                        let p = FlowPin::new(e, 1, FlowState::after(None, k.flow.proto, 0));
+                        let (slot, found) = t.probe(&k, flow_hash(&k.flow), now);
+                        prop_assert_eq!(found, model.get(&i).map(|e| e.0));
+                        let bucket = t.place(flow_hash(&k.flow), k.service).0;
+                        let mates: Vec<u32> = model.keys().copied().filter(|&j| j != i && t.place(flow_hash(&model_key(j).flow), j % 2).0 == bucket).collect();
+                        t.set(slot, &k, p, now);
+                        if found.is_none() && mates.len() == FLOW_WAYS {
+                            let nearest = mates.iter().map(|j| model[j].1).min().unwrap_or(0);
+                            let gone: Vec<u32> = mates.iter().copied().filter(|&j| peek(&t, &model_key(j), now).is_none()).collect();
+                            prop_assert_eq!(gone.len(), 1, "one flow gives way");
+                            prop_assert_eq!(model[&gone[0]].1, nearest, "the nearest deadline goes");
+                            model.remove(&gone[0]);
+                            evictions += 1;
+                        }
+                        model.insert(i, (p, u64::from(now) + u64::from(to.of(p.state()))));
+                    }
+                }
+                prop_assert_eq!(t.stats.evictions, evictions);
+                for i in 0..KEYS {
+                    prop_assert_eq!(peek(&t, &model_key(i), now), model.get(&i).map(|e| e.0), "flow {} at {}", i, now);
+                }
+                prop_assert_eq!(t.len(now), model.len());
+            }
+        }
     }
 
     #[test]

@@ -24,7 +24,7 @@
 //!   multicast frame: the kernel's business (exception path).
 
 use crate::counters::WorkerCounters;
-use crate::flow::{FlowTable, FragKey, FragTable, Pin};
+use crate::flow::{FlowKey, FlowPin, FlowState, FlowTable, FlowTimeouts, FragKey, FragTable, Pin};
 use crate::hash::flow_hash;
 use crate::icmp::{self, RateLimit};
 use crate::io::{PacketBuf, BURST};
@@ -37,13 +37,19 @@ use crate::addr::Addr;
 use crate::steer::owner;
 use crate::verdict::{DropReason, Verdict};
 
+/// Offset of the flags in a TCP header, and the flags a new connection
+/// is told by.
+const TCP_FLAGS: usize = 13;
+const TCP_SYN: u8 = 0x02;
+const TCP_ACK: u8 = 0x10;
+
 /// Sizes of a worker's tables.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PipelineConfig {
     /// Flow-table entries.
     pub flow_entries: usize,
-    /// Seconds a flow-table entry lives without traffic.
-    pub flow_idle_secs: u32,
+    /// How long a flow-table entry lives without traffic, per protocol state.
+    pub flow_timeouts: FlowTimeouts,
     /// Fragment-table entries.
     pub frag_entries: usize,
     /// Milliseconds a first fragment's decision is kept.
@@ -59,7 +65,7 @@ impl Default for PipelineConfig {
     fn default() -> Self {
         PipelineConfig {
             flow_entries: 65536,
-            flow_idle_secs: 300,
+            flow_timeouts: FlowTimeouts::default(),
             frag_entries: 4096,
             frag_ttl_ms: 5000,
             icmp_rate: 1000,
@@ -154,7 +160,7 @@ impl Pipeline {
     pub fn new(cfg: &PipelineConfig, seed: u64) -> Pipeline {
         Pipeline {
             state: State {
-                flows: FlowTable::new(cfg.flow_entries, cfg.flow_idle_secs),
+                flows: FlowTable::new(cfg.flow_entries, cfg.flow_timeouts),
                 frags: FragTable::new(cfg.frag_entries, cfg.frag_ttl_ms),
                 rng: seed | 1,
                 frag_event: FragEvent::None,
@@ -231,8 +237,8 @@ impl Pipeline {
                     prefetch(t.entry_addr(a.hash));
                 }
             }
-            if svc.flow_table || svc.algorithm == Algorithm::Random {
-                prefetch(self.state.flows.bucket_addr(&a.parsed.flow, svc.key));
+            if svc.flow_table {
+                prefetch(self.state.flows.bucket_addr(a.hash, svc.key));
             }
             if let Some(sc) = ctr.services.get(svc.key as usize) {
                 prefetch(std::ptr::from_ref(sc).cast());
@@ -240,7 +246,7 @@ impl Pipeline {
         }
         for a in &self.ahead[..pkts.len()] {
             let Some(svc) = snap.services.get(a.service as usize) else { continue };
-            if svc.algorithm != Algorithm::Maglev || svc.flow_table {
+            if svc.algorithm != Algorithm::Maglev {
                 continue;
             }
             let Some(t) = &svc.table else { continue };
@@ -529,7 +535,8 @@ impl State {
         }
         let hash = pre.map_or_else(|| flow_hash(key), |a| a.hash);
         let now_s = u32::try_from(now_ms / 1000).unwrap_or(u32::MAX).saturating_add(1);
-        let Some(ep) = self.select(svc, key, hash, p.icmp_error, now_s) else {
+        let tcp_flags = if key.proto == 6 && !p.icmp_error && has_ports { pkt.data().get(usize::from(p.l4) + TCP_FLAGS).copied().unwrap_or(0) } else { 0 };
+        let Some(ep) = self.select(svc, key, hash, p.icmp_error, tcp_flags, now_s) else {
             return Verdict::Drop(DropReason::NoEndpoint);
         };
         if p.frag == Fragment::First {
@@ -543,31 +550,41 @@ impl State {
         v
     }
 
-    /// The endpoint for a flow of `svc`.
+    /// The endpoint for a flow of `svc` whose packet has TCP flags
+    /// `tcp_flags` (0 when not TCP). With a flow table, a pinned flow
+    /// follows its pin while the pinned endpoint (of that incarnation) is
+    /// in the service, draining or not; a TCP SYN, a flow without a pin and
+    /// a flow whose endpoint left take the service's table and are pinned
+    /// to its choice. An ICMP error follows its flow's pin, changing
+    /// nothing.
     #[inline]
-    fn select<'s>(&mut self, svc: &'s Service, key: &Flow, hash: u64, icmp: bool, now_s: u32) -> Option<&'s Endpoint> {
-        if svc.flow_table {
-            let pin = if icmp { self.flows.peek(key, svc.key, now_s) } else { self.flows.lookup(key, svc.key, now_s) };
-            if let Some(pin) = pin {
-                if let Some(ep) = svc.pinned(&pin) {
-                    return Some(ep);
-                }
-            }
+    fn select<'s>(&mut self, svc: &'s Service, key: &Flow, hash: u64, icmp: bool, tcp_flags: u8, now_s: u32) -> Option<&'s Endpoint> {
+        if !svc.flow_table {
+            let table = svc.table.as_ref()?;
+            return svc.endpoint_at(table.lookup(hash));
         }
-        let table = svc.table.as_ref()?;
-        if icmp || svc.algorithm == Algorithm::Maglev {
-            let at = table.lookup(hash);
-            let ep = svc.endpoint_at(at)?;
-            if svc.flow_table && !icmp {
-                self.flows.insert(key, Pin { service: svc.key, endpoint: ep.id, incarnation: ep.incarnation, at }, now_s);
+        let fk = FlowKey { flow: *key, service: svc.key };
+        self.flows.advance(now_s);
+        let (slot, found) = self.flows.probe(&fk, hash, now_s);
+        let pinned = found.and_then(|p| Some((p, svc.pinned_flow(p)?)));
+        if icmp {
+            if let Some((_, ep)) = pinned {
+                return Some(ep);
             }
+            let table = svc.table.as_ref()?;
+            return svc.endpoint_at(table.lookup(hash));
+        }
+        let syn = key.proto == 6 && tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN;
+        if let Some((p, ep)) = pinned.filter(|_| !syn) {
+            let p = p.with_state(FlowState::after(Some(p.state()), key.proto, tcp_flags));
+            self.flows.set(slot, &fk, p, now_s);
             return Some(ep);
         }
+        let table = svc.table.as_ref()?;
         // Random: a uniformly random table entry, so weights hold.
-        let r = self.next_random();
-        let at = table.lookup(r);
+        let at = if svc.algorithm == Algorithm::Maglev { table.lookup(hash) } else { table.lookup(self.next_random()) };
         let ep = svc.endpoint_at(at)?;
-        self.flows.insert(key, Pin { service: svc.key, endpoint: ep.id, incarnation: ep.incarnation, at }, now_s);
+        self.flows.set(slot, &fk, FlowPin::new(ep.id, ep.incarnation, FlowState::after(None, key.proto, tcp_flags)), now_s);
         Some(ep)
     }
 

@@ -11,7 +11,7 @@ use std::fmt;
 use std::str::FromStr;
 
 use crate::addr::Addr;
-use crate::flow::Pin;
+use crate::flow::{FlowPin, Pin};
 use crate::maglev::{default_size, EndpointId, Table, TableError};
 
 /// How a service picks an endpoint for a new flow.
@@ -258,6 +258,20 @@ impl Service {
             _ => self.endpoint(pin.endpoint),
         }
         .filter(|e| e.incarnation == pin.incarnation)
+    }
+
+    /// The endpoint a flow-table pin names, if it is still the one that had
+    /// the identifier then (as far as the pin's incarnation bits tell):
+    /// first at the position of that number (identifiers are often dense),
+    /// then by identifier.
+    #[inline(always)]
+    pub fn pinned_flow(&self, pin: FlowPin) -> Option<&Endpoint> {
+        let id = pin.endpoint();
+        match self.endpoint_at(id) {
+            Some(e) if e.id == id => Some(e),
+            _ => self.endpoint(id),
+        }
+        .filter(|e| pin.is_incarnation(e.incarnation))
     }
 
     /// The position of `ep`, one of this service's endpoints (0 for

@@ -63,8 +63,16 @@ fn worker(p: &Publisher<Snapshot>) -> H {
     H { w: Worker::new(MemIo::new(3, 3), p.reader(), Arc::new(WorkerCounters::new(8, 1000)), &config()), drained: 0 }
 }
 
+/// A packet of an established flow (TCP: an ACK) to the VIP.
 fn to_vip(sport: u16, dport: u16, p: u8) -> Vec<u8> {
-    let l4 = if p == proto::UDP { craft::udp(sport, dport, &[7; 40]) } else { craft::tcp(sport, dport, 2, b"") };
+    to_vip_flags(sport, dport, p, TCP_ACK)
+}
+
+const TCP_SYN: u8 = 0x02;
+const TCP_ACK: u8 = 0x10;
+
+fn to_vip_flags(sport: u16, dport: u16, p: u8, flags: u8) -> Vec<u8> {
+    let l4 = if p == proto::UDP { craft::udp(sport, dport, &[7; 40]) } else { craft::tcp(sport, dport, flags, b"") };
     craft::ether_with(FRONT_MAC, CLIENT_MAC, &[], ethertype::IPV4, &craft::with_l4_checksum(craft::ipv4(CLIENT, VIP, p, &l4), 20))
 }
 
@@ -172,7 +180,11 @@ fn a_full_output_queue_is_counted() {
 
 /// Endpoint MAC each flow (by source port) was sent to.
 fn send_flows(w: &mut H, ports: std::ops::Range<u16>, dport: u16, p: u8, now: u64) -> HashMap<u16, [u8; 6]> {
-    let frames: Vec<Vec<u8>> = ports.clone().map(|s| to_vip(s, dport, p)).collect();
+    send_flows_flags(w, ports, dport, p, TCP_ACK, now)
+}
+
+fn send_flows_flags(w: &mut H, ports: std::ops::Range<u16>, dport: u16, p: u8, flags: u8, now: u64) -> HashMap<u16, [u8; 6]> {
+    let frames: Vec<Vec<u8>> = ports.clone().map(|s| to_vip_flags(s, dport, p, flags)).collect();
     feed(w, 0, &frames);
     while w.poll(now) > 0 {}
     let out = drain(w, 1);
@@ -257,6 +269,34 @@ fn flow_table_keeps_established_flows_when_endpoints_change() {
     w.poll(4000);
     assert!(p.synchronize(std::time::Duration::from_secs(1)), "freed once the worker polled again");
     assert!(current.upgrade().is_none(), "the replaced snapshot is gone");
+    assert_conserved(&mut w);
+}
+
+#[test]
+fn a_pin_holds_until_its_endpoint_leaves_and_a_syn_chooses_again() {
+    let id = |m: &[u8; 6]| u16::from_be_bytes([m[4], m[5]]);
+    let mut p = Publisher::new(with_endpoints(1, 3, 0));
+    let mut w = worker(&p);
+    let first = send_flows(&mut w, 2000..2600, 8080, proto::TCP, 1000);
+    p.publish(with_endpoints(2, 4, 0));
+    assert_eq!(send_flows(&mut w, 2000..2600, 8080, proto::TCP, 2000), first, "pins hold when an endpoint joins");
+    // A SYN starts a new connection on the same ports: the table chooses.
+    let syn = send_flows_flags(&mut w, 2000..2600, 8080, proto::TCP, TCP_SYN, 3000);
+    let moved = first.iter().filter(|(k, v)| syn[k] != **v).count();
+    assert!((100..200).contains(&moved), "a SYN takes the table's choice: {moved} of 600 moved (about a quarter)");
+    let to_new = syn.iter().filter(|(k, v)| first[k] != **v && id(v) == 3).count();
+    assert!(to_new * 10 >= moved * 9, "mostly to the new endpoint: {to_new} of {moved}");
+    assert_eq!(send_flows(&mut w, 2000..2600, 8080, proto::TCP, 4000), syn, "and is pinned there");
+    // Endpoint 3 leaves: its flows take the table's choice; no other moves.
+    p.publish(with_endpoints(3, 3, 0));
+    let after = send_flows(&mut w, 2000..2600, 8080, proto::TCP, 5000);
+    for (k, m) in &syn {
+        if id(m) == 3 {
+            assert_ne!(id(&after[k]), 3, "flow {k} moved off the removed endpoint");
+        } else {
+            assert_eq!(after[k], *m, "flow {k} stays");
+        }
+    }
     assert_conserved(&mut w);
 }
 

@@ -251,7 +251,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
             outputs: plan.outputs(),
             pipeline: PipelineConfig {
                 flow_entries: cfg.flow_entries,
-                flow_idle_secs: cfg.flow_idle_secs,
+                flow_timeouts: cfg.flow_timeouts,
                 ..PipelineConfig::default()
             },
             stash_capacity: 256,

@@ -26,6 +26,7 @@ use std::path::{Path, PathBuf};
 
 use sluice_dataplane::addr::{Addr, Cidr};
 use sluice_dataplane::classify::RouteMatch;
+use sluice_dataplane::flow::FlowTimeouts;
 
 use crate::model::{limits, Defaults, DeliveryMode, Desired, EndpointDef, Origin, RouteDef, ServiceDef};
 use crate::problem::{Pos, Problem, Problems};
@@ -53,10 +54,13 @@ pub mod bounds {
     /// reported, and short enough for a supervisor to restart it soon.
     pub const STALL_EXIT_SECONDS: (i64, i64) = (2, 600);
     /// Flow-table entries per worker (`flowTable.entries`); an entry takes
-    /// 64 bytes, so at most 1 GiB per worker.
+    /// 72 bytes (8 in its bucket, 64 for its key), so at most 1.125 GiB per
+    /// worker.
     pub const FLOW_ENTRIES: (i64, i64) = (16, 1 << 24);
-    /// Seconds a flow is remembered (`flowTable.idleSeconds`): up to a day.
-    pub const FLOW_IDLE_SECONDS: (i64, i64) = (1, 86400);
+    /// Seconds a flow is remembered without traffic, per protocol state
+    /// (`flowTable.tcpEstablishedSeconds` and the others): up to the flow
+    /// table's longest timeout.
+    pub const FLOW_TIMEOUT_SECONDS: (i64, i64) = (1, sluice_dataplane::flow::MAX_TIMEOUT as i64);
     /// Service counter slots (`capacity.services`): 16 bytes each per worker.
     pub const SERVICES: (i64, i64) = (1, 1 << 20);
     /// Endpoint counter slots (`capacity.endpoints`): 16 bytes each per worker.
@@ -201,8 +205,8 @@ pub struct ApplianceConfig {
     pub defaults: Defaults,
     /// Flow-table entries per worker.
     pub flow_entries: usize,
-    /// Seconds a flow is remembered without traffic.
-    pub flow_idle_secs: u32,
+    /// Seconds a flow is remembered without traffic, per protocol state.
+    pub flow_timeouts: FlowTimeouts,
     /// Admin HTTP listen address (loopback by default; see
     /// [`ApplianceConfig::admin_is_loopback`]).
     pub admin: SocketAddr,
@@ -316,7 +320,10 @@ impl ApplianceConfig {
             ("admin.maxConnections", text(&was.admin_max_connections), text(&now.admin_max_connections)),
             ("admin.requestTimeoutSeconds", text(&was.admin_request_timeout_secs), text(&now.admin_request_timeout_secs)),
             ("flowTable.entries", text(&was.flow_entries), text(&now.flow_entries)),
-            ("flowTable.idleSeconds", text(&was.flow_idle_secs), text(&now.flow_idle_secs)),
+            ("flowTable.tcpEstablishedSeconds", text(&was.flow_timeouts.tcp_established), text(&now.flow_timeouts.tcp_established)),
+            ("flowTable.tcpClosingSeconds", text(&was.flow_timeouts.tcp_closing), text(&now.flow_timeouts.tcp_closing)),
+            ("flowTable.udpSeconds", text(&was.flow_timeouts.udp), text(&now.flow_timeouts.udp)),
+            ("flowTable.otherSeconds", text(&was.flow_timeouts.other), text(&now.flow_timeouts.other)),
             ("capacity.services", text(&was.max_services), text(&now.max_services)),
             ("capacity.endpoints", text(&was.max_endpoints), text(&now.max_endpoints)),
         ];
@@ -415,13 +422,24 @@ pub fn parse(v: &Value, path: &Path) -> Result<ApplianceConfig, Vec<Problem>> {
         }
     });
     let mut defaults = root.field("defaults", |n| defaults(n, &mut p)).unwrap_or_default();
-    let (mut flow_entries, mut flow_idle_secs) = (65536usize, 300u32);
+    let (mut flow_entries, mut flow_timeouts) = (65536usize, FlowTimeouts::default());
     root.field("flowTable", |n| {
-        n.mapping(&mut p, &["entries", "idleSeconds"]);
+        n.mapping(&mut p, &["entries", "tcpEstablishedSeconds", "tcpClosingSeconds", "udpSeconds", "otherSeconds", "idleSeconds"]);
         let (lo, hi) = bounds::FLOW_ENTRIES;
         n.field("entries", |n| n.int(&mut p, lo, hi).map(|e| flow_entries = e as usize));
-        let (lo, hi) = bounds::FLOW_IDLE_SECONDS;
-        n.field("idleSeconds", |n| n.int(&mut p, lo, hi).map(|e| flow_idle_secs = e as u32));
+        let (lo, hi) = bounds::FLOW_TIMEOUT_SECONDS;
+        let t = &mut flow_timeouts;
+        for (key, to) in [
+            ("tcpEstablishedSeconds", &mut t.tcp_established),
+            ("tcpClosingSeconds", &mut t.tcp_closing),
+            ("udpSeconds", &mut t.udp),
+            ("otherSeconds", &mut t.other),
+        ] {
+            n.field(key, |n| n.int(&mut p, lo, hi).map(|e| *to = e as u16));
+        }
+        n.field("idleSeconds", |n| {
+            n.bad(&mut p, "replaced by one timeout per protocol state: tcpEstablishedSeconds (default 3600), tcpClosingSeconds (60), udpSeconds (300), otherSeconds (60)");
+        });
     });
     let mut admin: SocketAddr = ([127, 0, 0, 1], 9091).into();
     let (mut admin_max_connections, mut admin_request_timeout_secs) = (16u32, 10u32);
@@ -478,7 +496,7 @@ pub fn parse(v: &Value, path: &Path) -> Result<ApplianceConfig, Vec<Problem>> {
         gateways,
         defaults,
         flow_entries,
-        flow_idle_secs,
+        flow_timeouts,
         admin,
         admin_max_connections,
         admin_request_timeout_secs,
@@ -952,6 +970,24 @@ gateways:
             "c.yaml:5:45: capacity.endpoints: 4194305 is out of range 1..=4194304",
             "c.yaml:5:27: capacity.tableMemoryMB: 65537 is out of range 1..=65536",
         ]);
+    }
+
+    #[test]
+    fn flow_timeouts_per_state_replace_idle_seconds() {
+        let c = parse_str(MACHINE, Path::new("c.yaml")).unwrap();
+        assert_eq!(c.flow_timeouts, FlowTimeouts { tcp_established: 3600, tcp_closing: 60, udp: 300, other: 60 });
+        assert!(c.defaults.flow_table, "flows are pinned by default");
+        let text = format!("{MACHINE}flowTable: {{tcpEstablishedSeconds: 7200, tcpClosingSeconds: 30, udpSeconds: 120, otherSeconds: 10}}\n");
+        let c = parse_str(&text, Path::new("c.yaml")).unwrap();
+        assert_eq!(c.flow_timeouts, FlowTimeouts { tcp_established: 7200, tcp_closing: 30, udp: 120, other: 10 });
+        let old = format!("{MACHINE}flowTable: {{idleSeconds: 300, udpSeconds: 16385}}\n");
+        let p = problems(&old);
+        assert_eq!(p.len(), 2, "{p:?}");
+        assert!(p.iter().any(|m| m.contains("flowTable.udpSeconds: 16385 is out of range 1..=16384")), "{p:?}");
+        assert!(
+            p.iter().any(|m| m.contains("flowTable.idleSeconds: replaced by one timeout per protocol state: tcpEstablishedSeconds")),
+            "{p:?}"
+        );
     }
 
     #[test]
