@@ -144,20 +144,23 @@ fn what_the_client_sent_is_received_or_counted_as_lost() {
     // client's count, a pause longer than a worker's longest idle pause,
     // the appliance's counters, the client's count again; retried until
     // the client sent nothing in between and the figure is exact (the
-    // port quiet for a sampling period), for at most 20 s.
-    let at_once = || {
+    // port quiet for a sampling period), for at most 20 s. The figure is
+    // the last sample's (once a second) and DPDK's count is read live: a
+    // sample from before the blast still says "exact", so the caller also
+    // says how far the two together must have come (`covers`).
+    let at_once = |covers: &dyn Fn(u64, u64, u64) -> bool| {
         let mut last = None;
         let settled = wait_until(Duration::from_secs(20), || {
             let before = client_sent(&topo);
             std::thread::sleep(Duration::from_millis(50));
             let (rx, lost, source, exact) = front(&status());
             last = Some((before, rx, lost, source));
-            exact && client_sent(&topo) == before
+            exact && client_sent(&topo) == before && covers(before, rx, lost)
         });
         assert!(settled, "the front port's loss never became exact with the client quiet: {last:?}; {}", status()["ports"][0]);
         last.unwrap()
     };
-    let (sent0, rx0, lost0, source) = at_once();
+    let (sent0, rx0, lost0, source) = at_once(&|_, _, _| true);
     assert_eq!(source, "kernel:lbf", "af_packet loss comes from the kernel interface's counters");
     let (backends0, kernel0, dropped0) = (at_backends(&topo), kernel_drops(&topo), appliance_drops(&status()));
 
@@ -175,8 +178,9 @@ fn what_the_client_sent_is_received_or_counted_as_lost() {
     }
     // While frames arrive the appliance publishes a lower bound (frames
     // may still wait in the ring); at_once waits until it says the figure
-    // is exact.
-    let (sent1, rx1, lost1, _) = at_once();
+    // is exact, and that it has taken in the blast: received and counted
+    // lost reach what the client sent (more is a failure, below).
+    let (sent1, rx1, lost1, _) = at_once(&|sent, rx, lost| (rx - rx0) + (lost - lost0) >= sent - sent0);
     let (sent, rx, lost) = (sent1 - sent0, rx1 - rx0, lost1 - lost0);
     eprintln!("client sent {sent}; DPDK received {rx}; counted as lost below DPDK {lost} ({:.1} %)", 100.0 * lost as f64 / sent.max(1) as f64);
     assert!(blast >= 400_000 && sent >= blast, "the blast went out: {blast} sent, the client's interface sent {sent}");
