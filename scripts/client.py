@@ -7,8 +7,10 @@
   client.py hold VIP N SECONDS FILE     opens N long-lived connections, sends a
                                         line on each every 0.2 s for SECONDS (or
                                         until FILE.stop exists), writes
-                                        {backend: [ok, broken]} to FILE, and the
-                                        rounds done so far to FILE.rounds
+                                        {backend: [ok, broken]} to FILE, the
+                                        rounds done so far to FILE.rounds, and
+                                        when and why each broken one broke to
+                                        FILE.why
   client.py udphold VIP N SECONDS FILE  the same with N UDP flows (one socket
                                         each, to port 53): a flow is broken when
                                         an answer comes from another backend than
@@ -80,28 +82,52 @@ def hold(vip, n, secs, out):
     for _ in range(n):
         c = socket.create_connection((vip, 80), timeout=3.0)
         f = c.makefile("rb")
-        conns.append([c, f, f.readline().strip().decode(), True])
+        conns.append([c, f, f.readline().strip().decode()])
     with open(out + ".ready", "w") as fh:
         json.dump(Counter(x[2] for x in conns), fh)
-    end = time.time() + secs
+
+    def step(x):
+        x[0].sendall(b"ping\n")
+        line = x[1].readline()
+        if not line:
+            raise OSError("closed by the peer")
+        if not line.startswith(x[2].encode()):
+            raise OSError("answered by " + line.split(b" ")[0].decode(errors="replace"))
+        return x[2]
+
+    keep(conns, step, secs, out, [x[2] for x in conns])
+
+
+def keep(flows, step, secs, out, names=None):
+    """Runs `step` on every flow still whole every 0.2 s for `secs` (or until
+    out.stop exists); `step` returns the flow's backend or raises OSError when
+    the flow broke. Writes {backend: [ok, broken]} to `out`, the rounds done
+    so far to out.rounds, and, for each broken flow, when (seconds since the
+    first round) and why to out.why. `names` are the flows' backends when
+    known before the first round."""
+    names = names or [None] * len(flows)
+    why = {}
+    start = time.time()
+    end = start + secs
     rounds = 0
     while time.time() < end and not os.path.exists(out + ".stop"):
-        for x in conns:
-            if not x[3]:
+        for i, x in enumerate(flows):
+            if i in why:
                 continue
+            t = time.time()
             try:
-                x[0].sendall(b"ping\n")
-                if not x[1].readline().startswith(x[2].encode()):
-                    x[3] = False
-            except OSError:
-                x[3] = False
+                names[i] = step(x)
+            except OSError as e:
+                why[i] = {"at": round(t - start, 2), "after": round(time.time() - t, 2), "why": str(e) or type(e).__name__,
+                          "port": x[0].getsockname()[1]}
         rounds += 1
         write_whole(out + ".rounds", rounds)
         time.sleep(0.2)
     res = {}
-    for _, _, name, ok in conns:
-        r = res.setdefault(name, [0, 0])
-        r[0 if ok else 1] += 1
+    for i, name in enumerate(names):
+        r = res.setdefault(name or "none", [0, 0])
+        r[1 if i in why else 0] += 1
+    write_whole(out + ".why", {"%s/%d" % (names[i] or "none", i): w for i, w in why.items()})
     write_whole(out, res)
 
 
@@ -119,31 +145,19 @@ def udphold(vip, n, secs, out):
     for i in range(n):
         s = socket.socket(family, socket.SOCK_DGRAM)
         s.settimeout(2.0)
-        flows.append([s, None, True])
-    end = time.time() + secs
-    rounds = 0
-    while time.time() < end and not os.path.exists(out + ".stop"):
-        for i, x in enumerate(flows):
-            if not x[2]:
-                continue
-            try:
-                x[0].sendto(b"u%d" % i, (vip, 53))
-                d, _ = x[0].recvfrom(2048)
-                name = d.split(b" ")[0].decode()
-                if x[1] is None:
-                    x[1] = name
-                elif name != x[1]:
-                    x[2] = False
-            except OSError:
-                x[2] = False
-        rounds += 1
-        write_whole(out + ".rounds", rounds)
-        time.sleep(0.2)
-    res = {}
-    for _, name, ok in flows:
-        r = res.setdefault(name or "none", [0, 0])
-        r[0 if ok else 1] += 1
-    write_whole(out, res)
+        flows.append([s, i, None])
+
+    def step(x):
+        x[0].sendto(b"u%d" % x[1], (vip, 53))
+        d, _ = x[0].recvfrom(2048)
+        name = d.split(b" ")[0].decode()
+        if x[2] is None:
+            x[2] = name
+        elif name != x[2]:
+            raise OSError("answered by " + name)
+        return x[2]
+
+    keep(flows, step, secs, out)
 
 
 def load(vip, rate):

@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use sluice_tests::topology::{held_outcome, held_why};
 use sluice_tests::{privileged, sluice_bin, veth, wait_until, Netns, Proc};
 
 fn root() -> PathBuf {
@@ -790,13 +791,12 @@ fn ecmp_graceful_stop(tag: &str, second: Eps) -> (u64, u64) {
     // The client holds its connections for 15 s in all, then reports.
     let done = wait_until(Duration::from_secs(40), || out.exists() && !hold.running());
     assert!(done, "the client did not finish");
-    let res: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
-    let (mut ok, mut broken) = (0u64, 0u64);
-    for v in res.as_object().unwrap().values() {
-        ok += v[0].as_u64().unwrap();
-        broken += v[1].as_u64().unwrap();
+    let res = held_outcome(&out);
+    let (ok, broken) = res.values().fold((0, 0), |(o, b), [ok, broken]| (o + ok, b + broken));
+    eprintln!("long-lived connections: {ok} survived, {broken} broke (of {N}); per backend [ok, broken]: {res:?}");
+    if broken > 0 {
+        eprintln!("when (s after the first round) and why they broke: {}", held_why(&out));
     }
-    eprintln!("long-lived connections: {ok} survived, {broken} broke (of {N}); per backend [ok, broken]: {res}");
     assert_eq!(ok + broken, N as u64);
     (ok, broken)
 }

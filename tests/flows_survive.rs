@@ -7,11 +7,10 @@
 //! the flows of the removed endpoint move.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::collections::HashMap;
 use std::path::Path;
 use std::time::Duration;
 
-use sluice_tests::topology::{root, stop_cleanly, tempdir, Topology};
+use sluice_tests::topology::{held_outcome, held_why, root, stop_cleanly, tempdir, Topology};
 use sluice_tests::{privileged, sluice_bin, wait_until, Proc};
 
 /// Held TCP connections and UDP flows.
@@ -57,10 +56,6 @@ fn without_flow_settings(text: &str) -> String {
 }
 
 /// What a client wrote to `out`: `{backend: [survived, broken]}`.
-fn outcome(out: &Path) -> HashMap<String, [u64; 2]> {
-    serde_json::from_str(&std::fs::read_to_string(out).unwrap()).unwrap()
-}
-
 /// Rounds of sends the client of `out` has done.
 fn rounds(out: &Path) -> u64 {
     std::fs::read_to_string(out.with_extension("json.rounds")).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0)
@@ -129,7 +124,7 @@ fn established_flows_survive_endpoint_changes_by_default() {
     std::fs::write(dir.join("udp.json.stop"), "").unwrap();
     let done = wait_until(Duration::from_secs(30), || tcp_out.exists() && udp_out.exists());
     assert!(done, "the clients finished");
-    let (tcp, udp) = (outcome(&tcp_out), outcome(&udp_out));
+    let (tcp, udp) = (held_outcome(&tcp_out), held_outcome(&udp_out));
     println!("TCP connections by first backend [survived, broken]: {tcp:?}");
     println!("UDP flows by first backend [survived, broken]: {udp:?}");
 
@@ -150,7 +145,13 @@ fn established_flows_survive_endpoint_changes_by_default() {
         assert_eq!(res.get("be2").map_or(0, |[o, _]| *o), 0, "{kind}: flows of the removed endpoint moved: {res:?}");
     }
     println!("flows whose endpoint is still in the service: {survived} survived, {broken} broken");
-    assert_eq!(broken, 0, "every flow whose endpoint is still in the service survives: TCP {tcp:?}, UDP {udp:?}");
+    assert_eq!(
+        broken,
+        0,
+        "every flow whose endpoint is still in the service survives: TCP {tcp:?}, UDP {udp:?}; when and why: TCP {}, UDP {}",
+        held_why(&tcp_out),
+        held_why(&udp_out)
+    );
 
     stop_cleanly(&mut lb);
     topo.remove();

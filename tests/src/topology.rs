@@ -150,18 +150,29 @@ impl Held {
     /// that no connection to another was disturbed.
     pub fn only_moved(&self, moved: &str) {
         assert!(wait_until(Duration::from_secs(30), || self.out.exists()), "long-lived connections finished");
-        let held: HashMap<String, [u64; 2]> = serde_json::from_str(&std::fs::read_to_string(&self.out).unwrap()).unwrap();
+        let held = held_outcome(&self.out);
         let landed = held.get(moved).map_or(0, |[ok, broken]| ok + broken);
         assert!(landed > 0, "no connection landed on {moved}, so none could move: {held:?}");
         for (b, [ok, broken]) in &held {
             if b == moved {
                 assert_eq!(*ok, 0, "flows of the removed endpoint moved: {held:?}");
             } else {
-                assert_eq!(*broken, 0, "{b}: {broken} established connections were disturbed: {held:?}");
+                assert_eq!(*broken, 0, "{b}: {broken} established connections were disturbed: {held:?}; when and why: {}", held_why(&self.out));
                 assert!(*ok > 0);
             }
         }
     }
+}
+
+/// What `client.py hold` or `udphold` wrote to `out`: flows by backend,
+/// [survived, broken].
+pub fn held_outcome(out: &Path) -> HashMap<String, [u64; 2]> {
+    serde_json::from_str(&std::fs::read_to_string(out).unwrap()).unwrap()
+}
+
+/// When and why each broken flow of `out` broke (`out.why`), for messages.
+pub fn held_why(out: &Path) -> String {
+    std::fs::read_to_string(format!("{}.why", out.display())).unwrap_or_else(|e| format!("({e})"))
 }
 
 /// Stops `sluice run` with SIGINT; checks it exits 0 with every mbuf back.
