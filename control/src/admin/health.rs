@@ -48,6 +48,15 @@ pub fn sample(sh: &Shared, now: Instant) {
     }
 }
 
+/// Counts every worker's silence from `now`, the moment the workers were
+/// launched: the bring-up before it (which may take seconds) is no silence
+/// of theirs.
+pub fn workers_launched(sh: &Shared, now: Instant) {
+    for l in lock(&sh.liveness).iter_mut() {
+        l.progressed = now;
+    }
+}
+
 /// For each worker, how long it has gone without polling, as of the last
 /// sample (zero for one that polls).
 pub fn silent_for(sh: &Shared, now: Instant) -> Vec<Duration> {

@@ -342,6 +342,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
             workers.launch(&eal, lcore, task)?;
         }
     }
+    crate::admin::health::workers_launched(&shared, Instant::now());
     info!(workers = workers.len() + usize::from(on_main.is_some()), on_main_lcore = on_main.is_some(), "workers started");
 
     let loss = loss::LossSampler::new(Arc::clone(&shared), &cfg.ports, w16, cfg.dpdk.descriptors, netlink);

@@ -79,6 +79,22 @@ mod tests {
         Shared::new("t.yaml".into(), Vec::new(), Arc::new(IdlePool), w, 1)
     }
 
+    /// Bring-up between the shared state and the workers' launch took
+    /// 2.2 s once (behind the kernel's routing lock): a worker that had not
+    /// started was reported stalled, and /healthz said so.
+    #[test]
+    fn a_worker_is_silent_only_from_its_launch() {
+        let sh = shared(1);
+        let launched = Instant::now() + Duration::from_millis(2200);
+        crate::admin::health::workers_launched(&sh, launched);
+        let mut watch = StallWatch::new(1, Duration::from_secs(3));
+        let now = launched + Duration::from_millis(10);
+        sample(&sh, now);
+        assert_eq!(watch.check(&sh, now), None);
+        assert!(!watch.reported[0], "not stalled 10 ms after its launch");
+        assert_eq!(crate::admin::health::silent_for(&sh, now), vec![Duration::from_millis(10)]);
+    }
+
     #[test]
     fn a_silent_worker_is_reported_once_then_ends_the_process() {
         let sh = shared(2);
