@@ -249,9 +249,10 @@ pub async fn run(p: Parts, stop: CancellationToken) -> Result<()> {
     // Next hops: the neighbour task stops where it is, and each exception
     // interface is taken down, one request each whatever the number of
     // entries: the kernel drops their neighbour entries and stops probing.
-    // Deleting the entries one by one took seconds for 100,000 of them
-    // while the kernel kept probing them. The interfaces go with DPDK's
-    // ports right after.
+    // Deleting the entries one by one costs a request and an answer each,
+    // while the kernel keeps probing the rest, so its time grows with the
+    // number of next hops; taking the interface down does not. The
+    // interfaces go with DPDK's ports right after.
     neighbours.stop();
     let take_down = async {
         let h = crate::routing::connect()?;
