@@ -378,8 +378,8 @@ fn unanswered_next_hops_go_with_their_interface_taken_down() {
 /// for the whole host) for long: every routing daemon on the host, BIRD
 /// included, waits on it meanwhile, and BFD sessions at 100 ms x 3 went
 /// down. With the default queueing discipline (a pfifo_fast of three rings
-/// per transmit queue) the kernel allocated and cleared 400 MB for it, in
-/// about 1.9 s per interface, the lock held throughout.
+/// per transmit queue) the kernel allocates and clears 400 MB for it, the
+/// lock held throughout.
 #[test]
 #[cfg_attr(sluice_unprivileged, ignore = "needs root: network namespaces and DPDK")]
 fn a_tap_gets_its_exception_queue_without_holding_the_routing_lock_for_long() {

@@ -26,9 +26,8 @@
 //! tap has 256 transmit queues, and the default discipline keeps three
 //! rings of the queue's length for each, allocated and cleared when the
 //! length changes, all under the kernel's routing lock (rtnl, one for the
-//! whole host): 400 MB and about 2 s per interface for 65,536 next hops,
-//! while every routing daemon on the host, BIRD and its BFD sessions
-//! included, waited. The tap's ring costs a pointer per slot up front and
+//! whole host): 400 MB per interface for 65,536 next hops, while every
+//! routing daemon on the host, BIRD and its BFD sessions included, waits. The tap's ring costs a pointer per slot up front and
 //! memory for frames only while they wait in it.
 
 use std::collections::HashSet;
