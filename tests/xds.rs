@@ -12,8 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use sluice::admin::state::{PoolProbe, Shared, SourceStatus, WorkerEntry};
-use sluice::ground::lock;
+use sluice::admin::state::{PoolProbe, Reconciled, Shared, SourceStatus, WorkerEntry};
 use sluice::compile::{TopoPort, Topology};
 use sluice::config::IfAddr;
 use sluice::reconcile::{NeighMap, Reconciler, Settings};
@@ -94,9 +93,9 @@ impl Appliance {
             }],
             gateways: vec![],
         };
-        let (hops_tx, _hops_rx) = watch::channel(Arc::new(Vec::new()));
         let (settings_tx, _settings_rx) = watch::channel(Settings::of(&state.config));
-        let mut r = Reconciler::new(state, topo, Publisher::new(DpSnapshot::default()), Arc::clone(&shared), hops_tx, settings_tx);
+        let mut r = Reconciler::new(state, topo, Publisher::new(DpSnapshot::default()), Vec::new(), settings_tx);
+        shared.reconciled.set(Reconciled { published: r.publications(), status: r.status() }).unwrap();
         r.start().unwrap();
         let (_neigh_tx, neigh_rx) = watch::channel(NeighMap::new());
         let (tx, rx) = mpsc::channel(16);
@@ -115,7 +114,7 @@ impl Appliance {
     }
 
     fn served(&self) -> Served {
-        let st = lock(&self.shared.state);
+        let st = self.shared.control();
         let mut out: Served = st.services.iter().map(|s| (s.name.clone(), Vec::new())).collect();
         for e in st.all_endpoints() {
             out.entry(e.service.to_string()).or_default().push((e.address.to_string(), e.id));
@@ -127,11 +126,11 @@ impl Appliance {
     }
 
     fn source(&self) -> SourceStatus {
-        lock(&self.shared.state).sources.get("xds").cloned().unwrap_or_default()
+        self.shared.control().sources.get("xds").cloned().unwrap_or_default()
     }
 
     fn publishes(&self) -> u64 {
-        lock(&self.shared.state).publishes
+        self.shared.control().publishes
     }
 
     fn status(&self) -> XdsStatus {
@@ -228,7 +227,7 @@ async fn sotw_initial_sync_then_add_change_and_remove() {
     assert_eq!((st.services, st.endpoints, st.ignored_clusters, st.nacks), (2, 3, 1, 0));
     assert_eq!(a.source().accepted_total, 1, "clusters wait for their endpoints: one state for the initial sync");
     {
-        let meta = lock(&a.shared.state);
+        let meta = a.shared.control();
         let web = meta.services.iter().find(|s| s.name == "web").unwrap();
         assert_eq!(web.algorithm, "maglev");
         let route = meta.routes.iter().find(|r| r.name == "db").unwrap();
@@ -565,7 +564,7 @@ async fn the_appliance_serves_its_file_while_the_server_is_unreachable() {
     wait("a failed attempt", || a.status().last_error.is_some(), dump).await;
     assert!(a.status().last_error.unwrap().contains("cannot connect to 127.0.0.1:"), "{:?}", a.status().last_error);
     assert_eq!(a.served().keys().collect::<Vec<_>>(), ["local"]);
-    assert!(!lock(&a.shared.state).sources.contains_key("xds"), "nothing sent");
+    assert!(!a.shared.control().sources.contains_key("xds"), "nothing sent");
     let server = XdsServer::new();
     server.set_snapshot(DEFAULT_NODE, snap("1", &base_clusters(), &base_clas()));
     let running = server.serve(addr, None).await.unwrap();
@@ -696,7 +695,7 @@ async fn the_server_program_serves_a_file_and_follows_its_changes() {
     let a = Appliance::start("bin", xds_cfg(addr, Mode::Delta, "lb-1"), "").await;
     let dump = || format!("served {:?}\nstatus {:#?}", a.served(), a.status());
     wait("the file's state", || addrs(&a.served(), "web") == ["10.0.0.10"], dump).await;
-    assert_eq!(lock(&a.shared.state).services[0].algorithm, "random");
+    assert_eq!(a.shared.control().services[0].algorithm, "random");
     std::fs::write(&file, yaml("2", &["10.0.0.10", "10.0.0.11"])).unwrap();
     wait("the edited file's state", || addrs(&a.served(), "web").len() == 2, dump).await;
     a.stop().await;

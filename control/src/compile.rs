@@ -64,6 +64,10 @@ impl Topology {
     }
 }
 
+/// Resolved next hops: `(port index, address)` to MAC, as the neighbour
+/// follower reports them.
+pub type NeighMap = HashMap<(u8, Addr), [u8; 6]>;
+
 /// MACs the kernel resolved (ARP/ND on the exception interfaces).
 pub trait Neighbors {
     /// The MAC of `addr` on port `port`, when resolved.

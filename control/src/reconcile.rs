@@ -8,29 +8,174 @@
 //!
 //! It also follows the kernel's neighbour table (a MAC that appears or
 //! changes republishes; only services whose endpoints it concerns get new
-//! tables) and tells the neighbour task which next hops to keep resolved.
+//! tables).
+//!
+//! Publication is an event: each snapshot goes out with its model summary
+//! on one channel ([`Reconciler::publications`]); the admin endpoint, the
+//! BGP announcer and the neighbour follower subscribe to it and derive what
+//! they need. What became of each source's state goes out on the
+//! reconciler's own status channel ([`Reconciler::status`]).
 
-use std::collections::HashMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use serde::Serialize;
 use sluice_dataplane::addr::Addr;
+use sluice_dataplane::counters::WorkerCounters;
 use sluice_dataplane::rcu::Publisher;
 use sluice_dataplane::snapshot::Snapshot;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use crate::admin::state::{RouteMeta, ServiceMeta, Shared};
 use crate::ground::{lock, micros, now_epoch};
-use crate::compile::{Compiled, Compiler, EndpointState, Neighbors, Topology, ABANDONED};
+use crate::compile::{Compiled, Compiler, EndpointState, Neighbors, Statuses, Topology, ABANDONED};
 use crate::config::{ApplianceConfig, GatewayConfig};
 use crate::model::{Defaults, Desired, EndpointDef, Model, Resolved};
 use crate::problem::Problem;
-use crate::routing::bird::Servable;
 use crate::sources::{FileState, SourceMsg, FILE_SOURCE, MANIFESTS_SOURCE};
 
-pub use crate::routing::NeighMap;
+pub use crate::compile::NeighMap;
+
+/// A service of the published model, as the admin endpoint lists it
+/// (whether it is ready is the snapshot's to say: [`Published::ready`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServiceSummary {
+    /// Name.
+    pub name: String,
+    /// Counter slot.
+    pub slot: u32,
+    /// Algorithm.
+    pub algorithm: &'static str,
+    /// Flow table.
+    pub flow_table: bool,
+    /// Endpoint limit.
+    pub limit: u32,
+    /// Table size.
+    pub table_size: u32,
+}
+
+/// A route as status shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct RouteMeta {
+    /// Name.
+    pub name: String,
+    /// Service.
+    pub service: String,
+    /// Priority.
+    pub priority: i32,
+    /// VIPs (one allocation per route, not one more per VIP as text).
+    pub vips: Vec<std::net::IpAddr>,
+}
+
+/// The model a snapshot was compiled from, as its readers need it: made
+/// again by a publication of the whole model, shared unchanged by one after
+/// a change to some services' endpoints (which changes none of it).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Summary {
+    /// Every service, in name order (the snapshot's order).
+    pub services: Vec<ServiceSummary>,
+    /// Every route.
+    pub routes: Arc<Vec<RouteMeta>>,
+}
+
+/// Counter values of the slots a publication (re)assigned, at the time it
+/// did: (packets, bytes). A slot that had counted nothing has no entry.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Baselines {
+    /// Service slots.
+    pub services: HashMap<u32, (u64, u64)>,
+    /// Endpoint slots.
+    pub endpoints: HashMap<u32, (u64, u64)>,
+}
+
+/// One publication: the snapshot and its model summary. The reconciler
+/// sends one on [`Reconciler::publications`] for every snapshot; a reader
+/// that looks only now and then sees the last one (each is whole, except
+/// for [`Published::changed`], which says what moved since the one before).
+#[derive(Debug, Default)]
+pub struct Published {
+    /// The publisher's generation (0: nothing published yet).
+    pub generation: u64,
+    /// The snapshot the workers were given.
+    pub snapshot: Arc<Snapshot>,
+    /// When it was published.
+    pub at: Option<Instant>,
+    /// Seconds its compilation and publication took.
+    pub seconds: f64,
+    /// Publications so far.
+    pub count: u64,
+    /// The model it was compiled from.
+    pub summary: Arc<Summary>,
+    /// Services by counter slot, in name order (the snapshot's order).
+    pub service_slots: Arc<Vec<(u32, String)>>,
+    /// After a change to the endpoints of these services only (and nothing
+    /// else since generation - 1); `None` after a publication of the whole
+    /// model.
+    pub changed: Option<Arc<[String]>>,
+    /// Every endpoint's status, service by service.
+    pub endpoints: Statuses,
+    /// Next hops whose MAC is missing.
+    pub unresolved: usize,
+    /// Every next hop the snapshot forwards to: the neighbour follower keeps
+    /// these resolved. The same list (shared) while none came or went.
+    pub next_hops: Arc<Vec<(u8, Addr)>>,
+    /// Starting values of the counter slots in use.
+    pub baselines: Arc<Baselines>,
+}
+
+impl Published {
+    /// Whether service `name` has an endpoint that takes new flows in this
+    /// snapshot.
+    pub fn ready(&self, name: &str) -> bool {
+        self.service_slots
+            .binary_search_by(|(_, s)| s.as_str().cmp(name))
+            .ok()
+            .and_then(|i| self.snapshot.services.get(i))
+            .is_some_and(|s| s.has_ready_endpoint())
+    }
+}
+
+/// Rebuilt services named in a source's status: a change that rebuilt
+/// 10,000 services shows the first 64 and the count.
+pub const REBUILT_SHOWN: usize = 64;
+
+/// What the reconciler last did with a source's state.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct SourceStatus {
+    /// The source's last state is the one being served.
+    pub accepted: bool,
+    /// When it was last heard from (seconds since the epoch).
+    pub at: u64,
+    /// What made it send (file change, SIGHUP, start, ...).
+    pub trigger: String,
+    /// Why its last state was refused (empty when accepted).
+    pub problems: Vec<String>,
+    /// Services whose tables its last accepted change rebuilt (the first
+    /// [`REBUILT_SHOWN`] of them, in name order).
+    pub rebuilt: Vec<String>,
+    /// How many services that change rebuilt.
+    pub rebuilt_count: usize,
+    /// States accepted.
+    pub accepted_total: u64,
+    /// States refused.
+    pub rejected_total: u64,
+}
+
+/// The reconciler's status: what became of each source's last state.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReconcilerStatus {
+    /// Each source, by name.
+    pub sources: BTreeMap<String, SourceStatus>,
+    /// Snapshots replaced but not yet freed.
+    pub snapshots_pending: usize,
+}
+
+/// Held by a publication from its last check of the stop to its send, and
+/// by the stop while it cancels: nothing is published once the appliance
+/// said it stops.
+pub type StopGate = Arc<Mutex<()>>;
 
 /// How often replaced snapshots are looked at for freeing.
 const RECLAIM_EVERY: Duration = Duration::from_millis(50);
@@ -120,11 +265,15 @@ pub struct Reconciler {
     compiler: Compiler,
     publisher: Publisher<Snapshot>,
     macs: Macs,
-    next_hops: Arc<Vec<(u8, Addr)>>,
-    hops: watch::Sender<Arc<Vec<(u8, Addr)>>>,
+    /// The workers' counters (their slots' starting values are taken at
+    /// assignment, before the snapshot that assigns them is published).
+    counters: Vec<Arc<WorkerCounters>>,
     settings: watch::Sender<Settings>,
-    shared: Arc<Shared>,
-    served: Option<watch::Sender<Servable>>,
+    /// Each publication, with its model summary.
+    published: watch::Sender<Published>,
+    /// What became of each source's state.
+    status: watch::Sender<ReconcilerStatus>,
+    gate: StopGate,
     /// Gateways learned over BGP, and where they come from.
     learned: Vec<GatewayConfig>,
     learned_rx: Option<watch::Receiver<Vec<GatewayConfig>>>,
@@ -136,15 +285,6 @@ pub struct Reconciler {
     /// 100,000 endpoints takes milliseconds the source need not wait for.
     garbage: Vec<Box<dyn Send>>,
     heap: HeapRelease,
-}
-
-/// What a publication changes of the admin endpoint's views.
-enum Views {
-    /// Every service and route.
-    All((Vec<ServiceMeta>, Vec<RouteMeta>)),
-    /// Whether each of these services is ready (after a change to their
-    /// endpoints only).
-    Ready(Vec<(String, bool)>),
 }
 
 /// The settings of the accepted configuration file that other control
@@ -194,13 +334,13 @@ type Refusal = Vec<Problem>;
 
 impl Reconciler {
     /// A reconciler for the appliance started with `initial`, publishing
-    /// through `publisher`. Nothing is published until [`Reconciler::start`].
+    /// through `publisher` to workers counting into `counters`. Nothing is
+    /// published until [`Reconciler::start`].
     pub fn new(
         initial: FileState,
         topo: Topology,
         publisher: Publisher<Snapshot>,
-        shared: Arc<Shared>,
-        hops: watch::Sender<Arc<Vec<(u8, Addr)>>>,
+        counters: Vec<Arc<WorkerCounters>>,
         settings: watch::Sender<Settings>,
     ) -> Reconciler {
         let mut model = Model::default();
@@ -215,11 +355,11 @@ impl Reconciler {
             topo,
             publisher,
             macs: Macs::default(),
-            next_hops: Arc::default(),
-            hops,
+            counters,
             settings,
-            shared,
-            served: None,
+            published: watch::channel(Published::default()).0,
+            status: watch::channel(ReconcilerStatus::default()).0,
+            gate: StopGate::default(),
             learned: Vec::new(),
             learned_rx: None,
             resolve_us: 0,
@@ -239,10 +379,19 @@ impl Reconciler {
         Ok(())
     }
 
-    /// Publishes, with every snapshot, which VIPs lead to services with a
-    /// ready endpoint (the BIRD driver announces those).
-    pub fn announce_to(&mut self, served: watch::Sender<Servable>) {
-        self.served = Some(served);
+    /// Every publication, as it happens.
+    pub fn publications(&self) -> watch::Receiver<Published> {
+        self.published.subscribe()
+    }
+
+    /// The reconciler's status, as it changes.
+    pub fn status(&self) -> watch::Receiver<ReconcilerStatus> {
+        self.status.subscribe()
+    }
+
+    /// What the stop holds while it cancels the reconciler (see [`StopGate`]).
+    pub fn stop_gate(&self) -> StopGate {
+        Arc::clone(&self.gate)
     }
 
     /// Follows the gateways BIRD learns (default routes over BGP): each is
@@ -277,7 +426,7 @@ impl Reconciler {
     pub fn apply(&mut self, msg: SourceMsg) {
         match msg {
             SourceMsg::File { state, trigger } => {
-                let accepted = lock(&self.shared.state).sources.get(FILE_SOURCE).is_some_and(|s| s.accepted);
+                let accepted = self.status.borrow().sources.get(FILE_SOURCE).is_some_and(|s| s.accepted);
                 if accepted && *state == self.file {
                     tracing::debug!(trigger, "configuration unchanged");
                     return;
@@ -446,8 +595,11 @@ impl Reconciler {
             info!(source, trigger, "stopping: the change in flight is abandoned, nothing of it published");
             return;
         }
-        let mut st = lock(&self.shared.state);
-        let s = st.sources.entry(source.to_owned()).or_default();
+        self.status.send_modify(|st| Self::record_into(st.sources.entry(source.to_owned()).or_default(), source, trigger, outcome));
+    }
+
+    /// `outcome` of a state of `source`, recorded into its status `s`.
+    fn record_into(s: &mut SourceStatus, source: &str, trigger: &str, outcome: Result<Vec<String>, Refusal>) {
         s.at = now_epoch();
         s.trigger = trigger.to_owned();
         match outcome {
@@ -457,7 +609,7 @@ impl Reconciler {
                 s.problems.clear();
                 s.rebuilt_count = rebuilt.len();
                 s.rebuilt = rebuilt;
-                s.rebuilt.truncate(crate::admin::state::REBUILT_SHOWN);
+                s.rebuilt.truncate(REBUILT_SHOWN);
                 info!(source, trigger, "configuration applied");
             }
             Err(problems) => {
@@ -502,89 +654,43 @@ impl Reconciler {
                 }
             }
         }
-        let snapshot = c.snapshot;
-        // What the admin endpoint shows, made before its lock is taken: all
-        // of it, or after a change to endpoints only, whether the changed
-        // services are ready (nothing else of the views can have changed).
-        let views = match changed {
-            None => Views::All(self.views(&snapshot, &c.service_slots)),
-            Some(names) => Views::Ready(
-                names
-                    .iter()
-                    .filter_map(|n| {
-                        let i = c.service_slots.binary_search_by(|(_, s)| s.as_str().cmp(n)).ok()?;
-                        Some((n.clone(), snapshot.services.get(i)?.has_ready_endpoint()))
-                    })
-                    .collect(),
-            ),
+        // The model summary: made again after a publication of the whole
+        // model; a change to endpoints only changes none of it.
+        let summary = match changed {
+            None => Arc::new(self.summary(&c.service_slots)),
+            Some(_) => Arc::clone(&self.published.borrow().summary),
         };
-        let mut st = lock(&self.shared.state);
-        // Checked under the lock the stop takes to cancel: nothing is
+        let baselines = self.baselines(&c.new_slots.services, &c.new_slots.endpoints);
+        let gate = Arc::clone(&self.gate);
+        let held = lock(&gate);
+        // Checked under the gate the stop takes to cancel: nothing is
         // published once the appliance said it stops.
         if self.compiler.stopping() {
             return Err(ABANDONED.to_owned());
         }
-        self.shared.baseline(&mut st, &c.new_slots.services, &c.new_slots.endpoints);
-        let serve_again = match views {
-            Views::All((services, routes)) => {
-                self.garbage.push(Box::new(std::mem::replace(&mut st.services, services)));
-                self.garbage.push(Box::new(std::mem::replace(&mut st.routes, routes)));
-                true
-            }
-            Views::Ready(ready) => {
-                let mut flipped = false;
-                for (name, ready) in ready {
-                    if let Ok(i) = st.services.binary_search_by(|m| m.name.as_str().cmp(&name)) {
-                        flipped |= st.services[i].ready != ready;
-                        st.services[i].ready = ready;
-                    }
-                }
-                flipped
-            }
-        };
-        if let Some(tx) = self.served.as_ref().filter(|_| serve_again) {
-            let ready: HashMap<&str, bool> = st.services.iter().map(|s| (s.name.as_str(), s.ready)).collect();
-            let mut vips: std::collections::BTreeMap<std::net::IpAddr, Vec<(String, bool)>> = std::collections::BTreeMap::new();
-            for r in &self.resolved.routes {
-                let ready = ready.get(r.service.as_str()).copied().unwrap_or(false);
-                for v in &r.matches.vips {
-                    // Room for one service (a VIP's usual count), not the
-                    // four a first push makes: 10,000 VIPs kept 1 MB more.
-                    let e = vips.entry(v.to_ip()).or_insert_with(|| Vec::with_capacity(1));
-                    if !e.iter().any(|(n, _)| *n == r.service) {
-                        e.push((r.service.clone(), ready));
-                    }
-                }
-            }
-            tx.send_if_modified(|s| {
-                let next = Servable(vips);
-                let changed = *s != next;
-                *s = next;
-                changed
-            });
-        }
-        self.garbage.push(Box::new(std::mem::replace(&mut st.endpoints, c.endpoints)));
-        st.unresolved = c.unresolved.len();
-        let numbered = snapshot.generation;
-        let generation = self.publisher.publish_shared(snapshot);
+        let numbered = c.snapshot.generation;
+        let generation = self.publisher.publish_shared(Arc::clone(&c.snapshot));
         debug_assert_eq!(generation, numbered, "the snapshot carries the publisher's numbering");
-        st.snapshot = Some(self.publisher.current());
-        st.generation = generation;
-        st.published_at = Some(Instant::now());
-        st.publishes += 1;
-        st.publish_seconds = t0.elapsed().as_secs_f64();
-        st.snapshots_pending = self.publisher.pending();
-        drop(st);
-        // The same list (shared) when no next hop came or went; a list
-        // made again is kept even when alike, so that the next publication
-        // finds it shared and compares nothing.
-        if !Arc::ptr_eq(&c.next_hops, &self.next_hops) {
-            let alike = c.next_hops == self.next_hops;
-            self.next_hops = c.next_hops;
-            if !alike {
-                self.hops.send_replace(Arc::clone(&self.next_hops));
-            }
-        }
+        let count = self.published.borrow().count + 1;
+        let next = Published {
+            generation,
+            snapshot: c.snapshot,
+            at: Some(Instant::now()),
+            seconds: t0.elapsed().as_secs_f64(),
+            count,
+            summary,
+            service_slots: c.service_slots,
+            changed: changed.map(Arc::from),
+            endpoints: c.endpoints,
+            unresolved: c.unresolved.len(),
+            next_hops: c.next_hops,
+            baselines,
+        };
+        let previous = self.published.send_replace(next);
+        drop(held);
+        self.garbage.push(Box::new(previous));
+        let pending = self.publisher.pending();
+        self.status.send_if_modified(|s| std::mem::replace(&mut s.snapshots_pending, pending) != pending);
         info!(
             generation,
             why,
@@ -599,22 +705,21 @@ impl Reconciler {
         Ok(c.rebuilt)
     }
 
-    /// The admin endpoint's views of every service and route in `snapshot`.
-    fn views(&self, snapshot: &Snapshot, service_slots: &[(u32, String)]) -> (Vec<ServiceMeta>, Vec<RouteMeta>) {
-        let ready: HashMap<u32, bool> = snapshot.services.iter().map(|s| (s.key, s.has_ready_endpoint())).collect();
+    /// The summary of every service (in `service_slots`' order) and route
+    /// of the resolved model.
+    fn summary(&self, service_slots: &[(u32, String)]) -> Summary {
         // Room for every service (collected from a filter, it grew by
         // doubling: 0.9 MB held for 10,000 services' 0.56).
         let mut services = Vec::with_capacity(service_slots.len());
         services.extend(service_slots.iter().filter_map(|(slot, name)| {
             let s = self.resolved.services.get(name)?;
-            Some(ServiceMeta {
+            Some(ServiceSummary {
                 name: name.clone(),
                 slot: *slot,
                 algorithm: s.algorithm.name(),
                 flow_table: s.flow_table,
                 limit: s.limit,
                 table_size: s.table_size,
-                ready: ready.get(slot).copied().unwrap_or(false),
             })
         }));
         let routes = self
@@ -628,7 +733,32 @@ impl Reconciler {
                 vips: r.matches.vips.iter().map(|v| v.to_ip()).collect(),
             })
             .collect();
-        (services, routes)
+        Summary { services, routes: Arc::new(routes) }
+    }
+
+    /// The starting values of the counter slots in use, with those of the
+    /// newly assigned `services` and `endpoints` slots taken now (shared
+    /// with the last publication's when none changes). A slot that never
+    /// counted anything has nothing to subtract and no entry (counters
+    /// only grow, so an entry it had is gone too): 100,000 fresh endpoint
+    /// slots would otherwise keep 3.5 MiB of zeros.
+    fn baselines(&self, services: &[u32], endpoints: &[u32]) -> Arc<Baselines> {
+        let mut base = Arc::clone(&self.published.borrow().baselines);
+        let mut record = |which: fn(&mut Baselines) -> &mut HashMap<u32, (u64, u64)>, slot: u32, totals: (u64, u64)| {
+            let now = which(Arc::make_mut(&mut base)).get(&slot).copied();
+            if totals == (0, 0) && now.is_some() {
+                which(Arc::make_mut(&mut base)).remove(&slot);
+            } else if totals != (0, 0) && now != Some(totals) {
+                which(Arc::make_mut(&mut base)).insert(slot, totals);
+            }
+        };
+        for &slot in services {
+            record(|b| &mut b.services, slot, totals(&self.counters, slot, |c| &c.services));
+        }
+        for &slot in endpoints {
+            record(|b| &mut b.endpoints, slot, totals(&self.counters, slot, |c| &c.endpoints));
+        }
+        base
     }
 
     /// The kernel resolved new MACs: republish if they differ.
@@ -650,7 +780,8 @@ impl Reconciler {
     /// Frees replaced snapshots no worker can hold any more.
     pub fn reclaim(&mut self) {
         self.publisher.reclaim();
-        lock(&self.shared.state).snapshots_pending = self.publisher.pending();
+        let pending = self.publisher.pending();
+        self.status.send_if_modified(|s| std::mem::replace(&mut s.snapshots_pending, pending) != pending);
     }
 
     /// Runs until `cancel` fires or every source is gone. Once `cancel`
@@ -712,6 +843,15 @@ impl Neighbors for Macs {
     }
 }
 
+/// Sum over the workers' `counters` of (packets, bytes) of `slot` in the
+/// table `of` picks.
+fn totals(counters: &[Arc<WorkerCounters>], slot: u32, of: fn(&WorkerCounters) -> &[sluice_dataplane::counters::PacketBytes]) -> (u64, u64) {
+    counters.iter().fold((0, 0), |(p, b), c| match of(c).get(slot as usize) {
+        Some(c) => (p + c.packets.get(), b + c.bytes.get()),
+        None => (p, b),
+    })
+}
+
 /// The file's gateways, and a learned one for each family the file has none for.
 fn with_learned(file: &[GatewayConfig], learned: &[GatewayConfig]) -> Vec<GatewayConfig> {
     let mut v = file.to_vec();
@@ -762,7 +902,6 @@ mod tests {
     use sluice_dataplane::classify::RouteMatch;
 
     use super::*;
-    use crate::admin::state::{IdlePool, WorkerEntry};
     use crate::compile::TopoPort;
     use crate::config::IfAddr;
     use crate::model::{EndpointDef, Origin, RouteDef, ServiceDef};
@@ -792,16 +931,15 @@ mod tests {
         }
     }
 
-    type Hops = watch::Receiver<Arc<Vec<(u8, Addr)>>>;
+    type Status = watch::Receiver<ReconcilerStatus>;
 
-    fn reconciler() -> (Reconciler, Arc<Shared>, Hops) {
+    fn reconciler() -> (Reconciler, Status, watch::Receiver<Published>) {
         let text = "ports: [{name: p, device: net_null0, addresses: [10.0.0.1/24]}]\n";
         let dir = std::env::temp_dir().join(format!("sluice-rec-{}-{:?}", std::process::id(), std::thread::current().id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path: PathBuf = dir.join("c.yaml");
         std::fs::write(&path, text).unwrap();
         let state = crate::sources::read(&path).unwrap();
-        let shared = Arc::new(Shared::new("c.yaml".into(), Vec::new(), Arc::new(IdlePool), Vec::<WorkerEntry>::new(), 1));
         let topo = Topology {
             ports: vec![TopoPort {
                 name: "p".into(),
@@ -812,11 +950,11 @@ mod tests {
             }],
             gateways: vec![],
         };
-        let (tx, rx) = watch::channel(Arc::new(Vec::new()));
         let (settings, _) = watch::channel(Settings::of(&state.config));
-        let mut r = Reconciler::new(state, topo, Publisher::new(Snapshot::default()), Arc::clone(&shared), tx, settings);
+        let mut r = Reconciler::new(state, topo, Publisher::new(Snapshot::default()), Vec::new(), settings);
         r.start().unwrap();
-        (r, shared, rx)
+        let (status, published) = (r.status(), r.publications());
+        (r, status, published)
     }
 
     fn desired(source: &str, d: Desired) -> SourceMsg {
@@ -858,13 +996,13 @@ mod tests {
         let (mut r, shared, _rx) = reconciler();
         r.apply(desired("xds", svc("web", &[(0, "10.0.0.5"), (1, "10.0.0.6")])));
         let g = r.publisher().generation();
-        assert!(lock(&shared.state).sources["xds"].accepted);
+        assert!(shared.borrow().sources["xds"].accepted);
         assert_eq!(r.publisher().current().services.len(), 1);
 
         // The same source sends a state with a duplicate identifier: refused,
         // nothing published, the previous state still resolves.
         r.apply(desired("xds", svc("web", &[(0, "10.0.0.5"), (0, "10.0.0.7")])));
-        let st = lock(&shared.state).sources["xds"].clone();
+        let st = shared.borrow().sources["xds"].clone();
         assert!(!st.accepted);
         assert!(st.problems.iter().any(|p| p.contains("duplicate endpoint identifier 0")), "{:?}", st.problems);
         assert_eq!(r.publisher().generation(), g, "nothing published");
@@ -873,13 +1011,13 @@ mod tests {
 
         // Another source claiming the same service is refused; the first keeps it.
         r.apply(desired("k8s", svc("web", &[(0, "10.0.0.8")])));
-        assert!(!lock(&shared.state).sources["k8s"].accepted);
+        assert!(!shared.borrow().sources["k8s"].accepted);
         assert!(r.model.get("k8s").is_none(), "a refused source owns nothing");
         assert_eq!(r.publisher().generation(), g);
 
         // A good state is accepted again, and the next hop wanted follows it.
         r.apply(desired("xds", svc("web", &[(0, "10.0.0.5")])));
-        assert!(lock(&shared.state).sources["xds"].accepted);
+        assert!(shared.borrow().sources["xds"].accepted);
         assert_eq!(r.publisher().generation(), g + 1);
     }
 
@@ -895,11 +1033,32 @@ mod tests {
             d.endpoints.append(&one.endpoints);
         }
         r.apply(desired("xds", d));
-        let st = lock(&shared.state).sources["xds"].clone();
+        let st = shared.borrow().sources["xds"].clone();
         assert!(st.accepted, "{:?}", st.problems);
         assert_eq!(st.rebuilt_count, 100);
-        assert_eq!(st.rebuilt.len(), crate::admin::state::REBUILT_SHOWN);
+        assert_eq!(st.rebuilt.len(), REBUILT_SHOWN);
         assert_eq!(st.rebuilt[0], "s000");
+    }
+
+    #[test]
+    fn only_slots_that_counted_keep_a_baseline() {
+        let (mut r, _status, published) = reconciler();
+        r.counters = (0..2).map(|_| Arc::new(WorkerCounters::new(2, 4))).collect();
+        r.counters[0].endpoints[1].count(100);
+        r.counters[1].endpoints[1].count(60);
+        let base = r.baselines(&[0, 1], &[0, 1, 2, 3]);
+        assert!(base.services.is_empty(), "no service counted anything");
+        assert_eq!(base.endpoints, HashMap::from([(1, (2, 160))]), "only slot 1 counted");
+        r.published.send_modify(|p| p.baselines = Arc::clone(&base));
+        assert!(Arc::ptr_eq(&base, &r.baselines(&[0], &[1])), "nothing changed, nothing copied");
+        // Slot 1 given again after counting more: it starts from its new
+        // totals; slot 2 from its first ones.
+        r.counters[0].endpoints[1].count(40);
+        r.counters[1].endpoints[2].count(10);
+        let next = r.baselines(&[], &[1, 2]);
+        assert_eq!(next.endpoints, HashMap::from([(1, (3, 200)), (2, (1, 10))]));
+        assert_eq!(base.endpoints.len(), 1, "the published baselines are not changed in place");
+        drop(published);
     }
 
     #[test]
@@ -928,15 +1087,16 @@ mod tests {
         SourceMsg::Endpoints { source: source.into(), changes, trigger: "test".into(), reply: None }
     }
 
-    /// What the data plane and the admin endpoint are given.
-    fn served(r: &Reconciler, shared: &Shared) -> String {
-        let st = lock(&shared.state);
-        format!("{:?}\n{:?}\n{:?}\n{:?}", *r.publisher().current(), st.services, st.routes, st.endpoints)
+    /// What the data plane and the publication's readers are given.
+    fn served(r: &Reconciler) -> String {
+        let p = r.published.borrow();
+        let ready: Vec<bool> = p.summary.services.iter().map(|s| p.ready(&s.name)).collect();
+        format!("{:?}\n{:?}\n{:?}\n{:?}\n{:?}", *r.publisher().current(), p.summary, ready, p.endpoints, p.next_hops)
     }
 
     #[test]
     fn a_change_to_endpoints_publishes_what_the_whole_state_would() {
-        let (mut whole, ws, _w) = reconciler();
+        let (mut whole, _ws, _w) = reconciler();
         let (mut part, ps, _p) = reconciler();
         let start = two(&[(0, "10.0.0.5"), (1, "10.0.0.6")], &[(0, "10.0.0.7")]);
         whole.apply(desired("xds", start.clone()));
@@ -954,30 +1114,33 @@ mod tests {
         for (web, dns) in steps {
             whole.apply(desired("xds", two(web, dns)));
             part.apply(endpoints("xds", &[("web", web), ("dns", dns)]));
-            assert!(lock(&ps.state).sources["xds"].accepted);
-            assert_eq!(served(&whole, &ws), served(&part, &ps));
+            assert!(ps.borrow().sources["xds"].accepted);
+            assert_eq!(served(&whole), served(&part));
             crate::compile::assert_same_tables(&whole.publisher().current(), &part.publisher().current());
             assert_eq!(whole.model.get("xds"), part.model.get("xds"));
         }
-        let ready = |s: &Shared| lock(&s.state).services.iter().map(|m| m.ready).collect::<Vec<_>>();
-        assert_eq!(ready(&ps), vec![false, false], "no endpoints: not ready");
+        let ready = |p: &watch::Receiver<Published>| {
+            let p = p.borrow();
+            p.summary.services.iter().map(|s| p.ready(&s.name)).collect::<Vec<_>>()
+        };
+        assert_eq!(ready(&part.publications()), vec![false, false], "no endpoints: not ready");
 
         // Refused: the model, the data plane and the views stay as they were.
-        let (g, before) = (part.publisher().generation(), served(&part, &ps));
+        let (g, before) = (part.publisher().generation(), served(&part));
         part.apply(endpoints("xds", &[("web", &[(0, "10.0.0.5"), (0, "10.0.0.6")])]));
-        let st = lock(&ps.state).sources["xds"].clone();
+        let st = ps.borrow().sources["xds"].clone();
         assert!(!st.accepted && st.problems.iter().any(|p| p.contains("duplicate endpoint identifier 0")), "{:?}", st.problems);
-        assert_eq!((part.publisher().generation(), served(&part, &ps)), (g, before.clone()));
+        assert_eq!((part.publisher().generation(), served(&part)), (g, before.clone()));
         assert_eq!(whole.model.get("xds"), part.model.get("xds"));
         // Endpoints of a service nobody defines: the whole model says no.
         part.apply(endpoints("xds", &[("ghost", &[(0, "10.0.0.5")])]));
-        let st = lock(&ps.state).sources["xds"].clone();
+        let st = ps.borrow().sources["xds"].clone();
         assert!(st.problems.iter().any(|p| p.contains("unknown service \"ghost\"")), "{:?}", st.problems);
-        assert_eq!((part.publisher().generation(), served(&part, &ps)), (g, before));
+        assert_eq!((part.publisher().generation(), served(&part)), (g, before));
         assert_eq!(whole.model.get("xds"), part.model.get("xds"));
         // A source that never sent a state.
         part.apply(endpoints("k8s", &[("web", &[(0, "10.0.0.5")])]));
-        assert!(!lock(&ps.state).sources["k8s"].accepted);
+        assert!(!ps.borrow().sources["k8s"].accepted);
         assert!(part.model.get("k8s").is_none());
     }
 
@@ -993,7 +1156,7 @@ mod tests {
         for _ in 0..2 {
             r.apply(SourceMsg::File { state: Box::new(bad.clone()), trigger: "file change".into() });
         }
-        let st = lock(&shared.state).sources[FILE_SOURCE].clone();
+        let st = shared.borrow().sources[FILE_SOURCE].clone();
         assert!(!st.accepted);
         assert_eq!(st.rejected_total, 2, "each save of a broken file is refused, with its reason");
         assert_eq!(r.publisher().generation(), g);
@@ -1020,7 +1183,7 @@ mod tests {
         r.learned_gateways(vec![gw("10.0.0.254"), gw("fd00::254")]);
         assert_eq!(r.topo.gateways, [gw("10.0.0.254"), gw("fd00::254")]);
         assert_eq!(r.publisher().generation(), g + 1, "republished");
-        assert!(hops.borrow().contains(&(0, "10.0.0.254".parse().unwrap())), "the learned next hop is resolved: {:?}", hops.borrow());
+        assert!(hops.borrow().next_hops.contains(&(0, "10.0.0.254".parse().unwrap())), "the learned next hop is resolved: {:?}", hops.borrow().next_hops);
         r.learned_gateways(vec![gw("10.0.0.254"), gw("fd00::254")]);
         assert_eq!(r.publisher().generation(), g + 1, "nothing changed, nothing published");
 
@@ -1036,7 +1199,7 @@ mod tests {
     /// A reconciler started with the file `text` (written as `c.yaml` in
     /// a directory of its own), and a way to read that file again after
     /// writing `text` into it.
-    fn from_file(text: &str) -> (Reconciler, Arc<Shared>, impl Fn(&str) -> FileState) {
+    fn from_file(text: &str) -> (Reconciler, Status, impl Fn(&str) -> FileState) {
         let dir = std::env::temp_dir().join(format!("sluice-rec-file-{}-{:?}", std::process::id(), std::thread::current().id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path: PathBuf = dir.join("c.yaml");
@@ -1045,7 +1208,6 @@ mod tests {
             crate::sources::read(&path).unwrap()
         };
         let state = reread(text);
-        let shared = Arc::new(Shared::new("c.yaml".into(), Vec::new(), Arc::new(IdlePool), Vec::<WorkerEntry>::new(), 1));
         let topo = Topology {
             ports: vec![TopoPort {
                 name: "p".into(),
@@ -1056,11 +1218,11 @@ mod tests {
             }],
             gateways: vec![],
         };
-        let (tx, _) = watch::channel(Arc::new(Vec::new()));
         let (settings, _) = watch::channel(Settings::of(&state.config));
-        let mut r = Reconciler::new(state, topo, Publisher::new(Snapshot::default()), Arc::clone(&shared), tx, settings);
+        let mut r = Reconciler::new(state, topo, Publisher::new(Snapshot::default()), Vec::new(), settings);
         r.start().unwrap();
-        (r, shared, reread)
+        let status = r.status();
+        (r, status, reread)
     }
 
     const PORT: &str = "ports: [{name: p, device: net_null0, addresses: [10.0.0.1/24]}]\n";
@@ -1078,7 +1240,7 @@ mod tests {
         let raised = reread(&format!("{PORT}capacity: {{endpoints: 4}}\n{WEB}{}", endpoint_lines(3)));
         let file = raised.config.path.display().to_string();
         r.apply(SourceMsg::File { state: Box::new(raised), trigger: "edit".into() });
-        let st = lock(&shared.state).sources[FILE_SOURCE].clone();
+        let st = shared.borrow().sources[FILE_SOURCE].clone();
         assert!(!st.accepted);
         assert_eq!(st.problems, [format!(
             "{file}:2:23: capacity.endpoints: 2 -> 4 takes effect at restart: the running appliance keeps 2 (restart it, or put back 2 to reload the rest)"
@@ -1087,11 +1249,11 @@ mod tests {
         // Alone, too: nothing of the file is applied while it asks for a restart.
         let only = reread(&format!("{PORT}capacity: {{endpoints: 4}}\n{WEB}{}", endpoint_lines(2)));
         r.apply(SourceMsg::File { state: Box::new(only), trigger: "edit".into() });
-        assert!(!lock(&shared.state).sources[FILE_SOURCE].accepted);
+        assert!(!shared.borrow().sources[FILE_SOURCE].accepted);
         // A key taken out goes back to its default: a change, at the section.
         let gone = reread(&format!("{PORT}{WEB}{}admin: {{maxConnections: 8}}\n", endpoint_lines(2)));
         r.apply(SourceMsg::File { state: Box::new(gone), trigger: "edit".into() });
-        let st = lock(&shared.state).sources[FILE_SOURCE].clone();
+        let st = shared.borrow().sources[FILE_SOURCE].clone();
         assert_eq!(st.problems, [
             format!("{file}:8:25: admin.maxConnections: 16 -> 8 takes effect at restart: the running appliance keeps 16 (restart it, or put back 16 to reload the rest)"),
             format!("{file}:1:1: capacity.endpoints: 2 -> 65536 takes effect at restart: the running appliance keeps 2 (restart it, or put back 2 to reload the rest)"),
@@ -1099,7 +1261,7 @@ mod tests {
         // Put back, the other changes apply.
         let back = reread(&format!("{PORT}capacity: {{endpoints: 2}}\n{WEB}{}", endpoint_lines(1)));
         r.apply(SourceMsg::File { state: Box::new(back), trigger: "edit".into() });
-        assert!(lock(&shared.state).sources[FILE_SOURCE].accepted);
+        assert!(shared.borrow().sources[FILE_SOURCE].accepted);
         assert_eq!(r.publisher().generation(), g + 1);
     }
 
@@ -1109,7 +1271,7 @@ mod tests {
         let over = reread(&format!("{PORT}capacity: {{endpoints: 2}}\n{WEB}{}", endpoint_lines(3)));
         let file = over.config.path.display().to_string();
         r.apply(SourceMsg::File { state: Box::new(over), trigger: "edit".into() });
-        let st = lock(&shared.state).sources[FILE_SOURCE].clone();
+        let st = shared.borrow().sources[FILE_SOURCE].clone();
         assert_eq!(st.problems, [format!("{file}:2:23: capacity.endpoints: more than 2 endpoints: raise capacity.endpoints (it takes effect at restart)")]);
     }
 
@@ -1120,11 +1282,11 @@ mod tests {
         // compilation fails.
         r.compiler = Compiler::new(4, 2);
         r.apply(desired("xds", svc("web", &[(0, "10.0.0.5"), (1, "10.0.0.6"), (2, "10.0.0.7")])));
-        let st = lock(&shared.state).sources["xds"].clone();
+        let st = shared.borrow().sources["xds"].clone();
         assert!(!st.accepted);
         assert!(st.problems[0].contains("capacity.endpoints"), "{:?}", st.problems);
         assert!(r.model.get("xds").is_none());
         r.apply(desired("xds", svc("web", &[(0, "10.0.0.5")])));
-        assert!(lock(&shared.state).sources["xds"].accepted);
+        assert!(shared.borrow().sources["xds"].accepted);
     }
 }

@@ -21,7 +21,7 @@ pub const SAMPLE_EVERY: Duration = Duration::from_millis(200);
 
 /// Records what each worker did since the last sample.
 pub fn sample(sh: &Shared, now: Instant) {
-    let published = lock(&sh.state).generation; // released at once: one lock at a time
+    let published = sh.control().generation; // released at once: one lock at a time
     let mut live = lock(&sh.liveness);
     for (l, w) in live.iter_mut().zip(&sh.workers) {
         let c = &w.counters;
@@ -66,7 +66,7 @@ pub fn silent_for(sh: &Shared, now: Instant) -> Vec<Duration> {
 /// Why the appliance is not healthy (empty when it is).
 pub fn unhealthy(sh: &Shared, now: Instant) -> Vec<String> {
     // One lock at a time: the reconciler and the sampler take them too.
-    let published = lock(&sh.state).generation;
+    let published = sh.control().generation;
     let live = lock(&sh.liveness).clone();
     let mut why = Vec::new();
     for (l, w) in live.iter().zip(&sh.workers) {
@@ -102,7 +102,7 @@ pub fn unready(sh: &Shared, now: Instant) -> Vec<String> {
             why.push(format!("BIRD does not run the configuration Sluice generated: {e}"));
         }
     }
-    let st = lock(&sh.state);
+    let st = sh.control();
     why.extend(st.faults.iter().cloned());
     if st.published_at.is_none() {
         why.push("no configuration published yet".into());
@@ -161,7 +161,7 @@ mod tests {
                         1 => drop(unready(&sh, now)),
                         _ => sample(&sh, now),
                     }
-                    lock(&sh.state).generation += 1;
+                    sh.control().generation += 1;
                 }
                 let _ = tx.send(());
             });
@@ -176,7 +176,7 @@ mod tests {
         let sh = shared(1);
         let t0 = Instant::now();
         {
-            let mut st = lock(&sh.state);
+            let mut st = sh.control();
             st.published_at = Some(t0);
             st.sources.insert("kubernetes".into(), SourceStatus { accepted: true, ..Default::default() });
         }
@@ -187,6 +187,38 @@ mod tests {
         assert!(unready(&sh, t0).is_empty(), "{:?}", unready(&sh, t0));
         lock(&kube).not_served = vec!["the API has no GatewayRouter resource".into()];
         assert_eq!(unready(&sh, t0), vec!["source kubernetes: not served: the API has no GatewayRouter resource".to_owned()]);
+    }
+
+    #[test]
+    fn a_configuration_bird_refused_makes_the_appliance_unready_and_shows_in_the_metrics() {
+        use crate::routing::bird::BirdStatus;
+        let sh = Arc::new(shared(1));
+        let t0 = Instant::now();
+        sh.control().published_at = Some(t0);
+        sh.workers[0].counters.idle_polls.add(1);
+        sample(&sh, t0);
+        let refused = "bird.conf: Permission denied".to_owned();
+        let (tx, rx) = tokio::sync::watch::channel(Some(BirdStatus {
+            refused: Some(refused.clone()),
+            error: Some(refused),
+            configure_failures: 1,
+            ..BirdStatus::default()
+        }));
+        sh.bird.set(rx).unwrap();
+        let metrics = crate::admin::metrics::registry(Arc::clone(&sh), Arc::default());
+        let metric = |name: &str| {
+            let text = crate::admin::metrics::render(&metrics);
+            // Unlabelled rows read `name{} value`.
+            text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix("{} ").map(str::to_owned))
+        };
+        let why = unready(&sh, t0);
+        assert!(why.len() == 1 && why[0].starts_with("BIRD refused the configuration") && why[0].contains("Permission denied"), "{why:?}");
+        assert_eq!(metric("sluice_bird_configuration_refused").as_deref(), Some("1"));
+        assert_eq!(metric("sluice_bird_configuration_failures_total").as_deref(), Some("1"));
+        // BIRD takes it: every report clears.
+        tx.send_replace(Some(BirdStatus { configure_failures: 1, ..BirdStatus::default() }));
+        assert!(unready(&sh, t0).is_empty(), "{:?}", unready(&sh, t0));
+        assert_eq!(metric("sluice_bird_configuration_refused").as_deref(), Some("0"));
     }
 
     #[test]
@@ -209,7 +241,7 @@ mod tests {
         let sh = shared(1);
         let t0 = Instant::now();
         {
-            let mut st = lock(&sh.state);
+            let mut st = sh.control();
             st.generation = 3;
             st.published_at = Some(t0);
             st.sources.insert("file".into(), SourceStatus { accepted: true, ..Default::default() });
@@ -228,7 +260,7 @@ mod tests {
         sample(&sh, t1);
         assert!(unhealthy(&sh, t1).is_empty());
         assert!(unready(&sh, t1).is_empty());
-        lock(&sh.state).sources.insert(
+        sh.control().sources.insert(
             "file".into(),
             SourceStatus { accepted: false, problems: vec!["a.yaml:3:5: vips[0]: bad".into()], ..Default::default() },
         );

@@ -159,7 +159,7 @@ impl Collector for SluiceCollector {
         family(&mut e, "sluice_mempool_mbufs", "Packet buffers in the pool.", Kind::Gauge, one(f(u64::from(sh.pool.capacity()))))?;
 
         {
-            let st = lock(&sh.state);
+            let st = sh.control();
             family(&mut e, "sluice_snapshot_generation", "Generation of the snapshot published last.", Kind::Gauge, one(f(st.generation)))?;
             family(&mut e, "sluice_snapshot_publish_seconds", "Time the last compile and publish took.", Kind::Gauge, one(V::F(st.publish_seconds)))?;
             family(&mut e, "sluice_snapshot_publishes", "Snapshots published.", Kind::Counter, one(f(st.publishes)))?;

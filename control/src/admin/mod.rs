@@ -145,7 +145,7 @@ async fn latency_handler(State(app): State<App>) -> Response {
 }
 
 fn snapshot(app: &App) -> Option<Arc<sluice_dataplane::snapshot::Snapshot>> {
-    crate::ground::lock(&app.shared.state).snapshot.clone()
+    app.shared.snapshot()
 }
 
 fn json<T: serde::Serialize>(v: &T) -> Response {

@@ -1,20 +1,29 @@
 //! What the admin endpoint reads: the workers' counters (written by the
 //! workers, read with relaxed loads), probes of the ports and of the packet
-//! pool, and the state the reconciler records after each decision.
+//! pool, and the channels the control tasks publish on (the reconciler's
+//! publications and status, the BIRD driver's status).
 //!
 //! Nothing here touches the fast path: probes are traits so that the
-//! endpoint can be tested without DPDK, and the control state sits behind
-//! one short-held lock that only the reconciler writes.
+//! endpoint can be tested without DPDK. The admin endpoint's view of the
+//! published state ([`ControlState`]) is its own, behind one short-held
+//! lock: [`Shared::control`] brings it up to the channels' last values
+//! when it is read, so what it shows is never older than what a source
+//! was told.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use serde::Serialize;
 use sluice_dataplane::counters::WorkerCounters;
+use tokio::sync::watch;
 
 use crate::compile::EndpointStatus;
+use crate::ground::lock;
+use crate::reconcile::{Baselines, Published, ReconcilerStatus, Summary};
+
+pub use crate::reconcile::{RouteMeta, SourceStatus, REBUILT_SHOWN};
 
 /// Basic counters of a port, as DPDK gives them.
 pub use sluice_ffi::PortStats;
@@ -130,46 +139,8 @@ pub struct ServiceMeta {
     pub ready: bool,
 }
 
-/// A route as status shows it.
-#[derive(Clone, Debug, Serialize)]
-pub struct RouteMeta {
-    /// Name.
-    pub name: String,
-    /// Service.
-    pub service: String,
-    /// Priority.
-    pub priority: i32,
-    /// VIPs (one allocation per route, not one more per VIP as text).
-    pub vips: Vec<std::net::IpAddr>,
-}
-
-/// Rebuilt services named in a source's status: a change that rebuilt
-/// 10,000 services shows the first 64 and the count.
-pub const REBUILT_SHOWN: usize = 64;
-
-/// What the reconciler last did with a source's state.
-#[derive(Clone, Debug, Default, Serialize)]
-pub struct SourceStatus {
-    /// The source's last state is the one being served.
-    pub accepted: bool,
-    /// When it was last heard from (seconds since the epoch).
-    pub at: u64,
-    /// What made it send (file change, SIGHUP, start, ...).
-    pub trigger: String,
-    /// Why its last state was refused (empty when accepted).
-    pub problems: Vec<String>,
-    /// Services whose tables its last accepted change rebuilt (the first
-    /// [`REBUILT_SHOWN`] of them, in name order).
-    pub rebuilt: Vec<String>,
-    /// How many services that change rebuilt.
-    pub rebuilt_count: usize,
-    /// States accepted.
-    pub accepted_total: u64,
-    /// States refused.
-    pub rejected_total: u64,
-}
-
-/// What the reconciler records for the admin endpoint.
+/// The admin endpoint's view of what the reconciler published and decided
+/// (see [`Shared::control`]).
 #[derive(Debug, Default)]
 pub struct ControlState {
     /// Generation published last.
@@ -185,21 +156,20 @@ pub struct ControlState {
     /// Services.
     pub services: Vec<ServiceMeta>,
     /// Routes.
-    pub routes: Vec<RouteMeta>,
+    pub routes: Arc<Vec<RouteMeta>>,
     /// Endpoints, service by service (see [`ControlState::all_endpoints`]).
     pub endpoints: crate::compile::Statuses,
     /// Counter values at the time a slot was (re)assigned: (packets, bytes).
-    pub service_base: HashMap<u32, (u64, u64)>,
-    /// Same, for endpoint slots.
-    pub endpoint_base: HashMap<u32, (u64, u64)>,
+    pub base: Arc<Baselines>,
     /// Snapshots replaced but not yet freed.
     pub snapshots_pending: usize,
     /// Next hops the kernel has not resolved yet.
     pub unresolved: usize,
     /// Control tasks that ended before shutdown (a panic, a lost channel).
     pub faults: Vec<String>,
-    /// The snapshot published last (for table dumps and explanations).
-    pub snapshot: Option<std::sync::Arc<sluice_dataplane::snapshot::Snapshot>>,
+    /// The publication the view was last brought up to: its generation and
+    /// model summary.
+    seen: Option<(u64, Arc<Summary>)>,
 }
 
 impl ControlState {
@@ -212,6 +182,60 @@ impl ControlState {
     pub fn reload_totals(&self) -> (u64, u64) {
         self.sources.values().fold((0, 0), |(a, r), s| (a + s.accepted_total, r + s.rejected_total))
     }
+
+    /// Brings the view up to the publication `p`: the services' list is
+    /// made again after a new model summary, and otherwise only whether
+    /// services are ready changes (of the services `p` names when it
+    /// follows the publication seen last, of all when some were missed).
+    fn catch_up(&mut self, p: &Published) {
+        let next = (p.generation, &p.summary);
+        match self.seen.as_ref() {
+            Some((g, summary)) if *g == p.generation && Arc::ptr_eq(summary, &p.summary) => return,
+            Some((g, summary)) if Arc::ptr_eq(summary, &p.summary) => match p.changed.as_deref().filter(|_| *g + 1 == p.generation) {
+                Some(names) => {
+                    for name in names {
+                        if let Ok(i) = self.services.binary_search_by(|m| m.name.as_str().cmp(name)) {
+                            self.services[i].ready = p.ready(name);
+                        }
+                    }
+                }
+                None => self.services.iter_mut().for_each(|m| m.ready = p.ready(&m.name)),
+            },
+            _ => {
+                // Room for every service (collected from a filter, it grew
+                // by doubling).
+                let mut services = Vec::with_capacity(p.summary.services.len());
+                services.extend(p.summary.services.iter().map(|s| ServiceMeta {
+                    name: s.name.clone(),
+                    slot: s.slot,
+                    algorithm: s.algorithm,
+                    flow_table: s.flow_table,
+                    limit: s.limit,
+                    table_size: s.table_size,
+                    ready: p.ready(&s.name),
+                }));
+                self.services = services;
+                self.routes = Arc::clone(&p.summary.routes);
+            }
+        }
+        self.seen = Some((next.0, Arc::clone(next.1)));
+        self.generation = p.generation;
+        self.published_at = p.at;
+        self.publish_seconds = p.seconds;
+        self.publishes = p.count;
+        self.endpoints = p.endpoints.clone();
+        self.unresolved = p.unresolved;
+        self.base = Arc::clone(&p.baselines);
+    }
+}
+
+/// The reconciler's channels the admin endpoint reads.
+#[derive(Debug)]
+pub struct Reconciled {
+    /// Its publications.
+    pub published: watch::Receiver<Published>,
+    /// Its status.
+    pub status: watch::Receiver<ReconcilerStatus>,
 }
 
 /// Liveness of one worker, as the health sampler saw it.
@@ -246,8 +270,11 @@ pub struct Shared {
     pub workers: Vec<WorkerEntry>,
     /// Ticks per second of the workers' cycle counter.
     pub cycles_hz: u64,
-    /// The reconciler's record.
+    /// The admin endpoint's view of the reconciler's publications and
+    /// status: read it through [`Shared::control`].
     pub state: Mutex<ControlState>,
+    /// The reconciler's channels (set once, before the admin endpoint serves).
+    pub reconciled: std::sync::OnceLock<Reconciled>,
     /// Per worker, what the health sampler saw last.
     pub liveness: Mutex<Vec<WorkerLiveness>>,
     /// The xDS source's status, while it runs.
@@ -280,11 +307,33 @@ impl Shared {
             workers,
             cycles_hz,
             state: Mutex::new(ControlState::default()),
+            reconciled: std::sync::OnceLock::new(),
             liveness: Mutex::new(liveness),
             xds: Mutex::new(None),
             bird: std::sync::OnceLock::new(),
             kube: Mutex::new(None),
         }
+    }
+
+    /// The view of what the reconciler published and decided, brought up to
+    /// its channels' last values (it stays as it is without them).
+    pub fn control(&self) -> MutexGuard<'_, ControlState> {
+        let mut st = lock(&self.state);
+        if let Some(r) = self.reconciled.get() {
+            st.catch_up(&r.published.borrow());
+            let status = r.status.borrow();
+            if st.sources != status.sources {
+                st.sources.clone_from(&status.sources);
+            }
+            st.snapshots_pending = status.snapshots_pending;
+        }
+        st
+    }
+
+    /// The snapshot published last (for table dumps and explanations).
+    pub fn snapshot(&self) -> Option<Arc<sluice_dataplane::snapshot::Snapshot>> {
+        let p = self.reconciled.get()?.published.borrow();
+        p.at.map(|_| Arc::clone(&p.snapshot))
     }
 
     /// The BIRD driver's last status, while gateway routers are configured.
@@ -308,64 +357,17 @@ impl Shared {
         })
     }
 
-    /// Records current totals of newly assigned slots as their starting
-    /// point. A slot that never counted anything has nothing to subtract
-    /// and no entry (counters only grow, so an entry it had is gone too):
-    /// 100,000 fresh endpoint slots would otherwise keep 3.5 MiB of zeros.
-    pub fn baseline(&self, st: &mut ControlState, services: &[u32], endpoints: &[u32]) {
-        fn record(base: &mut HashMap<u32, (u64, u64)>, slot: u32, totals: (u64, u64)) {
-            if totals == (0, 0) {
-                base.remove(&slot);
-            } else {
-                base.insert(slot, totals);
-            }
-        }
-        for &s in services {
-            record(&mut st.service_base, s, self.service_totals(s));
-        }
-        for &s in endpoints {
-            record(&mut st.endpoint_base, s, self.endpoint_totals(s));
-        }
-    }
-
     /// Packets and bytes of a service since its slot was assigned.
     pub fn service_count(&self, st: &ControlState, slot: u32) -> (u64, u64) {
         let (p, b) = self.service_totals(slot);
-        let (bp, bb) = st.service_base.get(&slot).copied().unwrap_or((0, 0));
+        let (bp, bb) = st.base.services.get(&slot).copied().unwrap_or((0, 0));
         (p.saturating_sub(bp), b.saturating_sub(bb))
     }
 
     /// Packets and bytes of an endpoint since its slot was assigned.
     pub fn endpoint_count(&self, st: &ControlState, slot: u32) -> (u64, u64) {
         let (p, b) = self.endpoint_totals(slot);
-        let (bp, bb) = st.endpoint_base.get(&slot).copied().unwrap_or((0, 0));
+        let (bp, bb) = st.base.endpoints.get(&slot).copied().unwrap_or((0, 0));
         (p.saturating_sub(bp), b.saturating_sub(bb))
-    }
-}
-
-
-#[cfg(test)]
-mod tests {
-    use sluice_dataplane::counters::WorkerCounters;
-
-    use super::*;
-
-    #[test]
-    fn only_slots_that_counted_keep_a_baseline() {
-        let w = (0..2).map(|i| WorkerEntry { lcore: i + 1, counters: Arc::new(WorkerCounters::new(2, 4)), latency: None }).collect();
-        let sh = Shared::new("t.yaml".into(), Vec::new(), Arc::new(IdlePool), w, 1);
-        let mut st = ControlState::default();
-        sh.workers[0].counters.endpoints[1].count(100);
-        sh.workers[1].counters.endpoints[1].count(60);
-        sh.baseline(&mut st, &[0, 1], &[0, 1, 2, 3]);
-        assert!(st.service_base.is_empty(), "no service counted anything");
-        assert_eq!(st.endpoint_base.len(), 1, "only slot 1 counted: {:?}", st.endpoint_base);
-        assert_eq!(sh.endpoint_count(&st, 1), (0, 0), "slot 1 starts from what it had");
-        sh.workers[0].counters.endpoints[1].count(40);
-        sh.workers[1].counters.endpoints[2].count(10);
-        assert_eq!((sh.endpoint_count(&st, 1), sh.endpoint_count(&st, 2)), ((1, 40), (1, 10)));
-        // Slot 2 given again: it starts from its totals; slot 1 too.
-        sh.baseline(&mut st, &[], &[1, 2]);
-        assert_eq!((sh.endpoint_count(&st, 1), sh.endpoint_count(&st, 2)), ((0, 0), (0, 0)));
     }
 }

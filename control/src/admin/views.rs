@@ -275,7 +275,7 @@ pub fn status(sh: &Shared, query: &StatusQuery) -> Result<String, NoService> {
     let xds = lock(&sh.xds).as_ref().map(|x| lock(x).clone());
     let bird = sh.bird();
     let kubernetes = lock(&sh.kube).as_ref().map(|k| lock(k).clone());
-    let st = lock(&sh.state);
+    let st = sh.control();
     if let Some(name) = &query.service {
         if !st.services.iter().any(|m| &m.name == name) {
             return Err(NoService(name.clone()));
@@ -362,7 +362,7 @@ mod tests {
         // An endpoint names its output port by index: status shows its name.
         let sh = Shared::new("c.yaml".into(), vec![port("p0")], Arc::new(IdlePool), Vec::<WorkerEntry>::new(), 1);
         {
-            let mut st = lock(&sh.state);
+            let mut st = sh.control();
             st.services.push(ServiceMeta {
                 name: "web".into(),
                 slot: 0,
@@ -410,7 +410,7 @@ mod tests {
     fn shared_with(n: usize, per: u32) -> Shared {
         let sh = Shared::new("c.yaml".into(), Vec::new(), Arc::new(IdlePool), Vec::<WorkerEntry>::new(), 1);
         {
-            let mut st = lock(&sh.state);
+            let mut st = sh.control();
             let mut eps = Vec::new();
             for i in 0..n {
                 let name = format!("s{i}");
@@ -423,7 +423,7 @@ mod tests {
                     table_size: 6421,
                     ready: true,
                 });
-                st.routes.push(RouteMeta { name: format!("r{i}"), service: name.clone(), priority: 0, vips: vec![format!("10.9.0.{i}").parse().unwrap()] });
+                Arc::make_mut(&mut st.routes).push(RouteMeta { name: format!("r{i}"), service: name.clone(), priority: 0, vips: vec![format!("10.9.0.{i}").parse().unwrap()] });
                 let service = Arc::new(name);
                 let list: Vec<EndpointStatus> = (0..per)
                     .map(|id| EndpointStatus {

@@ -17,7 +17,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use futures_util::future::BoxFuture;
-use sluice_dataplane::addr::Addr;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
@@ -30,7 +29,7 @@ use crate::ground::lock;
 use crate::admin::{self, health, AdminCounters, Limits};
 use crate::model::{Defaults, Desired};
 use crate::reconcile::{Reconciler, Settings};
-use crate::routing::bird::{Driver, Servable};
+use crate::routing::bird::Driver;
 use crate::routing::Neighbours;
 use crate::sources::kube::{self, KubeStatus};
 use crate::sources::xds::{self, XdsStatus};
@@ -42,10 +41,9 @@ use super::stall::{StallWatch, EXIT_STALLED};
 pub struct Parts {
     /// Shared with the admin endpoint.
     pub shared: Arc<Shared>,
-    /// Owner of the model and the publisher (already started).
+    /// Owner of the model and the publisher (already started; the admin
+    /// endpoint already follows its channels).
     pub reconciler: Reconciler,
-    /// The next hops the reconciler wants resolved.
-    pub hops: watch::Receiver<Arc<Vec<(u8, Addr)>>>,
     /// The accepted file's settings (the xDS and Kubernetes sources follow them).
     pub settings: watch::Receiver<Settings>,
     /// The configuration file.
@@ -58,8 +56,6 @@ pub struct Parts {
     pub ifaces: Vec<String>,
     /// Loss accounting below DPDK.
     pub loss: LossSampler,
-    /// Which VIPs lead to a ready endpoint (the BIRD driver follows it).
-    pub served: watch::Receiver<Servable>,
     /// How long a worker may go without polling before the process exits
     /// (`dpdk.stallExitSeconds`).
     pub stall_exit: Duration,
@@ -70,7 +66,7 @@ pub struct Parts {
 /// Runs until SIGINT or SIGTERM (or `stop` is cancelled), then shuts the
 /// control side down in order.
 pub async fn run(p: Parts, stop: CancellationToken) -> Result<()> {
-    let Parts { shared, reconciler, mut hops, settings, config_path, initial, admin: (admin_addr, limits), ifaces, mut loss, served, learned, stall_exit } = p;
+    let Parts { shared, reconciler, settings, config_path, initial, admin: (admin_addr, limits), ifaces, mut loss, learned, stall_exit } = p;
     let listener = admin::bind(admin_addr)
         .await
         .with_context(|| format!("cannot listen on {admin_addr} for the admin endpoint (admin.listen)"))?;
@@ -95,6 +91,10 @@ pub async fn run(p: Parts, stop: CancellationToken) -> Result<()> {
             "admin endpoint"
         });
     }
+    // Why the workers do not forward, as the health sampler sees it (the
+    // BIRD driver announces nothing meanwhile).
+    let not_forwarding = |sh: &Shared, now| if sh.workers.is_empty() { vec!["no workers".to_owned()] } else { health::unhealthy(sh, now) };
+    let (forwarding_tx, forwarding) = watch::channel(not_forwarding(&shared, Instant::now()));
     {
         let (sh, c) = (Arc::clone(&shared), admin_cancel.clone());
         let mut watch = StallWatch::new(shared.workers.len(), stall_exit);
@@ -106,6 +106,8 @@ pub async fn run(p: Parts, stop: CancellationToken) -> Result<()> {
                     _ = t.tick() => {
                         let now = Instant::now();
                         health::sample(&sh, now);
+                        let why = not_forwarding(&sh, now);
+                        forwarding_tx.send_if_modified(|w| std::mem::replace(w, why.clone()) != why);
                         if let Some(why) = watch.check(&sh, now) {
                             error!(reason = %why, status = EXIT_STALLED, "a worker is stalled: exiting for the supervisor to start Sluice again");
                             sluice_ffi::process::exit_now(EXIT_STALLED);
@@ -133,19 +135,29 @@ pub async fn run(p: Parts, stop: CancellationToken) -> Result<()> {
     let neighbours = Arc::new(neighbours);
     {
         let (nb, c) = (Arc::clone(&neighbours), rest_cancel.clone());
-        // The list is taken (shared) out of the channel, and the channel's
-        // lock let go, before the set is made from it: the reconciler's
-        // next send does not wait for that.
-        let wanted = Arc::clone(&hops.borrow_and_update());
+        let mut published = reconciler.publications();
+        // The list is taken (shared) out of the publication, and the
+        // channel's lock let go, before the set is made from it: the
+        // reconciler's next publication does not wait for that. A list
+        // alike the last one (made again by a compilation) is kept without
+        // asking again, so that the next one is found shared.
+        let mut wanted = Arc::clone(&published.borrow_and_update().next_hops);
         nb.want(&wanted);
         tasks.spawn(async move {
             loop {
                 tokio::select! {
                     () = c.cancelled() => return "next-hop follower",
-                    r = hops.changed() => match r {
+                    r = published.changed() => match r {
                         Ok(()) => {
-                            let wanted = Arc::clone(&hops.borrow_and_update());
-                            nb.want(&wanted);
+                            let next = Arc::clone(&published.borrow_and_update().next_hops);
+                            if Arc::ptr_eq(&next, &wanted) {
+                                continue;
+                            }
+                            let alike = next == wanted;
+                            wanted = next;
+                            if !alike {
+                                nb.want(&wanted);
+                            }
                         }
                         Err(_) => return "next-hop follower",
                     },
@@ -155,7 +167,7 @@ pub async fn run(p: Parts, stop: CancellationToken) -> Result<()> {
     }
 
     let bird_settings = settings.clone();
-    let (mut driver, bird) = Driver::new(settings.clone(), served, Arc::clone(&shared));
+    let (mut driver, bird) = Driver::new(settings.clone(), reconciler.publications(), forwarding);
     let _ = shared.bird.set(driver.status());
     driver.learn_gateways_to(learned);
     {
@@ -189,6 +201,7 @@ pub async fn run(p: Parts, stop: CancellationToken) -> Result<()> {
             "file source"
         });
     }
+    let gate = reconciler.stop_gate();
     {
         let c = work_cancel.clone();
         tasks.spawn(async move {
@@ -215,10 +228,10 @@ pub async fn run(p: Parts, stop: CancellationToken) -> Result<()> {
             }
         }
     };
-    // Under the lock a publication holds: one in progress finishes before
+    // Under the gate a publication holds: one in progress finishes before
     // this line, and none starts after it.
     {
-        let _published = lock(&shared.state);
+        let _published = lock(&gate);
         work_cancel.cancel();
     }
     info!("{why}: stopping");

@@ -40,7 +40,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info};
 
-use crate::admin::state::{PoolProbe, PortEntry, PortLoss, PortMeta, PortProbe, Shared, WorkerEntry};
+use crate::admin::state::{PoolProbe, PortEntry, PortLoss, PortMeta, PortProbe, Reconciled, Shared, WorkerEntry};
 use crate::admin::Limits;
 use crate::compile::{TopoPort, Topology};
 use crate::problem::Problem;
@@ -298,11 +298,12 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
             .collect(),
         gateways: cfg.gateways.clone(),
     };
-    let (hops_tx, hops_rx) = watch::channel(Arc::new(Vec::new()));
     let (settings_tx, settings_rx) = watch::channel(Settings::of(&initial.config));
-    let mut reconciler = Reconciler::new(initial.clone(), topo, publisher, Arc::clone(&shared), hops_tx, settings_tx);
-    let (served_tx, served_rx) = watch::channel(crate::routing::bird::Servable::default());
-    reconciler.announce_to(served_tx);
+    let counters = shared.workers.iter().map(|w| Arc::clone(&w.counters)).collect();
+    let mut reconciler = Reconciler::new(initial.clone(), topo, publisher, counters, settings_tx);
+    let reconciled = Reconciled { published: reconciler.publications(), status: reconciler.status() };
+    // Set once: the shared state was made just above.
+    let _ = shared.reconciled.set(reconciled);
     let (learned_tx, learned_rx) = watch::channel(Vec::new());
     reconciler.follow_learned_gateways(learned_rx);
     reconciler
@@ -349,7 +350,6 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
     let parts = control::Parts {
         shared: Arc::clone(&shared),
         reconciler,
-        hops: hops_rx,
         settings: settings_rx,
         config_path: args.config.clone(),
         initial,
@@ -363,7 +363,6 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
         ),
         ifaces: cfg.ports.iter().map(|p| p.kernel_interface.clone()).collect(),
         loss,
-        served: served_rx,
         learned: learned_tx,
         stall_exit: Duration::from_secs(u64::from(cfg.dpdk.stall_exit_secs)),
     };

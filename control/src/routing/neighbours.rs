@@ -72,8 +72,7 @@ use tracing::{debug, info, warn};
 
 use super::{errno, RoutingError};
 
-/// Resolved next hops: `(port index, address)` to MAC.
-pub type NeighMap = HashMap<(u8, Addr), [u8; 6]>;
+pub use crate::compile::NeighMap;
 
 /// A neighbour entry: interface index and address.
 type Key = (u32, Addr);

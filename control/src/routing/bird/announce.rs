@@ -2,19 +2,21 @@
 //!
 //! A VIP is announced while the workers forward and at least one service
 //! it routes to has a ready endpoint ([`decide`]); otherwise it is withdrawn
-//! and the reason is kept. The driver renders BIRD's configuration from the
-//! accepted GatewayRouters and the announced VIPs, writes it atomically and
-//! applies it (`configure check`, then `configure`) whenever it changes: on
-//! every publish of the reconciler, on settings changes, and on a 200 ms
-//! tick that notices workers that stopped forwarding, so a VIP is withdrawn
-//! well within a second of losing its last ready endpoint. Before a
-//! graceful shutdown, [`DriverHandle::withdraw_all`] withdraws everything
-//! and says when BIRD has taken it.
+//! and the reason is kept. The driver computes what can be served from the
+//! reconciler's publications ([`Servable::of`]) and learns whether the
+//! workers forward from the health sampler's channel. It renders BIRD's
+//! configuration from the accepted GatewayRouters and the announced VIPs,
+//! writes it atomically and applies it (`configure check`, then
+//! `configure`) whenever it changes: on every publication, on settings
+//! changes, when the workers stop or start forwarding, and on a 200 ms
+//! tick, so a VIP is withdrawn well within a second of losing its last
+//! ready endpoint. Before a graceful shutdown,
+//! [`DriverHandle::withdraw_all`] withdraws everything and says when BIRD
+//! has taken it.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::Path;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -26,17 +28,39 @@ use super::client::Client;
 use super::render::render;
 use super::supervisor::Supervisor;
 use super::{BirdError, BirdStatus, SessionStatus};
-use crate::admin::health;
 use crate::config::GatewayConfig;
-use crate::admin::state::Shared;
 use crate::ground::now_epoch;
-use crate::reconcile::Settings;
+use crate::reconcile::{Published, Settings};
 use crate::config::router::{protocol_name, BirdConfig, BirdMode, RoutingConfig};
 
 /// For each VIP, the services it routes to and whether each has a ready
-/// endpoint (the reconciler publishes this with every snapshot).
+/// endpoint.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Servable(pub BTreeMap<IpAddr, Vec<(String, bool)>>);
+
+impl Servable {
+    /// What the publication `p` can serve: its routes' VIPs, each with its
+    /// services and whether `p`'s snapshot has a ready endpoint for each.
+    pub fn of(p: &Published) -> Servable {
+        let mut vips: BTreeMap<IpAddr, Vec<(String, bool)>> = BTreeMap::new();
+        for r in p.summary.routes.iter() {
+            let ready = p.ready(&r.service);
+            for v in &r.vips {
+                // Room for one service (a VIP's usual count), not the
+                // four a first push makes: 10,000 VIPs kept 1 MB more.
+                let e = vips.entry(*v).or_insert_with(|| Vec::with_capacity(1));
+                if !e.iter().any(|(n, _)| *n == r.service) {
+                    e.push((r.service.clone(), ready));
+                }
+            }
+        }
+        Servable(vips)
+    }
+}
+
+/// Why the workers do not forward (empty while they do), as the health
+/// sampler last saw it.
+pub type Forwarding = watch::Receiver<Vec<String>>;
 
 /// A VIP, announced or not, and why.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -95,8 +119,10 @@ impl DriverHandle {
 #[derive(Debug)]
 pub struct Driver {
     settings: watch::Receiver<Settings>,
-    served: watch::Receiver<Servable>,
-    shared: Arc<Shared>,
+    publications: watch::Receiver<Published>,
+    /// What the last publication seen can serve, and its generation.
+    served: (u64, Servable),
+    forwarding: Forwarding,
     cmds: mpsc::Receiver<WithdrawReply>,
     /// What BIRD did, as last seen; published on `published` after each pass.
     status: BirdStatus,
@@ -121,14 +147,16 @@ const TICK: Duration = Duration::from_millis(200);
 const REFRESH: Duration = Duration::from_secs(1);
 
 impl Driver {
-    /// A driver following `settings` and `served` (`shared` tells whether
-    /// the workers forward); its status goes out on [`Driver::status`].
-    pub fn new(settings: watch::Receiver<Settings>, served: watch::Receiver<Servable>, shared: Arc<Shared>) -> (Driver, DriverHandle) {
+    /// A driver following `settings`, the reconciler's `publications` and
+    /// whether the workers forward (`forwarding`); its status goes out on
+    /// [`Driver::status`].
+    pub fn new(settings: watch::Receiver<Settings>, publications: watch::Receiver<Published>, forwarding: Forwarding) -> (Driver, DriverHandle) {
         let (tx, cmds) = mpsc::channel(1);
         let d = Driver {
             settings,
-            served,
-            shared,
+            publications,
+            served: (0, Servable::default()),
+            forwarding,
             cmds,
             status: BirdStatus::default(),
             published: watch::channel(None).0,
@@ -160,13 +188,14 @@ impl Driver {
     pub async fn run(mut self, cancel: CancellationToken) {
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let (mut settings_open, mut served_open) = (true, true);
+        let (mut settings_open, mut published_open, mut forwarding_open) = (true, true, true);
         loop {
             self.step().await;
             tokio::select! {
                 () = cancel.cancelled() => break,
                 r = self.settings.changed(), if settings_open => settings_open = r.is_ok(),
-                r = self.served.changed(), if served_open => served_open = r.is_ok(),
+                r = self.publications.changed(), if published_open => published_open = r.is_ok(),
+                r = self.forwarding.changed(), if forwarding_open => forwarding_open = r.is_ok(),
                 Some(reply) = self.cmds.recv() => {
                     let had = self.applied.as_deref().is_some_and(|t| t.contains(" blackhole;"));
                     self.withdrawing = true;
@@ -243,13 +272,14 @@ impl Driver {
         }
         self.routing = Some(routing.clone());
 
-        let not_forwarding = if self.shared.workers.is_empty() {
-            vec!["no workers".to_owned()]
-        } else {
-            health::unhealthy(&self.shared, Instant::now())
-        };
-        let served = self.served.borrow().clone();
-        let vips = decide(&served, &not_forwarding, self.withdrawing);
+        let not_forwarding = self.forwarding.borrow_and_update().clone();
+        {
+            let p = self.publications.borrow_and_update();
+            if p.generation != self.served.0 {
+                self.served = (p.generation, Servable::of(&p));
+            }
+        }
+        let vips = decide(&self.served.1, &not_forwarding, self.withdrawing);
         let announced: Vec<IpAddr> = vips.iter().filter(|v| v.announced).map(|v| v.vip).collect();
         let Some(router_id) = routing.router_id else {
             self.publish();
@@ -509,18 +539,51 @@ pub fn write_atomic(path: &Path, text: &str) -> Result<(), BirdError> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-    use crate::admin::state::{PoolProbe, WorkerEntry};
+    use sluice_dataplane::rcu::Publisher;
+    use sluice_dataplane::snapshot::Snapshot;
 
-    #[derive(Debug)]
-    struct Pool;
-    impl PoolProbe for Pool {
-        fn in_use(&self) -> u32 {
-            0
-        }
-        fn capacity(&self) -> u32 {
-            1
-        }
+    use super::*;
+    use crate::compile::{TopoPort, Topology};
+    use crate::config::IfAddr;
+    use crate::reconcile::Reconciler;
+    use crate::sources::{FileState, SourceMsg};
+
+    /// The state of the file `r.yaml` in `dir`, written to say: service web
+    /// on 20.0.0.1, with a ready endpoint or with none.
+    fn file_state(dir: &Path, ready: bool) -> FileState {
+        let eps = if ready { r#"[{id: 0, address: 10.0.0.5, mac: "02:00:00:00:00:01"}]"# } else { "[]" };
+        let path = dir.join("r.yaml");
+        let text = format!(
+            "ports: [{{name: p, device: net_null0, addresses: [10.0.0.1/24]}}]\nroutes: [{{name: r, service: web, vips: [20.0.0.1]}}]\nservices: [{{name: web, endpoints: {eps}}}]\n"
+        );
+        std::fs::write(&path, text).unwrap();
+        crate::sources::read(&path).unwrap()
+    }
+
+    /// A reconciler started with [`file_state`] (web ready): its
+    /// publications are what the driver follows.
+    fn reconciler(dir: &Path) -> Reconciler {
+        let state = file_state(dir, true);
+        let topo = Topology {
+            ports: vec![TopoPort {
+                name: "p".into(),
+                mac: [2, 0, 0, 0, 0, 9],
+                mtu: 1500,
+                vlan: 0,
+                addresses: vec![IfAddr { addr: "10.0.0.1".parse().unwrap(), prefix: 24 }],
+            }],
+            gateways: vec![],
+        };
+        let (settings, _) = watch::channel(Settings::of(&state.config));
+        let mut r = Reconciler::new(state, topo, Publisher::new(Snapshot::default()), Vec::new(), settings);
+        r.start().unwrap();
+        r
+    }
+
+    /// Makes `r` publish web with a ready endpoint or with none.
+    fn serve(r: &mut Reconciler, dir: &Path, ready: bool) {
+        r.apply(SourceMsg::File { state: Box::new(file_state(dir, ready)), trigger: "test".into() });
+        assert_eq!(r.publications().borrow().ready("web"), ready);
     }
 
     /// BIRD's routes ("" while it does not answer yet, or refuses because
@@ -579,23 +642,11 @@ mod tests {
         );
         let cfg = crate::config::parse_str(&text, &dir.join("c.yaml")).unwrap();
         let (_settings_tx, settings) = watch::channel(Settings::of(&cfg));
-        let vip: IpAddr = "20.0.0.1".parse().unwrap();
-        let (served_tx, served) = watch::channel(Servable([(vip, vec![("web".to_owned(), true)])].into_iter().collect()));
-        let counters = Arc::new(sluice_dataplane::counters::WorkerCounters::new(4, 4));
-        let shared = Arc::new(Shared::new("c.yaml".into(), Vec::new(), Arc::new(Pool), vec![WorkerEntry { lcore: 1, counters: Arc::clone(&counters), latency: None }], 1));
+        let mut r = reconciler(&dir);
+        // The workers forward.
+        let (_forwarding_tx, forwarding) = watch::channel(Vec::new());
         let cancel = CancellationToken::new();
-        {
-            // A worker that keeps polling.
-            let (sh, c) = (Arc::clone(&shared), cancel.clone());
-            tokio::spawn(async move {
-                while !c.is_cancelled() {
-                    counters.busy_polls.add(1);
-                    health::sample(&sh, Instant::now());
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            });
-        }
-        let (driver, handle) = Driver::new(settings, served, Arc::clone(&shared));
+        let (driver, handle) = Driver::new(settings, r.publications(), forwarding);
         let rx = driver.status();
         let task = tokio::spawn(driver.run(cancel.clone()));
 
@@ -610,12 +661,12 @@ mod tests {
         assert_eq!(st.sessions[0].protocol, "gw_gw");
         assert!(std::fs::read_to_string(&conf).unwrap().contains("protocol bgp gw_gw"));
 
-        served_tx.send_replace(Servable([(vip, vec![("web".to_owned(), false)])].into_iter().collect()));
+        serve(&mut r, &dir, false);
         eventually("the VIP is withdrawn", async || !routes(&sock).await.contains("20.0.0.1/32")).await;
         eventually("the status says so", async || status().vips[0].reason.starts_with("withdrawn")).await;
         assert_eq!(status().vips[0].reason, "withdrawn: no ready endpoint in service web");
 
-        served_tx.send_replace(Servable([(vip, vec![("web".to_owned(), true)])].into_iter().collect()));
+        serve(&mut r, &dir, true);
         eventually("the VIP is back", async || routes(&sock).await.contains("20.0.0.1/32")).await;
         // No session is up, so there is nothing to wait for after withdrawing.
         assert_eq!(handle.withdraw_all().await, Ok(false));
@@ -630,9 +681,9 @@ mod tests {
 
     /// An external `bird` that refuses the configuration Sluice writes (it
     /// runs as nobody and cannot read the file): the refusal shows in the
-    /// status, in `/readyz`'s reasons, in a metric and in the VIPs' states,
-    /// which say what BIRD runs rather than what Sluice wanted; once BIRD
-    /// can read it, all of that clears.
+    /// status (which `/readyz` and the metrics read: see the admin
+    /// endpoint's tests) and in the VIPs' states, which say what BIRD runs
+    /// rather than what Sluice wanted; once BIRD can read it, that clears.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_refused_configuration_is_reported_as_such() {
         use std::os::unix::fs::PermissionsExt;
@@ -661,41 +712,21 @@ mod tests {
         );
         let cfg = crate::config::parse_str(&text, &dir.join("c.yaml")).unwrap();
         let (_settings_tx, settings) = watch::channel(Settings::of(&cfg));
-        let vip: IpAddr = "20.0.0.1".parse().unwrap();
-        let (served_tx, served) = watch::channel(Servable([(vip, vec![("web".to_owned(), true)])].into_iter().collect()));
-        let counters = Arc::new(sluice_dataplane::counters::WorkerCounters::new(4, 4));
-        let shared = Arc::new(Shared::new("c.yaml".into(), Vec::new(), Arc::new(Pool), vec![WorkerEntry { lcore: 1, counters: Arc::clone(&counters), latency: None }], 1));
+        let mut r = reconciler(&dir);
+        let (_forwarding_tx, forwarding) = watch::channel(Vec::new());
         let cancel = CancellationToken::new();
-        {
-            let (sh, c) = (Arc::clone(&shared), cancel.clone());
-            tokio::spawn(async move {
-                while !c.is_cancelled() {
-                    counters.busy_polls.add(1);
-                    health::sample(&sh, Instant::now());
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            });
-        }
-        let (driver, _handle) = Driver::new(settings, served, Arc::clone(&shared));
-        shared.bird.set(driver.status()).unwrap();
+        let (driver, _handle) = Driver::new(settings, r.publications(), forwarding);
+        let rx = driver.status();
         let task = tokio::spawn(driver.run(cancel.clone()));
-        let status = || shared.bird().unwrap_or_default();
-        let metrics = crate::admin::metrics::registry(Arc::clone(&shared), Arc::default());
-        let metric = |name: &str| {
-            let text = crate::admin::metrics::render(&metrics);
-            // Unlabelled rows read `name{} value`.
-            text.lines().find_map(|l| l.strip_prefix(name)?.strip_prefix("{} ").map(str::to_owned))
-        };
-        let bird_unready = || health::unready(&shared, Instant::now()).into_iter().filter(|w| w.contains("BIRD")).collect::<Vec<_>>();
+        let status = || rx.borrow().clone().unwrap_or_default();
 
         // First BIRD can read the file: the VIP is in its configuration.
         eventually("BIRD runs the configuration", async || routes(&sock).await.contains("20.0.0.1/32") && status().configured > 0).await;
         assert_eq!(status().refused, None);
-        assert_eq!(metric("sluice_bird_configuration_refused").as_deref(), Some("0"));
 
         // Then it cannot, and the VIP is withdrawn: BIRD keeps announcing it.
         std::fs::set_permissions(dir.join("private"), std::fs::Permissions::from_mode(0o700)).unwrap();
-        served_tx.send_replace(Servable([(vip, vec![("web".to_owned(), false)])].into_iter().collect()));
+        serve(&mut r, &dir, false);
         eventually("the refusal is in the status", async || status().refused.is_some()).await;
         let st = status();
         assert!(st.refused.as_deref().unwrap().contains("Permission denied"), "{:?}", st.refused);
@@ -706,17 +737,13 @@ mod tests {
             st.vips[0]
         );
         assert_eq!(st.vips[0].reason, "not announced: in BIRD's configuration, but no BGP session is Established");
-        let why = bird_unready();
-        assert!(why.len() == 1 && why[0].starts_with("BIRD refused the configuration") && why[0].contains("Permission denied"), "{why:?}");
-        assert_eq!(metric("sluice_bird_configuration_refused").as_deref(), Some("1"));
-        assert!(metric("sluice_bird_configuration_failures_total").is_some_and(|n| n != "0"));
+        assert!(st.configure_failures > 0);
 
         // BIRD can read it again: it withdraws, and every report clears.
         std::fs::set_permissions(dir.join("private"), std::fs::Permissions::from_mode(0o755)).unwrap();
         eventually("BIRD takes the configuration", async || !routes(&sock).await.contains("20.0.0.1/32") && status().refused.is_none()).await;
         assert_eq!(status().vips[0].reason, "withdrawn: no ready endpoint in service web");
-        assert_eq!(bird_unready(), Vec::<String>::new());
-        assert_eq!(metric("sluice_bird_configuration_refused").as_deref(), Some("0"));
+        assert_eq!(status().error, None);
 
         cancel.cancel();
         task.await.unwrap();
