@@ -744,19 +744,26 @@ impl Reconciler {
     /// slots would otherwise keep 3.5 MiB of zeros.
     fn baselines(&self, services: &[u32], endpoints: &[u32]) -> Arc<Baselines> {
         let mut base = Arc::clone(&self.published.borrow().baselines);
-        let mut record = |which: fn(&mut Baselines) -> &mut HashMap<u32, (u64, u64)>, slot: u32, totals: (u64, u64)| {
-            let now = which(Arc::make_mut(&mut base)).get(&slot).copied();
-            if totals == (0, 0) && now.is_some() {
-                which(Arc::make_mut(&mut base)).remove(&slot);
-            } else if totals != (0, 0) && now != Some(totals) {
-                which(Arc::make_mut(&mut base)).insert(slot, totals);
+        // Read in place; copied (once, when still shared) only to change.
+        let mut record = |services: bool, slot: u32, totals: (u64, u64)| {
+            let of = |b: &Baselines| if services { b.services.get(&slot).copied() } else { b.endpoints.get(&slot).copied() };
+            let now = of(&base);
+            if (totals == (0, 0) && now.is_none()) || (totals != (0, 0) && now == Some(totals)) {
+                return;
+            }
+            let b = Arc::make_mut(&mut base);
+            let map = if services { &mut b.services } else { &mut b.endpoints };
+            if totals == (0, 0) {
+                map.remove(&slot);
+            } else {
+                map.insert(slot, totals);
             }
         };
         for &slot in services {
-            record(|b| &mut b.services, slot, totals(&self.counters, slot, |c| &c.services));
+            record(true, slot, totals(&self.counters, slot, |c| &c.services));
         }
         for &slot in endpoints {
-            record(|b| &mut b.endpoints, slot, totals(&self.counters, slot, |c| &c.endpoints));
+            record(false, slot, totals(&self.counters, slot, |c| &c.endpoints));
         }
         base
     }
