@@ -272,9 +272,9 @@ pub fn status(sh: &Shared, query: &StatusQuery) -> Result<String, NoService> {
             }
         })
         .collect();
-    let xds = lock(&sh.xds).as_ref().map(|x| lock(x).clone());
+    let xds = sh.xds();
     let bird = sh.bird();
-    let kubernetes = lock(&sh.kube).as_ref().map(|k| lock(k).clone());
+    let kubernetes = sh.kube();
     let st = sh.control();
     if let Some(name) = &query.service {
         if !st.services.iter().any(|m| &m.name == name) {
