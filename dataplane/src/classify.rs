@@ -328,7 +328,7 @@ impl Classifier {
         }
         // Grown by doubling, the pools would keep up to twice what they
         // hold for as long as the snapshot lives (10,000 VIPs: 1.4 MB of
-        // empty table rows, before the tables were reserved exactly).
+        // empty table rows).
         c.vips.shrink_to_fit();
         c.candidates.shrink_to_fit();
         c.cidrs.shrink_to_fit();
