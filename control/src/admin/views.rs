@@ -68,8 +68,8 @@ struct ServiceView<'a> {
 }
 
 /// Endpoints `/status` lists unless asked for more (`?endpoints=all`):
-/// 100,000 of them made a 30 MB document that `sluice status` printed as
-/// 100,000 rows.
+/// 100,000 of them make a 30 MB document that `sluice status` would print
+/// as 100,000 rows.
 pub const ENDPOINTS_LISTED: usize = 1000;
 
 /// What `/status` lists: every service or one (`?service=NAME`), and up to
@@ -113,7 +113,8 @@ impl StatusQuery {
 
 /// The services, endpoints and routes of the status, written as they are
 /// read from the control state: with 10,000 services of 10 endpoints, a
-/// view of each made first was 20 MB and 500,000 allocations per request.
+/// view of each made first would be 20 MB and 500,000 allocations per
+/// request.
 #[derive(Clone, Copy)]
 struct Listing<'a> {
     sh: &'a Shared,

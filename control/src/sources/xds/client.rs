@@ -660,12 +660,10 @@ fn sotw_resources(resp: &mut DiscoveryResponse, type_url: &str) -> Result<Vec<An
 /// The name of each assignment held, by the digest of its bytes as the
 /// last accepted SotW response carried it. The names are shared, not
 /// copied: a response of 10,000 assignments makes no string for those
-/// that come again as they were. (Fresh strings outlived each response,
-/// scattered among its freed buffers. Sharing them took the appliance's
-/// own time from a SotW response to its publication from 15.1 to 10.7 ms
-/// at the median, and its resident memory after 200 changes of 10,000
-/// clusters from 159,912 to 156,928 KiB: one run each, `xds_scale --mode
-/// sotw`.)
+/// that come again as they were. (Fresh strings would outlive each
+/// response, scattered among its freed buffers: they lengthen the time
+/// from a SotW response to its publication and the heap the appliance
+/// keeps after many changes, both shown by `xds_scale --mode sotw`.)
 type Digests = HashMap<u128, Arc<str>>;
 
 /// The assignments of a SotW response into `next` (what is held, `held`,
@@ -722,9 +720,9 @@ fn sotw_assignments(held: &Resources, known: &Digests, anys: &[Any], next: &mut 
 
 /// Cluster `c` (sent as `name`) as held, or `None` with its problems added
 /// to `errors`. Each cluster is held as soon as it is decoded, not after
-/// all of them: a decoded `Cluster` has most of Envoy's fields, and the
-/// list of 10,000 of them (its pushes and the copies as it grew) was about
-/// a fifth of the profile of a bulk load's clusters.
+/// all of them: a decoded `Cluster` has most of Envoy's fields, and a
+/// list of 10,000 of them (its pushes and the copies as it grows) would be
+/// about a fifth of the time a bulk load spends on its clusters.
 fn held_cluster(name: &str, c: &Cluster, errors: &mut Vec<String>) -> Option<HeldCluster> {
     match mapping::decode_cluster(c) {
         Ok(l4) => Some(HeldCluster { l4: l4.map(Arc::new), eds: mapping::eds_name(c) }),
