@@ -450,9 +450,10 @@ fn replicas(eps: &[(EndpointId, u32)]) -> Vec<u32> {
 /// A probe costs about as much as a few dozen first-visit steps of
 /// [`Visits::first_of`] (one slot, one walker, in vector lanes): at 8,
 /// about 1,300 of 65537 slots go by events at N = 1000 (5,200 at N =
-/// 100). Against a threshold of 1 (the scalar event finish), 8 takes about
-/// 0.8 of the time (0.7 at N = 100) when probes miss the caches and about
-/// the same when they hit; 32 takes about 1.2 (1.3) (`bench/maglev_ab.sh`).
+/// 100). Against a scalar event finish from a threshold of 1, this one
+/// takes about 0.8 of the time at 8 (0.7 at N = 100) when probes miss the
+/// caches, about the same when they hit, and 1.2 (1.3) at 32
+/// (`bench/maglev_ab.sh`).
 const EVENT_TAIL: u64 = 8;
 
 /// The population, as entries naming each endpoint of `eps` (sorted,
