@@ -216,10 +216,10 @@ impl SlotChanges {
                     })
                     .collect();
                 let (pe, ne) = (p.entries(), t.entries());
-                for (i, w) in (0..m).zip((0..m).map(|i| i / 64)) {
+                for i in 0..m {
                     let was = moved.get(usize::from(pe.get(i))).copied().flatten();
                     if was != Some(ne.get(i)) {
-                        bits[w] |= 1 << (i % 64);
+                        bits[i / 64] |= 1 << (i % 64);
                         count += 1;
                     }
                 }
