@@ -865,9 +865,11 @@ fn compile_service(
         table_size: s.table_size,
         endpoints: specs,
     };
+    // Built after the previous version, the service knows which slots of
+    // its table changed: the pins sibling sync exports.
     let svc = match old {
         Some(o) if o.svc.is_built_from(&spec) => Arc::clone(&o.svc),
-        _ => Arc::new(Service::build(&spec).map_err(|e| format!("service {name:?}: {e}"))?),
+        _ => Arc::new(Service::build_after(&spec, old.map(|o| &*o.svc)).map_err(|e| format!("service {name:?}: {e}"))?),
     };
     Ok(Entry::new(Input::of(s), key, svc, statuses.into(), incarnations))
 }

@@ -105,6 +105,14 @@ pub struct WorkerCounters {
     pub generation: Counter,
     /// Live flow-table entries evicted to make room.
     pub flow_evictions: Counter,
+    /// Pins pushed to the sync ring for sibling appliances.
+    pub sync_exported: Counter,
+    /// Pins not pushed because the sync ring was full (the flow's next
+    /// packet tries again).
+    pub sync_ring_full: Counter,
+    /// Flows without a pin of their own that took a pin received from a
+    /// sibling.
+    pub sync_pin_hits: Counter,
     /// Drops, by [`DropReason::index`].
     pub drops: [Counter; DropReason::COUNT],
     /// Per service, by counter slot.
@@ -141,6 +149,9 @@ impl WorkerCounters {
             interrupt_wakeups: Counter::default(),
             generation: Counter::default(),
             flow_evictions: Counter::default(),
+            sync_exported: Counter::default(),
+            sync_ring_full: Counter::default(),
+            sync_pin_hits: Counter::default(),
             drops: std::array::from_fn(|_| Counter::default()),
             // Zeroed memory: a slot's page becomes resident when its
             // service or endpoint is first counted.

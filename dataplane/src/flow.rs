@@ -143,11 +143,31 @@ impl FlowTimeouts {
 /// Bits of an endpoint's incarnation a [`FlowPin`] keeps.
 pub const PIN_INCARNATION_BITS: u32 = 12;
 
+/// The mark of change epoch `epoch` of a service (see
+/// [`crate::service::SlotChanges`]) that a [`FlowPin`] keeps in 2 bits:
+/// 0 for epoch 0 (a table that never changed), else `epoch % 3 + 1`.
+#[inline]
+#[allow(clippy::cast_possible_truncation)] // below 3
+pub fn sync_mark(epoch: u32) -> u8 {
+    if epoch == 0 {
+        0
+    } else {
+        (epoch % 3) as u8 + 1
+    }
+}
+
 /// A flow's pin, in 32 bits: the endpoint identifier (16 bits, stable while
 /// the endpoint stays in its service, unlike its position), the low
 /// [`PIN_INCARNATION_BITS`] bits of its incarnation, the [`FlowState`]
-/// (2 bits), and an "exported" bit for sharing pins with sibling
-/// appliances (1 bit, not set by this table); 1 bit spare.
+/// (2 bits), and its sync mark (2 bits, not set by this table): the
+/// [`sync_mark`] of its service's change epoch when the pin was made or
+/// last checked for export to sibling appliances. A pin whose mark differs
+/// from its service's was made under an older table: it is checked (and
+/// exported when a sibling's table would send it elsewhere) once, and
+/// takes the current mark, which stands for the pin's "exported" bit
+/// being cleared at every change without a walk over the table. The mark
+/// repeats every 3 epochs: a pin silent through exactly a multiple of 3
+/// changes of its service is not checked again.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct FlowPin(u32);
 
@@ -155,7 +175,7 @@ impl FlowPin {
     const INC_SHIFT: u32 = 16;
     const INC_MASK: u32 = (1 << PIN_INCARNATION_BITS) - 1;
     const STATE_SHIFT: u32 = 28;
-    const EXPORTED: u32 = 1 << 30;
+    const MARK_SHIFT: u32 = 30;
 
     /// The pin of endpoint `endpoint` of incarnation `incarnation`, for a
     /// flow in state `state`.
@@ -190,17 +210,18 @@ impl FlowPin {
         FlowPin(self.0 & !(3 << Self::STATE_SHIFT) | (s as u32) << Self::STATE_SHIFT)
     }
 
-    /// True when the pin was exported to sibling appliances.
+    /// Its sync mark (see [`sync_mark`]).
     #[inline(always)]
-    pub fn exported(self) -> bool {
-        self.0 & Self::EXPORTED != 0
+    #[allow(clippy::cast_possible_truncation)] // 2 bits
+    pub fn sync_mark(self) -> u8 {
+        (self.0 >> Self::MARK_SHIFT) as u8
     }
 
-    /// The same pin, marked exported or not.
+    /// The same pin with sync mark `mark` (its low 2 bits).
     #[inline(always)]
     #[must_use]
-    pub fn with_exported(self, yes: bool) -> FlowPin {
-        FlowPin(if yes { self.0 | Self::EXPORTED } else { self.0 & !Self::EXPORTED })
+    pub fn with_sync_mark(self, mark: u8) -> FlowPin {
+        FlowPin(self.0 & !(3 << Self::MARK_SHIFT) | (u32::from(mark) & 3) << Self::MARK_SHIFT)
     }
 }
 
@@ -565,15 +586,17 @@ mod tests {
     #[test]
     fn a_pin_keeps_its_fields_apart() {
         let p = FlowPin::new(65535, 0xffff_fabc, FlowState::TcpClosing);
-        assert_eq!((p.endpoint(), p.state(), p.exported()), (65535, FlowState::TcpClosing, false));
+        assert_eq!((p.endpoint(), p.state(), p.sync_mark()), (65535, FlowState::TcpClosing, 0));
         assert!(p.is_incarnation(0xabc) && p.is_incarnation(0x1abc), "12 bits are kept");
         assert!(!p.is_incarnation(0xabd));
-        let q = p.with_exported(true).with_state(FlowState::Udp);
-        assert_eq!((q.endpoint(), q.state(), q.exported()), (65535, FlowState::Udp, true));
+        let q = p.with_sync_mark(3).with_state(FlowState::Udp);
+        assert_eq!((q.endpoint(), q.state(), q.sync_mark()), (65535, FlowState::Udp, 3));
         assert!(q.is_incarnation(0xabc));
-        assert_eq!(q.with_exported(false).with_state(FlowState::TcpClosing), p);
+        assert_eq!(q.with_sync_mark(1).with_state(FlowState::TcpOpen).sync_mark(), 1);
+        assert_eq!(q.with_sync_mark(0).with_state(FlowState::TcpClosing), p);
         let z = FlowPin::new(0, 0, FlowState::Other);
-        assert_eq!((z.endpoint(), z.state(), z.exported()), (0, FlowState::Other, false));
+        assert_eq!((z.endpoint(), z.state(), z.sync_mark()), (0, FlowState::Other, 0));
+        assert_eq!((0..7).map(sync_mark).collect::<Vec<_>>(), [0, 2, 3, 1, 2, 3, 1], "epoch 0 has no mark; the others take turns");
     }
 
     #[test]

@@ -26,5 +26,6 @@ pub mod rewrite;
 pub mod service;
 pub mod snapshot;
 pub mod steer;
+pub mod sync;
 pub mod verdict;
 pub mod worker;

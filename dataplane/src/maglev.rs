@@ -366,6 +366,12 @@ impl Table {
         self.entries.get(reduce(hash, self.size()) as usize)
     }
 
+    /// The entry (slot) a flow hash falls in, below [`Table::size`].
+    #[inline(always)]
+    pub fn slot(&self, hash: u64) -> usize {
+        reduce(hash, self.size()) as usize
+    }
+
     /// Where the entry for a flow hash lives (for a prefetch; not read).
     #[inline(always)]
     pub fn entry_addr(&self, hash: u64) -> *const u8 {

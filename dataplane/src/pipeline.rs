@@ -22,6 +22,19 @@
 //!   ([`crate::steer`]), unless it came from another worker already.
 //! - Anything else addressed to the appliance, and every broadcast or
 //!   multicast frame: the kernel's business (exception path).
+//!
+//! Sharing pins with sibling appliances ([`crate::sync`], when attached
+//! with [`Pipeline::attach_sync`]), for services with a flow table:
+//! - a pin hit of a Maglev service whose table changed since the pin was
+//!   made or last checked (the pin's sync mark differs from the service's)
+//!   is checked once: when the table now chooses another endpoint than the
+//!   pin's, a sibling without the pin would send the flow elsewhere, so
+//!   its record goes into the worker's sync ring (`sync_exported`; a full
+//!   ring is counted as `sync_ring_full` and the next packet tries again);
+//! - a flow with no pin of its own (not a TCP SYN, which always takes the
+//!   table) looks up the pins received from siblings before the table,
+//!   and takes one whose endpoint is still there, of the same incarnation
+//!   (`sync_pin_hits`).
 
 use crate::counters::WorkerCounters;
 use crate::flow::{FlowKey, FlowPin, FlowState, FlowTable, FlowTimeouts, FragKey, FragTable, Pin};
@@ -35,6 +48,9 @@ use crate::snapshot::Snapshot;
 use crate::classify::Lookup;
 use crate::addr::Addr;
 use crate::steer::owner;
+use crate::sync::{PinRecord, SyncRing, SyncedPins};
+use crate::rcu::Reader;
+use std::sync::Arc;
 use crate::verdict::{DropReason, Verdict};
 
 /// Offset of the flags in a TCP header, and the flags a new connection
@@ -148,6 +164,15 @@ struct State {
     frag_event: FragEvent,
     icmp: RateLimit,
     steer: Option<Steer>,
+    sync: Option<SyncPort>,
+}
+
+/// A pipeline's link with sibling appliances: where its exports go, and
+/// the pins received from them.
+#[derive(Debug)]
+struct SyncPort {
+    ring: Arc<SyncRing>,
+    synced: Reader<SyncedPins>,
 }
 
 fn frag_key(p: &Parsed) -> FragKey {
@@ -166,6 +191,7 @@ impl Pipeline {
                 frag_event: FragEvent::None,
                 icmp: RateLimit::new(cfg.icmp_rate, cfg.icmp_burst),
                 steer: None,
+                sync: None,
             },
             parsed: Parsed::default(),
             ahead: Box::new([Ahead::default(); BURST]),
@@ -178,6 +204,32 @@ impl Pipeline {
     /// turns steering off.
     pub fn set_steering(&mut self, workers: u16, index: u16) {
         self.state.steer = (workers > 1).then_some(Steer { workers, me: index });
+    }
+
+    /// Shares pins with sibling appliances: exports go into `ring`, and
+    /// flows without a pin look up the pins `synced` reads (see the
+    /// module's header). [`Pipeline::begin_round`] moves to the latest
+    /// synced pins.
+    pub fn attach_sync(&mut self, ring: Arc<SyncRing>, synced: Reader<SyncedPins>) {
+        self.state.sync = Some(SyncPort { ring, synced });
+    }
+
+    /// Takes the latest pins received from siblings, and lets go of those
+    /// it used before (the quiescent point of their reader). Call it once
+    /// per round of bursts, as the snapshot is read.
+    #[inline]
+    pub fn begin_round(&mut self) {
+        if let Some(s) = self.state.sync.as_mut() {
+            s.synced.read();
+        }
+    }
+
+    /// Stops holding back the reclamation of synced pins (a worker
+    /// stopping).
+    pub fn sync_offline(&mut self) {
+        if let Some(s) = self.state.sync.as_mut() {
+            s.synced.offline();
+        }
     }
 
     /// The flow table (for status).
@@ -536,7 +588,7 @@ impl State {
         let hash = pre.map_or_else(|| flow_hash(key), |a| a.hash);
         let now_s = u32::try_from(now_ms / 1000).unwrap_or(u32::MAX).saturating_add(1);
         let tcp_flags = if key.proto == 6 && !p.icmp_error && has_ports { pkt.data().get(usize::from(p.l4) + TCP_FLAGS).copied().unwrap_or(0) } else { 0 };
-        let Some(ep) = self.select(svc, key, hash, p.icmp_error, tcp_flags, now_s) else {
+        let Some(ep) = self.select(svc, key, hash, p.icmp_error, tcp_flags, (now_s, now_ms), ctr) else {
             return Verdict::Drop(DropReason::NoEndpoint);
         };
         if p.frag == Fragment::First {
@@ -555,10 +607,22 @@ impl State {
     /// follows its pin while the pinned endpoint (of that incarnation) is
     /// in the service, draining or not; a TCP SYN, a flow without a pin and
     /// a flow whose endpoint left take the service's table and are pinned
-    /// to its choice. An ICMP error follows its flow's pin, changing
-    /// nothing.
+    /// to its choice. A flow without a pin (not a SYN) first looks up the
+    /// pins received from siblings. An ICMP error follows its flow's pin,
+    /// changing nothing. `now` is in seconds (the flow table's clock) and
+    /// milliseconds.
     #[inline]
-    fn select<'s>(&mut self, svc: &'s Service, key: &Flow, hash: u64, icmp: bool, tcp_flags: u8, now_s: u32) -> Option<&'s Endpoint> {
+    #[allow(clippy::too_many_arguments)]
+    fn select<'s>(
+        &mut self,
+        svc: &'s Service,
+        key: &Flow,
+        hash: u64,
+        icmp: bool,
+        tcp_flags: u8,
+        (now_s, now_ms): (u32, u64),
+        ctr: &WorkerCounters,
+    ) -> Option<&'s Endpoint> {
         if !svc.flow_table {
             let table = svc.table.as_ref()?;
             return svc.endpoint_at(table.lookup(hash));
@@ -571,21 +635,69 @@ impl State {
             if let Some((_, ep)) = pinned {
                 return Some(ep);
             }
+            if let Some(ep) = found.is_none().then(|| self.synced(svc, &fk, hash, now_ms)).flatten() {
+                return Some(ep);
+            }
             let table = svc.table.as_ref()?;
             return svc.endpoint_at(table.lookup(hash));
         }
         let syn = key.proto == 6 && tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN;
         if let Some((p, ep)) = pinned.filter(|_| !syn) {
-            let p = p.with_state(FlowState::after(Some(p.state()), key.proto, tcp_flags));
+            let mut p = p.with_state(FlowState::after(Some(p.state()), key.proto, tcp_flags));
+            if p.sync_mark() != svc.sync_mark() {
+                p = self.check_export(svc, &fk, p, ep, hash, ctr);
+            }
             self.flows.set(slot, &fk, p, now_s);
             return Some(ep);
+        }
+        let state = FlowState::after(None, key.proto, tcp_flags);
+        if found.is_none() && !syn {
+            if let Some(ep) = self.synced(svc, &fk, hash, now_ms) {
+                self.flows.set(slot, &fk, FlowPin::new(ep.id, ep.incarnation, state).with_sync_mark(svc.sync_mark()), now_s);
+                ctr.sync_pin_hits.add(1);
+                return Some(ep);
+            }
         }
         let table = svc.table.as_ref()?;
         // Random: a uniformly random table entry, so weights hold.
         let at = if svc.algorithm == Algorithm::Maglev { table.lookup(hash) } else { table.lookup(self.next_random()) };
         let ep = svc.endpoint_at(at)?;
-        self.flows.set(slot, &fk, FlowPin::new(ep.id, ep.incarnation, FlowState::after(None, key.proto, tcp_flags)), now_s);
+        self.flows.set(slot, &fk, FlowPin::new(ep.id, ep.incarnation, state).with_sync_mark(svc.sync_mark()), now_s);
         Some(ep)
+    }
+
+    /// The endpoint of a pin received from a sibling for `fk`, when there
+    /// is one, still holding, whose endpoint is in `svc` with the same
+    /// incarnation.
+    #[inline]
+    fn synced<'s>(&self, svc: &'s Service, fk: &FlowKey, hash: u64, now_ms: u64) -> Option<&'s Endpoint> {
+        let sp = self.sync.as_ref()?.synced.last().lookup(fk, hash, now_ms)?;
+        svc.endpoint(sp.endpoint).filter(|e| e.incarnation == sp.incarnation)
+    }
+
+    /// Pin `p` of flow `fk` (to `ep`), made under an older table of `svc`
+    /// than the current one, checked once for export: when `svc` is a
+    /// Maglev service whose table now chooses another endpoint for the
+    /// flow, its record goes into the sync ring. Returns the pin with the
+    /// service's mark, or unmarked when the ring was full (the next packet
+    /// tries again).
+    #[cold]
+    #[inline(never)]
+    fn check_export(&mut self, svc: &Service, fk: &FlowKey, p: FlowPin, ep: &Endpoint, hash: u64, ctr: &WorkerCounters) -> FlowPin {
+        let marked = p.with_sync_mark(svc.sync_mark());
+        let Some(sync) = self.sync.as_ref().filter(|_| svc.algorithm == Algorithm::Maglev) else { return marked };
+        let choice = svc.table.as_ref().and_then(|t| svc.endpoint_at(t.lookup(hash)));
+        if choice.is_some_and(|c| std::ptr::eq(c, ep)) {
+            return marked;
+        }
+        let state = p.state();
+        if sync.ring.push(PinRecord::new(fk, ep.id, ep.incarnation, state, self.flows.timeouts().of(state))) {
+            ctr.sync_exported.add(1);
+            marked
+        } else {
+            ctr.sync_ring_full.add(1);
+            p
+        }
     }
 
     /// Sends the packet to `ep`, or, when it is too big for the tunnel,

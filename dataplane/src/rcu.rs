@@ -165,6 +165,13 @@ impl<T> Reader<T> {
         &self.cached
     }
 
+    /// The value the last [`Reader::read`] returned, without a quiescent
+    /// point: it stays valid until the next `read`.
+    #[inline(always)]
+    pub fn last(&self) -> &T {
+        &self.cached
+    }
+
     /// The generation of the value last returned.
     pub fn generation(&self) -> u64 {
         self.generation

@@ -6,12 +6,18 @@
 //! between snapshots while the spec does not change (the control plane
 //! keeps the specs and compares them): only changed services' tables are
 //! rebuilt.
+//!
+//! A service built after an earlier build of itself
+//! ([`Service::build_after`]) knows which slots of its table now choose
+//! another endpoint ([`SlotChanges`], worked out once per build): the flows
+//! in those slots are the ones a sibling appliance, having no pin for them,
+//! would send elsewhere.
 
 use std::fmt;
 use std::str::FromStr;
 
 use crate::addr::Addr;
-use crate::flow::{FlowPin, Pin};
+use crate::flow::{sync_mark, FlowPin, Pin};
 use crate::maglev::{default_size, EndpointId, Table, TableError};
 
 /// How a service picks an endpoint for a new flow.
@@ -162,11 +168,112 @@ pub struct Service {
     /// what they resolved to), so that [`Service::is_built_from`] needs no
     /// copy of the spec.
     asked: (bool, u32),
+    /// The slots whose endpoint changed against the previous build.
+    changes: SlotChanges,
+    /// [`sync_mark`] of `changes.epoch()`, read on every pin hit.
+    sync_mark: u8,
+}
+
+/// The slots of a service's table that choose another endpoint (another
+/// identifier or incarnation, or none) than the previous table of the same
+/// service, one bit per slot; and how many builds of the service so far
+/// changed any slot (its change epoch). A service built without a previous
+/// one has no bit set and epoch 0.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SlotChanges {
+    /// Bit `i % 64` of word `i / 64` for slot `i`; empty when no slot
+    /// changed (or the table has none).
+    bits: Box<[u64]>,
+    /// Bits set.
+    count: u32,
+    /// Builds that changed any slot, this one included.
+    epoch: u32,
+}
+
+impl SlotChanges {
+    /// The changes from `prev` (a service's previous table and endpoints)
+    /// to `next`. A table that goes away changes every flow's choice (to
+    /// none) and so moves the epoch, with no slot to set.
+    fn between(prev: Option<(&Option<Table>, &[Endpoint], u32)>, next: (&Option<Table>, &[Endpoint])) -> SlotChanges {
+        let Some((prev_table, prev_eps, prev_epoch)) = prev else { return SlotChanges::default() };
+        let (next_table, next_eps) = next;
+        let Some(t) = next_table else {
+            let epoch = prev_epoch + u32::from(prev_table.is_some());
+            return SlotChanges { bits: Box::default(), count: 0, epoch };
+        };
+        let m = t.size() as usize;
+        let mut bits = vec![0u64; m.div_ceil(64)];
+        let mut count = 0u32;
+        match prev_table.as_ref().filter(|p| p.size() == t.size()) {
+            Some(p) => {
+                // Position in the previous records -> position of the same
+                // endpoint (identifier and incarnation) in the new ones.
+                let moved: Vec<Option<u16>> = prev_eps
+                    .iter()
+                    .map(|e| {
+                        let i = next_eps.binary_search_by_key(&e.id, |n| n.id).ok()?;
+                        (next_eps[i].incarnation == e.incarnation).then(|| u16::try_from(i).unwrap_or(u16::MAX))
+                    })
+                    .collect();
+                let (pe, ne) = (p.entries(), t.entries());
+                for i in 0..m {
+                    let was = moved.get(usize::from(pe.get(i))).copied().flatten();
+                    if was != Some(ne.get(i)) {
+                        bits[i / 64] |= 1 << (i % 64);
+                        count += 1;
+                    }
+                }
+            }
+            // No table before, or one of another size: every slot changed.
+            None => {
+                for i in 0..m {
+                    bits[i / 64] |= 1 << (i % 64);
+                }
+                count = u32::try_from(m).unwrap_or(u32::MAX);
+            }
+        }
+        let epoch = prev_epoch + u32::from(count > 0);
+        if count == 0 {
+            bits = Vec::new();
+        }
+        SlotChanges { bits: bits.into_boxed_slice(), count, epoch }
+    }
+
+    /// True when slot `slot` chooses another endpoint than before.
+    #[inline]
+    pub fn contains(&self, slot: usize) -> bool {
+        self.bits.get(slot / 64).is_some_and(|w| w >> (slot % 64) & 1 != 0)
+    }
+
+    /// Slots that changed.
+    pub fn count(&self) -> u32 {
+        self.count
+    }
+
+    /// Builds of the service that changed any slot (0: the table has been
+    /// the same since the service was first built).
+    pub fn epoch(&self) -> u32 {
+        self.epoch
+    }
+
+    /// The bitmap, bit `i % 64` of word `i / 64` for slot `i` (empty when
+    /// no slot changed).
+    pub fn bits(&self) -> &[u64] {
+        &self.bits
+    }
 }
 
 impl Service {
-    /// Compiles `spec`.
+    /// Compiles `spec`, as a new service: no slot counts as changed.
     pub fn build(spec: &ServiceSpec) -> Result<Service, TableError> {
+        Service::build_after(spec, None)
+    }
+
+    /// Compiles `spec`, the next version of `prev` (the service of the
+    /// same key in the snapshot being replaced, if any): the result knows
+    /// which slots of its table changed against `prev`'s
+    /// ([`Service::changes`]), one pass over the slots.
+    pub fn build_after(spec: &ServiceSpec, prev: Option<&Service>) -> Result<Service, TableError> {
         let m = if spec.table_size == 0 { default_size(spec.limit) } else { spec.table_size };
         let takers: Vec<(EndpointId, u32)> =
             spec.endpoints.iter().filter(|e| !e.draining).map(|e| (e.id, e.weight)).collect();
@@ -204,6 +311,9 @@ impl Service {
                 draining: e.draining,
             });
         }
+        let prev = prev.filter(|p| p.key == spec.key).map(|p| (&p.table, &*p.endpoints, p.changes.epoch));
+        let changes = SlotChanges::between(prev, (&table, &endpoints[..]));
+        let sync_mark = sync_mark(changes.epoch);
         Ok(Service {
             name: spec.name.clone(),
             key: spec.key,
@@ -214,7 +324,21 @@ impl Service {
             endpoints: endpoints.into_boxed_slice(),
             tunnel_src: tunnel_src.into_boxed_slice(),
             asked: (spec.flow_table, spec.table_size),
+            changes,
+            sync_mark,
         })
+    }
+
+    /// The slots whose endpoint changed against the previous build.
+    pub fn changes(&self) -> &SlotChanges {
+        &self.changes
+    }
+
+    /// The mark a flow pin of this service carries once it has been
+    /// checked for export in the current change epoch ([`sync_mark`]).
+    #[inline(always)]
+    pub fn sync_mark(&self) -> u8 {
+        self.sync_mark
     }
 
     /// True when building `spec` would give this service: the same
@@ -328,6 +452,7 @@ impl Service {
         self.table.as_ref().map_or(0, Table::heap_bytes)
             + self.endpoints.len() * std::mem::size_of::<Endpoint>()
             + self.tunnel_src.len() * std::mem::size_of::<Addr>()
+            + self.changes.bits.len() * 8
             + self.name.capacity()
     }
 }
@@ -477,6 +602,100 @@ mod tests {
         assert!(grown.pinned(&Pin { incarnation: 2, ..pin }).is_none(), "another incarnation is another endpoint");
         assert!(grown.pinned(&Pin { endpoint: 6, ..pin }).is_none());
         assert!(grown.pinned(&Pin { at: 99, ..pin }).is_some(), "a hint past the end is only a hint");
+    }
+
+    /// (identifier, incarnation) each slot of `s`'s table chooses.
+    fn choices(s: &Service) -> Vec<Option<(EndpointId, u32)>> {
+        let t = s.table.as_ref().unwrap();
+        (0..t.size() as usize).map(|i| s.endpoint_at(t.entries().get(i)).map(|e| (e.id, e.incarnation))).collect()
+    }
+
+    /// The slots a slot-by-slot comparison finds changed.
+    fn diff(a: &Service, b: &Service) -> Vec<usize> {
+        choices(a).iter().zip(choices(b)).enumerate().filter(|(_, (x, y))| **x != *y).map(|(i, _)| i).collect()
+    }
+
+    fn set(c: &SlotChanges, m: u32) -> Vec<usize> {
+        (0..m as usize).filter(|&i| c.contains(i)).collect()
+    }
+
+    fn many(n: u16) -> ServiceSpec {
+        let addr = |i: u16| {
+            let [hi, lo] = i.to_be_bytes();
+            Addr::v4([10, 0, hi, lo])
+        };
+        let mut sp = spec((0..n).map(|i| EndpointSpec { addr: addr(i), ..ep(0, false) }).collect());
+        for (i, e) in (0u16..).zip(sp.endpoints.iter_mut()) {
+            e.id = i;
+            e.counter = u32::from(i);
+        }
+        sp.limit = 256;
+        sp
+    }
+
+    #[test]
+    fn a_rebuild_knows_which_slots_chose_another_endpoint() {
+        for n in [10u16, 100] {
+            let before = Service::build(&many(n)).unwrap();
+            assert_eq!((before.changes().count(), before.changes().epoch(), before.sync_mark()), (0, 0, 0), "a new service: nothing changed");
+            assert!(before.changes().bits().is_empty());
+            let m = before.table.as_ref().unwrap().size();
+            let after = Service::build_after(&many(n + 1), Some(&before)).unwrap();
+            let want = diff(&before, &after);
+            assert_eq!(set(after.changes(), m), want, "N = {n}: the bitmap is the slot-by-slot difference");
+            assert_eq!(after.changes().count() as usize, want.len());
+            // About 1/(N+1) of the slots go to the new endpoint; Maglev moves
+            // few others.
+            let share = f64::from(after.changes().count()) / f64::from(m);
+            let ideal = 1.0 / f64::from(n + 1);
+            assert!(share > ideal * 0.8 && share < ideal * 1.5, "N = {n}: {share} of the slots changed (ideal {ideal})");
+            let to_new = want.iter().filter(|&&i| after.endpoint_at(after.table.as_ref().unwrap().entries().get(i)).unwrap().id == n).count();
+            assert!(to_new * 10 >= want.len() * 9, "mostly to the new endpoint: {to_new} of {}", want.len());
+            assert_eq!((after.changes().epoch(), after.sync_mark()), (1, 2));
+            assert_eq!(after.changes().bits().len(), (m as usize).div_ceil(64));
+            assert!(after.heap_bytes() >= before.heap_bytes() + (m as usize).div_ceil(64) * 8 - 8);
+
+            // The same endpoints again: no slot changed, the epoch stays.
+            let same = Service::build_after(&many(n + 1), Some(&after)).unwrap();
+            assert_eq!((same.changes().count(), same.changes().epoch()), (0, 1));
+            assert!(same.changes().bits().is_empty());
+            // An endpoint of the same identifier but another incarnation is
+            // another endpoint: every slot of it changed.
+            let mut sp = many(n + 1);
+            sp.endpoints[3].incarnation = 2;
+            let reborn = Service::build_after(&sp, Some(&same)).unwrap();
+            let owned: Vec<usize> = choices(&same).iter().enumerate().filter(|(_, c)| c.is_some_and(|c| c.0 == 3)).map(|(i, _)| i).collect();
+            assert_eq!(set(reborn.changes(), m), owned);
+            assert_eq!(reborn.changes().epoch(), 2);
+            // An endpoint leaves (its slots and a few others change), one drains.
+            let mut sp = many(n + 1);
+            sp.endpoints.remove(5);
+            sp.endpoints[0].draining = true;
+            let fewer = Service::build_after(&sp, Some(&reborn)).unwrap();
+            assert_eq!(set(fewer.changes(), m), diff(&reborn, &fewer));
+            assert_eq!((fewer.changes().epoch(), fewer.sync_mark()), (3, 1));
+            // Another service's key is not a previous version.
+            let mut other = many(n + 1);
+            other.key = 9;
+            assert_eq!(Service::build_after(&other, Some(&fewer)).unwrap().changes(), &SlotChanges::default());
+        }
+    }
+
+    #[test]
+    fn a_table_that_comes_goes_or_resizes_changes_every_slot() {
+        let all_draining = Service::build(&spec(vec![ep(0, true), ep(1, true)])).unwrap();
+        let ready = Service::build_after(&spec(vec![ep(0, false), ep(1, true)]), Some(&all_draining)).unwrap();
+        let m = ready.table.as_ref().unwrap().size();
+        assert_eq!(ready.changes().count(), m, "a table where there was none");
+        assert_eq!(ready.changes().epoch(), 1);
+        let gone = Service::build_after(&spec(vec![ep(0, true), ep(1, true)]), Some(&ready)).unwrap();
+        assert!(gone.table.is_none());
+        assert_eq!((gone.changes().count(), gone.changes().epoch()), (0, 2), "no slots left, but every flow's choice changed");
+        let mut bigger = spec(vec![ep(0, false), ep(1, true)]);
+        bigger.table_size = 1031;
+        let resized = Service::build_after(&bigger, Some(&ready)).unwrap();
+        assert_eq!(resized.changes().count(), 1031);
+        assert!(set(resized.changes(), 1031).len() == 1031);
     }
 
     #[test]

@@ -29,6 +29,7 @@ use crate::rewrite::{add_vlan_tag, l2_len};
 use crate::rcu::Reader;
 use crate::snapshot::{PortInfo, Snapshot};
 use crate::steer::{Steered, Steering};
+use crate::sync::{SyncRing, SyncedPins};
 use crate::verdict::{DropReason, Verdict};
 
 /// How a worker waits when its inputs are empty.
@@ -408,6 +409,15 @@ impl<IO: PacketIo> Worker<IO> {
         self
     }
 
+    /// Shares pins with sibling appliances: this worker pushes the pins it
+    /// exports into `ring` and looks up the pins `synced` reads (a reader
+    /// of the control side's publisher of received pins), moving to the
+    /// latest once per round. See [`crate::pipeline`].
+    pub fn with_sync(mut self, ring: Arc<SyncRing>, synced: Reader<SyncedPins>) -> Self {
+        self.pipeline.attach_sync(ring, synced);
+        self
+    }
+
     /// Runs bursts through the look-ahead stages
     /// ([`Pipeline::prefetch_burst`]) when the snapshot's tables take at
     /// least `min_heap_bytes` (default [`STAGED_MIN_HEAP_BYTES`]; 0: always,
@@ -462,6 +472,7 @@ impl<IO: PacketIo> Worker<IO> {
         let ctr: &WorkerCounters = counters;
         let snap = reader.read();
         ctr.generation.set(snap.generation);
+        pipeline.begin_round();
         if staged.0 != snap.generation {
             *staged = (snap.generation, snap.heap_bytes() >= *staged_min_heap);
         }
@@ -632,6 +643,7 @@ impl<IO: PacketIo> Worker<IO> {
             l.flush();
         }
         self.reader.offline();
+        self.pipeline.sync_offline();
     }
 }
 
