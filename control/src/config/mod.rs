@@ -17,6 +17,7 @@ pub mod kubernetes;
 pub mod manifests;
 pub mod node;
 pub mod router;
+pub mod siblings;
 pub mod tls;
 pub mod xds;
 pub mod yaml;
@@ -231,12 +232,14 @@ pub struct ApplianceConfig {
     pub routing: router::RoutingConfig,
     /// The Kubernetes API as a source, if set (`kubernetes:`).
     pub kubernetes: Option<kubernetes::KubeConfig>,
+    /// The sibling appliances to share flow pins with (`siblings:`), if any.
+    pub siblings: Option<siblings::SiblingsConfig>,
     /// Where the settings only a restart applies are written.
     pub keys: KeyPositions,
 }
 
 /// The sections whose settings only a restart applies.
-const START_ONLY: &[&str] = &["dpdk", "ports", "admin", "flowTable", "capacity"];
+const START_ONLY: &[&str] = &["dpdk", "ports", "admin", "flowTable", "capacity", "siblings"];
 
 /// Where the file writes each setting that only a restart applies (its
 /// sections, their keys, each port), to point a problem about one at it.
@@ -326,6 +329,7 @@ impl ApplianceConfig {
             ("flowTable.otherSeconds", text(&was.flow_timeouts.other), text(&now.flow_timeouts.other)),
             ("capacity.services", text(&was.max_services), text(&now.max_services)),
             ("capacity.endpoints", text(&was.max_endpoints), text(&now.max_endpoints)),
+            ("siblings", text(&was.siblings), text(&now.siblings)),
         ];
         let file = self.path.display().to_string();
         pairs
@@ -368,7 +372,7 @@ impl ApplianceConfig {
 
 const TOP: &[&str] = &[
     "dpdk", "ports", "gateways", "defaults", "flowTable", "admin", "capacity", "services", "routes", "manifests",
-    "xds-control-plane", "bird", "gatewayRouters", "kubernetes",
+    "xds-control-plane", "bird", "gatewayRouters", "kubernetes", "siblings",
 ];
 
 /// Reads and checks the file (not the manifests it points to).
@@ -485,6 +489,7 @@ pub fn parse(v: &Value, path: &Path) -> Result<ApplianceConfig, Vec<Problem>> {
     let xds = root.field("xds-control-plane", |n| xds::parse(n, &mut p, path.parent().unwrap_or(Path::new(".")))).flatten();
     let routing = routing(&root, &mut p, &dpdk.file_prefix, &ports, path);
     let kubernetes = root.field("kubernetes", |n| kubernetes::parse(n, &mut p, path)).flatten();
+    let siblings = root.field("siblings", |n| siblings::parse(n, &mut p, path)).flatten();
 
     if !p.is_empty() {
         return Err(p.0);
@@ -507,6 +512,7 @@ pub fn parse(v: &Value, path: &Path) -> Result<ApplianceConfig, Vec<Problem>> {
         xds,
         routing,
         kubernetes,
+        siblings,
         keys: KeyPositions::of(v),
     })
 }
