@@ -38,7 +38,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("compile", &["compile"]),
     ("sources", &["sources"]),
     ("reconcile", &["reconcile"]),
-    ("routing", &["routing"]),
+    ("routing", &["routing", "sync"]),
     ("admin", &["admin"]),
     ("products", &["appliance", "controller"]),
     ("cli", &["cli"]),

@@ -19,3 +19,4 @@ pub mod problem;
 pub mod reconcile;
 pub mod routing;
 pub mod sources;
+pub mod sync;

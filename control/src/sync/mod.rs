@@ -1,0 +1,760 @@
+//! Sibling sync, the control side: shares with the sibling appliances (the
+//! `siblings:` section) the flow pins a table change makes necessary, and
+//! gives the workers the pins the siblings share.
+//!
+//! - **Out:** the workers push the pins their table no longer agrees with
+//!   into their rings ([`SyncRing`]); this task drains them every
+//!   [`ROUND`] (at most [`DRAIN_PER_ROUND`] records per ring and round),
+//!   keeps each pin until its lifetime ends, and sends it to every sibling
+//!   connected. A sibling that connects gets the full set held, then an
+//!   "in sync" marker, then each new pin.
+//! - **In:** this appliance dials every peer and takes its pins; each is
+//!   translated to this appliance's numbering and the workers' table of
+//!   synced pins ([`SyncedPins`]) is rebuilt and published, at most every
+//!   [`REBUILD_EVERY`].
+//! - **Wire identity:** service keys and incarnations are numbered by each
+//!   appliance's compiler, so a record on the wire names its service by a
+//!   hash of the service's name ([`service_tag`]), its endpoint by the
+//!   identifier the configuration gives it, and carries a hash of the
+//!   endpoint's address ([`address_tag`]) where the record holds the
+//!   incarnation: the receiver maps them to its own service key and to the
+//!   full incarnation of the endpoint of that identifier and address in
+//!   its last published snapshot. A record it cannot map is counted
+//!   (`unknown`) and ignored.
+//! - **Bounds:** every connection proves the shared key both ways and each
+//!   frame carries a MAC ([`wire`]); records beyond
+//!   `maxRecordsPerSecond` from one sibling are dropped and counted
+//!   (`rate_dropped`), and the sender paces itself to the same rate; a
+//!   sibling's queue holds at most [`MAX_QUEUED`] records, past which its
+//!   connection is closed (it connects again and takes the full set).
+//!   Nothing here waits for a worker nor makes one wait: the rings and the
+//!   RCU publication are the only things they share.
+//! - **Status:** on its own channel ([`SyncStatus`]); `settled` turns true
+//!   once every reachable peer sent its "in sync" marker, or
+//!   `startupWaitMs` passed.
+
+pub mod wire;
+
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+use sluice_dataplane::addr::Addr;
+use sluice_dataplane::flow::FlowKey;
+use sluice_dataplane::rcu::Publisher;
+use sluice_dataplane::service::Algorithm;
+use sluice_dataplane::snapshot::Snapshot;
+use sluice_dataplane::sync::{PinRecord, SyncRing, SyncedPin, SyncedPins, RECORD_LEN};
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{watch, Notify};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::config::siblings::SiblingsConfig;
+use crate::ground::lock;
+use crate::reconcile::Published;
+use wire::{Kind, WireError, MAX_RECORDS_PER_FRAME};
+
+/// How often the rings are drained.
+pub const ROUND: Duration = Duration::from_millis(5);
+/// Records taken from one ring per round at most.
+pub const DRAIN_PER_ROUND: usize = 4096;
+/// The synced pins are rebuilt at most this often.
+pub const REBUILD_EVERY: Duration = Duration::from_millis(10);
+/// Records queued for one sibling at most.
+pub const MAX_QUEUED: usize = 1 << 20;
+/// A sender with nothing to send says so this often; a dialer that hears
+/// nothing for [`SILENCE`] connects again.
+const KEEPALIVE: Duration = Duration::from_secs(1);
+const SILENCE: Duration = Duration::from_secs(5);
+/// Pause between attempts to reach a sibling, doubling up to the maximum.
+const REDIAL: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(1));
+/// The status is published this often (and when startup settles).
+const STATUS_EVERY: Duration = Duration::from_millis(250);
+/// Expired pins are dropped this often.
+const EXPIRE_EVERY: Duration = Duration::from_secs(1);
+
+/// The wire's name of a service: 32 bits of SHA-256 of its name.
+pub fn service_tag(name: &str) -> u32 {
+    let d = Sha256::new().chain_update(b"sluice-service\0").chain_update(name.as_bytes()).finalize();
+    u32::from_be_bytes([d[0], d[1], d[2], d[3]])
+}
+
+/// What a record on the wire holds in place of the incarnation: 16 bits of
+/// SHA-256 of the endpoint's address (an identifier given to another
+/// address on one sibling does not match).
+pub fn address_tag(a: Addr) -> u16 {
+    let d = Sha256::new().chain_update(b"sluice-endpoint\0").chain_update(a.0.to_be_bytes()).finalize();
+    u16::from_be_bytes([d[0], d[1]])
+}
+
+/// A flow key as a map's key (the data plane's has no `Hash`): addresses,
+/// ports, protocol and service.
+type MapKey = (u128, u128, u16, u16, u8, u32);
+
+fn map_key(k: &FlowKey) -> MapKey {
+    let f = &k.flow;
+    (f.src.0, f.dst.0, f.sport, f.dport, f.proto, k.service)
+}
+
+/// One sibling, as the status shows it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct PeerStatus {
+    /// Its listen address (as configured, or as it named itself).
+    pub address: String,
+    /// Our connection to it is up (we take its pins).
+    pub connected: bool,
+    /// It sent its full set since our connection opened.
+    pub in_sync: bool,
+    /// Seconds since it last sent anything (`None`: never).
+    pub last_heard_seconds: Option<f64>,
+    /// It is connected to us (takes our pins).
+    pub subscribed: bool,
+    /// Records queued for it and not yet sent.
+    pub lag: u64,
+}
+
+/// What the sync task did, published on its own channel.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct SyncStatus {
+    /// Pins exported by this appliance's workers, held until their lifetime ends.
+    pub pins_held: u64,
+    /// Pins received from siblings, held for the workers.
+    pub pins_synced: u64,
+    /// Records sent to siblings.
+    pub sent: u64,
+    /// Records received from siblings (before the rate bound).
+    pub received: u64,
+    /// Connections whose handshake proved a wrong key, and frames whose MAC
+    /// was wrong.
+    pub refused: u64,
+    /// Records dropped by the per-sibling rate bound.
+    pub rate_dropped: u64,
+    /// Records whose service or endpoint this appliance does not know (or
+    /// that do not decode), ignored.
+    pub unknown: u64,
+    /// Exported pins whose endpoint changed before they were drained.
+    pub stale: u64,
+    /// Sibling connections closed because their queue overflowed.
+    pub overflows: u64,
+    /// Start-up is over: every reachable peer sent its full set, or
+    /// `startupWaitMs` passed.
+    pub settled: bool,
+    /// Peers that had not sent their full set when start-up ended by time.
+    pub not_heard: Vec<String>,
+    /// Every configured peer, then any other sibling connected to us.
+    pub peers: Vec<PeerStatus>,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    sent: AtomicU64,
+    received: AtomicU64,
+    refused: AtomicU64,
+    rate_dropped: AtomicU64,
+    unknown: AtomicU64,
+    stale: AtomicU64,
+    overflows: AtomicU64,
+}
+
+fn add(c: &AtomicU64, n: u64) {
+    c.fetch_add(n, Ordering::Relaxed);
+}
+
+/// A token bucket of `rate` records per second holding one second's worth.
+#[derive(Debug)]
+struct Bucket {
+    rate: f64,
+    tokens: f64,
+    last: Instant,
+}
+
+impl Bucket {
+    fn new(rate: u32) -> Bucket {
+        Bucket { rate: f64::from(rate), tokens: f64::from(rate), last: Instant::now() }
+    }
+
+    fn refill(&mut self) {
+        let now = Instant::now();
+        self.tokens = (self.tokens + now.duration_since(self.last).as_secs_f64() * self.rate).min(self.rate);
+        self.last = now;
+    }
+
+    /// How many of `n` records may pass now (taken from the bucket).
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_precision_loss)] // bounded by n
+    fn take(&mut self, n: usize) -> usize {
+        self.refill();
+        let k = (self.tokens.floor().max(0.0) as usize).min(n);
+        self.tokens -= k as f64;
+        k
+    }
+
+    /// Time until one record may pass.
+    fn wait(&mut self) -> Duration {
+        self.refill();
+        if self.tokens >= 1.0 { Duration::ZERO } else { Duration::from_secs_f64((1.0 - self.tokens) / self.rate) }
+    }
+}
+
+/// An item queued for one sibling.
+#[derive(Clone, Copy, Debug)]
+enum Item {
+    /// A pin (wire numbering) and when its lifetime ends.
+    Pin(PinRecord, Instant),
+    /// Everything held when it connected has been queued before this.
+    InSync,
+}
+
+/// The queue of one sibling connected to us.
+#[derive(Debug)]
+struct Outbox {
+    name: String,
+    queue: Mutex<VecDeque<Item>>,
+    notify: Notify,
+    /// Set when the queue overflowed: the connection closes.
+    overflow: AtomicBool,
+}
+
+/// What the sync task holds, shared with its connections.
+#[derive(Debug, Default)]
+struct Hub {
+    /// Pins exported here, by flow (wire numbering), until their lifetime ends.
+    held: HashMap<MapKey, (PinRecord, Instant)>,
+    outboxes: Vec<Arc<Outbox>>,
+}
+
+/// The pins received, in this appliance's numbering.
+#[derive(Debug, Default)]
+struct Inbox {
+    pins: HashMap<MapKey, (FlowKey, SyncedPin)>,
+    dirty: bool,
+}
+
+/// One configured peer's state.
+#[derive(Debug, Default)]
+struct Peer {
+    connected: AtomicBool,
+    in_sync: AtomicBool,
+    last_heard: Mutex<Option<Instant>>,
+}
+
+/// Maps between this appliance's numbering and the wire's, from one
+/// published snapshot: services of the Maglev algorithm with a flow table
+/// (the only ones whose pins are exported).
+#[derive(Debug, Default)]
+struct Numbering {
+    /// Local service key -> (wire tag, endpoint id -> (incarnation, address tag)).
+    by_key: HashMap<u32, (u32, HashMap<u16, (u32, u16)>)>,
+    /// Wire tag -> local service key (tags two local services share are left out).
+    by_tag: HashMap<u32, u32>,
+}
+
+impl Numbering {
+    fn of(s: &Snapshot) -> Numbering {
+        let mut n = Numbering::default();
+        let mut clash = Vec::new();
+        for svc in s.services.iter().filter(|s| s.algorithm == Algorithm::Maglev && s.flow_table) {
+            let tag = service_tag(&svc.name);
+            let eps = svc.endpoints().map(|e| (e.id, (e.incarnation, address_tag(e.addr)))).collect();
+            n.by_key.insert(svc.key, (tag, eps));
+            if n.by_tag.insert(tag, svc.key).is_some() {
+                clash.push(tag);
+            }
+        }
+        for t in clash {
+            n.by_tag.remove(&t);
+        }
+        n
+    }
+
+    /// A record a worker exported, in the wire's numbering; `None` when its
+    /// endpoint is no longer the one it was pinned to.
+    fn outbound(&self, r: &PinRecord) -> Option<PinRecord> {
+        let (tag, eps) = self.by_key.get(&r.service)?;
+        let &(incarnation, addr) = eps.get(&r.endpoint)?;
+        r.is_incarnation(incarnation).then_some(PinRecord { service: *tag, incarnation: addr, ..*r })
+    }
+
+    /// A record received, in this appliance's numbering: its flow key and
+    /// endpoint with the full incarnation.
+    fn inbound(&self, r: &PinRecord) -> Option<(FlowKey, u16, u32)> {
+        let key = *self.by_tag.get(&r.service)?;
+        let (_, eps) = self.by_key.get(&key)?;
+        let &(incarnation, addr) = eps.get(&r.endpoint)?;
+        (addr == r.incarnation).then(|| (FlowKey { service: key, ..r.key() }, r.endpoint, incarnation))
+    }
+}
+
+/// Everything the task's parts share.
+#[derive(Debug)]
+struct State {
+    cfg: SiblingsConfig,
+    /// The workers' clock starts here (their `now_ms` is milliseconds since).
+    epoch: Instant,
+    hub: Mutex<Hub>,
+    inbox: Mutex<Inbox>,
+    numbering: Mutex<Arc<Numbering>>,
+    peers: Vec<(SocketAddr, Peer)>,
+    counters: Counters,
+}
+
+impl State {
+    #[allow(clippy::cast_possible_truncation)] // milliseconds since start fit
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    fn numbering(&self) -> Arc<Numbering> {
+        Arc::clone(&lock(&self.numbering))
+    }
+}
+
+/// The sync task, built; [`SyncTask::run`] runs it.
+#[derive(Debug)]
+pub struct SyncTask {
+    state: Arc<State>,
+    listener: TcpListener,
+    rings: Vec<Arc<SyncRing>>,
+    publisher: Publisher<SyncedPins>,
+    published: watch::Receiver<Published>,
+    status: watch::Sender<SyncStatus>,
+}
+
+impl SyncTask {
+    /// Listens on `cfg.listen`; will drain `rings`, publish through
+    /// `publisher` and translate with the snapshots `published` gives.
+    /// `epoch` is when the workers' clock reads 0.
+    pub async fn bind(
+        cfg: SiblingsConfig,
+        rings: Vec<Arc<SyncRing>>,
+        publisher: Publisher<SyncedPins>,
+        published: watch::Receiver<Published>,
+        epoch: Instant,
+    ) -> std::io::Result<SyncTask> {
+        let listener = TcpListener::bind(cfg.listen).await?;
+        let peers = cfg.peers.iter().map(|a| (*a, Peer::default())).collect();
+        let state = Arc::new(State {
+            cfg,
+            epoch,
+            hub: Mutex::new(Hub::default()),
+            inbox: Mutex::new(Inbox::default()),
+            numbering: Mutex::new(Arc::new(Numbering::default())),
+            peers,
+            counters: Counters::default(),
+        });
+        let (status, _) = watch::channel(SyncStatus::default());
+        Ok(SyncTask { state, listener, rings, publisher, published, status })
+    }
+
+    /// The address it listens on.
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// Its status, as it changes.
+    pub fn status(&self) -> watch::Receiver<SyncStatus> {
+        self.status.subscribe()
+    }
+
+    /// Runs until `stop` is cancelled.
+    pub async fn run(self, stop: CancellationToken) {
+        let SyncTask { state, listener, rings, mut publisher, mut published, status } = self;
+        let mut tasks = JoinSet::new();
+        {
+            let (st, c) = (Arc::clone(&state), stop.clone());
+            tasks.spawn(accept_loop(st, listener, c));
+        }
+        for i in 0..state.peers.len() {
+            let (st, c) = (Arc::clone(&state), stop.clone());
+            tasks.spawn(dial_loop(st, i, c));
+        }
+        let started = Instant::now();
+        let wait = Duration::from_millis(u64::from(state.cfg.startup_wait_ms));
+        let (mut settled, mut not_heard) = (false, Vec::new());
+        let mut last_build = Instant::now() - REBUILD_EVERY;
+        let (mut last_expire, mut last_status) = (Instant::now(), Instant::now() - STATUS_EVERY);
+        let mut drained = Vec::with_capacity(DRAIN_PER_ROUND);
+        *lock(&state.numbering) = Arc::new(Numbering::of(&published.borrow_and_update().snapshot));
+        let mut round = tokio::time::interval(ROUND);
+        round.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => break,
+                r = published.changed() => {
+                    if r.is_err() {
+                        break;
+                    }
+                    let snap = Arc::clone(&published.borrow_and_update().snapshot);
+                    *lock(&state.numbering) = Arc::new(Numbering::of(&snap));
+                    continue;
+                }
+                _ = round.tick() => {}
+            }
+            let now = Instant::now();
+            drain(&state, &rings, &mut drained, now);
+            if now.duration_since(last_expire) >= EXPIRE_EVERY {
+                last_expire = now;
+                expire(&state, now);
+            }
+            if now.duration_since(last_build) >= REBUILD_EVERY {
+                let pins = {
+                    let mut inbox = lock(&state.inbox);
+                    inbox.dirty.then(|| {
+                        inbox.dirty = false;
+                        inbox.pins.values().copied().collect::<Vec<_>>()
+                    })
+                };
+                if let Some(pins) = pins {
+                    last_build = now;
+                    publisher.publish(SyncedPins::build(pins));
+                } else {
+                    publisher.reclaim();
+                }
+            }
+            if !settled {
+                let waiting: Vec<String> = state
+                    .peers
+                    .iter()
+                    .filter(|(_, p)| p.connected.load(Ordering::Relaxed) && !p.in_sync.load(Ordering::Relaxed))
+                    .map(|(a, _)| a.to_string())
+                    .collect();
+                let unreachable: Vec<String> =
+                    state.peers.iter().filter(|(_, p)| !p.connected.load(Ordering::Relaxed)).map(|(a, _)| a.to_string()).collect();
+                // A peer is given a first chance to connect before it counts
+                // as unreachable: every peer is dialled at once at start.
+                let tried = now.duration_since(started) >= REDIAL.1.min(wait);
+                if waiting.is_empty() && (unreachable.is_empty() || tried) {
+                    settled = true;
+                    info!(unreachable = ?unreachable, "siblings: every reachable sibling's pins taken; announcing");
+                } else if now.duration_since(started) >= wait {
+                    settled = true;
+                    not_heard = waiting.into_iter().chain(unreachable).collect();
+                    warn!(not_heard = ?not_heard, wait_ms = state.cfg.startup_wait_ms, "siblings: start-up wait over without these siblings' pins; announcing anyway");
+                }
+                if settled {
+                    last_status = now - STATUS_EVERY;
+                }
+            }
+            if now.duration_since(last_status) >= STATUS_EVERY {
+                last_status = now;
+                let s = snapshot_status(&state, settled, &not_heard, now);
+                status.send_if_modified(|old| std::mem::replace(old, s.clone()) != s);
+            }
+        }
+        tasks.abort_all();
+        while tasks.join_next().await.is_some() {}
+    }
+}
+
+/// Takes what the workers exported: translated, held, and queued for every
+/// sibling connected.
+fn drain(state: &State, rings: &[Arc<SyncRing>], buf: &mut Vec<PinRecord>, now: Instant) {
+    buf.clear();
+    for r in rings {
+        r.drain_into(buf, DRAIN_PER_ROUND);
+    }
+    if buf.is_empty() {
+        return;
+    }
+    let numbering = state.numbering();
+    let mut hub = lock(&state.hub);
+    for r in buf.drain(..) {
+        let Some(w) = numbering.outbound(&r) else {
+            add(&state.counters.stale, 1);
+            continue;
+        };
+        let until = now + Duration::from_secs(u64::from(w.lifetime));
+        hub.held.insert(map_key(&w.key()), (w, until));
+        for o in &hub.outboxes {
+            push(state, o, Item::Pin(w, until));
+        }
+    }
+}
+
+fn push(state: &State, o: &Outbox, item: Item) {
+    let mut q = lock(&o.queue);
+    if q.len() >= MAX_QUEUED {
+        if !o.overflow.swap(true, Ordering::Relaxed) {
+            add(&state.counters.overflows, 1);
+        }
+        q.clear();
+    } else {
+        q.push_back(item);
+    }
+    drop(q);
+    o.notify.notify_one();
+}
+
+fn expire(state: &State, now: Instant) {
+    lock(&state.hub).held.retain(|_, (_, until)| *until > now);
+    let now_ms = state.now_ms();
+    let mut inbox = lock(&state.inbox);
+    let before = inbox.pins.len();
+    inbox.pins.retain(|_, (_, p)| p.deadline_ms > now_ms);
+    if inbox.pins.len() != before {
+        inbox.dirty = true;
+    }
+}
+
+fn snapshot_status(state: &State, settled: bool, not_heard: &[String], now: Instant) -> SyncStatus {
+    let c = &state.counters;
+    let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    let (pins_held, outboxes) = {
+        let hub = lock(&state.hub);
+        (hub.held.len() as u64, hub.outboxes.clone())
+    };
+    let mut peers: Vec<PeerStatus> = state
+        .peers
+        .iter()
+        .map(|(a, p)| PeerStatus {
+            address: a.to_string(),
+            connected: p.connected.load(Ordering::Relaxed),
+            in_sync: p.in_sync.load(Ordering::Relaxed),
+            last_heard_seconds: { *lock(&p.last_heard) }.map(|t| (now.duration_since(t).as_secs_f64() * 1000.0).round() / 1000.0),
+            ..PeerStatus::default()
+        })
+        .collect();
+    for o in outboxes {
+        let lag = lock(&o.queue).iter().filter(|i| matches!(i, Item::Pin(..))).count() as u64;
+        match peers.iter_mut().find(|p| p.address == o.name) {
+            Some(p) => {
+                p.subscribed = true;
+                p.lag += lag;
+            }
+            None => peers.push(PeerStatus { address: o.name.clone(), subscribed: true, lag, ..PeerStatus::default() }),
+        }
+    }
+    SyncStatus {
+        pins_held,
+        pins_synced: lock(&state.inbox).pins.len() as u64,
+        sent: get(&c.sent),
+        received: get(&c.received),
+        refused: get(&c.refused),
+        rate_dropped: get(&c.rate_dropped),
+        unknown: get(&c.unknown),
+        stale: get(&c.stale),
+        overflows: get(&c.overflows),
+        settled,
+        not_heard: not_heard.to_vec(),
+        peers,
+    }
+}
+
+async fn accept_loop(state: Arc<State>, listener: TcpListener, stop: CancellationToken) {
+    let mut conns = JoinSet::new();
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => break,
+            Some(_) = conns.join_next() => {}
+            r = listener.accept() => match r {
+                Ok((s, from)) => {
+                    let (st, c) = (Arc::clone(&state), stop.clone());
+                    conns.spawn(async move {
+                        if let Err(e) = serve(&st, s, c).await {
+                            if matches!(e, WireError::BadKey | WireError::Protocol) {
+                                add(&st.counters.refused, 1);
+                            }
+                            warn!(sibling = %from, error = %e, "siblings: connection from a sibling ended");
+                        }
+                    });
+                }
+                Err(e) => {
+                    warn!(error = %e, "siblings: accept failed");
+                    tokio::time::sleep(REDIAL.0).await;
+                }
+            },
+        }
+    }
+    conns.abort_all();
+}
+
+/// Sends our pins to a sibling that connected: the full set, the marker,
+/// then each new pin, paced to the rate bound.
+async fn serve(state: &Arc<State>, mut s: TcpStream, stop: CancellationToken) -> Result<(), WireError> {
+    let _ = s.set_nodelay(true);
+    let (mut session, name) = tokio::time::timeout(SILENCE, wire::accept(&mut s, &state.cfg.key.0))
+        .await
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "handshake"))??;
+    let outbox = Arc::new(Outbox { name, queue: Mutex::new(VecDeque::new()), notify: Notify::new(), overflow: AtomicBool::new(false) });
+    {
+        let mut hub = lock(&state.hub);
+        let mut q = lock(&outbox.queue);
+        q.extend(hub.held.values().map(|(r, until)| Item::Pin(*r, *until)));
+        q.push_back(Item::InSync);
+        drop(q);
+        hub.outboxes.push(Arc::clone(&outbox));
+    }
+    info!(sibling = %outbox.name, "siblings: a sibling connected; sending it our pins");
+    let r = send_loop(state, &mut s, &mut session, &outbox, stop).await;
+    lock(&state.hub).outboxes.retain(|o| !Arc::ptr_eq(o, &outbox));
+    r
+}
+
+async fn send_loop(state: &State, s: &mut TcpStream, session: &mut wire::Session, outbox: &Outbox, stop: CancellationToken) -> Result<(), WireError> {
+    let mut bucket = Bucket::new(state.cfg.max_records_per_second);
+    let mut buf = Vec::with_capacity(MAX_RECORDS_PER_FRAME * RECORD_LEN);
+    let mut last_sent = Instant::now();
+    loop {
+        if outbox.overflow.load(Ordering::Relaxed) {
+            return Err(std::io::Error::other("its queue overflowed: it will connect again for the full set").into());
+        }
+        let wait = bucket.wait();
+        if !wait.is_zero() {
+            tokio::time::sleep(wait).await;
+        }
+        let allowed = bucket.take(MAX_RECORDS_PER_FRAME);
+        let (mut n, mut marker) = (0usize, false);
+        buf.clear();
+        let now = Instant::now();
+        {
+            let mut q = lock(&outbox.queue);
+            while n < allowed {
+                match q.front() {
+                    Some(Item::Pin(r, until)) => {
+                        let (r, until) = (*r, *until);
+                        q.pop_front();
+                        let left = until.saturating_duration_since(now).as_secs();
+                        if left == 0 {
+                            continue;
+                        }
+                        let lifetime = u16::try_from(left).unwrap_or(u16::MAX).min(r.lifetime);
+                        buf.extend_from_slice(&PinRecord { lifetime, ..r }.encode());
+                        n += 1;
+                    }
+                    Some(Item::InSync) if n == 0 => {
+                        q.pop_front();
+                        marker = true;
+                        break;
+                    }
+                    _ => break,
+                }
+            }
+        }
+        // Tokens not used go back.
+        bucket.tokens += (allowed - n) as f64;
+        if n > 0 {
+            wire::write_frame(s, session, Kind::Records, &buf).await?;
+            add(&state.counters.sent, n as u64);
+            last_sent = now;
+            continue;
+        }
+        if marker {
+            wire::write_frame(s, session, Kind::InSync, &[]).await?;
+            s.flush().await?;
+            last_sent = now;
+            continue;
+        }
+        s.flush().await?;
+        let idle = KEEPALIVE.saturating_sub(now.duration_since(last_sent));
+        tokio::select! {
+            () = stop.cancelled() => return Ok(()),
+            () = outbox.notify.notified() => {}
+            () = tokio::time::sleep(idle) => {
+                if Instant::now().duration_since(last_sent) >= KEEPALIVE {
+                    wire::write_frame(s, session, Kind::Keepalive, &[]).await?;
+                    s.flush().await?;
+                    last_sent = Instant::now();
+                }
+            }
+        }
+    }
+}
+
+/// Keeps a connection to peer `i`, taking its pins.
+async fn dial_loop(state: Arc<State>, i: usize, stop: CancellationToken) {
+    let (addr, peer) = (state.peers[i].0, &state.peers[i].1);
+    let mut pause = REDIAL.0;
+    loop {
+        let r = tokio::select! {
+            () = stop.cancelled() => return,
+            r = take_pins(&state, i) => r,
+        };
+        let was = peer.connected.swap(false, Ordering::Relaxed);
+        peer.in_sync.store(false, Ordering::Relaxed);
+        match r {
+            Err(e) => {
+                if matches!(e, WireError::BadKey | WireError::BadMac | WireError::BadFrame { .. } | WireError::Protocol) {
+                    add(&state.counters.refused, 1);
+                    warn!(sibling = %addr, error = %e, "siblings: refused");
+                } else if was {
+                    warn!(sibling = %addr, error = %e, "siblings: connection lost");
+                }
+            }
+            Ok(()) => {}
+        }
+        if was {
+            pause = REDIAL.0;
+        }
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(pause) => {}
+        }
+        pause = (pause * 2).min(REDIAL.1);
+    }
+}
+
+async fn take_pins(state: &State, i: usize) -> Result<(), WireError> {
+    let (addr, peer) = (state.peers[i].0, &state.peers[i].1);
+    let mut s = tokio::time::timeout(SILENCE, TcpStream::connect(addr))
+        .await
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "connect"))??;
+    let _ = s.set_nodelay(true);
+    let mut session = tokio::time::timeout(SILENCE, wire::dial(&mut s, &state.cfg.key.0, &state.cfg.listen.to_string()))
+        .await
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "handshake"))??;
+    peer.connected.store(true, Ordering::Relaxed);
+    *lock(&peer.last_heard) = Some(Instant::now());
+    info!(sibling = %addr, "siblings: connected; taking its pins");
+    let mut s = tokio::io::BufReader::with_capacity(1 << 16, s);
+    let mut bucket = Bucket::new(state.cfg.max_records_per_second);
+    let mut buf = Vec::new();
+    loop {
+        let kind = tokio::time::timeout(SILENCE, wire::read_frame(&mut s, &mut session, &mut buf))
+            .await
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "nothing heard"))??;
+        *lock(&peer.last_heard) = Some(Instant::now());
+        match kind {
+            Kind::Keepalive => {}
+            Kind::InSync => {
+                if !peer.in_sync.swap(true, Ordering::Relaxed) {
+                    info!(sibling = %addr, "siblings: in sync");
+                }
+            }
+            Kind::Records => take(state, &buf, &mut bucket),
+        }
+    }
+}
+
+/// Takes a frame's records: the rate bound, then translation.
+fn take(state: &State, records: &[u8], bucket: &mut Bucket) {
+    let n = records.len() / RECORD_LEN;
+    add(&state.counters.received, n as u64);
+    let ok = bucket.take(n);
+    add(&state.counters.rate_dropped, (n - ok) as u64);
+    let numbering = state.numbering();
+    let now_ms = state.now_ms();
+    let (mut unknown, mut pins) = (0u64, Vec::with_capacity(ok));
+    for chunk in records.chunks_exact(RECORD_LEN).take(ok) {
+        match PinRecord::decode(chunk).ok().and_then(|r| Some((numbering.inbound(&r)?, r.lifetime))) {
+            Some(((key, endpoint, incarnation), lifetime)) => {
+                pins.push((key, SyncedPin { endpoint, incarnation, deadline_ms: now_ms + 1000 * u64::from(lifetime) }));
+            }
+            None => unknown += 1,
+        }
+    }
+    add(&state.counters.unknown, unknown);
+    if !pins.is_empty() {
+        let mut inbox = lock(&state.inbox);
+        inbox.pins.extend(pins.into_iter().map(|(k, p)| (map_key(&k), (k, p))));
+        inbox.dirty = true;
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,265 @@
+//! Sync tasks over loopback TCP: two appliances, and a hand-driven peer
+//! for what a well-behaved one never sends.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use super::*;
+use crate::config::siblings::SharedKey;
+use sluice_dataplane::flow::FlowState;
+use sluice_dataplane::hash::flow_hash;
+use sluice_dataplane::parse::Flow;
+use sluice_dataplane::rcu::Reader;
+use sluice_dataplane::service::{Delivery, EndpointSpec, Service, ServiceSpec};
+
+const KEY: &[u8] = b"0123456789abcdef0123456789abcdef";
+const WAIT: Duration = Duration::from_secs(20);
+
+/// A snapshot with one Maglev service "web" of key `key`, endpoints 1..=3
+/// (10.0.1.1..3) of incarnations `inc + id`; each appliance numbers them
+/// its own way.
+fn snapshot(key: u32, inc: u32) -> Arc<Snapshot> {
+    let endpoints = (1..=3u16)
+        .map(|id| EndpointSpec {
+            id,
+            incarnation: inc + u32::from(id),
+            weight: 1,
+            draining: false,
+            addr: Addr::v4([10, 0, 1, u8::try_from(id).unwrap()]),
+            port: 0,
+            mac: [2, 0, 0, 0, 0, 1],
+            delivery: Delivery::L2,
+            counter: u32::from(id),
+        })
+        .collect();
+    let spec = ServiceSpec { name: "web".into(), key, algorithm: Algorithm::Maglev, flow_table: true, limit: 16, table_size: 0, endpoints };
+    Arc::new(Snapshot::new(1, &[], vec![Arc::new(Service::build(&spec).unwrap())], vec![], None, None))
+}
+
+fn flow(i: u32) -> Flow {
+    Flow { src: Addr::v4([192, 0, 2, u8::try_from(i % 250).unwrap()]), dst: Addr::v4([20, 0, 0, 1]), sport: u16::try_from(10_000 + i).unwrap(), dport: 80, proto: 6 }
+}
+
+struct Node {
+    ring: Arc<SyncRing>,
+    synced: Reader<SyncedPins>,
+    status: watch::Receiver<SyncStatus>,
+    addr: SocketAddr,
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+    _published: watch::Sender<Published>,
+}
+
+fn cfg(listen: SocketAddr, peers: Vec<SocketAddr>, key: &[u8], rate: u32) -> SiblingsConfig {
+    SiblingsConfig { listen, peers, key_file: "k".into(), key: SharedKey(key.to_vec()), startup_wait_ms: 3000, max_records_per_second: rate }
+}
+
+async fn node(listen: SocketAddr, peers: Vec<SocketAddr>, key: &[u8], snap: Arc<Snapshot>, rate: u32) -> Node {
+    let ring = Arc::new(SyncRing::new(1024));
+    let publisher = Publisher::new(SyncedPins::default());
+    let synced = publisher.reader();
+    let (tx, rx) = watch::channel(Published { snapshot: snap, ..Published::default() });
+    let sync = SyncTask::bind(cfg(listen, peers, key, rate), vec![Arc::clone(&ring)], publisher, rx, Instant::now()).await.unwrap();
+    let addr = sync.local_addr().unwrap();
+    let status = sync.status();
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(sync.run(stop.clone()));
+    Node { ring, synced, status, addr, stop, task, _published: tx }
+}
+
+/// A port free on loopback (bound, then let go).
+fn free_port() -> SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
+}
+
+async fn until(status: &mut watch::Receiver<SyncStatus>, what: &str, f: impl Fn(&SyncStatus) -> bool) -> SyncStatus {
+    let r = tokio::time::timeout(WAIT, status.wait_for(|s| f(s))).await;
+    match r {
+        Ok(Ok(s)) => s.clone(),
+        _ => panic!("{what}: not reached in {WAIT:?}; last status {:#?}", *status.borrow()),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_appliances_exchange_pins_in_their_own_numbering() {
+    let (a_addr, b_addr) = (free_port(), free_port());
+    let mut a = node(a_addr, vec![b_addr], KEY, snapshot(5, 100), 200_000).await;
+    let mut b = node(b_addr, vec![a_addr], KEY, snapshot(9, 200), 200_000).await;
+    for i in 0..100u32 {
+        let ep = 1 + u16::try_from(i % 3).unwrap();
+        let k = FlowKey { flow: flow(i), service: 5 };
+        assert!(a.ring.push(PinRecord::new(&k, ep, 100 + u32::from(ep), FlowState::TcpOpen, 3600)));
+    }
+    // One exported to an endpoint since given to another incarnation: stale.
+    assert!(a.ring.push(PinRecord::new(&FlowKey { flow: flow(500), service: 5 }, 1, 7, FlowState::TcpOpen, 3600)));
+    let sa = until(&mut a.status, "a holds its pins, b took them", |s| s.pins_held == 100 && s.peers.iter().any(|p| p.subscribed && p.lag == 0) && s.sent >= 100).await;
+    assert_eq!(sa.stale, 1, "{sa:#?}");
+    let sb = until(&mut b.status, "b synced a's pins", |s| s.pins_synced == 100).await;
+    assert_eq!((sb.refused, sb.rate_dropped, sb.unknown), (0, 0, 0), "{sb:#?}");
+    assert!(sb.settled && sb.not_heard.is_empty(), "{sb:#?}");
+    let peer = &sb.peers[0];
+    assert!(peer.connected && peer.in_sync && peer.address == a_addr.to_string(), "{sb:#?}");
+    // The workers' table holds them under b's key and incarnations; the
+    // rebuild is published after the status counted them.
+    let deadline = Instant::now() + WAIT;
+    while b.synced.read().len() < 100 {
+        assert!(Instant::now() < deadline, "b's synced pins: {:?}", b.synced.last());
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let t = b.synced.read();
+    for i in 0..100u32 {
+        let ep = 1 + u16::try_from(i % 3).unwrap();
+        let k = FlowKey { flow: flow(i), service: 9 };
+        let p = t.lookup(&k, flow_hash(&k.flow), 0).unwrap_or_else(|| panic!("flow {i} not synced"));
+        assert_eq!((p.endpoint, p.incarnation), (ep, 200 + u32::from(ep)), "flow {i}");
+        assert!(p.deadline_ms >= 3_500_000, "its lifetime: {p:?}");
+        assert!(t.lookup(&FlowKey { service: 5, ..k }, flow_hash(&k.flow), 0).is_none(), "a's key means nothing here");
+    }
+    for n in [a, b] {
+        n.stop.cancel();
+        n.task.await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_key_is_refused_and_counted_on_both_sides() {
+    let (a_addr, b_addr) = (free_port(), free_port());
+    let mut a = node(a_addr, vec![b_addr], KEY, snapshot(5, 100), 200_000).await;
+    let mut b = node(b_addr, vec![a_addr], b"another key that is 32 bytes long!", snapshot(9, 200), 200_000).await;
+    assert!(a.ring.push(PinRecord::new(&FlowKey { flow: flow(1), service: 5 }, 1, 101, FlowState::TcpOpen, 3600)));
+    let sa = until(&mut a.status, "a refuses b", |s| s.refused >= 2).await;
+    let sb = until(&mut b.status, "b refuses a", |s| s.refused >= 2).await;
+    for s in [&sa, &sb] {
+        assert!(s.peers.iter().all(|p| !p.connected && !p.subscribed), "{s:#?}");
+        assert_eq!(s.pins_synced, 0, "{s:#?}");
+    }
+    assert_eq!(sa.sent, 0, "{sa:#?}");
+    for n in [a, b] {
+        n.stop.cancel();
+        n.task.await.unwrap();
+    }
+}
+
+/// A peer driven by hand: it accepts one connection, completes the
+/// handshake with `key`, then runs `then` on the stream and session.
+async fn fake_peer<F, Fut>(key: &'static [u8], then: F) -> (SocketAddr, tokio::task::JoinHandle<()>)
+where
+    F: FnOnce(TcpStream, wire::Session) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let h = tokio::spawn(async move {
+        let (mut s, _) = l.accept().await.unwrap();
+        let (session, _) = wire::accept(&mut s, key).await.unwrap();
+        then(s, session).await;
+    });
+    (addr, h)
+}
+
+fn records(from: u32, n: u32, service: u32) -> Vec<u8> {
+    (from..from + n)
+        .map(|i| {
+            let ep = 1 + u16::try_from(i % 3).unwrap();
+            PinRecord::new(&FlowKey { flow: flow(i), service }, ep, 0, FlowState::TcpOpen, 600)
+        })
+        .flat_map(|r| PinRecord { incarnation: address_tag(Addr::v4([10, 0, 1, u8::try_from(r.endpoint).unwrap()])), ..r }.encode())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frame_with_a_wrong_mac_is_refused_and_counted() {
+    let tag = service_tag("web");
+    let (peer, h) = fake_peer(KEY, move |mut s, session| async move {
+        let mut forged = wire::Session { key: [9; wire::MAC_LEN], seq: session.seq };
+        wire::write_frame(&mut s, &mut forged, Kind::Records, &records(0, 10, tag)).await.unwrap();
+        s.flush().await.unwrap();
+        // The connection is closed by the other side.
+        let mut b = [0u8; 1];
+        let _ = tokio::io::AsyncReadExt::read(&mut s, &mut b).await;
+    })
+    .await;
+    let mut b = node(free_port(), vec![peer], KEY, snapshot(9, 200), 200_000).await;
+    let s = until(&mut b.status, "the forged frame refused", |s| s.refused >= 1).await;
+    assert_eq!((s.received, s.pins_synced), (0, 0), "nothing of the frame taken: {s:#?}");
+    h.await.unwrap();
+    b.stop.cancel();
+    b.task.await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_above_the_rate_bound_are_dropped_and_counted() {
+    let tag = service_tag("web");
+    let (peer, h) = fake_peer(KEY, move |mut s, mut session| async move {
+        // 1,000 records at once to a sibling that takes 100 per second.
+        for k in 0..4u32 {
+            wire::write_frame(&mut s, &mut session, Kind::Records, &records(k * 250, 250, tag)).await.unwrap();
+        }
+        wire::write_frame(&mut s, &mut session, Kind::InSync, &[]).await.unwrap();
+        s.flush().await.unwrap();
+        let mut b = [0u8; 1];
+        let _ = tokio::io::AsyncReadExt::read(&mut s, &mut b).await;
+    })
+    .await;
+    let mut b = node(free_port(), vec![peer], KEY, snapshot(9, 200), 100).await;
+    let s = until(&mut b.status, "1,000 received", |s| s.received == 1000 && s.peers[0].in_sync).await;
+    let s = until(&mut b.status, "the pins taken", |x| x.pins_synced + x.rate_dropped == 1000 && x.received == s.received).await;
+    assert!(s.rate_dropped >= 850, "about 900 dropped: {s:#?}");
+    assert_eq!((s.refused, s.unknown), (0, 0), "{s:#?}");
+    println!("rate bound 100/s, 1000 sent at once: {} taken, {} dropped", s.pins_synced, s.rate_dropped);
+    b.stop.cancel();
+    b.task.await.unwrap();
+    h.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_peer_gets_the_full_set_then_the_marker() {
+    let mut a = node(free_port(), vec![], KEY, snapshot(5, 100), 200_000).await;
+    for i in 0..300u32 {
+        let ep = 1 + u16::try_from(i % 3).unwrap();
+        assert!(a.ring.push(PinRecord::new(&FlowKey { flow: flow(i), service: 5 }, ep, 100 + u32::from(ep), FlowState::Udp, 300)));
+    }
+    until(&mut a.status, "a holds its pins", |s| s.pins_held == 300).await;
+    // The same sibling twice, as before and after a restart: each time the
+    // whole set, then the marker, then nothing but new pins.
+    for round in 0..2 {
+        let mut s = TcpStream::connect(a.addr).await.unwrap();
+        let mut session = wire::dial(&mut s, KEY, "127.0.0.1:1").await.unwrap();
+        let mut buf = Vec::new();
+        let mut got = std::collections::HashSet::new();
+        loop {
+            match wire::read_frame(&mut s, &mut session, &mut buf).await.unwrap() {
+                Kind::Records => {
+                    for c in buf.chunks_exact(RECORD_LEN) {
+                        let r = PinRecord::decode(c).unwrap();
+                        assert_eq!(r.service, service_tag("web"));
+                        assert_eq!(r.incarnation, address_tag(Addr::v4([10, 0, 1, u8::try_from(r.endpoint).unwrap()])));
+                        assert!(r.lifetime <= 300 && r.lifetime >= 250, "{r:?}");
+                        got.insert(r.key());
+                    }
+                }
+                Kind::InSync => break,
+                Kind::Keepalive => {}
+            }
+        }
+        assert_eq!(got.len(), 300 + round as usize, "round {round}: the full set (and the pin added after round 0) before the marker");
+        let st = until(&mut a.status, "subscribed", |x| x.peers.iter().any(|p| p.address == "127.0.0.1:1" && p.subscribed && p.lag == 0)).await;
+        assert_eq!(st.peers.len(), 1, "{st:#?}");
+        // A new pin follows.
+        assert!(a.ring.push(PinRecord::new(&FlowKey { flow: flow(1000 + round), service: 5 }, 2, 102, FlowState::Udp, 300)));
+        loop {
+            match wire::read_frame(&mut s, &mut session, &mut buf).await.unwrap() {
+                Kind::Records => {
+                    assert_eq!(buf.len(), RECORD_LEN);
+                    assert_eq!(PinRecord::decode(&buf).unwrap().key().flow, flow(1000 + round));
+                    break;
+                }
+                Kind::Keepalive => {}
+                Kind::InSync => panic!("one marker per connection"),
+            }
+        }
+        drop(s);
+        until(&mut a.status, "unsubscribed", |x| x.peers.is_empty()).await;
+    }
+    a.stop.cancel();
+    a.task.await.unwrap();
+}
