@@ -107,7 +107,7 @@ type WorkerMetric = (&'static str, &'static str, fn(&WorkerCounters) -> u64);
 /// A metric read from a port's statistics.
 type PortMetric = (&'static str, &'static str, fn(&PortStats) -> u64);
 
-const WORKER_COUNTERS: [WorkerMetric; 19] = [
+const WORKER_COUNTERS: [WorkerMetric; 22] = [
     ("rx_packets", "Packets received from ports.", |w| w.rx_packets.get()),
     ("rx_bytes", "Bytes received from ports.", |w| w.rx_bytes.get()),
     ("tx_packets", "Packets sent.", |w| w.tx_packets.get()),
@@ -127,6 +127,9 @@ const WORKER_COUNTERS: [WorkerMetric; 19] = [
     ("fragments_sent", "The fragments those packets were sent as.", |w| w.fragments.get()),
     ("steered_out_packets", "Packets handed to the worker that owns their flow.", |w| w.steered_out.get()),
     ("steered_in_packets", "Packets received from another worker that handed over their flow.", |w| w.steered_in.get()),
+    ("sync_exported", "Pins pushed to the sibling sync ring: flows in table slots a change moved.", |w| w.sync_exported.get()),
+    ("sync_ring_full", "Pins not exported because the sibling sync ring was full (tried again at the flow's next packet).", |w| w.sync_ring_full.get()),
+    ("sync_pin_hits", "Flows without a pin here that followed a pin a sibling shared.", |w| w.sync_pin_hits.get()),
 ];
 
 const PORT_COUNTERS: [PortMetric; 8] = [
@@ -262,6 +265,30 @@ impl Collector for SluiceCollector {
                     (vec![("quantile", s("0.99"))], secs(x.to_live.p99_us)),
                     (vec![("quantile", s("1"))], secs(x.to_live.max_us)),
                 ],
+            )?;
+        }
+        if let Some(y) = sh.sync() {
+            family(&mut e, "sluice_sync_pins_held", "Pins this appliance exported, held for its siblings until their lifetime ends.", Kind::Gauge, one(f(y.pins_held)))?;
+            family(&mut e, "sluice_sync_pins_synced", "Pins received from siblings, held for the workers.", Kind::Gauge, one(f(y.pins_synced)))?;
+            family(&mut e, "sluice_sync_sent", "Pin records sent to siblings.", Kind::Counter, one(f(y.sent)))?;
+            family(&mut e, "sluice_sync_received", "Pin records received from siblings.", Kind::Counter, one(f(y.received)))?;
+            family(&mut e, "sluice_sync_refused", "Sibling connections refused for a wrong key, and frames refused for a wrong MAC.", Kind::Counter, one(f(y.refused)))?;
+            family(&mut e, "sluice_sync_rate_dropped", "Pin records dropped by the per-sibling rate bound (siblings.maxRecordsPerSecond).", Kind::Counter, one(f(y.rate_dropped)))?;
+            family(&mut e, "sluice_sync_unknown", "Pin records naming a service or endpoint this appliance does not have, ignored.", Kind::Counter, one(f(y.unknown)))?;
+            family(&mut e, "sluice_sync_stale", "Exported pins whose endpoint changed before they were sent, not sent.", Kind::Counter, one(f(y.stale)))?;
+            family(&mut e, "sluice_sync_overflows", "Sibling connections closed because their queue overflowed.", Kind::Counter, one(f(y.overflows)))?;
+            family(&mut e, "sluice_sync_settled", "1 once start-up took every reachable sibling's pins or siblings.startupWaitMs passed.", Kind::Gauge, one(f(u64::from(y.settled))))?;
+            let peer = |p: &crate::sync::PeerStatus| -> Labels { vec![("peer", s(p.address.clone()))] };
+            family(&mut e, "sluice_sync_peer_connected", "1 while this appliance takes a sibling's pins.", Kind::Gauge, y.peers.iter().map(|p| (peer(p), f(u64::from(p.connected)))))?;
+            family(&mut e, "sluice_sync_peer_in_sync", "1 once a sibling sent its full set on the current connection.", Kind::Gauge, y.peers.iter().map(|p| (peer(p), f(u64::from(p.in_sync)))))?;
+            family(&mut e, "sluice_sync_peer_subscribed", "1 while a sibling takes this appliance's pins.", Kind::Gauge, y.peers.iter().map(|p| (peer(p), f(u64::from(p.subscribed)))))?;
+            family(&mut e, "sluice_sync_peer_lag", "Pin records queued for a sibling and not yet sent.", Kind::Gauge, y.peers.iter().map(|p| (peer(p), f(p.lag))))?;
+            family(
+                &mut e,
+                "sluice_sync_peer_last_heard_seconds",
+                "Seconds since a sibling last sent anything on this appliance's connection to it.",
+                Kind::Gauge,
+                y.peers.iter().filter_map(|p| Some((peer(p), V::F(p.last_heard_seconds?)))),
             )?;
         }
         if let Some(b) = sh.bird() {

@@ -288,6 +288,8 @@ pub struct Shared {
     pub bird: std::sync::OnceLock<crate::routing::bird::StatusRx>,
     /// The Kubernetes source's status channel, while it runs.
     pub kube: StatusSlot<crate::sources::kube::KubeStatus>,
+    /// The sibling sync task's status channel (set once, with a `siblings:` section).
+    pub sync: std::sync::OnceLock<watch::Receiver<crate::sync::SyncStatus>>,
 }
 
 impl Shared {
@@ -317,6 +319,7 @@ impl Shared {
             xds: Mutex::new(None),
             bird: std::sync::OnceLock::new(),
             kube: Mutex::new(None),
+            sync: std::sync::OnceLock::new(),
         }
     }
 
@@ -349,6 +352,11 @@ impl Shared {
     /// The Kubernetes source's last status, while it runs.
     pub fn kube(&self) -> Option<crate::sources::kube::KubeStatus> {
         lock(&self.kube).as_ref().map(|rx| rx.borrow().clone())
+    }
+
+    /// The sibling sync task's last status, with a `siblings:` section.
+    pub fn sync(&self) -> Option<crate::sync::SyncStatus> {
+        self.sync.get().map(|rx| rx.borrow().clone())
     }
 
     /// The BIRD driver's last status, while gateway routers are configured.

@@ -34,6 +34,7 @@ use crate::routing::Neighbours;
 use crate::sources::kube::{self, KubeStatus};
 use crate::sources::xds::{self, XdsStatus};
 use crate::sources::{self, FileState, SourceMsg};
+use crate::sync::SyncTask;
 use super::stall::{StallWatch, EXIT_STALLED};
 
 /// What the control runtime needs.
@@ -61,18 +62,45 @@ pub struct Parts {
     pub stall_exit: Duration,
     /// Where the BIRD driver tells the reconciler the gateways it learned.
     pub learned: watch::Sender<Vec<crate::config::GatewayConfig>>,
+    /// Sibling sync, with a `siblings:` section.
+    pub sync: Option<SyncParts>,
+}
+
+/// What the sibling sync task needs.
+#[derive(Debug)]
+pub struct SyncParts {
+    /// The `siblings:` section.
+    pub cfg: crate::config::siblings::SiblingsConfig,
+    /// Each worker's ring of exported pins.
+    pub rings: Vec<Arc<sluice_dataplane::sync::SyncRing>>,
+    /// The publisher of the pins received, which the workers read.
+    pub publisher: sluice_dataplane::rcu::Publisher<sluice_dataplane::sync::SyncedPins>,
+    /// When the workers' clock reads 0.
+    pub epoch: Instant,
 }
 
 /// Runs until SIGINT or SIGTERM (or `stop` is cancelled), then shuts the
 /// control side down in order.
 pub async fn run(p: Parts, stop: CancellationToken) -> Result<()> {
-    let Parts { shared, reconciler, settings, config_path, initial, admin: (admin_addr, limits), ifaces, mut loss, learned, stall_exit } = p;
+    let Parts { shared, reconciler, settings, config_path, initial, admin: (admin_addr, limits), ifaces, mut loss, learned, stall_exit, sync } = p;
     let listener = admin::bind(admin_addr)
         .await
         .with_context(|| format!("cannot listen on {admin_addr} for the admin endpoint (admin.listen)"))?;
     let mut sigint = signal(SignalKind::interrupt()).context("installing signal handlers")?;
     let mut sigterm = signal(SignalKind::terminate()).context("installing signal handlers")?;
     let mut sighup = signal(SignalKind::hangup()).context("installing signal handlers")?;
+    let sync = match sync {
+        Some(SyncParts { cfg, rings, publisher, epoch }) => {
+            let listen = cfg.listen;
+            let s = SyncTask::bind(cfg, rings, publisher, reconciler.publications(), epoch)
+                .await
+                .with_context(|| format!("cannot listen on {listen} for the siblings (siblings.listen)"))?;
+            let _ = shared.sync.set(s.status());
+            Some(s)
+        }
+        None => None,
+    };
+    let sync_status = shared.sync.get().cloned();
 
     let admin_cancel = CancellationToken::new();
     let rest_cancel = CancellationToken::new();
@@ -93,7 +121,15 @@ pub async fn run(p: Parts, stop: CancellationToken) -> Result<()> {
     }
     // Why the workers do not forward, as the health sampler sees it (the
     // BIRD driver announces nothing meanwhile).
-    let not_forwarding = |sh: &Shared, now| if sh.workers.is_empty() { vec!["no workers".to_owned()] } else { health::unhealthy(sh, now) };
+    // An appliance with siblings announces nothing until it took their
+    // pins (or `siblings.startupWaitMs` passed).
+    let not_forwarding = move |sh: &Shared, now| {
+        let mut why = if sh.workers.is_empty() { vec!["no workers".to_owned()] } else { health::unhealthy(sh, now) };
+        if sync_status.as_ref().is_some_and(|s| !s.borrow().settled) {
+            why.push("waiting for the siblings' pins (siblings.startupWaitMs)".to_owned());
+        }
+        why
+    };
     let (forwarding_tx, forwarding) = watch::channel(not_forwarding(&shared, Instant::now()));
     {
         let (sh, c) = (Arc::clone(&shared), admin_cancel.clone());
@@ -163,6 +199,14 @@ pub async fn run(p: Parts, stop: CancellationToken) -> Result<()> {
                     },
                 }
             }
+        });
+    }
+
+    if let Some(s) = sync {
+        let c = rest_cancel.clone();
+        tasks.spawn(async move {
+            s.run(c).await;
+            "sibling sync"
         });
     }
 

@@ -36,6 +36,7 @@ use sluice_dataplane::pipeline::PipelineConfig;
 use sluice_dataplane::rcu::Publisher;
 use sluice_dataplane::snapshot::Snapshot;
 use sluice_dataplane::steer::Steering;
+use sluice_dataplane::sync::{SyncRing, SyncedPins, SYNC_RING_CAPACITY};
 use sluice_dataplane::worker::{IdlePolicy, Worker, WorkerConfig};
 use sluice_ffi::{Eal, LcoreId, Mempool, PortStats, PortStatsReader, QueueIo};
 use tokio::sync::watch;
@@ -189,6 +190,9 @@ struct Appliance {
     built: Vec<Built>,
     entries: Vec<WorkerEntry>,
     publisher: Option<Publisher<Snapshot>>,
+    /// Sibling sync (with a `siblings:` section only): a ring per worker
+    /// and the publisher of the pins received.
+    sync: Option<(Vec<Arc<SyncRing>>, Publisher<SyncedPins>)>,
     netlink: Option<rtnetlink::Handle>,
     machine: Option<Machine>,
     rt: Option<tokio::runtime::Runtime>,
@@ -199,6 +203,9 @@ struct Appliance {
     /// The configuration as read at start.
     initial: FileState,
     nworkers: usize,
+    /// When every worker's clock reads 0 (the sync task's deadlines are
+    /// in that clock).
+    epoch: Instant,
     /// Packets forwarded and dropped, counted when the workers stopped.
     totals: (u64, u64),
     /// An undo found a fault (a worker failed, mbufs not returned, DPDK
@@ -221,6 +228,9 @@ const STEPS: &[Step<Appliance>] = &[
     Step { name: "the packet pool and the ports", up: Appliance::start_ports, down: Appliance::stop_ports },
     // The taps' kernel side goes with the taps.
     Step { name: "the exception interfaces", up: Appliance::configure_taps, down: steps::nothing },
+    // Without a `siblings:` section no ring is made and the workers export
+    // nothing: nothing would drain the rings.
+    Step { name: "the sibling sync's rings", up: Appliance::make_sync, down: Appliance::drop_sync },
     Step { name: "the workers' queues", up: Appliance::build_workers, down: Appliance::drop_workers },
     Step { name: "the admin state and the first snapshot", up: Appliance::start_reconciler, down: Appliance::drop_shared },
     Step { name: "the workers", up: Appliance::launch_workers, down: Appliance::stop_workers },
@@ -249,6 +259,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
         built: Vec::new(),
         entries: Vec::new(),
         publisher: None,
+        sync: None,
         netlink: None,
         machine: None,
         rt: None,
@@ -258,6 +269,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
         initial,
         // One core: it runs the worker, the control runtime shares it.
         nworkers: lcores.saturating_sub(1).max(1),
+        epoch: Instant::now(),
         totals: (0, 0),
         failed: false,
     };
@@ -376,6 +388,18 @@ impl Appliance {
         Ok(())
     }
 
+    fn make_sync(&mut self) -> Result<()> {
+        if self.initial.config.siblings.is_some() {
+            let rings = self.lcores.iter().map(|_| Arc::new(SyncRing::new(SYNC_RING_CAPACITY))).collect();
+            self.sync = Some((rings, Publisher::new(SyncedPins::default())));
+        }
+        Ok(())
+    }
+
+    fn drop_sync(&mut self) {
+        self.sync = None;
+    }
+
     /// Each worker takes its queues of every port and tap (the plan says
     /// which), its counters and its reader of the published snapshot.
     fn build_workers(&mut self) -> Result<()> {
@@ -414,6 +438,9 @@ impl Appliance {
                 stash_ttl_ms: 1000,
             };
             let mut worker = Worker::new(io, publisher.reader(), Arc::clone(&ctr), &wc).with_steering(Arc::clone(&steering), k);
+            if let Some((rings, synced)) = &self.sync {
+                worker = worker.with_sync(Arc::clone(&rings[k]), synced.reader());
+            }
             let latency = cfg.dpdk.latency_histogram.then(|| Arc::new(SharedLatency::default()));
             if let Some(l) = &latency {
                 worker = worker.with_latency(sluice_ffi::tsc, Arc::clone(l));
@@ -511,11 +538,11 @@ impl Appliance {
         let mut workers = workers::Workers::new(Arc::clone(&self.stop));
         let mut freeze = stall_hook();
         let mut on_main: Option<WorkerTask> = None;
+        let start = self.epoch;
         for (lcore, mut worker) in std::mem::take(&mut self.built) {
             // The first worker only: the others go on polling.
             let frozen = freeze.take();
             let task = move |stop: &AtomicBool| {
-                let start = Instant::now();
                 worker.run_with(
                     stop,
                     || {
@@ -584,6 +611,10 @@ impl Appliance {
             loss,
             learned,
             stall_exit: Duration::from_secs(u64::from(cfg.dpdk.stall_exit_secs)),
+            sync: match (cfg.siblings.clone(), self.sync.take()) {
+                (Some(cfg), Some((rings, publisher))) => Some(control::SyncParts { cfg, rings, publisher, epoch: self.epoch }),
+                _ => None,
+            },
         };
         let Some(task) = self.on_main.take() else {
             let r = rt.block_on(control::run(parts, CancellationToken::new()));
