@@ -72,9 +72,9 @@ fn free_port() -> SocketAddr {
 }
 
 async fn until(status: &mut watch::Receiver<SyncStatus>, what: &str, f: impl Fn(&SyncStatus) -> bool) -> SyncStatus {
-    let r = tokio::time::timeout(WAIT, status.wait_for(|s| f(s))).await;
+    let r = tokio::time::timeout(WAIT, status.wait_for(|s| f(s))).await.map(|r| r.map(|s| s.clone()));
     match r {
-        Ok(Ok(s)) => s.clone(),
+        Ok(Ok(s)) => s,
         _ => panic!("{what}: not reached in {WAIT:?}; last status {:#?}", *status.borrow()),
     }
 }
@@ -234,7 +234,7 @@ async fn a_restarted_peer_gets_the_full_set_then_the_marker() {
                         assert_eq!(r.service, service_tag("web"));
                         assert_eq!(r.incarnation, address_tag(Addr::v4([10, 0, 1, u8::try_from(r.endpoint).unwrap()])));
                         assert!(r.lifetime <= 300 && r.lifetime >= 250, "{r:?}");
-                        got.insert(r.key());
+                        got.insert(map_key(&r.key()));
                     }
                 }
                 Kind::InSync => break,
