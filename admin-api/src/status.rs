@@ -308,7 +308,7 @@ impl std::str::FromStr for Mac {
         let mut b = [0u8; 6];
         let mut parts = s.split(':');
         for byte in &mut b {
-            let p = parts.next().filter(|p| p.len() == 2).ok_or_else(|| MacError(s.to_owned()))?;
+            let p = parts.next().filter(|p| p.len() == 2 && p.bytes().all(|c| c.is_ascii_hexdigit())).ok_or_else(|| MacError(s.to_owned()))?;
             *byte = u8::from_str_radix(p, 16).map_err(|_| MacError(s.to_owned()))?;
         }
         match parts.next() {
