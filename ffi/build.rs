@@ -7,8 +7,8 @@
 //! (override with `SLUICE_DPDK_DRIVERS=net_null,net_ring,...`). Linked
 //! against Debian's shared libraries (`SLUICE_DPDK_LINK=shared`), DPDK's EAL
 //! loads every one of the ~150 driver plugins in its plugin directory at
-//! start: measured on a C program that only initializes two `net_null`
-//! ports, 25.8 MB resident shared vs 11.3 MB static with these drivers.
+//! start: a C program that only initializes two `net_null` ports is 25.8 MB
+//! resident linked shared, 11.3 MB linked static with these drivers.
 #![allow(clippy::expect_used)] // OUT_DIR is always set by cargo for build scripts.
 
 use std::env;

@@ -133,7 +133,7 @@ def keep(flows, step, secs, out, names=None):
 
 def write_whole(path, value):
     # Written whole, then renamed: the test waits for the file to exist and
-    # reads it at once (it read an empty file once, mid-write).
+    # reads it at once (written in place, it could be read empty, mid-write).
     with open(path + ".tmp", "w") as fh:
         json.dump(value, fh)
     os.replace(path + ".tmp", path)

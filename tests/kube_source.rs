@@ -21,7 +21,7 @@ use sluice::model::{Defaults, Desired, Model, Origin};
 use sluice::sources::kube::{self, KubeStatus};
 use sluice::sources::SourceMsg;
 use sluice_tests::fake_apiserver::{read_manifests, FakeApi};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 /// The namespace of the source's Gateway, and another one whose objects it
@@ -88,7 +88,7 @@ fn reconciler(mut rx: mpsc::Receiver<SourceMsg>) -> Arc<Mutex<Seen>> {
 struct Running {
     api: FakeApi,
     seen: Arc<Mutex<Seen>>,
-    status: Arc<Mutex<KubeStatus>>,
+    status: watch::Receiver<KubeStatus>,
     cancel: CancellationToken,
     _dir: TempDir,
 }
@@ -161,9 +161,9 @@ fn run_against(api: FakeApi, tag: &str) -> Running {
     std::fs::write(&kc, api.kubeconfig(NS)).unwrap();
     let (tx, rx) = mpsc::channel(16);
     let seen = reconciler(rx);
-    let status = Arc::new(Mutex::new(KubeStatus::default()));
+    let (status_tx, status) = watch::channel(KubeStatus::default());
     let cancel = CancellationToken::new();
-    tokio::spawn(kube::run(cfg(kc), Defaults::default(), tx, Arc::clone(&status), cancel.clone()));
+    tokio::spawn(kube::run(cfg(kc), Defaults::default(), tx, status_tx, cancel.clone()));
     Running { api, seen, status, cancel, _dir: dir }
 }
 
@@ -197,7 +197,7 @@ impl Running {
     }
 
     fn status(&self) -> KubeStatus {
-        self.status.lock().unwrap().clone()
+        self.status.borrow().clone()
     }
 
     fn lists(&self, plural: &str) -> usize {
@@ -529,16 +529,16 @@ async fn against_a_real_api_server() {
     // the API server refuses: see configs/k8s/examples/gatewayclass.yaml.)
     let (tx, rx) = mpsc::channel(16);
     let seen = reconciler(rx);
-    let status = Arc::new(Mutex::new(KubeStatus::default()));
+    let (status_tx, status) = watch::channel(KubeStatus::default());
     let cancel = CancellationToken::new();
-    tokio::spawn(kube::run(cfg(PathBuf::from(&kc)), Defaults::default(), tx, Arc::clone(&status), cancel.clone()));
+    tokio::spawn(kube::run(cfg(PathBuf::from(&kc)), Defaults::default(), tx, status_tx, cancel.clone()));
     let t0 = tokio::time::Instant::now();
     loop {
         let out = kubectl(&["get", "gateway", "sllb-a", "-n", NS, "-o", "jsonpath={.status.addresses[*].value}"]);
         if out.contains("20.0.0.1") {
             break;
         }
-        assert!(t0.elapsed() < Duration::from_secs(60), "no status on the Gateway: {:?}", status.lock().unwrap());
+        assert!(t0.elapsed() < Duration::from_secs(60), "no status on the Gateway: {:?}", *status.borrow());
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     let route = kubectl(&["get", "l34route", "vip-20-0-0-1-multi-ports-a", "-n", NS, "-o", "jsonpath={.status.parents[0].conditions[0].status}"]);
@@ -579,9 +579,9 @@ async fn the_fake_apiserver_binary_follows_its_directory() {
 
     let (tx, rx) = mpsc::channel(16);
     let seen = reconciler(rx);
-    let status = Arc::new(Mutex::new(KubeStatus::default()));
+    let (status_tx, _status) = watch::channel(KubeStatus::default());
     let cancel = CancellationToken::new();
-    tokio::spawn(kube::run(cfg(kc), Defaults::default(), tx, Arc::clone(&status), cancel.clone()));
+    tokio::spawn(kube::run(cfg(kc), Defaults::default(), tx, status_tx, cancel.clone()));
     let last = || seen.lock().unwrap().accepted.last().cloned();
     until("a first state", || last().is_some()).await;
     assert_eq!(normal(last().unwrap()), normal(manifests::load(&root().join("configs/manifests"), "sllb-a").unwrap()));

@@ -328,7 +328,7 @@ fn resolve_and_clear(tag: &str, hops: usize, within: Duration) -> (Duration, Dur
 /// The stop's way out of 100,000 unanswered next hops: the neighbour task
 /// is stopped where it is and the interface taken down, one request, and
 /// the kernel has dropped every managed entry of it (deleting them one by
-/// one took seconds while the kernel kept probing them). Nothing answers
+/// one takes seconds while the kernel keeps probing them). Nothing answers
 /// ARP on the other end, so every entry stays INCOMPLETE and is re-probed.
 #[test]
 #[cfg_attr(sluice_unprivileged, ignore = "needs root: network namespaces and DPDK")]
@@ -376,7 +376,7 @@ fn unanswered_next_hops_go_with_their_interface_taken_down() {
 /// transmit queues. Giving it a transmit queue for the default capacity
 /// (65,536 next hops) must not hold the kernel's routing lock (rtnl, one
 /// for the whole host) for long: every routing daemon on the host, BIRD
-/// included, waits on it meanwhile, and BFD sessions at 100 ms x 3 went
+/// included, waits on it meanwhile, and BFD sessions at 100 ms x 3 go
 /// down. With the default queueing discipline (a pfifo_fast of three rings
 /// per transmit queue) the kernel allocates and clears 400 MB for it, the
 /// lock held throughout.

@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
@@ -63,7 +63,7 @@ impl Drop for TempDir {
 /// One appliance's control side: a real reconciler and the xDS source.
 struct Appliance {
     shared: Arc<Shared>,
-    status: Arc<Mutex<XdsStatus>>,
+    status: watch::Receiver<XdsStatus>,
     cancel: CancellationToken,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     _dir: TempDir,
@@ -100,7 +100,7 @@ impl Appliance {
         let (_neigh_tx, neigh_rx) = watch::channel(NeighMap::new());
         let (tx, rx) = mpsc::channel(16);
         let cancel = CancellationToken::new();
-        let status = Arc::new(Mutex::new(XdsStatus::default()));
+        let (status_tx, status) = watch::channel(XdsStatus::default());
         let mut tasks = Vec::new();
         {
             let c = cancel.clone();
@@ -109,7 +109,7 @@ impl Appliance {
                 r.run(rx, neigh_rx, c).await;
             }));
         }
-        tasks.push(tokio::spawn(xds::run(cfg, defaults, tx, Arc::clone(&status), cancel.clone())));
+        tasks.push(tokio::spawn(xds::run(cfg, defaults, tx, status_tx, cancel.clone())));
         Appliance { shared, status, cancel, tasks, _dir: dir }
     }
 
@@ -134,7 +134,7 @@ impl Appliance {
     }
 
     fn status(&self) -> XdsStatus {
-        self.status.lock().unwrap().clone()
+        self.status.borrow().clone()
     }
 
     /// Both types recorded as accepted at `version`. Served is published

@@ -192,8 +192,8 @@ fn main() {
         assert_eq!(next.mapped, 1, "only the changed cluster is mapped again");
         assert_eq!(next.changed, vec![victim.clone()]);
         if round < 3 {
-            // The baselines: every cluster looked at, the others reused (the
-            // client before stop 21), and every cluster mapped.
+            // The baselines: every cluster looked at, the others reused,
+            // and every cluster mapped.
             let t = Instant::now();
             let reused = build(&clusters, &clas, &built, &defaults).unwrap();
             t_build_reused.push(t.elapsed().as_secs_f64());

@@ -29,9 +29,8 @@
 //! (`--ports traffic`), so the server shares a core with the appliance's
 //! control thread; with `--ports idle` the ports receive nothing, the
 //! worker pauses and its core is free for the server, which a deployment
-//! runs elsewhere. (Six runs each way, alternating, 2026-11-28: sent to
-//! live 846-1263 ms busy, 690-1240 ms idle: the appliance's own compile
-//! bounds it, not the server's share of a core.)
+//! runs elsewhere. The time to live is bounded by the appliance's own
+//! compile either way, not by the server's share of a core.
 //!
 //! `XDS_SCALE_LOG=FILE` keeps the appliances' logs (each publication's
 //! compile and publish times) in FILE (else they go to a file in a
@@ -259,8 +258,8 @@ fn shows(admin: u16, i: usize, addr: &str) -> bool {
 /// How often the initial load is polled for: 2 ms. The control thread
 /// compiling the 10,000 services shares its core with this process and
 /// with the admin endpoint answering: polling every 200 µs (5,000 requests
-/// a second) took a third of that core and made the load 1.6x slower than
-/// the same work alone. 2 ms is 0.2 % of the time measured.
+/// a second) takes a third of that core and makes the load about 1.6x
+/// slower than the same work alone. 2 ms is 0.2 % of the time measured.
 const LOAD_POLL: Duration = Duration::from_millis(2);
 
 /// How often a change is polled for: 1 ms (the summary costs the

@@ -194,8 +194,8 @@ impl Compiled {
 /// The endpoints' statuses of every service, in name order, in chunks
 /// that the compiler's copy shares: keeping the last compilation's and
 /// replacing a few services' copies their chunks only (as a plain `Vec`,
-/// each compilation took and later dropped a reference to every service's
-/// statuses, 10,000 scattered reference counts twice).
+/// each compilation would take and later drop a reference to every
+/// service's statuses, 10,000 scattered reference counts twice).
 pub type Statuses = Chunked<Arc<[EndpointStatus]>>;
 
 /// Counter slots given out for the first time (or again) by a compilation.
@@ -319,7 +319,7 @@ struct Entry {
     /// identifier for the same address is a new incarnation).
     incarnations: Box<[u32]>,
     /// Indices into `statuses`, by address (with `incarnations`, 8 bytes
-    /// an endpoint, where a map from address to what it keeps took 32).
+    /// an endpoint, where a map from address to what it keeps takes 32).
     by_address: Box<[u32]>,
 }
 

@@ -190,8 +190,8 @@ const RELEASE_EVERY: Duration = Duration::from_secs(1);
 /// Time without a publication before a heap release: a release takes the
 /// control core for milliseconds (tens with hundreds of MB free) and the
 /// allocator's locks, so it waits for a lull instead of delaying the next
-/// change (a release right after a bulk xDS load took the p99 of the
-/// single changes that followed from 1-4 to 11 ms).
+/// change (a release right after a bulk xDS load would hold up the single
+/// changes that follow it: their p99 rises to about 11 ms).
 const RELEASE_QUIET: Duration = Duration::from_millis(500);
 
 /// Services compiled by a change to endpoints only from which the
@@ -214,8 +214,8 @@ fn bulk(changed: Option<&[String]>) -> bool {
 /// [`RELEASE_QUIET`], at most once per [`RELEASE_EVERY`]. Without it each
 /// reload of a large configuration that runs on another thread leaves
 /// that thread's arena at its peak: a 10,000-service file reloaded twelve
-/// times grew the appliance from 304 to 1,066 MiB resident
-/// (`bench/results/reload_memory-before-heap-release.json`).
+/// times would grow the appliance to about 3.5 times its resident memory
+/// after the first load (`bench/reload_memory.py`).
 #[derive(Debug, Default)]
 struct HeapRelease {
     /// A whole-model publication happened since the last release.
@@ -708,8 +708,8 @@ impl Reconciler {
     /// The summary of every service (in `service_slots`' order) and route
     /// of the resolved model.
     fn summary(&self, service_slots: &[(u32, String)]) -> Summary {
-        // Room for every service (collected from a filter, it grew by
-        // doubling: 0.9 MB held for 10,000 services' 0.56).
+        // Room for every service (collected from a filter, it would grow
+        // by doubling: 0.9 MB held for 10,000 services' 0.56).
         let mut services = Vec::with_capacity(service_slots.len());
         services.extend(service_slots.iter().filter_map(|(slot, name)| {
             let s = self.resolved.services.get(name)?;

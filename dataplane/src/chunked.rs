@@ -4,8 +4,8 @@
 //! (successive snapshots share every service but the changed ones) and the
 //! control plane the endpoints' statuses of the last compilation.
 //!
-//! As one vector of `Arc`s, each copy took and later dropped a reference to
-//! every element: two passes over 10,000 scattered reference counts, most
+//! As one vector of `Arc`s, each copy would take and later drop a reference
+//! to every element: two passes over 10,000 scattered reference counts, most
 //! of the time of a single endpoint change with 10,000 services. A lookup
 //! reads one chunk pointer more than a flat vector would.
 

@@ -194,9 +194,9 @@ const NO_BYTES: u8 = 4;
 
 /// A (VIP, protocol slot)'s routes by destination port. Its two lists
 /// are shared with every slot that has the same (interned when built):
-/// with a vector each, 10,000 VIPs' four slots were 80,000 allocations,
-/// now the slots without routes share one pair and the VIPs with the same
-/// ports one list of bounds. Read as plain slices.
+/// with a vector each, 10,000 VIPs' four slots would be 80,000
+/// allocations; interned, the slots without routes share one pair and the
+/// VIPs with the same ports one list of bounds. Read as plain slices.
 #[derive(Clone, Debug, Default)]
 struct PortIndex {
     /// Start port of each elementary interval; the first is 0.
@@ -328,7 +328,7 @@ impl Classifier {
         }
         // Grown by doubling, the pools would keep up to twice what they
         // hold for as long as the snapshot lives (10,000 VIPs: 1.4 MB of
-        // empty table rows, before the tables were reserved exactly).
+        // empty table rows).
         c.vips.shrink_to_fit();
         c.candidates.shrink_to_fit();
         c.cidrs.shrink_to_fit();

@@ -446,13 +446,14 @@ fn replicas(eps: &[(EndpointId, u32)]) -> Vec<u32> {
 /// When the free slots times the active walkers fall to this many times M,
 /// [`populate`] stops probing and finishes with [`finish_by_events`]: the last
 /// free slots are where a probing walker mostly finds taken ones (the
-/// last 1 % of a table took 60 % of the probes at M = 65537, N = 1000).
+/// last 1 % of a table takes 60 % of the probes at M = 65537, N = 1000).
 /// A probe costs about as much as a few dozen first-visit steps of
 /// [`Visits::first_of`] (one slot, one walker, in vector lanes): at 8,
 /// about 1,300 of 65537 slots go by events at N = 1000 (5,200 at N =
-/// 100). Against the scalar event finish at 1, `bench/maglev_ab.sh` gave
-/// 0.81 (0.69 at N = 100) of the time with the host busy, when probes miss
-/// the caches, and about the same time with it quiet; at 32, 1.18 (1.29).
+/// 100). Against a scalar event finish from a threshold of 1, this one
+/// takes about 0.8 of the time at 8 (0.7 at N = 100) when probes miss the
+/// caches, about the same when they hit, and 1.2 (1.3) at 32
+/// (`bench/maglev_ab.sh`).
 const EVENT_TAIL: u64 = 8;
 
 /// The population, as entries naming each endpoint of `eps` (sorted,
@@ -485,9 +486,9 @@ fn populate(m: u32, eps: &[(EndpointId, u32)], count: u32, names: &[u16]) -> Ent
 /// SSE4.1 the build assumes). Its passes over every slot are plain integer
 /// loops the compiler vectorizes, so each width computes the same entries
 /// (test `every_vector_width_builds_the_same_table`). At M = 6421 and 10
-/// walkers, AVX-512 takes the first-visit pass from about 10 to 4 µs, and
-/// the whole build to about 0.8 of its time; probing gains less (about
-/// 0.93 of the time at M = 65537 and 1,000 endpoints).
+/// walkers, the first-visit pass takes about 4 µs with AVX-512 against 10
+/// with SSE4.1, the whole build about 0.8 of the time; probing gains less
+/// (about 0.93 of the time at M = 65537 and 1,000 endpoints).
 struct Population<'a> {
     m: u32,
     eps: &'a [(EndpointId, u32)],
@@ -583,11 +584,11 @@ fn fill_by_first_visits(m: u32, eps: &[(EndpointId, u32)], reps: &[u32], count: 
     // Each slot to its first visitor's endpoint, in one pass that also
     // counts the first visits of each turn; then the late ones, the keys
     // from `from` on, in a pass of their own. (Kept in the naming pass,
-    // without a branch, their count lived on the stack, and each slot
-    // waited for the store of the one before: the build took 1/0.92 of
-    // this time at M = 6421 and 10 endpoints. Named by a closure without
-    // the count, the naming is vectorized with a lane insert per entry,
-    // and the build took 1.15 of the fused one's time.)
+    // without a branch, their count would live on the stack, and each slot
+    // wait for the store of the one before: about 1.09 times this build's
+    // time at M = 6421 and 10 endpoints. Named by a closure without the
+    // count, the naming is vectorized with a lane insert per entry: about
+    // 1.15 times the time of naming and counting in one pass.)
     let mut by_turn = [0u32; 256];
     let mut entries = named(count, &best, |k| {
         by_turn[(k & 0xff) as usize] += 1;
@@ -807,11 +808,11 @@ fn fill_with(m: u32, eps: &[(EndpointId, u32)], reps: &[u32], tail: u64) -> Vec<
         // these probes only read). Then those are claimed in turn order,
         // each looked at again (an earlier turn may have claimed it this
         // round) and only while its endpoint has room. (In one stage, every
-        // probe wrote the bitmap and an owner entry, a sink one when it
-        // claimed nothing: the build took 1/0.79-1/0.84 of this time at M =
+        // probe would write the bitmap and an owner entry, a sink one when
+        // it claims nothing: 1.19-1.27 times this build's time at M =
         // 65537, N = 1000, `bench/maglev_ab.sh`. The batches above stay in
-        // one stage: there most probes claim, and two stages took N = 100
-        // to 1.23 of its time.)
+        // one stage: there most probes claim, and two stages would take
+        // N = 100 to 1.23 times its time.)
         let mut seen = 0;
         for (turn, w) in (0u32..).zip(&mut active) {
             let slot = w.pos;

@@ -26,10 +26,10 @@ pub struct Released {
 /// allocating threads share one core, as the appliance's control threads
 /// do (the workers do not allocate on the packet path), more arenas buy no
 /// parallelism, and each keeps the peak of what the threads that used it
-/// held: 200 SotW changes of 10,000 xDS clusters left the appliance at
-/// 153 MiB resident (156,928 KiB) with an arena per thread, 140 MiB
-/// (142,992 KiB) with one (`xds_scale --mode sotw`, one run each; the
-/// tokio threads that handle each response change as tasks move).
+/// held (the tokio threads that handle each response change as tasks
+/// move): after 200 SotW changes of 10,000 xDS clusters the appliance is
+/// about 153 MiB resident with an arena per thread, 140 MiB with one
+/// (`xds_scale --mode sotw`).
 /// Returns whether glibc took the setting.
 pub fn one_arena() -> bool {
     // SAFETY: mallopt only sets one of the allocator's parameters.

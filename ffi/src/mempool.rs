@@ -82,7 +82,7 @@ impl Mempool {
     /// apart, and `net_af_xdp` registers the pool with the kernel as
     /// `mbufs x mbuf size` bytes from its first: the mbufs beyond that are
     /// outside the area, and the kernel drops without a count every frame
-    /// sent from one of them (measured: 26 frames sent on a veth, 15 left).
+    /// sent from one of them (of 26 frames sent on a veth, 15 leave it).
     pub fn packed(eal: &Eal, name: &str, count: u32, cache: u32, data_room: u16) -> Result<Arc<Mempool>> {
         let cname = check(name, count)?;
         let elt = u32::try_from(std::mem::size_of::<sys::rte_mbuf>()).unwrap_or(u32::MAX) + u32::from(data_room);

@@ -796,7 +796,7 @@ impl DeltaStream {
         // answering it would find nothing to send (the versions the client
         // holds were recorded when the response went out; a newer snapshot
         // is pushed by the watch). As go-control-plane's delta server, it is
-        // not compared with the whole snapshot again: that took a few ms per
+        // not compared with the whole snapshot again: that takes a few ms per
         // ACK at 10,000 assignments, on the core the appliance under test
         // shares with this server in the benchmarks.
         let answer = !st.requested

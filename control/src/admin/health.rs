@@ -107,7 +107,7 @@ pub fn unready(sh: &Shared, now: Instant) -> Vec<String> {
     if st.published_at.is_none() {
         why.push("no configuration published yet".into());
     }
-    if let Some(k) = lock(&sh.kube).as_ref().map(|k| lock(k).not_served.clone()) {
+    if let Some(k) = lock(&sh.kube).as_ref().map(|k| k.borrow().not_served.clone()) {
         why.extend(k.into_iter().map(|w| format!("source kubernetes: not served: {w}")));
     }
     for (name, s) in &st.sources {
@@ -182,10 +182,10 @@ mod tests {
         }
         sh.workers[0].counters.idle_polls.add(1);
         sample(&sh, t0);
-        let kube = Arc::new(std::sync::Mutex::new(crate::sources::kube::KubeStatus::default()));
-        *lock(&sh.kube) = Some(Arc::clone(&kube));
+        let (kube, rx) = tokio::sync::watch::channel(crate::sources::kube::KubeStatus::default());
+        *lock(&sh.kube) = Some(rx);
         assert!(unready(&sh, t0).is_empty(), "{:?}", unready(&sh, t0));
-        lock(&kube).not_served = vec!["the API has no GatewayRouter resource".into()];
+        kube.send_modify(|k| k.not_served = vec!["the API has no GatewayRouter resource".into()]);
         assert_eq!(unready(&sh, t0), vec!["source kubernetes: not served: the API has no GatewayRouter resource".to_owned()]);
     }
 

@@ -234,7 +234,7 @@ impl Collector for SluiceCollector {
             )?;
         }
 
-        if let Some(x) = lock(&sh.xds).as_ref().map(|x| lock(x).clone()) {
+        if let Some(x) = sh.xds() {
             use crate::sources::xds::status::ConnectionState;
             family(&mut e, "sluice_xds_connected", "1 while the ADS stream to the xDS management server is open.", Kind::Gauge, one(f(u64::from(x.state == ConnectionState::Connected))))?;
             family(&mut e, "sluice_xds_reconnects", "ADS streams opened after the first.", Kind::Counter, one(f(x.reconnects)))?;
@@ -307,7 +307,7 @@ impl Collector for SluiceCollector {
                 b.vips.iter().map(|v| (vec![("vip", s(v.vip.to_string())), ("reason", s(v.reason.clone()))], f(u64::from(v.announced)))),
             )?;
         }
-        if let Some(k) = lock(&sh.kube).as_ref().map(|k| lock(k).clone()) {
+        if let Some(k) = sh.kube() {
             family(&mut e, "sluice_kube_connected", "1 while the Kubernetes API server answers.", Kind::Gauge, one(f(u64::from(k.connected))))?;
             family(&mut e, "sluice_kube_synced", "1 once every watched kind has been listed (nothing is served from Kubernetes before).", Kind::Gauge, one(f(u64::from(k.synced))))?;
             family(

@@ -255,6 +255,11 @@ pub struct WorkerLiveness {
     pub busy_share: f64,
 }
 
+/// Where the admin endpoint finds the status channel of a source that
+/// comes and goes with its section of the configuration (None while the
+/// section is absent).
+pub type StatusSlot<S> = Mutex<Option<watch::Receiver<S>>>;
+
 /// Everything the admin endpoint and the samplers read.
 #[derive(Debug)]
 pub struct Shared {
@@ -277,12 +282,12 @@ pub struct Shared {
     pub reconciled: std::sync::OnceLock<Reconciled>,
     /// Per worker, what the health sampler saw last.
     pub liveness: Mutex<Vec<WorkerLiveness>>,
-    /// The xDS source's status, while it runs.
-    pub xds: Mutex<Option<Arc<Mutex<crate::sources::xds::XdsStatus>>>>,
+    /// The xDS source's status channel, while it runs.
+    pub xds: StatusSlot<crate::sources::xds::XdsStatus>,
     /// The BIRD driver's status channel (set once, when the driver starts).
     pub bird: std::sync::OnceLock<crate::routing::bird::StatusRx>,
-    /// The Kubernetes source's status, while it runs.
-    pub kube: Mutex<Option<Arc<Mutex<crate::sources::kube::KubeStatus>>>>,
+    /// The Kubernetes source's status channel, while it runs.
+    pub kube: StatusSlot<crate::sources::kube::KubeStatus>,
 }
 
 impl Shared {
@@ -334,6 +339,16 @@ impl Shared {
     pub fn snapshot(&self) -> Option<Arc<sluice_dataplane::snapshot::Snapshot>> {
         let p = self.reconciled.get()?.published.borrow();
         p.at.map(|_| Arc::clone(&p.snapshot))
+    }
+
+    /// The xDS source's last status, while it runs.
+    pub fn xds(&self) -> Option<crate::sources::xds::XdsStatus> {
+        lock(&self.xds).as_ref().map(|rx| rx.borrow().clone())
+    }
+
+    /// The Kubernetes source's last status, while it runs.
+    pub fn kube(&self) -> Option<crate::sources::kube::KubeStatus> {
+        lock(&self.kube).as_ref().map(|rx| rx.borrow().clone())
     }
 
     /// The BIRD driver's last status, while gateway routers are configured.

@@ -72,8 +72,8 @@ fn digest(slots: impl Iterator<Item = Option<Addr>>) -> String {
 /// The digests of the tables summed up lately. A built service never
 /// changes (a change builds another), so a table polled again, as while a
 /// change is awaited, is not hashed again: hashing its slots (16 bytes
-/// each, 100 KiB at the default size for 32 endpoints) took most of a
-/// poll's time.
+/// each, 100 KiB at the default size for 32 endpoints) would take most of
+/// a poll's time.
 #[derive(Debug, Default)]
 pub struct Digests(Mutex<VecDeque<(Weak<Service>, String)>>);
 

@@ -12,8 +12,8 @@ use super::{api as convert, health};
 use crate::ground::lock;
 
 /// Endpoints `/status` lists unless asked for more (`?endpoints=all`):
-/// 100,000 of them made a 30 MB document that `sluice status` printed as
-/// 100,000 rows.
+/// 100,000 of them make a 30 MB document that `sluice status` would print
+/// as 100,000 rows.
 pub const ENDPOINTS_LISTED: usize = 1000;
 
 /// What `/status` lists: every service or one (`?service=NAME`), and up to
@@ -57,7 +57,8 @@ impl StatusQuery {
 
 /// The services, endpoints and routes of the status, written as they are
 /// read from the control state: with 10,000 services of 10 endpoints, a
-/// view of each made first was 20 MB and 500,000 allocations per request.
+/// view of each made first would be 20 MB and 500,000 allocations per
+/// request.
 #[derive(Clone, Copy)]
 struct Listing<'a> {
     sh: &'a Shared,
@@ -141,9 +142,9 @@ pub fn status(sh: &Shared, query: &StatusQuery) -> Result<String, NoService> {
             }
         })
         .collect();
-    let xds = lock(&sh.xds).as_ref().map(|x| convert::xds(lock(x).clone()));
+    let xds = sh.xds().map(convert::xds);
     let bird = sh.bird().map(convert::bird);
-    let kubernetes = lock(&sh.kube).as_ref().map(|k| convert::kubernetes(lock(k).clone()));
+    let kubernetes = sh.kube().map(convert::kubernetes);
     let st = sh.control();
     if let Some(name) = &query.service {
         if !st.services.iter().any(|m| &m.name == name) {

@@ -12,7 +12,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info};
 
 use super::loss::LossSampler;
-use crate::admin::state::Shared;
+use crate::admin::state::{Shared, StatusSlot};
 use crate::ground::lock;
 use crate::admin::{self, health, AdminCounters, Limits};
 use crate::model::{Defaults, Desired};
@@ -342,7 +342,7 @@ struct Follower<C, S> {
     section: &'static str,
     /// The section in the accepted settings.
     settings: fn(&Settings) -> Option<C>,
-    /// Where the admin endpoint finds its status.
+    /// Where the admin endpoint finds its status channel.
     slot: fn(&Shared) -> &StatusSlot<S>,
     /// What it follows, for the log.
     describe: fn(&C) -> String,
@@ -350,12 +350,10 @@ struct Follower<C, S> {
     run: RunSource<C, S>,
 }
 
-/// Where the admin endpoint finds a source's status while it runs.
-type StatusSlot<S> = Mutex<Option<Arc<Mutex<S>>>>;
-
 /// Runs a source: its settings, the service defaults, the channel to the
-/// reconciler, its status, and the token that stops it.
-type RunSource<C, S> = fn(C, Defaults, mpsc::Sender<SourceMsg>, Arc<Mutex<S>>, CancellationToken) -> BoxFuture<'static, ()>;
+/// reconciler, the sending end of its status channel, and the token that
+/// stops it.
+type RunSource<C, S> = fn(C, Defaults, mpsc::Sender<SourceMsg>, watch::Sender<S>, CancellationToken) -> BoxFuture<'static, ()>;
 
 /// The xDS source (`xds-control-plane`).
 const XDS: Follower<xds::XdsConfig, XdsStatus> = Follower {
@@ -388,8 +386,8 @@ where
         let current = (f.settings)(&now).map(|c| (c, now.defaults));
         let child = cancel.child_token();
         let running = current.clone().map(|(cfg, defaults)| {
-            let status = Arc::new(Mutex::new(S::default()));
-            *lock((f.slot)(&shared)) = Some(Arc::clone(&status));
+            let (status, seen) = watch::channel(S::default());
+            *lock((f.slot)(&shared)) = Some(seen);
             info!("following {}", (f.describe)(&cfg));
             tokio::spawn((f.run)(cfg, defaults, tx.clone(), status, child.clone()))
         });

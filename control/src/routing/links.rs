@@ -18,8 +18,8 @@
 //! appliance may have next hops ([`exception_queue_len`]). The kernel
 //! resolves every next hop it is given at once, and re-probes all the
 //! unresolved ones together every few seconds: with the default 1,000,
-//! 100,000 next hops made it drop most of its ARP requests before DPDK read
-//! them, and resolution took minutes.
+//! 100,000 next hops make it drop most of its ARP requests before DPDK
+//! reads them, and resolution takes minutes.
 //!
 //! The queue is the tap's own ring, one per queue DPDK reads: the interface
 //! gets no queueing discipline (`noqueue`) before its queue grows. A DPDK

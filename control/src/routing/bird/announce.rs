@@ -47,7 +47,7 @@ impl Servable {
             let ready = p.ready(&r.service);
             for v in &r.vips {
                 // Room for one service (a VIP's usual count), not the
-                // four a first push makes: 10,000 VIPs kept 1 MB more.
+                // four a first push makes: 1 MB more for 10,000 VIPs.
                 let e = vips.entry(*v).or_insert_with(|| Vec::with_capacity(1));
                 if !e.iter().any(|(n, _)| *n == r.service) {
                     e.push((r.service.clone(), ready));

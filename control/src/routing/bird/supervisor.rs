@@ -11,8 +11,8 @@
 //! spawned from a thread that lives as long as the process, since the
 //! parent-death signal follows the spawning thread. Its pid is kept in a
 //! pidfile next to the control socket, so that a `bird` left running by an
-//! earlier run (one started before these rules, or one that survived by
-//! any other way) is found at the next start, checked against its
+//! earlier run (one that outlived its appliance in any way) is found at
+//! the next start, checked against its
 //! `/proc/PID/cmdline`, and stopped ([`stop_leftover`]).
 
 use std::ffi::OsString;

@@ -9,7 +9,6 @@
 //! the data plane what it serves.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::stream::{self, BoxStream, StreamExt};
@@ -23,13 +22,13 @@ use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::{Api, Client, Config};
 use serde_json::{json, Value as Json};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::sync::{observed_part, Objects, Outcome, Plan, Statuses, Sync, KINDS};
 use super::{crd, KubeConfig, KubeError, KubeStatus, RefusedObject, RouterEntry, FIELD_MANAGER, SOURCE};
-use crate::ground::{lock, now_epoch};
+use crate::ground::now_epoch;
 use crate::config::manifests::{api_origin, PROXY_NAME_LABEL};
 use crate::model::{Defaults, Desired};
 use crate::sources::SourceMsg;
@@ -136,7 +135,7 @@ fn inputs(objects: &Objects) -> BTreeMap<&'static str, Vec<Json>> {
 struct Task {
     cfg: KubeConfig,
     tx: mpsc::Sender<SourceMsg>,
-    status: Arc<Mutex<KubeStatus>>,
+    status: watch::Sender<KubeStatus>,
     sync: Sync,
     objects: Objects,
     /// Lists under way, per kind.
@@ -172,26 +171,24 @@ pub async fn run(
     cfg: KubeConfig,
     defaults: Defaults,
     tx: mpsc::Sender<SourceMsg>,
-    status: Arc<Mutex<KubeStatus>>,
+    status: watch::Sender<KubeStatus>,
     cancel: CancellationToken,
 ) {
-    {
-        let mut st = lock(&status);
+    status.send_modify(|st| {
         st.gateway = cfg.gateway.clone();
         st.namespace = cfg.namespace.clone();
         st.waiting_for = KINDS.iter().map(|k| (*k).to_owned()).collect();
         st.serving = "nothing from Kubernetes yet: waiting for the first list of every kind".into();
-    }
+    });
     let client = loop {
         match client(&cfg).await {
             Ok(c) => break c,
             Err(e) => {
                 warn!(error = %e, "Kubernetes source cannot start; trying again");
-                {
-                    let mut st = lock(&status);
+                status.send_modify(|st| {
                     st.last_error = Some(e.to_string());
                     st.last_error_at = Some(now_epoch());
-                }
+                });
                 tokio::select! {
                     () = cancel.cancelled() => return,
                     () = tokio::time::sleep(RETRY) => {}
@@ -216,7 +213,7 @@ pub async fn run(
         recorder: Recorder::new(client.clone(), Reporter { controller: FIELD_MANAGER.into(), instance: std::env::var("POD_NAME").ok() }),
         reported: HashSet::new(),
     };
-    let probe = tokio::spawn(probe(client.clone(), Arc::clone(&task.status), cancel.clone()));
+    let probe = tokio::spawn(probe(client.clone(), task.status.clone(), cancel.clone()));
     let _stop_probe = AbortOnDrop(probe);
     let mut events = watches(&client, &task.cfg);
     let mut dirty = false;
@@ -249,7 +246,7 @@ pub async fn run(
 /// reached (a watch that resumed quietly says nothing until something
 /// changes). A watch error marks the source disconnected until the next
 /// probe that succeeds.
-async fn probe(client: Client, status: Arc<Mutex<KubeStatus>>, cancel: CancellationToken) {
+async fn probe(client: Client, status: watch::Sender<KubeStatus>, cancel: CancellationToken) {
     let mut tick = tokio::time::interval(PROBE);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -258,8 +255,7 @@ async fn probe(client: Client, status: Arc<Mutex<KubeStatus>>, cancel: Cancellat
             _ = tick.tick() => {}
         }
         let res = tokio::time::timeout(PROBE, client.apiserver_version()).await;
-        let mut st = lock(&status);
-        match res {
+        status.send_modify(|st| match res {
             Ok(Ok(v)) => {
                 st.connected = true;
                 st.server_version = Some(v.git_version);
@@ -274,7 +270,7 @@ async fn probe(client: Client, status: Arc<Mutex<KubeStatus>>, cancel: Cancellat
                 st.last_error = Some(format!("reaching the API server: no answer in {}s", PROBE.as_secs()));
                 st.last_error_at = Some(now_epoch());
             }
-        }
+        });
     }
 }
 
@@ -326,10 +322,11 @@ impl Task {
                 let msg = format!("watching {kind}s: {e}");
                 warn!(error = %msg, "Kubernetes watch failed; retrying with backoff (what is served stays)");
                 self.errors[i] = Some(msg.clone());
-                let mut st = lock(&self.status);
-                st.last_error = Some(msg);
-                st.last_error_at = Some(now_epoch());
-                st.connected = false;
+                self.status.send_modify(|st| {
+                    st.last_error = Some(msg);
+                    st.last_error_at = Some(now_epoch());
+                    st.connected = false;
+                });
                 return false;
             }
             Ok(Event::Init) => {
@@ -362,17 +359,18 @@ impl Task {
             }
         };
         let recovered = self.errors[i].take().is_some();
-        let mut st = lock(&self.status);
-        if recovered && self.errors.iter().all(Option::is_none) {
-            st.connected = true;
-        }
-        st.synced = self.listed.iter().all(|l| *l);
-        st.not_served = self.absent.iter().flatten().cloned().collect();
-        st.waiting_for = KINDS.iter().zip(self.listed).filter(|(_, l)| !l).map(|(k, _)| (*k).to_owned()).collect();
-        st.watched = KINDS.iter().map(|k| ((*k).to_owned(), self.objects.count(k))).collect();
-        if changed {
-            st.last_sync_at = Some(now_epoch());
-        }
+        self.status.send_modify(|st| {
+            if recovered && self.errors.iter().all(Option::is_none) {
+                st.connected = true;
+            }
+            st.synced = self.listed.iter().all(|l| *l);
+            st.not_served = self.absent.iter().flatten().cloned().collect();
+            st.waiting_for = KINDS.iter().zip(self.listed).filter(|(_, l)| !l).map(|(k, _)| (*k).to_owned()).collect();
+            st.watched = KINDS.iter().map(|k| ((*k).to_owned(), self.objects.count(k))).collect();
+            if changed {
+                st.last_sync_at = Some(now_epoch());
+            }
+        });
         changed
     }
 
@@ -407,7 +405,7 @@ impl Task {
                         Ok(Ok(())) => {
                             info!(%why, "nothing served from Kubernetes any more");
                             self.sync.withdrawn();
-                            lock(&self.status).last_applied_at = Some(now_epoch());
+                            self.status.send_modify(|st| st.last_applied_at = Some(now_epoch()));
                         }
                         Ok(Err(ps)) => warn!(%why, problems = ?ps, "withdrawing the Gateway's state was refused"),
                     }
@@ -433,7 +431,7 @@ impl Task {
                 Ok(Ok(())) => {
                     info!(attempt, routes = plan.desired.routes.len(), services = plan.desired.services.len(), "Kubernetes state served");
                     self.sync.applied(&plan, &self.objects);
-                    lock(&self.status).last_applied_at = Some(now_epoch());
+                    self.status.send_modify(|st| st.last_applied_at = Some(now_epoch()));
                     break;
                 }
                 Ok(Err(problems)) => {
@@ -498,9 +496,10 @@ impl Task {
                 }
                 Err(e) => {
                     warn!(object = %origin, error = %e, "publishing an event failed");
-                    let mut st = lock(&self.status);
-                    st.last_error = Some(format!("publishing an event on {origin}: {e}"));
-                    st.last_error_at = Some(now_epoch());
+                    self.status.send_modify(|st| {
+                        st.last_error = Some(format!("publishing an event on {origin}: {e}"));
+                        st.last_error_at = Some(now_epoch());
+                    });
                     // Logged once all the same.
                     self.reported.insert(key);
                 }
@@ -524,46 +523,48 @@ impl Task {
                 }),
             }
         }
-        let mut st = lock(&self.status);
-        st.routers = routers;
-        st.refused.retain(|r| !r.object.starts_with("kubernetes: GatewayRouter/"));
-        st.refused.extend(bad);
+        self.status.send_modify(|st| {
+            st.routers = routers;
+            st.refused.retain(|r| !r.object.starts_with("kubernetes: GatewayRouter/"));
+            st.refused.extend(bad);
+        });
     }
 
     fn summarise(&self) {
         let Some(plan) = &self.plan else { return };
-        let mut st = lock(&self.status);
         let served = self.sync.served();
-        st.serving = match &self.sync.outcome {
-            Outcome::Applied => format!(
-                "{} route(s), {} service(s), {} endpoint(s)",
-                served.routes.len(),
-                served.services.len(),
-                served.endpoints.len()
-            ),
-            Outcome::Pending(why) => format!("nothing from Kubernetes yet: {why}"),
-            Outcome::Refused(ps) if *served == Desired::default() => {
-                format!("nothing from Kubernetes: {}", ps.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))
+        self.status.send_modify(|st| {
+            st.serving = match &self.sync.outcome {
+                Outcome::Applied => format!(
+                    "{} route(s), {} service(s), {} endpoint(s)",
+                    served.routes.len(),
+                    served.services.len(),
+                    served.endpoints.len()
+                ),
+                Outcome::Pending(why) => format!("nothing from Kubernetes yet: {why}"),
+                Outcome::Refused(ps) if *served == Desired::default() => {
+                    format!("nothing from Kubernetes: {}", ps.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))
+                }
+                Outcome::Refused(ps) => format!(
+                    "refused, still serving the last good state ({} route(s)): {}",
+                    served.routes.len(),
+                    ps.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
+                ),
+            };
+            if !st.not_served.is_empty() {
+                let not = st.not_served.join("; ");
+                st.serving.push_str(&format!("; not served: {not}"));
             }
-            Outcome::Refused(ps) => format!(
-                "refused, still serving the last good state ({} route(s)): {}",
-                served.routes.len(),
-                ps.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
-            ),
-        };
-        if !st.not_served.is_empty() {
-            let not = st.not_served.join("; ");
-            st.serving.push_str(&format!("; not served: {not}"));
-        }
-        st.refused.retain(|r| r.object.starts_with("kubernetes: GatewayRouter/"));
-        for m in &plan.mapping.objects {
-            if let Some(r) = &m.refusal {
-                st.refused.push(RefusedObject { object: m.origin.clone(), reason: r.reason.as_str().into(), message: r.message() });
+            st.refused.retain(|r| r.object.starts_with("kubernetes: GatewayRouter/"));
+            for m in &plan.mapping.objects {
+                if let Some(r) = &m.refusal {
+                    st.refused.push(RefusedObject { object: m.origin.clone(), reason: r.reason.as_str().into(), message: r.message() });
+                }
             }
-        }
-        for (origin, why) in &plan.kept {
-            st.refused.push(RefusedObject { object: origin.clone(), reason: "AlgorithmChangeRefused".into(), message: why.clone() });
-        }
+            for (origin, why) in &plan.kept {
+                st.refused.push(RefusedObject { object: origin.clone(), reason: "AlgorithmChangeRefused".into(), message: why.clone() });
+            }
+        });
     }
 
     /// Writes the status that differs from what the objects show.
@@ -601,7 +602,7 @@ impl Task {
                 "status": st,
             });
             let res = api.patch_status(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&body)).await;
-            lock(&self.status).status_writes += 1;
+            self.status.send_modify(|st| st.status_writes += 1);
             match res {
                 Ok(_) => {
                     debug!(%origin, "status written");
@@ -609,10 +610,11 @@ impl Task {
                 }
                 Err(e) => {
                     warn!(%origin, error = %e, "writing status failed; trying again");
-                    let mut s = lock(&self.status);
-                    s.status_write_errors += 1;
-                    s.last_error = Some(format!("writing the status of {origin}: {e}"));
-                    s.last_error_at = Some(now_epoch());
+                    self.status.send_modify(|s| {
+                        s.status_write_errors += 1;
+                        s.last_error = Some(format!("writing the status of {origin}: {e}"));
+                        s.last_error_at = Some(now_epoch());
+                    });
                     failed = true;
                 }
             }
@@ -629,7 +631,7 @@ impl Task {
             let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &self.cfg.namespace, ar);
             let body = json!({"apiVersion": ar.api_version, "kind": ar.kind, "metadata": {"name": name, "namespace": self.cfg.namespace}, "status": {}});
             let res = api.patch_status(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&body)).await;
-            lock(&self.status).status_writes += 1;
+            self.status.send_modify(|st| st.status_writes += 1);
             match res {
                 Ok(_) => {
                     info!(%origin, "status written for a Gateway that is not this appliance's cleared");
@@ -637,10 +639,11 @@ impl Task {
                 }
                 Err(e) => {
                     warn!(%origin, error = %e, "clearing status failed; trying again");
-                    let mut s = lock(&self.status);
-                    s.status_write_errors += 1;
-                    s.last_error = Some(format!("clearing the status of {origin}: {e}"));
-                    s.last_error_at = Some(now_epoch());
+                    self.status.send_modify(|s| {
+                        s.status_write_errors += 1;
+                        s.last_error = Some(format!("clearing the status of {origin}: {e}"));
+                        s.last_error_at = Some(now_epoch());
+                    });
                     failed = true;
                 }
             }

@@ -65,7 +65,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::hash::{BuildHasher, Hasher};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use envoy_types::pb::envoy::config::cluster::v3::Cluster;
@@ -81,7 +81,7 @@ use envoy_types::pb::google::rpc::Status as RpcStatus;
 use imbl::ordmap::DiffItem;
 use imbl::OrdMap;
 use prost::Message;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::{Channel, Endpoint};
@@ -91,7 +91,7 @@ use crate::config::xds::{Mode, XdsConfig};
 use super::mapping::{self, Built, ClaState, L4Cluster};
 use super::status::{self, ConnectionState, Nack, XdsStatus};
 use super::{tls, SOURCE};
-use crate::ground::{lock, micros};
+use crate::ground::micros;
 use crate::model::Defaults;
 use crate::sources::SourceMsg;
 
@@ -396,7 +396,7 @@ struct Client {
     cfg: XdsConfig,
     defaults: Defaults,
     tx: mpsc::Sender<SourceMsg>,
-    status: Arc<Mutex<XdsStatus>>,
+    status: watch::Sender<XdsStatus>,
     held: Resources,
     /// SotW: the last accepted `version_info` per type.
     versions: HashMap<&'static str, String>,
@@ -660,12 +660,10 @@ fn sotw_resources(resp: &mut DiscoveryResponse, type_url: &str) -> Result<Vec<An
 /// The name of each assignment held, by the digest of its bytes as the
 /// last accepted SotW response carried it. The names are shared, not
 /// copied: a response of 10,000 assignments makes no string for those
-/// that come again as they were. (Fresh strings outlived each response,
-/// scattered among its freed buffers. Sharing them took the appliance's
-/// own time from a SotW response to its publication from 15.1 to 10.7 ms
-/// at the median, and its resident memory after 200 changes of 10,000
-/// clusters from 159,912 to 156,928 KiB: one run each, `xds_scale --mode
-/// sotw`.)
+/// that come again as they were. (Fresh strings would outlive each
+/// response, scattered among its freed buffers: they lengthen the time
+/// from a SotW response to its publication and the heap the appliance
+/// keeps after many changes, both shown by `xds_scale --mode sotw`.)
 type Digests = HashMap<u128, Arc<str>>;
 
 /// The assignments of a SotW response into `next` (what is held, `held`,
@@ -722,9 +720,9 @@ fn sotw_assignments(held: &Resources, known: &Digests, anys: &[Any], next: &mut 
 
 /// Cluster `c` (sent as `name`) as held, or `None` with its problems added
 /// to `errors`. Each cluster is held as soon as it is decoded, not after
-/// all of them: a decoded `Cluster` has most of Envoy's fields, and the
-/// list of 10,000 of them (its pushes and the copies as it grew) was about
-/// a fifth of the profile of a bulk load's clusters.
+/// all of them: a decoded `Cluster` has most of Envoy's fields, and a
+/// list of 10,000 of them (its pushes and the copies as it grows) would be
+/// about a fifth of the time a bulk load spends on its clusters.
 fn held_cluster(name: &str, c: &Cluster, errors: &mut Vec<String>) -> Option<HeldCluster> {
     match mapping::decode_cluster(c) {
         Ok(l4) => Some(HeldCluster { l4: l4.map(Arc::new), eds: mapping::eds_name(c) }),
@@ -747,20 +745,22 @@ impl Client {
         }
     }
 
-    fn status(&self) -> std::sync::MutexGuard<'_, XdsStatus> {
-        lock(&self.status)
+    /// Changes the status and publishes it.
+    fn status(&self, change: impl FnOnce(&mut XdsStatus)) {
+        self.status.send_modify(change);
     }
 
     /// Publishes what is held to the status.
     fn held_to_status(&self) {
-        let mut st = self.status();
-        st.services = self.applied.services.len();
-        st.endpoints = self.applied.endpoints();
-        st.warming = self.applied.warming.iter().cloned().collect();
-        st.refused = self.applied.refused.keys().cloned().collect();
-        st.ignored_clusters = self.held.clusters.len() - self.held.l4;
-        st.types.entry(CLUSTER_TYPE.into()).or_default().resources = self.held.clusters.len();
-        st.types.entry(CLA_TYPE.into()).or_default().resources = self.held.known;
+        self.status(|st| {
+            st.services = self.applied.services.len();
+            st.endpoints = self.applied.endpoints();
+            st.warming = self.applied.warming.iter().cloned().collect();
+            st.refused = self.applied.refused.keys().cloned().collect();
+            st.ignored_clusters = self.held.clusters.len() - self.held.l4;
+            st.types.entry(CLUSTER_TYPE.into()).or_default().resources = self.held.clusters.len();
+            st.types.entry(CLA_TYPE.into()).or_default().resources = self.held.known;
+        });
     }
 
     /// Maps `next`, has the reconciler serve it, and holds it. Only what
@@ -796,12 +796,12 @@ impl Client {
                 h.saturating_record(us.max(1));
                 status::Latency::of(h)
             });
-            let mut st = self.status();
-            st.last_update = Some(status::now());
-            if let Some(l) = summary {
-                st.to_live = l;
-            }
-            drop(st);
+            self.status(|st| {
+                st.last_update = Some(status::now());
+                if let Some(l) = summary {
+                    st.to_live = l;
+                }
+            });
             // Where the time from the response to the publication went:
             // received_us in all, map_us and desired_us here, the rest in
             // the reconciler (its "snapshot published" line).
@@ -840,11 +840,12 @@ impl Client {
     }
 
     fn record_ack(&self, type_url: &'static str, version: &str, nonce: &str) {
-        let mut st = self.status();
-        let t = st.types.entry(type_url.into()).or_default();
-        t.version = version.to_owned();
-        t.nonce = nonce.to_owned();
-        t.acks += 1;
+        self.status(|st| {
+            let t = st.types.entry(type_url.into()).or_default();
+            t.version = version.to_owned();
+            t.nonce = nonce.to_owned();
+            t.acks += 1;
+        });
     }
 
     /// Records a refusal and logs it: a reason that repeats the previous
@@ -871,18 +872,19 @@ impl Client {
                 false
             }
         };
-        let mut st = self.status();
-        let t = st.types.entry(type_url.into()).or_default();
-        t.nonce = nonce.to_owned();
-        t.nacks += 1;
-        t.repeated_nacks += u64::from(repeated);
-        st.nacks += 1;
-        st.last_nack = Some(Nack {
-            type_url: type_url.into(),
-            version: version.into(),
-            nonce: nonce.into(),
-            error: detail.message.clone(),
-            at: status::now(),
+        self.status(|st| {
+            let t = st.types.entry(type_url.into()).or_default();
+            t.nonce = nonce.to_owned();
+            t.nacks += 1;
+            t.repeated_nacks += u64::from(repeated);
+            st.nacks += 1;
+            st.last_nack = Some(Nack {
+                type_url: type_url.into(),
+                version: version.into(),
+                nonce: nonce.into(),
+                error: detail.message.clone(),
+                at: status::now(),
+            });
         });
         detail
     }
@@ -964,22 +966,18 @@ impl Client {
 
     /// One connection and stream, until it fails or the reconciler stops.
     async fn session(&mut self, first: &mut bool) -> End {
-        {
-            let mut st = self.status();
-            st.state = ConnectionState::Connecting;
-        }
+        self.status(|st| st.state = ConnectionState::Connecting);
         let channel = match self.connect().await {
             Ok(c) => c,
             Err(error) => return End::Failed { error, answered: false },
         };
-        {
-            let mut st = self.status();
+        self.status(|st| {
             st.state = ConnectionState::Connected;
             st.connected_since = Some(status::now());
             if !*first {
                 st.reconnects += 1;
             }
-        }
+        });
         *first = false;
         // Assignments still awaited are asked for again on this stream: the
         // warming timeout counts from now, not from before the outage.
@@ -1491,11 +1489,10 @@ pub async fn run(
     cfg: XdsConfig,
     defaults: Defaults,
     tx: mpsc::Sender<SourceMsg>,
-    status: Arc<Mutex<XdsStatus>>,
+    status: watch::Sender<XdsStatus>,
     cancel: CancellationToken,
 ) {
-    {
-        let mut st = lock(&status);
+    status.send_modify(|st| {
         st.server = cfg.server.to_string();
         st.mode = cfg.mode;
         st.node_id = cfg.node_id.clone();
@@ -1505,12 +1502,12 @@ pub async fn run(
             Some(_) => "TLS".into(),
         };
         st.state = ConnectionState::Connecting;
-    }
+    });
     let mut c = Client {
         cfg,
         defaults,
         tx,
-        status: Arc::clone(&status),
+        status,
         held: Resources::default(),
         versions: HashMap::new(),
         applied: Built::default(),
@@ -1536,13 +1533,12 @@ pub async fn run(
                 }
                 let delay = backoff.next(Instant::now(), random());
                 warn!(server = %c.cfg.server, %error, retry_in_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX), "xDS server unreachable; serving the last good state");
-                {
-                    let mut st = lock(&status);
+                c.status(|st| {
                     st.state = ConnectionState::Backoff;
                     st.connected_since = None;
                     st.last_error = Some(error);
                     st.last_error_at = Some(status::now());
-                }
+                });
                 tokio::select! {
                     () = cancel.cancelled() => break,
                     () = tokio::time::sleep(delay) => {}
@@ -1550,9 +1546,10 @@ pub async fn run(
             }
         }
     }
-    let mut st = lock(&status);
-    st.state = ConnectionState::Stopped;
-    st.connected_since = None;
+    c.status(|st| {
+        st.state = ConnectionState::Stopped;
+        st.connected_since = None;
+    });
 }
 
 #[cfg(test)]

@@ -702,7 +702,7 @@ pub fn map_service(c: &L4Cluster, cla: &Cla, defaults: &Defaults) -> Result<Mapp
     let service = Arc::new(c.name.clone());
     // One origin for all of them (the assignment): an endpoint's origin is
     // shown only for problems the mapping refuses first (duplicates), and
-    // one allocation per endpoint was 8 MB with 100,000 endpoints.
+    // one allocation per endpoint would be 8 MB with 100,000 endpoints.
     let endpoint_origin = Arc::new(origin(cla_name.clone()));
     let mut endpoints: Vec<EndpointDef> = Vec::with_capacity(cla.endpoints.len());
     for (e, id) in cla.endpoints.iter().zip(ids) {

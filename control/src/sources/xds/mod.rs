@@ -23,8 +23,9 @@
 //! # Running it
 //!
 //! ```ignore
-//! let status = Arc::new(Mutex::new(XdsStatus::default()));
-//! tasks.spawn(sources::xds::run(cfg, defaults, src_tx.clone(), Arc::clone(&status), cancel.clone()));
+//! let (status, status_rx) = watch::channel(XdsStatus::default());
+//! tasks.spawn(sources::xds::run(cfg, defaults, src_tx.clone(), status, cancel.clone()));
+//! // status_rx: what the source reports, for whoever shows it
 //! ```
 
 pub mod client;
@@ -33,9 +34,7 @@ pub mod mapping;
 pub mod status;
 pub mod tls;
 
-use std::sync::{Arc, Mutex};
-
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 pub use crate::config::xds::{Mode, XdsConfig};
@@ -56,12 +55,13 @@ pub const SOURCE: &str = "xds";
 /// `SourceMsg::Desired { source: "xds", reply: Some(..), .. }`, waiting for
 /// the answer before acknowledging. `defaults` gives the endpoint limit of
 /// services whose metadata sets none (identifiers are chosen within it).
-/// `status` is kept up to date for the admin endpoint.
+/// `status` carries what it reports: the ACKs and NACKs it sent, its
+/// connection, what it holds.
 pub async fn run(
     cfg: XdsConfig,
     defaults: Defaults,
     tx: mpsc::Sender<SourceMsg>,
-    status: Arc<Mutex<XdsStatus>>,
+    status: watch::Sender<XdsStatus>,
     cancel: CancellationToken,
 ) {
     client::run(cfg, defaults, tx, status, cancel).await;

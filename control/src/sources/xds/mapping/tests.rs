@@ -278,8 +278,8 @@ fn endpoints_are_checked() {
 }
 
 /// The decoded assignment is kept for as long as it is served: it holds
-/// room for its endpoints only (pushed one by one, 10 endpoints took room
-/// for 16).
+/// room for its endpoints only (pushed one by one, 10 endpoints would take
+/// room for 16).
 #[test]
 fn a_decoded_assignment_holds_room_for_its_endpoints_only() {
     let addrs: Vec<String> = (0..10).map(|i| format!("10.0.1.{i}")).collect();
