@@ -18,7 +18,10 @@
 //! MAC the frame was sent to, and the server records which.
 //!
 //! Every endpoint is in the tables, but the sampled ones weigh a million
-//! times more, so that nearly every connection goes to one of them.
+//! times more. Every endpoint keeps at least one slot of its service's
+//! Maglev table, so the 25,000 light ones still hold a good part of it and
+//! the sample takes most connections, not all: each VIP gets rounds of
+//! connections until each of its sampled endpoints has answered.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -40,8 +43,13 @@ const SAMPLE: usize = 20;
 const FIRST: Ipv4Addr = Ipv4Addr::new(10, 202, 0, 1);
 /// Weight of a sampled endpoint (every other one weighs 1).
 const HEAVY: u32 = 1_000_000;
-/// Connections per VIP.
+/// Connections per VIP and round.
 const CONNECTIONS: u32 = 60;
+/// Rounds of `CONNECTIONS` per VIP at most: a VIP gets more rounds until
+/// each of its sampled endpoints has answered at least once. A sampled
+/// endpoint's share of its service is a Maglev share, not a certainty, so
+/// one round can miss one by chance (about 7 connections each expected).
+const MAX_ROUNDS: u32 = 8;
 
 fn endpoint(i: u32) -> Ipv4Addr {
     Ipv4Addr::from(u32::from(FIRST) + i)
@@ -293,11 +301,21 @@ fn a_hundred_thousand_l2_endpoints_resolve_forward_and_stop_in_time() {
     let with_mac = neigh.lines().filter(|l| l.starts_with("10.202.") || l.starts_with("10.203.")).filter(|l| l.contains(" lladdr ")).count();
     assert_eq!(with_mac, usize::try_from(ENDPOINTS).unwrap(), "kernel entries with a MAC on sl-back");
 
-    // Connections to every VIP; the sampled endpoints take nearly all.
+    // Connections to every VIP; the sampled endpoints take most. Rounds go
+    // on until each sampled endpoint of the VIP's service has answered, so
+    // that every one is checked where it lands.
     let mut seen: BTreeMap<String, u64> = BTreeMap::new();
+    let mut sent = 0;
     for svc in 0..SERVICES {
-        for (name, n) in connect(&r.client, &vip(svc), CONNECTIONS) {
-            *seen.entry(name).or_default() += n;
+        let own: Vec<String> = sample.iter().filter(|&&i| i / PER_SERVICE == svc).map(|&i| endpoint(i).to_string()).collect();
+        for _ in 0..MAX_ROUNDS {
+            for (name, n) in connect(&r.client, &vip(svc), CONNECTIONS) {
+                *seen.entry(name).or_default() += n;
+            }
+            sent += CONNECTIONS;
+            if own.iter().all(|n| seen.contains_key(n)) {
+                break;
+            }
         }
     }
     assert_eq!(seen.get("failed"), None, "every connection completes: {seen:?}");
@@ -312,8 +330,7 @@ fn a_hundred_thousand_l2_endpoints_resolve_forward_and_stop_in_time() {
     assert_eq!(client_side, landed, "what the client was answered by is what the sample's server accepted");
     let on_sample: u64 = landed.values().sum();
     eprintln!(
-        "{on_sample} of {} connections landed on the {SAMPLE} sampled endpoints (each checked at its interface), {} on the others",
-        SERVICES * CONNECTIONS,
+        "{on_sample} of {sent} connections landed on the {SAMPLE} sampled endpoints (each checked at its interface), {} on the others",
         seen.get("bulk").copied().unwrap_or(0)
     );
 

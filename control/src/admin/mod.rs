@@ -8,6 +8,7 @@
 //! connections is capped (connections over the cap are closed at once and
 //! counted). It listens on loopback unless configured otherwise.
 
+mod api;
 pub mod health;
 pub mod latency;
 pub mod metrics;

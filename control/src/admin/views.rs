@@ -1,71 +1,15 @@
 //! `/status`: what the appliance does, as one JSON document (rendered as
 //! tables by `sluice status`).
 
-use std::collections::BTreeMap;
 use std::time::Instant;
 
 use serde::Serialize;
+use sluice_admin_api as api;
 use sluice_dataplane::verdict::DropReason;
 
-use super::health;
+use super::state::{ControlState, Shared};
+use super::{api as convert, health};
 use crate::ground::lock;
-use super::state::{ControlState, PortLoss, PortMeta, RouteMeta, ServiceMeta, Shared, SourceStatus};
-use sluice_dataplane::addr::Addr;
-use crate::compile::EndpointState;
-
-#[derive(Serialize)]
-struct WorkerView {
-    lcore: u32,
-    rx_packets: u64,
-    tx_packets: u64,
-    balanced: u64,
-    returned: u64,
-    exception: u64,
-    drops: u64,
-    busy_polls: u64,
-    idle_polls: u64,
-    busy_seconds: f64,
-    idle_seconds: f64,
-    busy_percent_recent: f64,
-    packets_per_busy_poll: f64,
-    icmp_too_big: u64,
-    fragmented: u64,
-    fragments: u64,
-    steered_out: u64,
-    steered_in: u64,
-    generation: u64,
-}
-
-/// A value written with its `Display` form (no `String` made for it).
-struct Shown<T>(T);
-
-impl<T: std::fmt::Display> Serialize for Shown<T> {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(&self.0)
-    }
-}
-
-#[derive(Serialize)]
-struct EndpointView<'a> {
-    service: &'a str,
-    id: u32,
-    address: Shown<Addr>,
-    weight: u32,
-    mac: Option<Shown<sluice_ffi::MacAddr>>,
-    port: Option<&'a str>,
-    state: &'static str,
-    reason: Option<&'a str>,
-    packets: u64,
-    bytes: u64,
-}
-
-#[derive(Serialize)]
-struct ServiceView<'a> {
-    #[serde(flatten)]
-    meta: &'a ServiceMeta,
-    packets: u64,
-    bytes: u64,
-}
 
 /// Endpoints `/status` lists unless asked for more (`?endpoints=all`):
 /// 100,000 of them make a 30 MB document that `sluice status` would print
@@ -130,7 +74,7 @@ impl Serialize for ServicesOf<'_> {
         let Listing { sh, st, query } = self.0;
         s.collect_seq(st.services.iter().filter(|m| query.shows(&m.name)).map(|m| {
             let (packets, bytes) = sh.service_count(st, m.slot);
-            ServiceView { meta: m, packets, bytes }
+            convert::service(m, packets, bytes)
         }))
     }
 }
@@ -141,73 +85,15 @@ impl Serialize for EndpointsOf<'_> {
         let listed = st.all_endpoints().filter(|e| query.shows(&e.service)).take(query.endpoints.unwrap_or(usize::MAX));
         s.collect_seq(listed.map(|e| {
             let (packets, bytes) = sh.endpoint_count(st, e.counter);
-            EndpointView {
-                service: &e.service,
-                id: e.id,
-                address: Shown(e.address),
-                weight: e.weight,
-                mac: e.mac.map(|m| Shown(sluice_ffi::MacAddr(m))),
-                port: e.port.and_then(|i| sh.ports.get(usize::from(i))).map(|p| p.meta.name.as_str()),
-                state: e.state.name(),
-                reason: match &e.state {
-                    EndpointState::Unreachable(r) => Some(r.as_str()),
-                    _ => None,
-                },
-                packets,
-                bytes,
-            }
+            let port = e.port.and_then(|i| sh.ports.get(usize::from(i))).map(|p| p.meta.name.as_str());
+            convert::endpoint(e, port, packets, bytes)
         }))
     }
 }
 
-
-#[derive(Serialize)]
-struct PortView {
-    #[serde(flatten)]
-    meta: PortMeta,
-    link_up: Option<bool>,
-    rx_packets: u64,
-    tx_packets: u64,
-    rx_missed: u64,
-    rx_nombuf: u64,
-    lost_below_dpdk: PortLoss,
-    kernel_rx_packets: u64,
-    kernel_tx_packets: u64,
-}
-
-#[derive(Serialize)]
-struct StatusView<'a> {
-    version: String,
-    dpdk: String,
-    config: String,
-    uptime_seconds: f64,
-    healthy: bool,
-    ready: bool,
-    not_healthy: Vec<String>,
-    not_ready: Vec<String>,
-    generation: u64,
-    publish_seconds: f64,
-    snapshots_pending: usize,
-    next_hops_unresolved: usize,
-    sources: BTreeMap<String, SourceStatus>,
-    xds: Option<crate::sources::xds::XdsStatus>,
-    bird: Option<crate::routing::bird::BirdStatus>,
-    kubernetes: Option<crate::sources::kube::KubeStatus>,
-    sync: Option<crate::sync::SyncStatus>,
-    mbufs_in_use: u32,
-    mbufs: u32,
-    ports: Vec<PortView>,
-    workers: Vec<WorkerView>,
-    drops: Vec<(String, u64)>,
-    services: ServicesOf<'a>,
-    routes: Vec<&'a RouteMeta>,
-    /// Endpoints in the document (see [`StatusQuery`]).
-    endpoints: EndpointsOf<'a>,
-    /// Endpoints there are (of the service asked for, or in all).
-    endpoints_total: usize,
-    /// Endpoints left out of the list (`?endpoints=all` lists them).
-    endpoints_omitted: usize,
-}
+/// The `/status` document as the server writes it: services and endpoints
+/// written as they are read.
+type StatusView<'a> = api::Status<ServicesOf<'a>, Vec<api::Route<'a>>, EndpointsOf<'a>>;
 
 /// The service asked for is not served.
 #[derive(Debug)]
@@ -223,25 +109,7 @@ pub fn status(sh: &Shared, query: &StatusQuery) -> Result<String, NoService> {
         .map(|r| (r.name().to_owned(), sh.workers.iter().map(|w| w.counters.drops[r.index()].get()).sum::<u64>()))
         .filter(|(_, n)| *n > 0)
         .collect();
-    let ports = sh
-        .ports
-        .iter()
-        .map(|p| {
-            let s = p.port.stats().unwrap_or_default();
-            let k = p.tap.as_ref().and_then(|t| t.stats()).unwrap_or_default();
-            PortView {
-                meta: p.meta.clone(),
-                link_up: p.port.link_up(),
-                rx_packets: s.ipackets,
-                tx_packets: s.opackets,
-                rx_missed: s.imissed,
-                rx_nombuf: s.rx_nombuf,
-                lost_below_dpdk: lock(&p.loss).clone(),
-                kernel_rx_packets: k.ipackets,
-                kernel_tx_packets: k.opackets,
-            }
-        })
-        .collect();
+    let ports = sh.ports.iter().map(convert::port).collect();
     let live = lock(&sh.liveness).clone();
     #[allow(clippy::cast_precision_loss)] // rates and shares
     let ratio = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
@@ -251,7 +119,7 @@ pub fn status(sh: &Shared, query: &StatusQuery) -> Result<String, NoService> {
         .zip(&live)
         .map(|(w, l)| {
             let c = &w.counters;
-            WorkerView {
+            api::Worker {
                 busy_seconds: ratio(c.busy_cycles.get(), sh.cycles_hz),
                 idle_seconds: ratio(c.idle_cycles.get(), sh.cycles_hz),
                 busy_percent_recent: 100.0 * l.busy_share,
@@ -274,9 +142,9 @@ pub fn status(sh: &Shared, query: &StatusQuery) -> Result<String, NoService> {
             }
         })
         .collect();
-    let xds = sh.xds();
-    let bird = sh.bird();
-    let kubernetes = sh.kube();
+    let xds = sh.xds().map(convert::xds);
+    let bird = sh.bird().map(convert::bird);
+    let kubernetes = sh.kube().map(convert::kubernetes);
     let st = sh.control();
     if let Some(name) = &query.service {
         if !st.services.iter().any(|m| &m.name == name) {
@@ -305,14 +173,14 @@ pub fn status(sh: &Shared, query: &StatusQuery) -> Result<String, NoService> {
         publish_seconds: st.publish_seconds,
         snapshots_pending: st.snapshots_pending,
         next_hops_unresolved: st.unresolved,
-        sources: st.sources.clone(),
+        sources: st.sources.iter().map(|(name, s)| (name.clone(), convert::source(s))).collect(),
         mbufs_in_use: sh.pool.in_use(),
         mbufs: sh.pool.capacity(),
         ports,
         workers,
         drops,
         services: ServicesOf(Listing { sh, st: &st, query }),
-        routes: st.routes.iter().filter(|r| query.shows(&r.service)).collect(),
+        routes: st.routes.iter().filter(|r| query.shows(&r.service)).map(convert::route).collect(),
         endpoints: EndpointsOf(Listing { sh, st: &st, query }),
         endpoints_total,
         endpoints_omitted,
@@ -325,8 +193,9 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::admin::state::{IdlePool, WorkerEntry};
-    use crate::compile::EndpointStatus;
+    use crate::admin::state::{IdlePool, PortLoss, ServiceMeta, WorkerEntry};
+    use crate::compile::{EndpointState, EndpointStatus};
+    use crate::reconcile::{RouteMeta, SourceStatus};
 
     /// A port that answers no probe.
     #[derive(Debug)]
@@ -360,38 +229,42 @@ mod tests {
         }
     }
 
+    /// Service "web" with an endpoint that is ready through port 0 and one
+    /// that is unreachable.
+    fn serve_web(sh: &Shared) {
+        let mut st = sh.control();
+        st.services.push(ServiceMeta {
+            name: "web".into(),
+            slot: 0,
+            algorithm: "maglev",
+            flow_table: false,
+            limit: 32,
+            table_size: 6421,
+            ready: true,
+        });
+        let ep = |id: u32, addr: &str, state: EndpointState| EndpointStatus {
+            service: Arc::new("web".to_owned()),
+            id,
+            address: addr.parse().unwrap(),
+            weight: 2,
+            mac: (state == EndpointState::Ready).then_some([2, 0, 0, 0, 0, 0x0a]),
+            port: (state == EndpointState::Ready).then_some(0),
+            state,
+            counter: id,
+            hop: None,
+        };
+        st.endpoints = vec![Arc::from(vec![
+            ep(0, "10.0.0.5", EndpointState::Ready),
+            ep(1, "2001:db8::6", EndpointState::Unreachable(Arc::new("no route".into()))),
+        ])]
+        .into();
+    }
+
     #[test]
     fn status_lists_services_and_endpoints_as_their_own_fields() {
         // An endpoint names its output port by index: status shows its name.
         let sh = Shared::new("c.yaml".into(), vec![port("p0")], Arc::new(IdlePool), Vec::<WorkerEntry>::new(), 1);
-        {
-            let mut st = sh.control();
-            st.services.push(ServiceMeta {
-                name: "web".into(),
-                slot: 0,
-                algorithm: "maglev",
-                flow_table: false,
-                limit: 32,
-                table_size: 6421,
-                ready: true,
-            });
-            let ep = |id: u32, addr: &str, state: EndpointState| EndpointStatus {
-                service: Arc::new("web".to_owned()),
-                id,
-                address: addr.parse().unwrap(),
-                weight: 2,
-                mac: (state == EndpointState::Ready).then_some([2, 0, 0, 0, 0, 0x0a]),
-                port: (state == EndpointState::Ready).then_some(0),
-                state,
-                counter: id,
-                hop: None,
-            };
-            st.endpoints = vec![Arc::from(vec![
-                ep(0, "10.0.0.5", EndpointState::Ready),
-                ep(1, "2001:db8::6", EndpointState::Unreachable(Arc::new("no route".into()))),
-            ])]
-            .into();
-        }
+        serve_web(&sh);
         let v: serde_json::Value = serde_json::from_str(&status(&sh, &StatusQuery::default()).unwrap()).unwrap();
         assert_eq!(
             v["services"],
@@ -407,6 +280,48 @@ mod tests {
                     "state": "unreachable", "reason": "no route", "packets": 0, "bytes": 0},
             ])
         );
+    }
+
+    #[test]
+    fn the_status_document_reads_back_whole_into_the_api_type() {
+        use crate::routing::bird::{BirdStatus, SessionStatus, VipState};
+        let worker = WorkerEntry { lcore: 3, counters: Arc::new(sluice_dataplane::counters::WorkerCounters::new(1, 2)), latency: None };
+        let sh = Shared::new("c.yaml".into(), vec![port("p0")], Arc::new(IdlePool), vec![worker], 1000);
+        serve_web(&sh);
+        {
+            let mut st = sh.control();
+            Arc::make_mut(&mut st.routes).push(RouteMeta { name: "r".into(), service: "web".into(), priority: 2, vips: vec!["20.0.0.1".parse().unwrap()] });
+            let source = SourceStatus { trigger: "SIGHUP".into(), problems: vec!["bad port".into()], rebuilt: vec!["web".into()], rebuilt_count: 1, ..Default::default() };
+            st.sources.insert("file".into(), source);
+        }
+        *lock(&sh.ports[0].loss) = PortLoss { below_dpdk: 3, source: "imissed".into(), exact: false };
+        let c = &sh.workers[0].counters;
+        c.rx_packets.add(10);
+        c.busy_polls.add(4);
+        c.busy_cycles.add(250);
+        c.drops[DropReason::ALL[0].index()].add(1);
+        let bird = BirdStatus {
+            pid: Some(7),
+            sessions: vec![SessionStatus { bfd: true, ..Default::default() }],
+            vips: vec![VipState { vip: "20.0.0.1".parse().unwrap(), announced: false, reason: "withdrawn".into(), since: 5 }],
+            ..Default::default()
+        };
+        let (_tx, rx) = tokio::sync::watch::channel(Some(bird));
+        sh.bird.set(rx).unwrap();
+
+        let text = status(&sh, &StatusQuery::default()).unwrap();
+        let written: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let doc: api::Status = serde_json::from_str(&text).unwrap();
+        assert_eq!(serde_json::to_value(&doc).unwrap(), written, "the API type holds every field of the document");
+        // The values are where the reader looks for them.
+        assert_eq!((doc.endpoints[0].mac, doc.endpoints[0].port.as_deref()), (Some(api::Mac([2, 0, 0, 0, 0, 0x0a])), Some("p0")));
+        assert_eq!((doc.endpoints[1].state, doc.endpoints[1].reason.as_deref()), (api::EndpointState::Unreachable, Some("no route")));
+        assert_eq!((doc.workers[0].lcore, doc.workers[0].rx_packets, doc.workers[0].packets_per_busy_poll), (3, 10, 2.5));
+        assert_eq!(doc.drops, vec![(DropReason::ALL[0].name().to_owned(), 1)]);
+        assert_eq!((doc.ports[0].lost_below_dpdk.below_dpdk, doc.ports[0].link_up), (3, None));
+        assert_eq!((doc.routes[0].priority, &doc.sources["file"].problems), (2, &vec!["bad port".to_owned()]));
+        assert_eq!(doc.bird.map(|b| (b.pid, b.sessions.len(), b.vips[0].since)), Some((Some(7), 1, 5)));
+        assert!(doc.xds.is_none() && doc.kubernetes.is_none());
     }
 
     /// `n` services of `per` endpoints each, "s0".."s{n-1}", with a route each.

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use serde_json::Value;
+use sluice_admin_api as api;
 
 /// Show what a running appliance is doing.
 ///
@@ -79,51 +79,43 @@ fn table(out: &mut String, header: &[&str], rows: &[Vec<String>]) {
     }
 }
 
-fn s(v: &Value) -> String {
-    match v {
-        Value::String(x) => x.clone(),
-        Value::Null => "-".into(),
-        other => other.to_string(),
-    }
+/// An optional value, or "-" when the appliance does not know it.
+fn or_dash<T: std::fmt::Display>(v: Option<T>) -> String {
+    v.map_or_else(|| "-".to_owned(), |v| v.to_string())
 }
 
 /// The BIRD driver's part: BIRD itself, each BGP session and each VIP.
-fn bird(o: &mut String, b: &Value) {
-    if !b.is_object() {
-        return;
-    }
+fn bird(o: &mut String, b: &api::bird::Bird) {
     let _ = writeln!(
         o,
         "bird: {} ({}, pid {}) | {} | configured {} time(s), {} failure(s) | restarts {}{}",
-        if b["connected"].as_bool().unwrap_or(false) { "answering" } else { "NOT ANSWERING" },
-        s(&b["mode"]),
-        s(&b["pid"]),
-        s(&b["version"]),
-        b["configured"],
-        b["configure_failures"],
-        b["restarts"],
-        b["last_exit"].as_str().map(|x| format!(" (last exit: {x})")).unwrap_or_default()
+        if b.connected { "answering" } else { "NOT ANSWERING" },
+        b.mode,
+        or_dash(b.pid),
+        b.version,
+        b.configured,
+        b.configure_failures,
+        b.restarts,
+        b.last_exit.as_ref().map(|x| format!(" (last exit: {x})")).unwrap_or_default()
     );
-    if let Some(e) = b["error"].as_str() {
+    if let Some(e) = &b.error {
         let _ = writeln!(o, "  error: {e}");
     }
-    let rows: Vec<Vec<String>> = b["sessions"]
-        .as_array()
-        .into_iter()
-        .flatten()
+    let rows: Vec<Vec<String>> = b
+        .sessions
+        .iter()
         .map(|x| {
-            let bfd = if x["bfd"].as_bool().unwrap_or(false) { x["bfd_state"].as_str().unwrap_or("?").to_owned() } else { "off".into() };
-            vec![s(&x["router"]), s(&x["neighbor"]), s(&x["interface"]), s(&x["bgp_state"]), bfd, s(&x["since"]), s(&x["info"])]
+            let bfd = if x.bfd { x.bfd_state.clone().unwrap_or_else(|| "?".into()) } else { "off".into() };
+            vec![x.router.clone(), x.neighbor.clone(), x.interface.clone(), x.bgp_state.clone(), bfd, x.since.clone(), x.info.clone()]
         })
         .collect();
     if !rows.is_empty() {
         table(o, &["ROUTER", "NEIGHBOR", "INTERFACE", "BGP", "BFD", "SINCE", "INFO"], &rows);
     }
-    let rows: Vec<Vec<String>> = b["vips"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|v| vec![s(&v["vip"]), if v["announced"].as_bool().unwrap_or(false) { "announced".into() } else { "withdrawn".into() }, s(&v["reason"])])
+    let rows: Vec<Vec<String>> = b
+        .vips
+        .iter()
+        .map(|v| vec![v.vip.to_string(), if v.announced { "announced".into() } else { "withdrawn".into() }, v.reason.clone()])
         .collect();
     if !rows.is_empty() {
         table(o, &["VIP", "STATE", "REASON"], &rows);
@@ -131,197 +123,207 @@ fn bird(o: &mut String, b: &Value) {
 }
 
 /// Renders a `/status` document.
-pub fn render(st: &Value) -> String {
+pub fn render(st: &api::Status) -> String {
     let mut o = String::new();
     let _ = writeln!(
         o,
         "sluice {} on {} | config {} | up {:.0}s | snapshot generation {} (last publish {:.2} ms)",
-        s(&st["version"]),
-        s(&st["dpdk"]),
-        s(&st["config"]),
-        st["uptime_seconds"].as_f64().unwrap_or(0.0),
-        st["generation"],
-        st["publish_seconds"].as_f64().unwrap_or(0.0) * 1e3
+        st.version,
+        st.dpdk,
+        st.config,
+        st.uptime_seconds,
+        st.generation,
+        st.publish_seconds * 1e3
     );
-    let health = |ok: &Value, why: &Value| -> String {
-        if ok.as_bool().unwrap_or(false) {
+    let health = |ok: bool, why: &[String]| -> String {
+        if ok {
             "yes".into()
         } else {
-            let first = why.as_array().and_then(|a| a.first()).map(s).unwrap_or_default();
-            format!("NO ({first})")
+            format!("NO ({})", why.first().map_or("", String::as_str))
         }
     };
-    let _ = writeln!(o, "healthy: {} | ready: {}", health(&st["healthy"], &st["not_healthy"]), health(&st["ready"], &st["not_ready"]));
-    for (name, src) in st["sources"].as_object().into_iter().flatten() {
-        if src["accepted"].as_bool().unwrap_or(false) {
-            let shown = src["rebuilt"].as_array().map_or(0, Vec::len);
-            let count = src["rebuilt_count"].as_u64().and_then(|c| usize::try_from(c).ok()).unwrap_or(shown);
-            let more = if count > shown { format!(" and {} more", count - shown) } else { String::new() };
-            let _ = writeln!(o, "source {name}: applied ({}), rebuilt {count}: {}{more}", s(&src["trigger"]), src["rebuilt"]);
-        } else {
-            let _ = writeln!(o, "source {name}: REJECTED ({}), still serving its previous state:", s(&src["trigger"]));
-            for p in src["problems"].as_array().into_iter().flatten() {
-                let _ = writeln!(o, "  {}", s(p));
-            }
-        }
+    let _ = writeln!(o, "healthy: {} | ready: {}", health(st.healthy, &st.not_healthy), health(st.ready, &st.not_ready));
+    sources(&mut o, &st.sources);
+    if let Some(x) = &st.xds {
+        xds(&mut o, x);
     }
-    let x = &st["xds"];
-    if x.is_object() {
-        let ago = |t: &Value| t.as_u64().map_or_else(|| "never".to_owned(), |t| format!("{}s ago", crate::ground::now_epoch().saturating_sub(t)));
-        let versions: Vec<String> = x["types"]
-            .as_object()
-            .into_iter()
-            .flatten()
-            .map(|(t, v)| format!("{} {} ({} resources)", t.rsplit('.').next().unwrap_or(t), s(&v["version"]), v["resources"]))
-            .collect();
-        let _ = writeln!(
-            o,
-            "xds: {} {} ({}, {}) | {} services, {} endpoints | accepted: {} | last update {} | NACKs {}",
-            s(&x["state"]),
-            s(&x["server"]),
-            s(&x["mode"]),
-            s(&x["transport"]),
-            x["services"],
-            x["endpoints"],
-            versions.join(", "),
-            ago(&x["last_update"]),
-            x["nacks"]
-        );
-        if let Some(n) = x["last_nack"].as_object() {
-            let _ = writeln!(o, "  last NACK ({}): {}", ago(&n["at"]), n["error"].as_str().unwrap_or(""));
-        }
-        if let Some(e) = x["last_error"].as_str() {
-            let _ = writeln!(o, "  last error ({}): {e}", ago(&x["last_error_at"]));
-        }
+    if let Some(b) = &st.bird {
+        bird(&mut o, b);
     }
-    bird(&mut o, &st["bird"]);
-    if st["kubernetes"].is_object() {
-        kubernetes(&mut o, &st["kubernetes"]);
+    if let Some(k) = &st.kubernetes {
+        kubernetes(&mut o, k);
     }
-    let _ = writeln!(o, "mbufs in use: {} of {}\n\nPORTS", st["mbufs_in_use"], st["mbufs"]);
-    let rows: Vec<Vec<String>> = st["ports"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|p| {
-            let link = match p["link_up"].as_bool() {
-                Some(true) => "up",
-                Some(false) => "down",
-                None => "?",
-            };
-            let lost = &p["lost_below_dpdk"];
-            vec![
-                s(&p["name"]),
-                s(&p["device"]),
-                s(&p["mac"]),
-                s(&p["mtu"]),
-                link.into(),
-                s(&p["kernel_interface"]),
-                s(&p["rx_packets"]),
-                s(&p["tx_packets"]),
-                // A lower bound while frames arrive: "at least".
-                format!("{}{} ({})", if lost["exact"] == false { ">=" } else { "" }, s(&lost["below_dpdk"]), s(&lost["source"])),
-                s(&p["rx_nombuf"]),
-            ]
-        })
-        .collect();
-    table(&mut o, &["NAME", "DEVICE", "MAC", "MTU", "LINK", "KERNEL IF", "RX", "TX", "LOST BELOW DPDK", "NO MBUF"], &rows);
+    let _ = writeln!(o, "mbufs in use: {} of {}\n\nPORTS", st.mbufs_in_use, st.mbufs);
+    ports(&mut o, &st.ports);
     let _ = writeln!(o, "\nWORKERS");
-    let rows: Vec<Vec<String>> = st["workers"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|w| {
-            let f1 = |v: &Value| format!("{:.1}", v.as_f64().unwrap_or(0.0));
-            vec![
-                s(&w["lcore"]),
-                s(&w["rx_packets"]),
-                s(&w["tx_packets"]),
-                s(&w["balanced"]),
-                s(&w["returned"]),
-                s(&w["exception"]),
-                s(&w["drops"]),
-                format!("{}%", f1(&w["busy_percent_recent"])),
-                f1(&w["packets_per_busy_poll"]),
-                format!("{}/{}", s(&w["steered_out"]), s(&w["steered_in"])),
-                s(&w["generation"]),
-            ]
-        })
-        .collect();
-    table(
-        &mut o,
-        &["LCORE", "RX", "TX", "BALANCED", "RETURNED", "TO KERNEL", "DROPS", "BUSY", "PKTS/BUSY POLL", "STEERED OUT/IN", "GENERATION"],
-        &rows,
-    );
+    workers(&mut o, &st.workers);
     let _ = writeln!(o, "\nSERVICES");
-    let rows: Vec<Vec<String>> = st["services"]
-        .as_array()
-        .into_iter()
-        .flatten()
+    let rows: Vec<Vec<String>> = st
+        .services
+        .iter()
         .map(|v| {
-            let ft = if v["flow_table"].as_bool().unwrap_or(false) { "+flows" } else { "" };
-            vec![s(&v["name"]), format!("{}{ft}", s(&v["algorithm"])), s(&v["table_size"]), if v["ready"].as_bool().unwrap_or(false) { "yes".into() } else { "NO".into() }, s(&v["packets"]), s(&v["bytes"])]
+            let ft = if v.flow_table { "+flows" } else { "" };
+            let ready = if v.ready { "yes" } else { "NO" };
+            vec![v.name.to_string(), format!("{}{ft}", v.algorithm), v.table_size.to_string(), ready.into(), v.packets.to_string(), v.bytes.to_string()]
         })
         .collect();
     table(&mut o, &["NAME", "ALGORITHM", "TABLE", "READY", "PACKETS", "BYTES"], &rows);
     let _ = writeln!(o, "\nENDPOINTS");
-    let totals: std::collections::HashMap<String, f64> = st["services"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|v| (s(&v["name"]), v["packets"].as_f64().unwrap_or(0.0)))
-        .collect();
-    let rows: Vec<Vec<String>> = st["endpoints"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|e| {
-            let total = totals.get(&s(&e["service"])).copied().unwrap_or(0.0);
-            let pk = e["packets"].as_f64().unwrap_or(0.0);
-            let share = if total > 0.0 { format!("{:.1}%", 100.0 * pk / total) } else { "-".into() };
-            let state = match e["reason"].as_str() {
-                Some(r) => format!("{} ({r})", s(&e["state"])),
-                None => s(&e["state"]),
-            };
-            vec![s(&e["service"]), s(&e["id"]), s(&e["address"]), s(&e["mac"]), state, s(&e["packets"]), share]
-        })
-        .collect();
-    table(&mut o, &["SERVICE", "ID", "ADDRESS", "MAC", "STATE", "PACKETS", "SHARE"], &rows);
-    if let Some(n) = st["endpoints_omitted"].as_u64().filter(|&n| n > 0) {
-        let _ = writeln!(o, "({n} of {} endpoints not listed: --endpoints all lists them, --service NAME one service's)", s(&st["endpoints_total"]));
-    }
-    let drops = st["drops"].as_array().cloned().unwrap_or_default();
-    if !drops.is_empty() {
+    endpoints(&mut o, st);
+    if !st.drops.is_empty() {
         let _ = writeln!(o, "\nDROPS");
-        let rows: Vec<Vec<String>> = drops.iter().map(|d| vec![s(&d[0]), s(&d[1])]).collect();
+        let rows: Vec<Vec<String>> = st.drops.iter().map(|(reason, n)| vec![reason.clone(), n.to_string()]).collect();
         table(&mut o, &["REASON", "PACKETS"], &rows);
     }
     o
 }
 
-/// The Kubernetes source ([`crate::sources::kube::KubeStatus`]): whether
-/// it reaches the API, what it watches, what it serves or why not, and
-/// the objects it left out.
-fn kubernetes(o: &mut String, k: &Value) {
-    let when = |v: &Value| v.as_u64().map_or_else(|| "never".to_owned(), |t| format!("at {t} (epoch s)"));
-    let conn = if k["connected"].as_bool().unwrap_or(false) {
-        format!("connected to {}", s(&k["server_version"]))
+/// What became of each source's last state.
+fn sources(o: &mut String, sources: &std::collections::BTreeMap<String, api::Source>) {
+    for (name, src) in sources {
+        if src.accepted {
+            let shown = src.rebuilt.len();
+            let count = src.rebuilt_count;
+            let more = if count > shown { format!(" and {} more", count - shown) } else { String::new() };
+            let names = serde_json::to_string(&src.rebuilt).unwrap_or_default();
+            let _ = writeln!(o, "source {name}: applied ({}), rebuilt {count}: {names}{more}", src.trigger);
+        } else {
+            let _ = writeln!(o, "source {name}: REJECTED ({}), still serving its previous state:", src.trigger);
+            for p in &src.problems {
+                let _ = writeln!(o, "  {p}");
+            }
+        }
+    }
+}
+
+/// The xDS source: the connection, what each type accepted, the NACKs.
+fn xds(o: &mut String, x: &api::xds::Xds) {
+    let ago = |t: Option<u64>| t.map_or_else(|| "never".to_owned(), |t| format!("{}s ago", crate::ground::now_epoch().saturating_sub(t)));
+    let versions: Vec<String> = x
+        .types
+        .iter()
+        .map(|(t, v)| format!("{} {} ({} resources)", t.rsplit('.').next().unwrap_or(t), v.version, v.resources))
+        .collect();
+    let _ = writeln!(
+        o,
+        "xds: {} {} ({}, {}) | {} services, {} endpoints | accepted: {} | last update {} | NACKs {}",
+        x.state,
+        x.server,
+        x.mode,
+        x.transport,
+        x.services,
+        x.endpoints,
+        versions.join(", "),
+        ago(x.last_update),
+        x.nacks
+    );
+    if let Some(n) = &x.last_nack {
+        let _ = writeln!(o, "  last NACK ({}): {}", ago(Some(n.at)), n.error);
+    }
+    if let Some(e) = &x.last_error {
+        let _ = writeln!(o, "  last error ({}): {e}", ago(x.last_error_at));
+    }
+}
+
+fn ports(o: &mut String, ports: &[api::Port]) {
+    let rows: Vec<Vec<String>> = ports
+        .iter()
+        .map(|p| {
+            let link = match p.link_up {
+                Some(true) => "up",
+                Some(false) => "down",
+                None => "?",
+            };
+            let lost = &p.lost_below_dpdk;
+            vec![
+                p.name.clone(),
+                p.device.clone(),
+                p.mac.clone(),
+                p.mtu.to_string(),
+                link.into(),
+                p.kernel_interface.clone(),
+                p.rx_packets.to_string(),
+                p.tx_packets.to_string(),
+                // A lower bound while frames arrive: "at least".
+                format!("{}{} ({})", if lost.exact { "" } else { ">=" }, lost.below_dpdk, lost.source),
+                p.rx_nombuf.to_string(),
+            ]
+        })
+        .collect();
+    table(o, &["NAME", "DEVICE", "MAC", "MTU", "LINK", "KERNEL IF", "RX", "TX", "LOST BELOW DPDK", "NO MBUF"], &rows);
+}
+
+fn workers(o: &mut String, workers: &[api::Worker]) {
+    let rows: Vec<Vec<String>> = workers
+        .iter()
+        .map(|w| {
+            vec![
+                w.lcore.to_string(),
+                w.rx_packets.to_string(),
+                w.tx_packets.to_string(),
+                w.balanced.to_string(),
+                w.returned.to_string(),
+                w.exception.to_string(),
+                w.drops.to_string(),
+                format!("{:.1}%", w.busy_percent_recent),
+                format!("{:.1}", w.packets_per_busy_poll),
+                format!("{}/{}", w.steered_out, w.steered_in),
+                w.generation.to_string(),
+            ]
+        })
+        .collect();
+    table(o, &["LCORE", "RX", "TX", "BALANCED", "RETURNED", "TO KERNEL", "DROPS", "BUSY", "PKTS/BUSY POLL", "STEERED OUT/IN", "GENERATION"], &rows);
+}
+
+/// The endpoints, each with its share of its service's packets, and how
+/// many were left out.
+fn endpoints(o: &mut String, st: &api::Status) {
+    let totals: std::collections::HashMap<&str, u64> = st.services.iter().map(|v| (&*v.name, v.packets)).collect();
+    let rows: Vec<Vec<String>> = st
+        .endpoints
+        .iter()
+        .map(|e| {
+            let total = totals.get(&*e.service).copied().unwrap_or(0);
+            #[allow(clippy::cast_precision_loss)] // a share, to a tenth of a percent
+            let share = if total > 0 { format!("{:.1}%", 100.0 * e.packets as f64 / total as f64) } else { "-".into() };
+            let state = match &e.reason {
+                Some(r) => format!("{} ({r})", e.state),
+                None => e.state.to_string(),
+            };
+            vec![e.service.to_string(), e.id.to_string(), e.address.to_string(), or_dash(e.mac), state, e.packets.to_string(), share]
+        })
+        .collect();
+    table(o, &["SERVICE", "ID", "ADDRESS", "MAC", "STATE", "PACKETS", "SHARE"], &rows);
+    if st.endpoints_omitted > 0 {
+        let _ = writeln!(
+            o,
+            "({} of {} endpoints not listed: --endpoints all lists them, --service NAME one service's)",
+            st.endpoints_omitted, st.endpoints_total
+        );
+    }
+}
+
+/// The Kubernetes source: whether it reaches the API, what it watches,
+/// what it serves or why not, and the objects it left out.
+fn kubernetes(o: &mut String, k: &api::kubernetes::Kubernetes) {
+    let when = |v: Option<u64>| v.map_or_else(|| "never".to_owned(), |t| format!("at {t} (epoch s)"));
+    let conn = if k.connected {
+        format!("connected to {}", k.server_version.as_deref().unwrap_or("a server of unknown version"))
     } else {
         "NOT CONNECTED".to_owned()
     };
-    let _ = writeln!(o, "kubernetes: Gateway {}/{} | {conn} | last change {}", s(&k["namespace"]), s(&k["gateway"]), when(&k["last_sync_at"]));
-    if !k["synced"].as_bool().unwrap_or(false) {
-        let waiting: Vec<String> = k["waiting_for"].as_array().into_iter().flatten().map(s).collect();
-        let _ = writeln!(o, "  not listed yet: {} (nothing from Kubernetes is served before)", waiting.join(", "));
+    let _ = writeln!(o, "kubernetes: Gateway {}/{} | {conn} | last change {}", k.namespace, k.gateway, when(k.last_sync_at));
+    if !k.synced {
+        let _ = writeln!(o, "  not listed yet: {} (nothing from Kubernetes is served before)", k.waiting_for.join(", "));
     }
-    let watched: Vec<String> = k["watched"].as_object().into_iter().flatten().map(|(kind, n)| format!("{n} {kind}")).collect();
+    let watched: Vec<String> = k.watched.iter().map(|(kind, n)| format!("{n} {kind}")).collect();
     let _ = writeln!(o, "  watching: {}", watched.join(", "));
-    let _ = writeln!(o, "  serving: {}", s(&k["serving"]));
-    if !k["last_error"].is_null() {
-        let _ = writeln!(o, "  last error {}: {}", when(&k["last_error_at"]), s(&k["last_error"]));
+    let _ = writeln!(o, "  serving: {}", k.serving);
+    if let Some(e) = &k.last_error {
+        let _ = writeln!(o, "  last error {}: {e}", when(k.last_error_at));
     }
-    for r in k["refused"].as_array().into_iter().flatten() {
-        let _ = writeln!(o, "  left out {} ({}): {}", s(&r["object"]), s(&r["reason"]), s(&r["message"]));
+    for r in &k.refused {
+        let _ = writeln!(o, "  left out {} ({}): {}", r.object, r.reason, r.message);
     }
 }
 
@@ -332,15 +334,14 @@ pub fn run(args: &StatusArgs) -> Result<ExitCode> {
         println!("{body}");
         return Ok(ExitCode::SUCCESS);
     }
-    let v: Value = serde_json::from_str(&body).context("the admin endpoint answered something that is not JSON")?;
-    print!("{}", render(&v));
+    let st: api::Status = serde_json::from_str(&body).context("the admin endpoint's /status is not the document this sluice reads")?;
+    print!("{}", render(&st));
     Ok(ExitCode::SUCCESS)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sources::kube::{KubeStatus, RefusedObject};
 
     #[test]
     fn the_arguments_make_the_query() {
@@ -358,21 +359,58 @@ mod tests {
 
     #[test]
     fn endpoints_left_out_are_counted_under_the_table() {
-        let st = serde_json::json!({"endpoints": [], "endpoints_total": 1200, "endpoints_omitted": 200});
+        let st = api::Status { endpoints_total: 1200, endpoints_omitted: 200, ..Default::default() };
         assert!(render(&st).contains("(200 of 1200 endpoints not listed: --endpoints all lists them"), "{}", render(&st));
-        let st = serde_json::json!({"endpoints": [], "endpoints_total": 3, "endpoints_omitted": 0});
+        let st = api::Status { endpoints_total: 3, endpoints_omitted: 0, ..Default::default() };
         assert!(!render(&st).contains("not listed"));
     }
 
     #[test]
+    fn what_the_appliance_does_not_know_shows_as_a_dash_not_a_zero() {
+        let endpoint = api::Endpoint {
+            service: "web".into(),
+            id: 1,
+            address: "2001:db8::6".parse().unwrap(),
+            weight: 1,
+            mac: None,
+            port: None,
+            state: api::EndpointState::Unresolved,
+            reason: None,
+            packets: 0,
+            bytes: 0,
+        };
+        let st = api::Status {
+            ports: vec![api::Port { name: "p0".into(), link_up: None, ..Default::default() }],
+            endpoints: vec![endpoint],
+            bird: Some(api::bird::Bird { mode: "external".into(), pid: None, ..Default::default() }),
+            ..Default::default()
+        };
+        let text = render(&st);
+        assert!(text.contains("bird: NOT ANSWERING (external, pid -) |"), "{text}");
+        let row = |first: &str| text.lines().find(|l| l.trim_start().starts_with(first)).unwrap_or_default().split_whitespace().collect::<Vec<_>>();
+        // NAME DEVICE MAC MTU LINK (empty device and MAC take no column).
+        assert_eq!(row("p0")[..3], ["p0", "0", "?"], "{text}");
+        assert_eq!(row("web"), ["web", "1", "2001:db8::6", "-", "unresolved", "0", "-"], "{text}");
+    }
+
+    #[test]
+    fn a_document_without_a_field_is_an_error_not_a_zero() {
+        let st: api::Status = api::Status::default();
+        let mut v = serde_json::to_value(st).unwrap();
+        v.as_object_mut().unwrap().remove("mbufs_in_use");
+        let e = serde_json::from_value::<api::Status>(v).unwrap_err();
+        assert!(e.to_string().contains("missing field `mbufs_in_use`"), "{e}");
+    }
+
+    #[test]
     fn the_kubernetes_source_is_shown_with_why_nothing_is_served() {
-        let mut k = KubeStatus { gateway: "sllb-a".into(), namespace: "tenant-a".into(), ..Default::default() };
+        let mut k = api::kubernetes::Kubernetes { gateway: "sllb-a".into(), namespace: "tenant-a".into(), ..Default::default() };
         k.waiting_for = vec!["Gateway".into(), "L34Route".into()];
         k.last_error = Some("reaching the API server: connection refused".into());
         k.last_error_at = Some(1_700_000_000);
         k.serving = "nothing from Kubernetes yet: waiting for the first list of every kind".into();
         let mut o = String::new();
-        kubernetes(&mut o, &serde_json::to_value(&k).unwrap());
+        kubernetes(&mut o, &k);
         assert_eq!(o, "kubernetes: Gateway tenant-a/sllb-a | NOT CONNECTED | last change never\n  \
                        not listed yet: Gateway, L34Route (nothing from Kubernetes is served before)\n  \
                        watching: \n  \
@@ -383,10 +421,14 @@ mod tests {
         k.server_version = Some("v1.32.0".into());
         k.watched = [("Gateway".to_owned(), 1), ("L34Route".to_owned(), 3)].into_iter().collect();
         k.last_error = None;
-        k.refused = vec![RefusedObject { object: "kubernetes: L34Route/tenant-a/r".into(), reason: "Conflicted".into(), message: "why".into() }];
+        k.refused = vec![api::kubernetes::Refused { object: "kubernetes: L34Route/tenant-a/r".into(), reason: "Conflicted".into(), message: "why".into() }];
         let mut o = String::new();
-        kubernetes(&mut o, &serde_json::to_value(&k).unwrap());
+        kubernetes(&mut o, &k);
         assert!(o.starts_with("kubernetes: Gateway tenant-a/sllb-a | connected to v1.32.0 |"), "{o}");
         assert!(o.contains("  watching: 1 Gateway, 3 L34Route\n") && o.contains("  left out kubernetes: L34Route/tenant-a/r (Conflicted): why\n"), "{o}");
+        k.server_version = None;
+        let mut o = String::new();
+        kubernetes(&mut o, &k);
+        assert!(o.starts_with("kubernetes: Gateway tenant-a/sllb-a | connected to a server of unknown version |"), "{o}");
     }
 }

@@ -41,7 +41,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
 use sha2::{Digest, Sha256};
 use sluice_dataplane::addr::Addr;
 use sluice_dataplane::flow::FlowKey;
@@ -104,53 +103,11 @@ fn map_key(k: &FlowKey) -> MapKey {
 }
 
 /// One sibling, as the status shows it.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
-pub struct PeerStatus {
-    /// Its listen address (as configured, or as it named itself).
-    pub address: String,
-    /// Our connection to it is up (we take its pins).
-    pub connected: bool,
-    /// It sent its full set since our connection opened.
-    pub in_sync: bool,
-    /// Seconds since it last sent anything (`None`: never).
-    pub last_heard_seconds: Option<f64>,
-    /// It is connected to us (takes our pins).
-    pub subscribed: bool,
-    /// Records queued for it and not yet sent.
-    pub lag: u64,
-}
+pub type PeerStatus = sluice_admin_api::sync::Peer;
 
-/// What the sync task did, published on its own channel.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
-pub struct SyncStatus {
-    /// Pins exported by this appliance's workers, held until their lifetime ends.
-    pub pins_held: u64,
-    /// Pins received from siblings, held for the workers.
-    pub pins_synced: u64,
-    /// Records sent to siblings.
-    pub sent: u64,
-    /// Records received from siblings (before the rate bound).
-    pub received: u64,
-    /// Connections whose handshake proved a wrong key, and frames whose MAC
-    /// was wrong.
-    pub refused: u64,
-    /// Records dropped by the per-sibling rate bound.
-    pub rate_dropped: u64,
-    /// Records whose service or endpoint this appliance does not know (or
-    /// that do not decode), ignored.
-    pub unknown: u64,
-    /// Exported pins whose endpoint changed before they were drained.
-    pub stale: u64,
-    /// Sibling connections closed because their queue overflowed.
-    pub overflows: u64,
-    /// Start-up is over: every reachable peer sent its full set, or
-    /// `startupWaitMs` passed.
-    pub settled: bool,
-    /// Peers that had not sent their full set when start-up ended by time.
-    pub not_heard: Vec<String>,
-    /// Every configured peer, then any other sibling connected to us.
-    pub peers: Vec<PeerStatus>,
-}
+/// What the sync task did, published on its own channel: the `/status`
+/// document's `sync`, filled here.
+pub type SyncStatus = sluice_admin_api::sync::Sync;
 
 #[derive(Debug, Default)]
 struct Counters {
