@@ -216,7 +216,7 @@ async fn a_restarted_peer_gets_the_full_set_then_the_marker() {
     let mut a = node(free_port(), vec![], KEY, snapshot(5, 100), 200_000).await;
     for i in 0..300u32 {
         let ep = 1 + u16::try_from(i % 3).unwrap();
-        assert!(a.ring.push(PinRecord::new(&FlowKey { flow: flow(i), service: 5 }, ep, 100 + u32::from(ep), FlowState::Udp, 300)));
+        assert!(a.ring.push(PinRecord::new(&FlowKey { flow: flow(i), service: 5 }, ep, 100 + u32::from(ep), FlowState::TcpOpen, 300)));
     }
     until(&mut a.status, "a holds its pins", |s| s.pins_held == 300).await;
     // The same sibling twice, as before and after a restart: each time the
@@ -245,7 +245,7 @@ async fn a_restarted_peer_gets_the_full_set_then_the_marker() {
         let st = until(&mut a.status, "subscribed", |x| x.peers.iter().any(|p| p.address == "127.0.0.1:1" && p.subscribed && p.lag == 0)).await;
         assert_eq!(st.peers.len(), 1, "{st:#?}");
         // A new pin follows.
-        assert!(a.ring.push(PinRecord::new(&FlowKey { flow: flow(1000 + round), service: 5 }, 2, 102, FlowState::Udp, 300)));
+        assert!(a.ring.push(PinRecord::new(&FlowKey { flow: flow(1000 + round), service: 5 }, 2, 102, FlowState::TcpOpen, 300)));
         loop {
             match wire::read_frame(&mut s, &mut session, &mut buf).await.unwrap() {
                 Kind::Records => {

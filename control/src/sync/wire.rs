@@ -232,11 +232,20 @@ mod tests {
     async fn a_wrong_key_is_refused_on_either_side() {
         let other = b"another key, also at least 32 bytes long";
         let (mut a, mut b) = tokio::io::duplex(4096);
-        let (d, l) = tokio::join!(dial(&mut a, other, "x"), async {
-            let r = accept(&mut b, KEY).await;
-            drop(b);
-            r
-        });
+        // Each side closes its end when its handshake ends, as a
+        // connection's task does.
+        let (d, l) = tokio::join!(
+            async {
+                let r = dial(&mut a, other, "x").await;
+                drop(a);
+                r
+            },
+            async {
+                let r = accept(&mut b, KEY).await;
+                drop(b);
+                r
+            }
+        );
         assert!(matches!(d, Err(WireError::BadKey)), "the dialer refuses the listener's proof: {d:?}");
         assert!(l.is_err(), "the listener gets no proof: {l:?}");
         // A dialer that skips the check and answers anyway is refused.
