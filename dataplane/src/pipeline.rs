@@ -34,7 +34,8 @@
 //! - a flow with no pin of its own (not a TCP SYN, which always takes the
 //!   table) looks up the pins received from siblings before the table,
 //!   and takes one whose endpoint is still there, of the same incarnation
-//!   (`sync_pin_hits`).
+//!   (`sync_pin_hits`); a pin so taken is checked for export at once, so
+//!   that it outlives the sibling that sent it.
 
 use crate::counters::WorkerCounters;
 use crate::flow::{FlowKey, FlowPin, FlowState, FlowTable, FlowTimeouts, FragKey, FragTable, Pin};
@@ -653,7 +654,12 @@ impl State {
         let state = FlowState::after(None, key.proto, tcp_flags);
         if found.is_none() && !syn {
             if let Some(ep) = self.synced(svc, &fk, hash, now_ms) {
-                self.flows.set(slot, &fk, FlowPin::new(ep.id, ep.incarnation, state).with_sync_mark(svc.sync_mark()), now_s);
+                // Checked for export at once: a sibling's pin this table
+                // disagrees with is this appliance's to share now, so that
+                // it outlives the sibling that sent it (an appliance that
+                // starts takes only what its siblings hold).
+                let p = self.check_export(svc, &fk, FlowPin::new(ep.id, ep.incarnation, state), ep, hash, ctr);
+                self.flows.set(slot, &fk, p, now_s);
                 ctr.sync_pin_hits.add(1);
                 return Some(ep);
             }
