@@ -11,7 +11,8 @@ use serde::{Deserialize, Serialize};
 pub struct Sync {
     /// Pins exported by this appliance's workers, held until their lifetime ends.
     pub pins_held: u64,
-    /// Pins received from siblings, held for the workers.
+    /// Pins received from siblings that this appliance's last snapshot
+    /// maps (its services and endpoints), in the workers' table.
     pub pins_synced: u64,
     /// Records sent to siblings.
     pub sent: u64,
@@ -22,8 +23,9 @@ pub struct Sync {
     pub refused: u64,
     /// Records dropped by the per-sibling rate bound.
     pub rate_dropped: u64,
-    /// Records whose service or endpoint this appliance does not know (or
-    /// that do not decode), ignored.
+    /// Records whose service or endpoint this appliance did not know when
+    /// they arrived (kept, and used once a snapshot knows them), and
+    /// records that do not decode (ignored).
     pub unknown: u64,
     /// Exported pins whose endpoint changed before they were drained.
     pub stale: u64,

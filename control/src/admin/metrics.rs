@@ -269,12 +269,12 @@ impl Collector for SluiceCollector {
         }
         if let Some(y) = sh.sync() {
             family(&mut e, "sluice_sync_pins_held", "Pins this appliance exported, held for its siblings until their lifetime ends.", Kind::Gauge, one(f(y.pins_held)))?;
-            family(&mut e, "sluice_sync_pins_synced", "Pins received from siblings, held for the workers.", Kind::Gauge, one(f(y.pins_synced)))?;
+            family(&mut e, "sluice_sync_pins_synced", "Pins received from siblings that this appliance's snapshot maps, in the workers' table.", Kind::Gauge, one(f(y.pins_synced)))?;
             family(&mut e, "sluice_sync_sent", "Pin records sent to siblings.", Kind::Counter, one(f(y.sent)))?;
             family(&mut e, "sluice_sync_received", "Pin records received from siblings.", Kind::Counter, one(f(y.received)))?;
             family(&mut e, "sluice_sync_refused", "Sibling connections refused for a wrong key, and frames refused for a wrong MAC.", Kind::Counter, one(f(y.refused)))?;
             family(&mut e, "sluice_sync_rate_dropped", "Pin records dropped by the per-sibling rate bound (siblings.maxRecordsPerSecond).", Kind::Counter, one(f(y.rate_dropped)))?;
-            family(&mut e, "sluice_sync_unknown", "Pin records naming a service or endpoint this appliance does not have, ignored.", Kind::Counter, one(f(y.unknown)))?;
+            family(&mut e, "sluice_sync_unknown", "Pin records naming a service or endpoint this appliance did not have when they arrived (kept, used once a snapshot has it), or not decoded.", Kind::Counter, one(f(y.unknown)))?;
             family(&mut e, "sluice_sync_stale", "Exported pins whose endpoint changed before they were sent, not sent.", Kind::Counter, one(f(y.stale)))?;
             family(&mut e, "sluice_sync_overflows", "Sibling connections closed because their queue overflowed.", Kind::Counter, one(f(y.overflows)))?;
             family(&mut e, "sluice_sync_settled", "1 once start-up took every reachable sibling's pins or siblings.startupWaitMs passed.", Kind::Gauge, one(f(u64::from(y.settled))))?;

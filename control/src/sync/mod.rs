@@ -19,8 +19,10 @@
 //!   endpoint's address ([`address_tag`]) where the record holds the
 //!   incarnation: the receiver maps them to its own service key and to the
 //!   full incarnation of the endpoint of that identifier and address in
-//!   its last published snapshot. A record it cannot map is counted
-//!   (`unknown`) and ignored.
+//!   its last published snapshot. A record is kept as it came until its
+//!   lifetime ends and translated at each rebuild: one it cannot map when
+//!   it arrives is counted (`unknown`), and used once a snapshot maps it
+//!   (a sibling that applied a change first, an appliance that starts).
 //! - **Bounds:** every connection proves the shared key both ways and each
 //!   frame carries a MAC ([`wire`]); records beyond
 //!   `maxRecordsPerSecond` from one sibling are dropped and counted
@@ -186,10 +188,17 @@ struct Hub {
     outboxes: Vec<Arc<Outbox>>,
 }
 
-/// The pins received, in this appliance's numbering.
+/// The pins received, as they came (in the wire's numbering), by flow,
+/// each with its deadline on the workers' clock. They are translated to
+/// this appliance's numbering each time the workers' table is rebuilt, so
+/// that a pin received before this appliance's snapshot knew its service
+/// or endpoint (at start, or when a sibling applied a change first) is
+/// used once a snapshot does.
 #[derive(Debug, Default)]
 struct Inbox {
-    pins: HashMap<MapKey, (FlowKey, SyncedPin)>,
+    pins: HashMap<MapKey, (PinRecord, u64)>,
+    /// Pins the last rebuild could translate: what the workers have.
+    usable: usize,
     dirty: bool,
 }
 
@@ -349,6 +358,7 @@ impl SyncTask {
                     }
                     let snap = Arc::clone(&published.borrow_and_update().snapshot);
                     *lock(&state.numbering) = Arc::new(Numbering::of(&snap));
+                    lock(&state.inbox).dirty = true;
                     continue;
                 }
                 _ = round.tick() => {}
@@ -364,7 +374,17 @@ impl SyncTask {
                     let mut inbox = lock(&state.inbox);
                     inbox.dirty.then(|| {
                         inbox.dirty = false;
-                        inbox.pins.values().copied().collect::<Vec<_>>()
+                        let numbering = state.numbering();
+                        let pins: Vec<(FlowKey, SyncedPin)> = inbox
+                            .pins
+                            .values()
+                            .filter_map(|(r, deadline_ms)| {
+                                let (key, endpoint, incarnation) = numbering.inbound(r)?;
+                                Some((key, SyncedPin { endpoint, incarnation, deadline_ms: *deadline_ms }))
+                            })
+                            .collect();
+                        inbox.usable = pins.len();
+                        pins
                     })
                 };
                 if let Some(pins) = pins {
@@ -453,7 +473,7 @@ fn expire(state: &State, now: Instant) {
     let now_ms = state.now_ms();
     let mut inbox = lock(&state.inbox);
     let before = inbox.pins.len();
-    inbox.pins.retain(|_, (_, p)| p.deadline_ms > now_ms);
+    inbox.pins.retain(|_, (_, deadline_ms)| *deadline_ms > now_ms);
     if inbox.pins.len() != before {
         inbox.dirty = true;
     }
@@ -489,7 +509,7 @@ fn snapshot_status(state: &State, settled: bool, not_heard: &[String], now: Inst
     }
     SyncStatus {
         pins_held,
-        pins_synced: lock(&state.inbox).pins.len() as u64,
+        pins_synced: lock(&state.inbox).usable as u64,
         sent: get(&c.sent),
         received: get(&c.received),
         refused: get(&c.refused),
@@ -698,17 +718,19 @@ fn take(state: &State, records: &[u8], bucket: &mut Bucket) {
     let now_ms = state.now_ms();
     let (mut unknown, mut pins) = (0u64, Vec::with_capacity(ok));
     for chunk in records.chunks_exact(RECORD_LEN).take(ok) {
-        match PinRecord::decode(chunk).ok().and_then(|r| Some((numbering.inbound(&r)?, r.lifetime))) {
-            Some(((key, endpoint, incarnation), lifetime)) => {
-                pins.push((key, SyncedPin { endpoint, incarnation, deadline_ms: now_ms + 1000 * u64::from(lifetime) }));
-            }
-            None => unknown += 1,
+        let Ok(r) = PinRecord::decode(chunk) else {
+            unknown += 1;
+            continue;
+        };
+        if numbering.inbound(&r).is_none() {
+            unknown += 1;
         }
+        pins.push((map_key(&r.key()), (r, now_ms + 1000 * u64::from(r.lifetime))));
     }
     add(&state.counters.unknown, unknown);
     if !pins.is_empty() {
         let mut inbox = lock(&state.inbox);
-        inbox.pins.extend(pins.into_iter().map(|(k, p)| (map_key(&k), (k, p))));
+        inbox.pins.extend(pins);
         inbox.dirty = true;
     }
 }

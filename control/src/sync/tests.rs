@@ -46,7 +46,7 @@ struct Node {
     addr: SocketAddr,
     stop: CancellationToken,
     task: tokio::task::JoinHandle<()>,
-    _published: watch::Sender<Published>,
+    published: watch::Sender<Published>,
 }
 
 fn cfg(listen: SocketAddr, peers: Vec<SocketAddr>, key: &[u8], rate: u32) -> SiblingsConfig {
@@ -63,7 +63,7 @@ async fn node(listen: SocketAddr, peers: Vec<SocketAddr>, key: &[u8], snap: Arc<
     let status = sync.status();
     let stop = CancellationToken::new();
     let task = tokio::spawn(sync.run(stop.clone()));
-    Node { ring, synced, status, addr, stop, task, _published: tx }
+    Node { ring, synced, status, addr, stop, task, published: tx }
 }
 
 /// A port free on loopback (bound, then let go).
@@ -113,6 +113,41 @@ async fn two_appliances_exchange_pins_in_their_own_numbering() {
         assert_eq!((p.endpoint, p.incarnation), (ep, 200 + u32::from(ep)), "flow {i}");
         assert!(p.deadline_ms >= 3_500_000, "its lifetime: {p:?}");
         assert!(t.lookup(&FlowKey { service: 5, ..k }, flow_hash(&k.flow), 0).is_none(), "a's key means nothing here");
+    }
+    for n in [a, b] {
+        n.stop.cancel();
+        n.task.await.unwrap();
+    }
+}
+
+/// An appliance that takes its siblings' pins before its own snapshot
+/// knows their service (it starts, or its sibling applied the change
+/// first) keeps them and uses them once a snapshot does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pins_that_arrive_before_the_snapshot_knows_them_are_used_once_it_does() {
+    let (a_addr, b_addr) = (free_port(), free_port());
+    let a = node(a_addr, vec![], KEY, snapshot(5, 100), 200_000).await;
+    let empty = Arc::new(Snapshot::new(1, &[], vec![], vec![], None, None));
+    let mut b = node(b_addr, vec![a_addr], KEY, empty, 200_000).await;
+    for i in 0..30u32 {
+        let ep = 1 + u16::try_from(i % 3).unwrap();
+        assert!(a.ring.push(PinRecord::new(&FlowKey { flow: flow(i), service: 5 }, ep, 100 + u32::from(ep), FlowState::TcpOpen, 3600)));
+    }
+    let sb = until(&mut b.status, "b took a's pins, not knowing their service", |s| s.received == 30 && s.unknown == 30).await;
+    assert_eq!(sb.pins_synced, 0, "{sb:#?}");
+    b.published.send_replace(Published { snapshot: snapshot(9, 200), ..Published::default() });
+    until(&mut b.status, "b maps them with its snapshot", |s| s.pins_synced == 30).await;
+    let deadline = Instant::now() + WAIT;
+    while b.synced.read().len() < 30 {
+        assert!(Instant::now() < deadline, "b's synced pins: {:?}", b.synced.last());
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let t = b.synced.read();
+    for i in 0..30u32 {
+        let ep = 1 + u16::try_from(i % 3).unwrap();
+        let k = FlowKey { flow: flow(i), service: 9 };
+        let p = t.lookup(&k, flow_hash(&k.flow), 0).unwrap_or_else(|| panic!("flow {i} not synced"));
+        assert_eq!((p.endpoint, p.incarnation), (ep, 200 + u32::from(ep)), "flow {i}");
     }
     for n in [a, b] {
         n.stop.cancel();
