@@ -153,6 +153,9 @@ pub fn render(st: &api::Status) -> String {
     if let Some(k) = &st.kubernetes {
         kubernetes(&mut o, k);
     }
+    if let Some(y) = &st.sync {
+        sync(&mut o, y);
+    }
     let _ = writeln!(o, "mbufs in use: {} of {}\n\nPORTS", st.mbufs_in_use, st.mbufs);
     ports(&mut o, &st.ports);
     let _ = writeln!(o, "\nWORKERS");
@@ -327,6 +330,36 @@ fn kubernetes(o: &mut String, k: &api::kubernetes::Kubernetes) {
     }
 }
 
+/// Sibling sync: the pins held and taken, what went each way, what was
+/// refused or dropped, and each sibling.
+fn sync(o: &mut String, y: &api::sync::Sync) {
+    let start = if y.settled {
+        "settled".to_owned()
+    } else {
+        "WAITING for the siblings' pins".to_owned()
+    };
+    let _ = writeln!(
+        o,
+        "siblings: {start} | pins held {}, synced {} | sent {}, received {} | refused {}, rate-dropped {}, unknown {}, stale {}, overflows {}",
+        y.pins_held, y.pins_synced, y.sent, y.received, y.refused, y.rate_dropped, y.unknown, y.stale, y.overflows
+    );
+    if !y.not_heard.is_empty() {
+        let _ = writeln!(o, "  announced without the pins of: {}", y.not_heard.join(", "));
+    }
+    let yes = |b: bool| if b { "yes" } else { "NO" }.to_owned();
+    let rows: Vec<Vec<String>> = y
+        .peers
+        .iter()
+        .map(|p| {
+            let heard = p.last_heard_seconds.map_or_else(|| "never".to_owned(), |s| format!("{s:.1}s ago"));
+            vec![p.address.clone(), yes(p.connected), yes(p.in_sync), heard, yes(p.subscribed), p.lag.to_string()]
+        })
+        .collect();
+    if !rows.is_empty() {
+        table(o, &["SIBLING", "CONNECTED", "IN SYNC", "LAST HEARD", "SUBSCRIBED", "LAG"], &rows);
+    }
+}
+
 /// Runs `sluice status`.
 pub fn run(args: &StatusArgs) -> Result<ExitCode> {
     let body = http_get(args.admin, &args.path())?;
@@ -400,6 +433,27 @@ mod tests {
         v.as_object_mut().unwrap().remove("mbufs_in_use");
         let e = serde_json::from_value::<api::Status>(v).unwrap_err();
         assert!(e.to_string().contains("missing field `mbufs_in_use`"), "{e}");
+    }
+
+    #[test]
+    fn siblings_are_shown_with_their_lag_and_who_was_not_heard() {
+        let y = api::sync::Sync {
+            pins_held: 12,
+            settled: true,
+            not_heard: vec!["10.99.0.3:7946".into()],
+            peers: vec![
+                api::sync::Peer { address: "10.99.0.2:7946".into(), connected: true, in_sync: true, last_heard_seconds: Some(0.4), subscribed: true, lag: 3 },
+                api::sync::Peer { address: "10.99.0.3:7946".into(), ..Default::default() },
+            ],
+            ..Default::default()
+        };
+        let mut o = String::new();
+        sync(&mut o, &y);
+        assert!(o.starts_with("siblings: settled | pins held 12, synced 0 |"), "{o}");
+        assert!(o.contains("  announced without the pins of: 10.99.0.3:7946\n"), "{o}");
+        let row = |addr: &str| o.lines().find(|l| l.trim_start().starts_with(addr)).unwrap_or_default().split_whitespace().collect::<Vec<_>>();
+        assert_eq!(row("10.99.0.2:7946"), ["10.99.0.2:7946", "yes", "yes", "0.4s", "ago", "yes", "3"]);
+        assert_eq!(row("10.99.0.3:7946"), ["10.99.0.3:7946", "NO", "NO", "never", "NO", "0"]);
     }
 
     #[test]
