@@ -14,7 +14,7 @@
   client.py udphold VIP N SECONDS FILE  the same with N UDP flows (one socket
                                         each, to port 53): a flow is broken when
                                         an answer comes from another backend than
-                                        its first, or none comes; FILE gets
+                                        its first, or none to 4 tries of 1 s; FILE gets
                                         {backend: [ok, broken]} by first backend
   client.py load VIP RATE               short connections at RATE per second,
                                         forever (for the demo)
@@ -144,12 +144,21 @@ def udphold(vip, n, secs, out):
     flows = []
     for i in range(n):
         s = socket.socket(family, socket.SOCK_DGRAM)
-        s.settimeout(2.0)
+        s.settimeout(1.0)
         flows.append([s, i, None])
 
     def step(x):
-        x[0].sendto(b"u%d" % x[1], (vip, 53))
-        d, _ = x[0].recvfrom(2048)
+        # A datagram lost (an appliance gone before the router knows) is
+        # sent again: a flow breaks when another backend answers, or none
+        # does in 4 tries.
+        for attempt in range(4):
+            x[0].sendto(b"u%d" % x[1], (vip, 53))
+            try:
+                d, _ = x[0].recvfrom(2048)
+                break
+            except socket.timeout:
+                if attempt == 3:
+                    raise
         name = d.split(b" ")[0].decode()
         if x[2] is None:
             x[2] = name
