@@ -9,7 +9,9 @@
 //!   backend of the EndpointSlice taking a share; the Gateway's status
 //!   lists the VIP;
 //! - an endpoint leaving the EndpointSlice moves only its flows:
-//!   long-lived connections to the others survive;
+//!   long-lived connections to the others survive, those to an endpoint
+//!   turned terminating-but-serving (DRAINING) in the same change included,
+//!   and new connections avoid both;
 //! - the API server going away leaves traffic flowing to what was served,
 //!   and `sluice status` (and `/status`, `/metrics`) says the source is not
 //!   connected, with the last error;
@@ -195,11 +197,17 @@ fn endpointslice_changes_move_real_traffic_and_losing_the_api_keeps_it_flowing()
         assert!(n >= 60, "{b} got {n} of 300 connections: {counts:?}");
     }
 
-    // Long-lived connections; then 10.200.0.13 (be3) leaves the EndpointSlice.
+    // Long-lived connections; then 10.200.0.13 (be3) leaves the
+    // EndpointSlice and 10.200.0.12 (be2) is terminating but still serving:
+    // DRAINING, so its connections stay and new ones avoid it.
     let held = topo.hold("20.0.0.1", &dir.0.join("hold.json"));
     let generation = topo.status()["generation"].as_u64().unwrap();
-    let without_be3 = SLICE_YAML.replacen("- addresses: [10.200.0.13]\n  conditions: {ready: true}\n", "", 1);
-    assert_ne!(without_be3, SLICE_YAML);
+    let without_be3 = SLICE_YAML.replacen("- addresses: [10.200.0.13]\n  conditions: {ready: true}\n", "", 1).replacen(
+        "- addresses: [10.200.0.12]\n  conditions: {ready: true}\n",
+        "- addresses: [10.200.0.12]\n  conditions: {ready: false, serving: true, terminating: true}\n",
+        1,
+    );
+    assert_eq!(without_be3.matches("terminating: true").count(), 1, "{without_be3}");
     std::fs::write(manifests.join("slice.yaml"), &without_be3).unwrap();
     assert!(
         wait_until(Duration::from_secs(10), || topo.status()["generation"].as_u64().unwrap() > generation),
@@ -210,10 +218,20 @@ fn endpointslice_changes_move_real_traffic_and_losing_the_api_keeps_it_flowing()
     assert_eq!(st["sources"]["kubernetes"]["rebuilt"], serde_json::json!(["web"]), "only the changed service was rebuilt");
     assert_eq!(st["endpoints"].as_array().unwrap().len(), 2, "{st}");
 
+    let states: Vec<(String, String)> = st["endpoints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["address"].as_str().unwrap_or("").to_owned(), e["state"].as_str().unwrap_or("").to_owned()))
+        .collect();
+    assert!(states.contains(&("10.200.0.12".to_owned(), "draining".to_owned())), "be2 drains: {states:?}");
+
+    // be2's connections survive (only_moved checks every backend but be3).
     held.only_moved("be3");
     let after = topo.client(&["short", "20.0.0.1", "120", "16"]);
     assert_eq!(after.get("failed"), None, "{after:?}");
     assert_eq!(after.get("be3"), None, "no new connection to the removed endpoint: {after:?}");
+    assert_eq!(after.get("be2"), None, "no new connection to the draining endpoint: {after:?}");
 
     // The API server goes away: the source says so, nothing is flushed.
     let (_, _, api_err) = api.stop("TERM", Duration::from_secs(10));
