@@ -210,13 +210,16 @@ struct Peer {
     last_heard: Mutex<Option<Instant>>,
 }
 
+/// A service's endpoints by identifier: (incarnation, address tag).
+type Endpoints = HashMap<u16, (u32, u16)>;
+
 /// Maps between this appliance's numbering and the wire's, from one
 /// published snapshot: services of the Maglev algorithm with a flow table
 /// (the only ones whose pins are exported).
 #[derive(Debug, Default)]
 struct Numbering {
-    /// Local service key -> (wire tag, endpoint id -> (incarnation, address tag)).
-    by_key: HashMap<u32, (u32, HashMap<u16, (u32, u16)>)>,
+    /// Local service key -> (wire tag, its endpoints).
+    by_key: HashMap<u32, (u32, Endpoints)>,
     /// Wire tag -> local service key (tags two local services share are left out).
     by_tag: HashMap<u32, u32>,
 }
@@ -654,16 +657,13 @@ async fn dial_loop(state: Arc<State>, i: usize, stop: CancellationToken) {
         };
         let was = peer.connected.swap(false, Ordering::Relaxed);
         peer.in_sync.store(false, Ordering::Relaxed);
-        match r {
-            Err(e) => {
-                if matches!(e, WireError::BadKey | WireError::BadMac | WireError::BadFrame { .. } | WireError::Protocol) {
-                    add(&state.counters.refused, 1);
-                    warn!(sibling = %addr, error = %e, "siblings: refused");
-                } else if was {
-                    warn!(sibling = %addr, error = %e, "siblings: connection lost");
-                }
+        if let Err(e) = r {
+            if matches!(e, WireError::BadKey | WireError::BadMac | WireError::BadFrame { .. } | WireError::Protocol) {
+                add(&state.counters.refused, 1);
+                warn!(sibling = %addr, error = %e, "siblings: refused");
+            } else if was {
+                warn!(sibling = %addr, error = %e, "siblings: connection lost");
             }
-            Ok(()) => {}
         }
         if was {
             pause = REDIAL.0;
