@@ -61,6 +61,11 @@ struct Sibling {
 }
 
 fn sibling(p: &Publisher<Snapshot>) -> Sibling {
+    sibling_with_ring(p, 1 << 16)
+}
+
+/// A worker reading `p` whose sync ring holds `capacity` records.
+fn sibling_with_ring(p: &Publisher<Snapshot>, capacity: usize) -> Sibling {
     let cfg = WorkerConfig {
         id: 0,
         inputs: vec![Input::Port { port: 0, exception: None }],
@@ -70,7 +75,7 @@ fn sibling(p: &Publisher<Snapshot>) -> Sibling {
         stash_ttl_ms: 1000,
     };
     let ctr = Arc::new(WorkerCounters::new(8, 1000));
-    let ring = Arc::new(SyncRing::new(1 << 16));
+    let ring = Arc::new(SyncRing::new(capacity));
     let synced = Publisher::new(SyncedPins::default());
     let w = Worker::new(MemIo::new(1, 2), p.reader(), Arc::clone(&ctr), &cfg).with_sync(Arc::clone(&ring), synced.reader());
     Sibling { w, ctr, ring, synced }
@@ -178,19 +183,7 @@ fn a_full_ring_is_counted_and_the_next_packet_tries_again() {
     let flows: Vec<u16> = (1000..1600).collect();
     let a = sticky(10, None);
     let mut p = Publisher::new(snapshot(1, &a));
-    let cfg = WorkerConfig {
-        id: 0,
-        inputs: vec![Input::Port { port: 0, exception: None }],
-        outputs: 2,
-        pipeline: Default::default(),
-        stash_capacity: 16,
-        stash_ttl_ms: 1000,
-    };
-    let ctr = Arc::new(WorkerCounters::new(8, 1000));
-    let ring = Arc::new(SyncRing::new(4));
-    let synced = Publisher::new(SyncedPins::default());
-    let w = Worker::new(MemIo::new(1, 2), p.reader(), Arc::clone(&ctr), &cfg).with_sync(Arc::clone(&ring), synced.reader());
-    let mut s = Sibling { w, ctr, ring, synced };
+    let mut s = sibling_with_ring(&p, 4);
     let pinned = send(&mut s, &flows, TCP_ACK, 1000);
     let b = sticky(11, Some(&a));
     p.publish(snapshot(2, &b));

@@ -79,6 +79,25 @@ async fn until(status: &mut watch::Receiver<SyncStatus>, what: &str, f: impl Fn(
     }
 }
 
+/// The workers' table of `b` (a node of `snapshot(9, 200)`) once it holds
+/// `n` pins, checked: flows 0..n, each pinned to endpoint `1 + i % 3` with
+/// b's incarnation.
+async fn synced_table(b: &mut Node, n: u32) -> &SyncedPins {
+    let deadline = Instant::now() + WAIT;
+    while b.synced.read().len() < n as usize {
+        assert!(Instant::now() < deadline, "b's synced pins: {:?}", b.synced.last());
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let t = b.synced.read();
+    for i in 0..n {
+        let ep = 1 + u16::try_from(i % 3).unwrap();
+        let k = FlowKey { flow: flow(i), service: 9 };
+        let p = t.lookup(&k, flow_hash(&k.flow), 0).unwrap_or_else(|| panic!("flow {i} not synced"));
+        assert_eq!((p.endpoint, p.incarnation), (ep, 200 + u32::from(ep)), "flow {i}");
+    }
+    t
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_appliances_exchange_pins_in_their_own_numbering() {
     let (a_addr, b_addr) = (free_port(), free_port());
@@ -100,17 +119,10 @@ async fn two_appliances_exchange_pins_in_their_own_numbering() {
     assert!(peer.connected && peer.in_sync && peer.address == a_addr.to_string(), "{sb:#?}");
     // The workers' table holds them under b's key and incarnations; the
     // rebuild is published after the status counted them.
-    let deadline = Instant::now() + WAIT;
-    while b.synced.read().len() < 100 {
-        assert!(Instant::now() < deadline, "b's synced pins: {:?}", b.synced.last());
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    let t = b.synced.read();
+    let t = synced_table(&mut b, 100).await;
     for i in 0..100u32 {
-        let ep = 1 + u16::try_from(i % 3).unwrap();
         let k = FlowKey { flow: flow(i), service: 9 };
-        let p = t.lookup(&k, flow_hash(&k.flow), 0).unwrap_or_else(|| panic!("flow {i} not synced"));
-        assert_eq!((p.endpoint, p.incarnation), (ep, 200 + u32::from(ep)), "flow {i}");
+        let p = t.lookup(&k, flow_hash(&k.flow), 0).unwrap();
         assert!(p.deadline_ms >= 3_500_000, "its lifetime: {p:?}");
         assert!(t.lookup(&FlowKey { service: 5, ..k }, flow_hash(&k.flow), 0).is_none(), "a's key means nothing here");
     }
@@ -137,18 +149,7 @@ async fn pins_that_arrive_before_the_snapshot_knows_them_are_used_once_it_does()
     assert_eq!(sb.pins_synced, 0, "{sb:#?}");
     b.published.send_replace(Published { snapshot: snapshot(9, 200), ..Published::default() });
     until(&mut b.status, "b maps them with its snapshot", |s| s.pins_synced == 30).await;
-    let deadline = Instant::now() + WAIT;
-    while b.synced.read().len() < 30 {
-        assert!(Instant::now() < deadline, "b's synced pins: {:?}", b.synced.last());
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    let t = b.synced.read();
-    for i in 0..30u32 {
-        let ep = 1 + u16::try_from(i % 3).unwrap();
-        let k = FlowKey { flow: flow(i), service: 9 };
-        let p = t.lookup(&k, flow_hash(&k.flow), 0).unwrap_or_else(|| panic!("flow {i} not synced"));
-        assert_eq!((p.endpoint, p.incarnation), (ep, 200 + u32::from(ep)), "flow {i}");
-    }
+    synced_table(&mut b, 30).await;
     for n in [a, b] {
         n.stop.cancel();
         n.task.await.unwrap();
