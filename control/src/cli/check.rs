@@ -167,6 +167,13 @@ pub fn run(args: &CheckArgs) -> ExitCode {
                     k.kubeconfig.as_ref().map_or_else(|| "in-cluster".to_owned(), |p| format!("kubeconfig {}", p.display()))
                 );
             }
+            if let Some(s) = &l.config.siblings {
+                let mut from: Vec<String> = s.peers.iter().map(ToString::to_string).collect();
+                if s.kubernetes_pods {
+                    from.push("the other pods of the Gateway's Deployment".to_owned());
+                }
+                println!("{}: siblings: listening on {}, sharing pins with {}", args.config.display(), s.listen, from.join(", "));
+            }
             ExitCode::SUCCESS
         }
         Err(ps) => {

@@ -39,6 +39,9 @@ use sluice_dataplane::parse::proto;
 pub const PROXY_NAME_LABEL: &str = "service.kubernetes.io/service-proxy-name";
 /// Label naming an EndpointSlice's Service.
 pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+/// The label naming the Gateway a Deployment and its pods serve (the
+/// controller sets it; an appliance finds its siblings' pods by it).
+pub const GATEWAY_LABEL: &str = "sluice.io/gateway";
 /// Sluice's per-service algorithm annotation.
 pub const SLUICE_ALGORITHM: &str = "sluice.io/lb-algorithm";
 /// Cilium's per-service algorithm annotation (wins over Sluice's).

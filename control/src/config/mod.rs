@@ -490,6 +490,11 @@ pub fn parse(v: &Value, path: &Path) -> Result<ApplianceConfig, Vec<Problem>> {
     let routing = routing(&root, &mut p, &dpdk.file_prefix, &ports, path);
     let kubernetes = root.field("kubernetes", |n| kubernetes::parse(n, &mut p, path)).flatten();
     let siblings = root.field("siblings", |n| siblings::parse(n, &mut p, path)).flatten();
+    if siblings.as_ref().is_some_and(|s| s.kubernetes_pods) && kubernetes.is_none() {
+        root.field("siblings", |n| {
+            n.field("kubernetesPods", |n| n.bad(&mut p, "the pods of a Gateway's Deployment need a `kubernetes:` section (the Gateway and namespace)"));
+        });
+    }
 
     if !p.is_empty() {
         return Err(p.0);

@@ -6,10 +6,19 @@
 //! siblings:
 //!   listen: 192.0.2.1:7946         # where siblings connect to take our pins
 //!   peers: [192.0.2.2:7946]        # the siblings' listen addresses
+//!   kubernetesPods: false          # also the other pods of the Gateway's Deployment
 //!   keyFile: /etc/sluice/sync.key  # the shared key: at least 32 bytes
 //!   startupWaitMs: 5000            # optional: longest wait for their pins at start
 //!   maxRecordsPerSecond: 200000    # optional: per sibling, both ways
 //! ```
+//!
+//! `peers`, `kubernetesPods` or both: with `kubernetesPods: true` (and a
+//! `kubernetes:` section) the siblings are also the pods labelled
+//! `sluice.io/gateway=<kubernetes.gateway>` in `kubernetes.namespace` (the
+//! pods of the Gateway's Deployment), each at its pod IP and `listen`'s
+//! port, followed as pods come and go; the appliance's own pod is left out
+//! by its name (`POD_NAME`, else the host name) and its IP (`POD_IP`, else
+//! `listen`'s address when it is not a wildcard).
 //!
 //! The key file is read here, so that `sluice check` reports a missing or
 //! short key at its place in the file.
@@ -53,6 +62,9 @@ pub struct SiblingsConfig {
     pub listen: SocketAddr,
     /// The siblings' listen addresses.
     pub peers: Vec<SocketAddr>,
+    /// Whether the other pods of the Kubernetes Gateway's Deployment are
+    /// siblings too (`kubernetesPods`).
+    pub kubernetes_pods: bool,
     /// The key file (relative paths are from the configuration file).
     pub key_file: PathBuf,
     /// Its content.
@@ -102,11 +114,12 @@ pub fn read_key(path: &Path) -> Result<SharedKey, String> {
 
 /// Checks the section; `path` is the configuration file's.
 pub fn parse(n: Node<'_>, p: &mut Problems, path: &Path) -> Option<SiblingsConfig> {
-    n.mapping(p, &["listen", "peers", "keyFile", "startupWaitMs", "maxRecordsPerSecond"]);
+    n.mapping(p, &["listen", "peers", "kubernetesPods", "keyFile", "startupWaitMs", "maxRecordsPerSecond"]);
     let listen = n.required(p, "listen", address).flatten();
+    let kubernetes_pods = n.field("kubernetesPods", |n| n.boolean(p)).flatten().unwrap_or(false);
     let mut peers = Vec::new();
     let peers_ok = n
-        .required(p, "peers", |n, p| {
+        .field("peers", |n| {
             let before = p.0.len();
             n.each(p, |n, p| {
                 if let Some(a) = address(n, p) {
@@ -124,7 +137,10 @@ pub fn parse(n: Node<'_>, p: &mut Problems, path: &Path) -> Option<SiblingsConfi
             }
             p.0.len() == before
         })
-        .unwrap_or(false);
+        .unwrap_or(true);
+    if peers.is_empty() && !kubernetes_pods && peers_ok {
+        n.bad(p, "no siblings: list them in `peers`, or set `kubernetesPods: true` to follow the pods of the Kubernetes Gateway's Deployment");
+    }
     let base = path.parent().unwrap_or(Path::new("."));
     let key = n
         .required(p, "keyFile", |n, p| {
@@ -143,10 +159,10 @@ pub fn parse(n: Node<'_>, p: &mut Problems, path: &Path) -> Option<SiblingsConfi
     let (lo, hi) = RECORDS_PER_SECOND;
     let max_records_per_second = n.field("maxRecordsPerSecond", |n| n.int(p, lo, hi)).flatten().map_or(200_000, |v| v as u32);
     let (key_file, key) = key?;
-    if !peers_ok {
+    if !peers_ok || (peers.is_empty() && !kubernetes_pods) {
         return None;
     }
-    Some(SiblingsConfig { listen: listen?, peers, key_file, key, startup_wait_ms, max_records_per_second })
+    Some(SiblingsConfig { listen: listen?, peers, kubernetes_pods, key_file, key, startup_wait_ms, max_records_per_second })
 }
 
 #[cfg(test)]
@@ -190,6 +206,11 @@ mod tests {
         let errs = one("{peers: [], keyFile: missing.key}", &dir).unwrap_err();
         has(&errs, "listen");
         has(&errs, "keyFile: cannot read the key file");
+        has(&errs, "no siblings: list them in `peers`, or set `kubernetesPods: true`");
+        let c = one("{listen: '0.0.0.0:7946', kubernetesPods: true, keyFile: good.key}", &dir).unwrap();
+        assert!(c.kubernetes_pods && c.peers.is_empty(), "{c:?}");
+        let errs = one("{listen: 10.0.0.1:7946, keyFile: good.key, kubernetesPods: false}", &dir).unwrap_err();
+        has(&errs, "no siblings");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -19,8 +19,7 @@ use serde_json::{json, Map, Value as Json};
 use super::Store;
 use crate::config::yaml;
 
-/// The label naming the Gateway a Deployment (and its pods) serve.
-pub const GATEWAY_LABEL: &str = "sluice.io/gateway";
+pub use crate::config::manifests::GATEWAY_LABEL;
 /// The managed-by label of the Deployments.
 pub const APP_MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 /// The key of the parametersRef ConfigMap holding the configuration.
