@@ -8,6 +8,11 @@
 //!   keeps each pin until its lifetime ends, and sends it to every sibling
 //!   connected. A sibling that connects gets the full set held, then an
 //!   "in sync" marker, then each new pin.
+//! - **Peers:** the configured ones, and those a discovery gives
+//!   ([`SyncTask::follow`]: the pods of the Kubernetes Gateway's
+//!   Deployment), followed as they come and go: a peer that appears is
+//!   dialled, one that goes is let go (the pins it gave stay until their
+//!   lifetime ends: its flows may still come here).
 //! - **In:** this appliance dials every peer and takes its pins; each is
 //!   translated to this appliance's numbering and the workers' table of
 //!   synced pins ([`SyncedPins`]) is rebuilt and published, at most every
@@ -32,8 +37,8 @@
 //!   Nothing here waits for a worker nor makes one wait: the rings and the
 //!   RCU publication are the only things they share.
 //! - **Status:** on its own channel ([`SyncStatus`]); `settled` turns true
-//!   once every reachable peer sent its "in sync" marker, or
-//!   `startupWaitMs` passed.
+//!   once the discovery (if any) listed its peers and every reachable peer
+//!   sent its "in sync" marker, or `startupWaitMs` passed.
 
 pub mod wire;
 
@@ -202,7 +207,14 @@ struct Inbox {
     dirty: bool,
 }
 
-/// One configured peer's state.
+/// The peers a discovery gives, as it changes: `None` until it first
+/// listed them.
+pub type Discovered = watch::Receiver<Option<Vec<SocketAddr>>>;
+
+/// What `not_heard` says of a discovery that never listed its peers.
+pub const NOT_LISTED: &str = "the discovered siblings (never listed)";
+
+/// One peer's state.
 #[derive(Debug, Default)]
 struct Peer {
     connected: AtomicBool,
@@ -269,7 +281,8 @@ struct State {
     hub: Mutex<Hub>,
     inbox: Mutex<Inbox>,
     numbering: Mutex<Arc<Numbering>>,
-    peers: Vec<(SocketAddr, Peer)>,
+    /// The peers followed now, in the order they came.
+    peers: Mutex<Vec<(SocketAddr, Arc<Peer>)>>,
     counters: Counters,
 }
 
@@ -293,6 +306,7 @@ pub struct SyncTask {
     publisher: Publisher<SyncedPins>,
     published: watch::Receiver<Published>,
     status: watch::Sender<SyncStatus>,
+    discovered: Option<Discovered>,
 }
 
 impl SyncTask {
@@ -307,18 +321,24 @@ impl SyncTask {
         epoch: Instant,
     ) -> std::io::Result<SyncTask> {
         let listener = TcpListener::bind(cfg.listen).await?;
-        let peers = cfg.peers.iter().map(|a| (*a, Peer::default())).collect();
         let state = Arc::new(State {
             cfg,
             epoch,
             hub: Mutex::new(Hub::default()),
             inbox: Mutex::new(Inbox::default()),
             numbering: Mutex::new(Arc::new(Numbering::default())),
-            peers,
+            peers: Mutex::new(Vec::new()),
             counters: Counters::default(),
         });
         let (status, _) = watch::channel(SyncStatus::default());
-        Ok(SyncTask { state, listener, rings, publisher, published, status })
+        Ok(SyncTask { state, listener, rings, publisher, published, status, discovered: None })
+    }
+
+    /// Takes peers from `discovered` too, beside the configured ones.
+    #[must_use]
+    pub fn follow(mut self, discovered: Discovered) -> SyncTask {
+        self.discovered = Some(discovered);
+        self
     }
 
     /// The address it listens on.
@@ -333,17 +353,19 @@ impl SyncTask {
 
     /// Runs until `stop` is cancelled.
     pub async fn run(self, stop: CancellationToken) {
-        let SyncTask { state, listener, rings, mut publisher, mut published, status } = self;
+        let SyncTask { state, listener, rings, mut publisher, mut published, status, mut discovered } = self;
         let mut tasks = JoinSet::new();
         {
             let (st, c) = (Arc::clone(&state), stop.clone());
             tasks.spawn(accept_loop(st, listener, c));
         }
-        for i in 0..state.peers.len() {
-            let (st, c) = (Arc::clone(&state), stop.clone());
-            tasks.spawn(dial_loop(st, i, c));
-        }
+        let mut dialers = Dialers::default();
+        let mut listed = discovered.is_none();
+        let first = discovered.as_mut().and_then(|d| d.borrow_and_update().clone());
+        listed |= first.is_some();
+        dialers.want(&state, &wanted(&state.cfg, first.as_deref()), &stop);
         let started = Instant::now();
+        let mut peers_changed = started;
         let wait = Duration::from_millis(u64::from(state.cfg.startup_wait_ms));
         let (mut settled, mut not_heard) = (false, Vec::new());
         let mut last_build = Instant::now() - REBUILD_EVERY;
@@ -362,6 +384,20 @@ impl SyncTask {
                     let snap = Arc::clone(&published.borrow_and_update().snapshot);
                     *lock(&state.numbering) = Arc::new(Numbering::of(&snap));
                     lock(&state.inbox).dirty = true;
+                    continue;
+                }
+                r = changed(discovered.as_mut()) => {
+                    if r.is_err() {
+                        // The discovery ended: the peers it gave are kept.
+                        warn!("siblings: the discovery of siblings ended; keeping the ones it gave");
+                        discovered = None;
+                        continue;
+                    }
+                    let list = discovered.as_mut().and_then(|d| d.borrow_and_update().clone());
+                    listed |= list.is_some();
+                    if dialers.want(&state, &wanted(&state.cfg, list.as_deref()), &stop) {
+                        peers_changed = Instant::now();
+                    }
                     continue;
                 }
                 _ = round.tick() => {}
@@ -398,17 +434,23 @@ impl SyncTask {
                 }
             }
             if !settled {
-                let waiting: Vec<String> = state
-                    .peers
-                    .iter()
-                    .filter(|(_, p)| p.connected.load(Ordering::Relaxed) && !p.in_sync.load(Ordering::Relaxed))
-                    .map(|(a, _)| a.to_string())
-                    .collect();
-                let unreachable: Vec<String> =
-                    state.peers.iter().filter(|(_, p)| !p.connected.load(Ordering::Relaxed)).map(|(a, _)| a.to_string()).collect();
+                let (mut waiting, unreachable) = {
+                    let peers = lock(&state.peers);
+                    let waiting: Vec<String> = peers
+                        .iter()
+                        .filter(|(_, p)| p.connected.load(Ordering::Relaxed) && !p.in_sync.load(Ordering::Relaxed))
+                        .map(|(a, _)| a.to_string())
+                        .collect();
+                    let unreachable: Vec<String> =
+                        peers.iter().filter(|(_, p)| !p.connected.load(Ordering::Relaxed)).map(|(a, _)| a.to_string()).collect();
+                    (waiting, unreachable)
+                };
+                if !listed {
+                    waiting.push(NOT_LISTED.to_owned());
+                }
                 // A peer is given a first chance to connect before it counts
-                // as unreachable: every peer is dialled at once at start.
-                let tried = now.duration_since(started) >= REDIAL.1.min(wait);
+                // as unreachable: every peer is dialled as soon as it is known.
+                let tried = now.duration_since(peers_changed) >= REDIAL.1.min(wait);
                 if waiting.is_empty() && (unreachable.is_empty() || tried) {
                     settled = true;
                     info!(unreachable = ?unreachable, "siblings: every reachable sibling's pins taken; announcing");
@@ -427,8 +469,69 @@ impl SyncTask {
                 status.send_if_modified(|old| std::mem::replace(old, s.clone()) != s);
             }
         }
+        dialers.want(&state, &[], &stop);
         tasks.abort_all();
         while tasks.join_next().await.is_some() {}
+    }
+}
+
+/// Waits for the discovery's next change; never, without one.
+async fn changed(d: Option<&mut Discovered>) -> Result<(), watch::error::RecvError> {
+    match d {
+        Some(d) => d.changed().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The peers to follow: the configured ones, then the discovered ones not
+/// among them, never this appliance's own listen address.
+fn wanted(cfg: &SiblingsConfig, discovered: Option<&[SocketAddr]>) -> Vec<SocketAddr> {
+    let mut all = cfg.peers.clone();
+    for a in discovered.unwrap_or_default() {
+        if !all.contains(a) && *a != cfg.listen {
+            all.push(*a);
+        }
+    }
+    all
+}
+
+/// The dialling task of each peer followed.
+#[derive(Debug, Default)]
+struct Dialers(HashMap<SocketAddr, tokio::task::JoinHandle<()>>);
+
+impl Dialers {
+    /// Dials the peers of `want` not dialled yet and lets go of those not
+    /// in it; true when the set changed.
+    fn want(&mut self, state: &Arc<State>, want: &[SocketAddr], stop: &CancellationToken) -> bool {
+        let mut changed = false;
+        self.0.retain(|a, task| {
+            let keep = want.contains(a);
+            if !keep {
+                task.abort();
+                info!(sibling = %a, "siblings: no longer a sibling; letting it go");
+                changed = true;
+            }
+            keep
+        });
+        lock(&state.peers).retain(|(a, _)| want.contains(a));
+        for a in want {
+            if self.0.contains_key(a) {
+                continue;
+            }
+            let peer = Arc::new(Peer::default());
+            lock(&state.peers).push((*a, Arc::clone(&peer)));
+            self.0.insert(*a, tokio::spawn(dial_loop(Arc::clone(state), *a, peer, stop.clone())));
+            changed = true;
+        }
+        changed
+    }
+}
+
+impl Drop for Dialers {
+    fn drop(&mut self) {
+        for t in self.0.values() {
+            t.abort();
+        }
     }
 }
 
@@ -489,8 +592,7 @@ fn snapshot_status(state: &State, settled: bool, not_heard: &[String], now: Inst
         let hub = lock(&state.hub);
         (hub.held.len() as u64, hub.outboxes.clone())
     };
-    let mut peers: Vec<PeerStatus> = state
-        .peers
+    let mut peers: Vec<PeerStatus> = lock(&state.peers)
         .iter()
         .map(|(a, p)| PeerStatus {
             address: a.to_string(),
@@ -646,14 +748,13 @@ async fn send_loop(state: &State, s: &mut TcpStream, session: &mut wire::Session
     }
 }
 
-/// Keeps a connection to peer `i`, taking its pins.
-async fn dial_loop(state: Arc<State>, i: usize, stop: CancellationToken) {
-    let (addr, peer) = (state.peers[i].0, &state.peers[i].1);
+/// Keeps a connection to the peer at `addr`, taking its pins.
+async fn dial_loop(state: Arc<State>, addr: SocketAddr, peer: Arc<Peer>, stop: CancellationToken) {
     let mut pause = REDIAL.0;
     loop {
         let r = tokio::select! {
             () = stop.cancelled() => return,
-            r = take_pins(&state, i) => r,
+            r = take_pins(&state, addr, &peer) => r,
         };
         let was = peer.connected.swap(false, Ordering::Relaxed);
         peer.in_sync.store(false, Ordering::Relaxed);
@@ -676,8 +777,7 @@ async fn dial_loop(state: Arc<State>, i: usize, stop: CancellationToken) {
     }
 }
 
-async fn take_pins(state: &State, i: usize) -> Result<(), WireError> {
-    let (addr, peer) = (state.peers[i].0, &state.peers[i].1);
+async fn take_pins(state: &State, addr: SocketAddr, peer: &Peer) -> Result<(), WireError> {
     let mut s = tokio::time::timeout(SILENCE, TcpStream::connect(addr))
         .await
         .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "connect"))??;

@@ -50,15 +50,31 @@ struct Node {
 }
 
 fn cfg(listen: SocketAddr, peers: Vec<SocketAddr>, key: &[u8], rate: u32) -> SiblingsConfig {
-    SiblingsConfig { listen, peers, key_file: "k".into(), key: SharedKey(key.to_vec()), startup_wait_ms: 3000, max_records_per_second: rate }
+    SiblingsConfig {
+        listen,
+        peers,
+        kubernetes_pods: false,
+        key_file: "k".into(),
+        key: SharedKey(key.to_vec()),
+        startup_wait_ms: 3000,
+        max_records_per_second: rate,
+    }
 }
 
 async fn node(listen: SocketAddr, peers: Vec<SocketAddr>, key: &[u8], snap: Arc<Snapshot>, rate: u32) -> Node {
+    node_following(listen, peers, None, key, snap, rate).await
+}
+
+/// A node that also takes its peers from `discovered`.
+async fn node_following(listen: SocketAddr, peers: Vec<SocketAddr>, discovered: Option<Discovered>, key: &[u8], snap: Arc<Snapshot>, rate: u32) -> Node {
     let ring = Arc::new(SyncRing::new(1024));
     let publisher = Publisher::new(SyncedPins::default());
     let synced = publisher.reader();
     let (tx, rx) = watch::channel(Published { snapshot: snap, ..Published::default() });
-    let sync = SyncTask::bind(cfg(listen, peers, key, rate), vec![Arc::clone(&ring)], publisher, rx, Instant::now()).await.unwrap();
+    let mut sync = SyncTask::bind(cfg(listen, peers, key, rate), vec![Arc::clone(&ring)], publisher, rx, Instant::now()).await.unwrap();
+    if let Some(d) = discovered {
+        sync = sync.follow(d);
+    }
     let addr = sync.local_addr().unwrap();
     let status = sync.status();
     let stop = CancellationToken::new();
@@ -130,6 +146,54 @@ async fn two_appliances_exchange_pins_in_their_own_numbering() {
         n.stop.cancel();
         n.task.await.unwrap();
     }
+}
+
+/// Peers a discovery gives (the pods of a Gateway's Deployment) are
+/// followed as they come and go, and an appliance does not settle before
+/// the discovery listed them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn discovered_siblings_are_followed_as_they_come_and_go() {
+    let (a_addr, b_addr, c_addr) = (free_port(), free_port(), free_port());
+    let b = node(b_addr, vec![], KEY, snapshot(5, 100), 200_000).await;
+    let c = node(c_addr, vec![], KEY, snapshot(7, 300), 200_000).await;
+    for i in 0..20u32 {
+        let ep = 1 + u16::try_from(i % 3).unwrap();
+        assert!(b.ring.push(PinRecord::new(&FlowKey { flow: flow(i), service: 5 }, ep, 100 + u32::from(ep), FlowState::TcpOpen, 3600)));
+    }
+    let (found, discovered) = watch::channel(None);
+    let mut a = node_following(a_addr, vec![], Some(discovered), KEY, snapshot(9, 200), 200_000).await;
+    // Not listed yet: nothing dialled, not settled, and the status says why.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let sa = a.status.borrow().clone();
+    assert!(!sa.settled && sa.peers.is_empty(), "{sa:#?}");
+    // Listed: b (and a itself, which is left out) are the siblings.
+    found.send_replace(Some(vec![a_addr, b_addr]));
+    let sa = until(&mut a.status, "a settled on b's pins", |s| s.settled && s.pins_synced == 20).await;
+    assert!(sa.not_heard.is_empty(), "{sa:#?}");
+    assert_eq!(sa.peers.iter().map(|p| (p.address.clone(), p.connected, p.in_sync)).collect::<Vec<_>>(), [(b_addr.to_string(), true, true)]);
+    synced_table(&mut a, 20).await;
+    // b's pod goes, c's comes: b is let go, c dialled.
+    found.send_replace(Some(vec![c_addr]));
+    let sa = until(&mut a.status, "a follows c alone", |s| s.peers.len() == 1 && s.peers[0].address == c_addr.to_string() && s.peers[0].in_sync).await;
+    assert_eq!(sa.pins_synced, 20, "the pins b gave stay until their lifetime ends: {sa:#?}");
+    let mut b = b;
+    until(&mut b.status, "b no longer sends to a", |s| s.peers.iter().all(|p| !p.subscribed)).await;
+    for n in [a, b, c] {
+        n.stop.cancel();
+        n.task.await.unwrap();
+    }
+}
+
+/// A discovery that never lists holds the start for `startupWaitMs`, then
+/// the appliance announces anyway and says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_discovery_that_never_lists_holds_the_start_only_up_to_the_wait() {
+    let (_found, discovered) = watch::channel(None);
+    let mut a = node_following(free_port(), vec![], Some(discovered), KEY, snapshot(9, 200), 200_000).await;
+    let sa = until(&mut a.status, "settled after the wait", |s| s.settled).await;
+    assert_eq!(sa.not_heard, [NOT_LISTED], "{sa:#?}");
+    a.stop.cancel();
+    a.task.await.unwrap();
 }
 
 /// An appliance that takes its siblings' pins before its own snapshot
