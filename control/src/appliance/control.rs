@@ -77,6 +77,9 @@ pub struct SyncParts {
     pub publisher: sluice_dataplane::rcu::Publisher<sluice_dataplane::sync::SyncedPins>,
     /// When the workers' clock reads 0.
     pub epoch: Instant,
+    /// The Gateway whose Deployment's other pods are siblings too
+    /// (`siblings.kubernetesPods`).
+    pub pods: Option<crate::config::kubernetes::KubeConfig>,
 }
 
 /// Runs until SIGINT or SIGTERM (or `stop` is cancelled), then shuts the
@@ -89,16 +92,24 @@ pub async fn run(p: Parts, stop: CancellationToken) -> Result<()> {
     let mut sigint = signal(SignalKind::interrupt()).context("installing signal handlers")?;
     let mut sigterm = signal(SignalKind::terminate()).context("installing signal handlers")?;
     let mut sighup = signal(SignalKind::hangup()).context("installing signal handlers")?;
-    let sync = match sync {
-        Some(SyncParts { cfg, rings, publisher, epoch }) => {
+    let (sync, pods) = match sync {
+        Some(SyncParts { cfg, rings, publisher, epoch, pods }) => {
             let listen = cfg.listen;
-            let s = SyncTask::bind(cfg, rings, publisher, reconciler.publications(), epoch)
+            let mut s = SyncTask::bind(cfg, rings, publisher, reconciler.publications(), epoch)
                 .await
                 .with_context(|| format!("cannot listen on {listen} for the siblings (siblings.listen)"))?;
             let _ = shared.sync.set(s.status());
-            Some(s)
+            let pods = match pods {
+                Some(kube) => {
+                    let (tx, rx) = watch::channel(None);
+                    s = s.follow(rx);
+                    Some((kube, listen, tx))
+                }
+                None => None,
+            };
+            (Some(s), pods)
         }
-        None => None,
+        None => (None, None),
     };
     let sync_status = shared.sync.get().cloned();
 
@@ -207,6 +218,13 @@ pub async fn run(p: Parts, stop: CancellationToken) -> Result<()> {
         tasks.spawn(async move {
             s.run(c).await;
             "sibling sync"
+        });
+    }
+    if let Some((kube, listen, tx)) = pods {
+        let c = rest_cancel.clone();
+        tasks.spawn(async move {
+            kube::pods::follow(kube, listen, kube::pods::Own::from_env(listen), tx, c).await;
+            "sibling pods follower"
         });
     }
 

@@ -612,7 +612,13 @@ impl Appliance {
             learned,
             stall_exit: Duration::from_secs(u64::from(cfg.dpdk.stall_exit_secs)),
             sync: match (cfg.siblings.clone(), self.sync.take()) {
-                (Some(cfg), Some((rings, publisher))) => Some(control::SyncParts { cfg, rings, publisher, epoch: self.epoch }),
+                (Some(sib), Some((rings, publisher))) => Some(control::SyncParts {
+                    pods: if sib.kubernetes_pods { cfg.kubernetes.clone() } else { None },
+                    cfg: sib,
+                    rings,
+                    publisher,
+                    epoch: self.epoch,
+                }),
                 _ => None,
             },
         };

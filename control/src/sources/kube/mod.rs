@@ -13,6 +13,8 @@
 //!
 //! - [`crd`]: the custom resources and their CRDs (`sluice crds`).
 //! - [`sync`]: objects in, desired state and status out (no cluster).
+//! - [`pods`]: the other pods of the Gateway's Deployment, as sibling
+//!   appliances (`siblings.kubernetesPods`).
 //! - [`client`]: list + watch with resourceVersion and bookmarks, relist
 //!   on 410 Gone, reconnects with backoff (kube-runtime's watcher), the
 //!   tries with the reconciler, and the status writes.
@@ -32,6 +34,7 @@
 
 pub mod client;
 pub mod crd;
+pub mod pods;
 pub mod sync;
 
 use std::collections::BTreeMap;
