@@ -12,6 +12,9 @@
 //!   long-lived connections to the others survive, those to an endpoint
 //!   turned terminating-but-serving (DRAINING) in the same change included,
 //!   and new connections avoid both;
+//! - with `siblings.kubernetesPods`, the siblings are the other pods of the
+//!   Gateway's Deployment (its own pod and another Gateway's left out),
+//!   followed as pods come and go;
 //! - the API server going away leaves traffic flowing to what was served,
 //!   and `sluice status` (and `/status`, `/metrics`) says the source is not
 //!   connected, with the last error;
@@ -103,15 +106,33 @@ endpoints:
 ";
 
 /// The demo configuration without its inline services and routes, taking
-/// them from the Kubernetes API instead.
+/// them from the Kubernetes API instead, with the other pods of the
+/// Gateway's Deployment as siblings.
 fn appliance_config(prefix: &str) -> String {
     let demo = std::fs::read_to_string(root().join("configs/demo.yaml")).unwrap();
     let cut = demo.find("\nservices:\n").expect("configs/demo.yaml has inline services");
     let end = demo[..cut].rfind("\n# One source of services").unwrap_or(cut);
     format!(
-        "{}\nkubernetes:\n  gateway: {GATEWAY}\n  namespace: {NS}\n  kubeconfig: kubeconfig\n",
+        "{}\nkubernetes:\n  gateway: {GATEWAY}\n  namespace: {NS}\n  kubeconfig: kubeconfig\n\
+         siblings:\n  listen: {SYNC_LISTEN}\n  kubernetesPods: true\n  keyFile: sync.key\n  startupWaitMs: 2000\n",
         demo[..end].replace("filePrefix: sluice-demo", &format!("filePrefix: {prefix}"))
     )
+}
+
+/// Where the appliance listens for its siblings (in its namespace).
+const SYNC_LISTEN: &str = "127.0.0.1:7946";
+
+/// A pod of Gateway `gateway`'s Deployment at `ip`.
+fn pod_yaml(name: &str, gateway: &str, ip: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  labels:\n    sluice.io/gateway: {gateway}\n\
+         spec:\n  containers: [{{name: lb, image: sluice}}]\nstatus:\n  phase: Running\n  podIP: {ip}\n  podIPs: [{{ip: {ip}}}]\n"
+    )
+}
+
+/// The addresses of the siblings `/status` shows.
+fn sibling_addresses(st: &serde_json::Value) -> Vec<String> {
+    st["sync"]["peers"].as_array().into_iter().flatten().map(|p| p["address"].as_str().unwrap_or("").to_owned()).collect()
 }
 
 #[test]
@@ -132,6 +153,12 @@ fn endpointslice_changes_move_real_traffic_and_losing_the_api_keeps_it_flowing()
     for (file, text) in [("gateway.yaml", GATEWAY_YAML), ("service.yaml", SERVICE_YAML), ("route.yaml", ROUTE_YAML), ("slice.yaml", SLICE_YAML)] {
         std::fs::write(manifests.join(file), text).unwrap();
     }
+    // The Deployment's pods: this appliance's own (its listen address),
+    // another one, and a pod of another Gateway.
+    for (file, name, gateway, ip) in [("pod-self.yaml", "lb-self", GATEWAY, "127.0.0.1"), ("pod-other.yaml", "lb-other", GATEWAY, "127.0.0.2"), ("pod-elsewhere.yaml", "lb-x", "sllb-x", "127.0.0.3")] {
+        std::fs::write(manifests.join(file), pod_yaml(name, gateway, ip)).unwrap();
+    }
+    std::fs::write(dir.0.join("sync.key"), "0123456789abcdef0123456789abcdef\n").unwrap();
 
     // The API server, in the appliance's namespace (on its loopback, a port
     // of its choosing), and the kubeconfig reaching it.
@@ -163,6 +190,7 @@ fn endpointslice_changes_move_real_traffic_and_losing_the_api_keeps_it_flowing()
     let said = String::from_utf8_lossy(&check.stdout);
     assert!(check.status.success(), "{said}{}", String::from_utf8_lossy(&check.stderr));
     assert!(said.contains(&format!("Kubernetes: services also from Gateway {NS}/{GATEWAY}")), "{said}");
+    assert!(said.contains("siblings: listening on 127.0.0.1:7946, sharing pins with the other pods of the Gateway's Deployment"), "{said}");
     let mut lb = topo.spawn("lb", &[bin.to_str().unwrap(), "run", "--config", cfg.to_str().unwrap()]);
 
     let ready = wait_until(Duration::from_secs(45), || {
@@ -181,6 +209,37 @@ fn endpointslice_changes_move_real_traffic_and_losing_the_api_keeps_it_flowing()
     assert_eq!(k["watched"]["L34Route"], 1, "{k}");
     assert_eq!(st["sources"]["kubernetes"]["accepted"], true, "{st}");
 
+    // Its siblings are the Deployment's other pods: lb-other (nobody
+    // answers there), not itself, not the other Gateway's pod; then
+    // lb-other goes and lb-third comes.
+    assert!(
+        wait_until(Duration::from_secs(20), || { let st = topo.status(); sibling_addresses(&st) == ["127.0.0.2:7946"] && st["sync"]["settled"] == true }),
+        "the siblings from the pods: {}",
+        topo.status()["sync"]
+    );
+    std::fs::remove_file(manifests.join("pod-other.yaml")).unwrap();
+    std::fs::write(manifests.join("pod-third.yaml"), pod_yaml("lb-third", GATEWAY, "127.0.0.4")).unwrap();
+    assert!(
+        wait_until(Duration::from_secs(20), || sibling_addresses(&topo.status()) == ["127.0.0.4:7946"]),
+        "the siblings follow the pods: {}",
+        topo.status()["sync"]
+    );
+    let text = String::from_utf8(topo.output("lb", &[bin.to_str().unwrap(), "status"]).stdout).unwrap();
+    assert!(text.contains("127.0.0.4:7946"), "`sluice status` shows the sibling: {text}");
+
+    // A connection without the key is refused and counted; the workers
+    // drop nothing for it (their drops are the same after the traffic below).
+    let drops_before = topo.status()["drops"].clone();
+    // The appliance closes on it, with a reset when it left bytes unread.
+    let garbage = "import socket\ns = socket.create_connection(('127.0.0.1', 7946), timeout=5)\ns.sendall(b'x' * 64)\ntry:\n    s.recv(100)\nexcept ConnectionResetError:\n    pass\n";
+    let out = topo.output("lb", &["python3", "-c", garbage]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        wait_until(Duration::from_secs(10), || topo.status()["sync"]["refused"].as_u64().unwrap_or(0) >= 1),
+        "the keyless connection is counted: {}",
+        topo.status()["sync"]
+    );
+
     // The appliance's status on the Gateway, as the API server holds it.
     let gateways = |t: &Topology| t.json("lb", &["curl", "-sf", &format!("{server}/apis/gateway.networking.k8s.io/v1/namespaces/{NS}/gateways")]);
     assert!(
@@ -196,6 +255,7 @@ fn endpointslice_changes_move_real_traffic_and_losing_the_api_keeps_it_flowing()
         let n = counts.get(b).copied().unwrap_or(0);
         assert!(n >= 60, "{b} got {n} of 300 connections: {counts:?}");
     }
+    assert_eq!(topo.status()["drops"], drops_before, "no worker drop moved for the refused sibling nor the traffic");
 
     // Long-lived connections; then 10.200.0.13 (be3) leaves the
     // EndpointSlice and 10.200.0.12 (be2) is terminating but still serving:
