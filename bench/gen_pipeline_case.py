@@ -87,6 +87,7 @@ def main() -> None:
     a.add_argument("--lcores", default="0,1")
     a.add_argument("--extra", default="", help="more keys under dpdk: (YAML flow mapping body)")
     a.add_argument("--worker", default="", help="a worker: mapping (YAML flow mapping body)")
+    a.add_argument("--stateless", action="store_true", help="defaults.flowTable: false (no per-flow state)")
     o = a.parse_args()
     fam = o.family
     nvips = max(1, o.routes // o.per_vip)
@@ -116,6 +117,8 @@ def main() -> None:
     y.append('    kernelInterface: ""')
     y.append("defaults:")
     y.append(f"  algorithm: {o.algorithm}")
+    if o.stateless:
+        y.append("  flowTable: false")
     y.append("flowTable:")
     y.append(f"  entries: {max(65536, 1 << (2 * o.flows).bit_length())}")
     y.append("capacity:")

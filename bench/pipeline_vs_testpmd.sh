@@ -26,6 +26,8 @@
 #                                                 # checks that both forward, never the rates
 #   SLUICE_BASE=/tmp/sluice-before bench/pipeline_vs_testpmd.sh
 #                                                 # also another build, same rounds: after/before
+#   STATELESS_BASE=1 bench/pipeline_vs_testpmd.sh # also the same build with defaults.flowTable:
+#                                                 # false, same rounds: with flow state/without
 #   REFS= bench/pipeline_vs_testpmd.sh            # testpmd io only (no reference modes)
 #
 # Needs root (DPDK), dpdk-testpmd (Debian package dpdk), python3, curl and a
@@ -145,6 +147,13 @@ for c in $CASES; do
   # shellcheck disable=SC2086
   python3 bench/gen_pipeline_case.py $args --out "$WORK/$c" --prefix "pvt-sl-$$" --admin "$admin" \
     ${SLUICE_WORKER:+--worker "$SLUICE_WORKER"} >/dev/null
+  base_yaml="$WORK/$c.yaml"
+  if [ -n "${STATELESS_BASE:-}" ]; then
+    # shellcheck disable=SC2086
+    python3 bench/gen_pipeline_case.py $args --out "$WORK/$c-stateless" --prefix "pvt-sl-$$" --admin "$admin" \
+      ${SLUICE_WORKER:+--worker "$SLUICE_WORKER"} --stateless >/dev/null
+    base_yaml="$WORK/$c-stateless.yaml"
+  fi
   tp=(); sl=(); bs=(); declare -A rf=()
   for r in $(seq 1 "$ROUNDS"); do
     t=$(testpmd_mpps "$WORK/$c.yaml" "$WORK/$c.pcap" "pvt-tp-$$")
@@ -155,8 +164,8 @@ for c in $CASES; do
       x=$(testpmd_mpps "$WORK/$c.yaml" "$WORK/$c.pcap" "pvt-tp-$$" "$m"); rf[$m]+="$x "
       printf '   testpmd %s %7.3f' "$m" "$x"
     done
-    if [ -n "${SLUICE_BASE:-}" ]; then
-      b=$(sluice_mpps "$WORK/$c.yaml" "$admin" "$SLUICE_BASE"); bs+=("$b")
+    if [ -n "${SLUICE_BASE:-}${STATELESS_BASE:-}" ]; then
+      b=$(sluice_mpps "$base_yaml" "$admin" "${SLUICE_BASE:-$SLUICE}"); bs+=("$b")
       printf '   base %7.3f Mpps   ratio %.3f' "$b" "$(echo "$b / $t" | bc -l)"
     fi
     echo
@@ -165,7 +174,7 @@ for c in $CASES; do
   ratio=$(echo "$ms / $mt" | bc -l)
   printf '%-18s median: testpmd io %7.3f Mpps/core   sluice run %7.3f Mpps/core   ratio %.3f' "$c" "$mt" "$ms" "$ratio"
   base_json=
-  if [ -n "${SLUICE_BASE:-}" ]; then
+  if [ -n "${SLUICE_BASE:-}${STATELESS_BASE:-}" ]; then
     mb=$(printf '%s\n' "${bs[@]}" | median)
     printf '   base %7.3f (ratio %.3f)   sluice/base %.3f' "$mb" "$(echo "$mb / $mt" | bc -l)" "$(echo "$ms / $mb" | bc -l)"
     base_json=$(printf ',"base_mpps":[%s],"base_median":%s,"base_ratio":%.4f' "$(IFS=,; echo "${bs[*]}")" "$mb" "$(echo "$mb / $mt" | bc -l)")
