@@ -15,6 +15,7 @@ use std::sync::Arc;
 use sluice_dataplane::addr::Addr;
 use sluice_dataplane::chunked::Chunked;
 use sluice_dataplane::classify::{Classifier, RouteSpec};
+use sluice_dataplane::maglev::TableError;
 use sluice_dataplane::service::{Delivery, EndpointSpec, Service, ServiceSpec};
 use sluice_dataplane::snapshot::{NextHop, PortInfo, Snapshot};
 use tokio_util::sync::CancellationToken;
@@ -390,12 +391,52 @@ pub struct Compiler {
     /// are those of `classified`: a failed compilation clears this).
     last: Option<Last>,
     /// Cancelled when the appliance stops: a compilation in flight is
-    /// abandoned ([`ABANDONED`]) between two services.
+    /// abandoned ([`CompileError::Abandoned`]) between two services.
     stop: Option<CancellationToken>,
 }
 
-/// The error of a compilation abandoned because the appliance stops.
-pub const ABANDONED: &str = "abandoned: the appliance is stopping";
+/// Why a compilation failed: nothing of it is kept.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CompileError {
+    /// Abandoned between two services because the appliance stops.
+    #[error("abandoned: the appliance is stopping")]
+    Abandoned,
+    /// A service named as changed is not in the resolved model.
+    #[error("service {0:?} is not in the model")]
+    NotInModel(String),
+    /// A change compiled on top of a compilation that has no routes.
+    #[error("no routes compiled yet")]
+    NoRoutes,
+    /// Every service key is taken.
+    #[error("more than {0} services: raise capacity.services")]
+    Services(u32),
+    /// Every endpoint counter slot is taken.
+    #[error("more than {0} endpoints: raise capacity.endpoints")]
+    Endpoints(u32),
+    /// An endpoint identifier beyond the data plane's 16 bits.
+    #[error("endpoint identifier {0} too large")]
+    EndpointId(u32),
+    /// A service's table cannot be built.
+    #[error("service {service:?}: {error}")]
+    Table {
+        /// The service.
+        service: String,
+        /// Why.
+        #[source]
+        error: TableError,
+    },
+}
+
+impl CompileError {
+    /// The configuration key that raises the capacity this error ran out of.
+    pub fn capacity_key(&self) -> Option<&'static str> {
+        match self {
+            CompileError::Services(_) => Some("capacity.services"),
+            CompileError::Endpoints(_) => Some("capacity.endpoints"),
+            _ => None,
+        }
+    }
+}
 
 /// The parts of the last compilation that a compilation of a few changed
 /// services builds on.
@@ -505,7 +546,7 @@ impl Compiler {
     /// Compiles `r` for `topo`, with MACs from `neigh`. All or nothing: a
     /// compilation that fails leaves the compiler as it was (no counter
     /// slot, incarnation, cached table or generation is kept from it).
-    pub fn compile(&mut self, r: &Resolved, topo: &Topology, neigh: &dyn Neighbors) -> Result<Compiled, String> {
+    pub fn compile(&mut self, r: &Resolved, topo: &Topology, neigh: &dyn Neighbors) -> Result<Compiled, CompileError> {
         self.compile_with(r, None, topo, neigh)
     }
 
@@ -516,11 +557,11 @@ impl Compiler {
     /// Compiles everything instead when there is nothing to build on (no
     /// last compilation, or it failed; other services; the topology or the
     /// neighbour table changed since).
-    pub fn compile_changed(&mut self, r: &Resolved, changed: &[String], topo: &Topology, neigh: &dyn Neighbors) -> Result<Compiled, String> {
+    pub fn compile_changed(&mut self, r: &Resolved, changed: &[String], topo: &Topology, neigh: &dyn Neighbors) -> Result<Compiled, CompileError> {
         self.compile_with(r, Some(changed), topo, neigh)
     }
 
-    fn compile_with(&mut self, r: &Resolved, changed: Option<&[String]>, topo: &Topology, neigh: &dyn Neighbors) -> Result<Compiled, String> {
+    fn compile_with(&mut self, r: &Resolved, changed: Option<&[String]>, topo: &Topology, neigh: &dyn Neighbors) -> Result<Compiled, CompileError> {
         let mut j = Journal { next_incarnation: self.next_incarnation, ..Journal::default() };
         let at = changed.and_then(|c| Some((c, self.positions(r, c, topo, neigh)?)));
         let whole = at.is_none();
@@ -529,7 +570,7 @@ impl Compiler {
             _ => self.try_compile(r, topo, neigh, &mut j),
         };
         let outcome = match outcome {
-            Ok(_) if self.stopping() => Err(ABANDONED.to_owned()),
+            Ok(_) if self.stopping() => Err(CompileError::Abandoned),
             o => o,
         };
         match outcome {
@@ -604,7 +645,7 @@ impl Compiler {
         topo: &Topology,
         neigh: &dyn Neighbors,
         j: &mut Journal,
-    ) -> Result<Compiled, String> {
+    ) -> Result<Compiled, CompileError> {
         let mut new = NewSlots::default();
         let mut statuses = last.statuses;
         let mut replaced: Vec<(usize, Arc<Service>)> = Vec::with_capacity(at.len());
@@ -615,9 +656,9 @@ impl Compiler {
         order.dedup();
         for (i, name) in order {
             if self.stopping() {
-                return Err(ABANDONED.to_owned());
+                return Err(CompileError::Abandoned);
             }
-            let s = r.services.get(name).ok_or_else(|| format!("service {name:?} is not in the model"))?;
+            let s = r.services.get(name).ok_or_else(|| CompileError::NotInModel(name.clone()))?;
             let old = self.entries.get(name);
             let mut ids = Ids {
                 services: &mut self.service_slots,
@@ -637,7 +678,7 @@ impl Compiler {
         let (mut hops, mut unresolved) = (Vec::new(), Vec::new());
         let (gateway_v4, gateway_v6) = gateways(topo, neigh, &mut hops, &mut unresolved);
         let Some((routes, classifier)) = &self.classified else {
-            return Err("no routes compiled yet".into());
+            return Err(CompileError::NoRoutes);
         };
         self.generation += 1;
         debug_assert!(Arc::ptr_eq(classifier, &last.snapshot.classifier));
@@ -691,7 +732,7 @@ impl Compiler {
         }
     }
 
-    fn try_compile(&mut self, r: &Resolved, topo: &Topology, neigh: &dyn Neighbors, j: &mut Journal) -> Result<Compiled, String> {
+    fn try_compile(&mut self, r: &Resolved, topo: &Topology, neigh: &dyn Neighbors, j: &mut Journal) -> Result<Compiled, CompileError> {
         let mut new = NewSlots::default();
         let env_same = self.env_same(topo, neigh);
         let mut services = Vec::with_capacity(r.services.len());
@@ -703,7 +744,7 @@ impl Compiler {
         let mut hops = Vec::new();
         for (name, s) in &r.services {
             if self.stopping() {
-                return Err(ABANDONED.to_owned());
+                return Err(CompileError::Abandoned);
             }
             let old = self.entries.get(name);
             let (key, svc, st) = match old {
@@ -802,14 +843,14 @@ fn compile_service(
     ids: &mut Ids<'_>,
     new: &mut NewSlots,
     j: &mut Journal,
-) -> Result<Entry, String> {
+) -> Result<Entry, CompileError> {
     let name = &s.name;
     let key = match old {
         Some(e) => e.key,
         None => ids
             .services
             .take(&mut new.services, &mut j.services)
-            .ok_or_else(|| format!("more than {} services: raise capacity.services", ids.services.cap))?,
+            .ok_or(CompileError::Services(ids.services.cap))?,
     };
     let mut statuses = Vec::with_capacity(s.endpoints.len());
     let mut incarnations = Vec::with_capacity(s.endpoints.len());
@@ -818,9 +859,7 @@ fn compile_service(
         let kept = old.and_then(|o| o.kept(e.address));
         let counter = match kept {
             Some((k, _)) => k.counter,
-            None => ids.endpoints.take(&mut new.endpoints, &mut j.endpoints).ok_or_else(|| {
-                format!("more than {} endpoints: raise capacity.endpoints", ids.endpoints.cap)
-            })?,
+            None => ids.endpoints.take(&mut new.endpoints, &mut j.endpoints).ok_or(CompileError::Endpoints(ids.endpoints.cap))?,
         };
         let incarnation = match kept {
             Some((k, incarnation)) if k.id == e.id => incarnation,
@@ -844,7 +883,7 @@ fn compile_service(
         incarnations.push(incarnation);
         if let Some(pl) = p.placed {
             specs.push(EndpointSpec {
-                id: u16::try_from(e.id).map_err(|_| format!("endpoint identifier {} too large", e.id))?,
+                id: u16::try_from(e.id).map_err(|_| CompileError::EndpointId(e.id))?,
                 incarnation,
                 weight: e.weight,
                 draining: e.draining,
@@ -869,7 +908,7 @@ fn compile_service(
     // its table changed: the pins sibling sync exports.
     let svc = match old {
         Some(o) if o.svc.is_built_from(&spec) => Arc::clone(&o.svc),
-        _ => Arc::new(Service::build_after(&spec, old.map(|o| &*o.svc)).map_err(|e| format!("service {name:?}: {e}"))?),
+        _ => Arc::new(Service::build_after(&spec, old.map(|o| &*o.svc)).map_err(|error| CompileError::Table { service: name.clone(), error })?),
     };
     Ok(Entry::new(Input::of(s), key, svc, statuses.into(), incarnations))
 }
@@ -1197,7 +1236,7 @@ mod tests {
         assert_eq!(b.new_slots.services, vec![1], "a's slot is freed only after this compile");
         let generation = b.snapshot.generation;
         // "c" takes a's old slot, then "d" and "e" overflow: the compile fails.
-        assert!(c.compile(&one(&["c", "d", "e"]), &topo(), &none).unwrap_err().contains("capacity.services"));
+        assert!(c.compile(&one(&["c", "d", "e"]), &topo(), &none).unwrap_err().capacity_key() == Some("capacity.services"));
         let c2 = c.compile(&one(&["c"]), &topo(), &none).unwrap();
         assert_eq!(c2.new_slots.services, vec![0], "c's slot is new to it, so its counters start over");
         assert_eq!(c2.rebuilt, vec!["c".to_string()]);
@@ -1239,7 +1278,7 @@ mod tests {
             s => panic!("{s:?}"),
         }
         let mut tiny = Compiler::new(1, 64);
-        assert!(tiny.compile(&r, &topo(), &HashMap::new()).unwrap_err().contains("capacity.services"));
+        assert!(tiny.compile(&r, &topo(), &HashMap::new()).unwrap_err().capacity_key() == Some("capacity.services"));
     }
 
     /// A neighbour table with an epoch, as the reconciler keeps it.

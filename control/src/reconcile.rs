@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use crate::ground::{lock, micros, now_epoch};
-use crate::compile::{Compiled, Compiler, EndpointState, Neighbors, Statuses, Topology, ABANDONED};
+use crate::compile::{CompileError, Compiled, Compiler, EndpointState, Neighbors, Statuses, Topology};
 use crate::config::{ApplianceConfig, GatewayConfig};
 use crate::model::{Defaults, Desired, EndpointDef, Model, Resolved};
 use crate::problem::Problem;
@@ -319,14 +319,19 @@ const COMPILER: &str = "(compiler)";
 
 /// A compilation failure (capacity, a table that cannot be built) as a
 /// problem of the whole state.
-fn compile_problem(message: String) -> Problem {
-    Problem::new(COMPILER, "", message)
+/// A compilation's failure, not yet placed in a file: its path is the
+/// capacity key that would have avoided it, if any ([`placed`]).
+fn compile_problem(e: &CompileError) -> Problem {
+    Problem::new(COMPILER, e.capacity_key().unwrap_or(""), e.to_string())
 }
 
 /// `problems` with each compilation failure placed in `cfg`'s file (one
 /// about capacity at the key to raise).
 fn placed(problems: Refusal, cfg: &ApplianceConfig) -> Refusal {
-    problems.into_iter().map(|p| if p.file == COMPILER && p.pos.is_none() { cfg.compile_problem(p.message) } else { p }).collect()
+    problems
+        .into_iter()
+        .map(|p| if p.file == COMPILER && p.pos.is_none() { cfg.compile_problem(p.message, Some(p.path.as_str()).filter(|k| !k.is_empty())) } else { p })
+        .collect()
 }
 
 /// Why a state was not applied.
@@ -374,7 +379,7 @@ impl Reconciler {
     pub fn start(&mut self) -> Result<(), Refusal> {
         let resolved = self.model.resolve(&self.defaults)?;
         self.resolved = resolved;
-        let rebuilt = self.publish("start").map_err(|e| vec![compile_problem(e)])?;
+        let rebuilt = self.publish("start").map_err(|e| vec![compile_problem(&e)])?;
         self.record(FILE_SOURCE, "start", Ok(rebuilt));
         Ok(())
     }
@@ -501,7 +506,7 @@ impl Reconciler {
     /// route or budget); otherwise, the whole model is.
     fn apply_endpoints(&mut self, source: &str, changes: Vec<(String, Arc<[EndpointDef]>)>, trigger: &str) -> Result<Vec<String>, Refusal> {
         if self.model.get(source).is_none() {
-            return Err(vec![compile_problem(format!("{source} sent a change to endpoints before any state"))]);
+            return Err(vec![Problem::new(COMPILER, "", format!("{source} sent a change to endpoints before any state"))]);
         }
         let names: Vec<String> = changes.iter().map(|(n, _)| n.clone()).collect();
         let mut saved = Vec::with_capacity(changes.len());
@@ -553,7 +558,7 @@ impl Reconciler {
                     }
                 }
                 undo(&mut self.model, saved);
-                Err(vec![compile_problem(e)])
+                Err(vec![compile_problem(&e)])
             }
         }
     }
@@ -572,7 +577,7 @@ impl Reconciler {
             }
             Err(e) => {
                 self.resolved = previous;
-                Err(vec![compile_problem(e)])
+                Err(vec![compile_problem(&e)])
             }
         }
     }
@@ -627,13 +632,13 @@ impl Reconciler {
 
     /// Compiles the current resolved model and publishes it; returns the
     /// services rebuilt.
-    fn publish(&mut self, why: &str) -> Result<Vec<String>, String> {
+    fn publish(&mut self, why: &str) -> Result<Vec<String>, CompileError> {
         self.publish_with(why, None)
     }
 
     /// [`Reconciler::publish`]; with `changed`, after a change to the
     /// endpoints of those services only.
-    fn publish_with(&mut self, why: &str, changed: Option<&[String]>) -> Result<Vec<String>, String> {
+    fn publish_with(&mut self, why: &str, changed: Option<&[String]>) -> Result<Vec<String>, CompileError> {
         let t0 = Instant::now();
         // Workers report the generation they use: the publisher's numbering.
         self.compiler.number_next(self.publisher.generation() + 1);
@@ -666,7 +671,7 @@ impl Reconciler {
         // Checked under the gate the stop takes to cancel: nothing is
         // published once the appliance said it stops.
         if self.compiler.stopping() {
-            return Err(ABANDONED.to_owned());
+            return Err(CompileError::Abandoned);
         }
         let numbered = c.snapshot.generation;
         let generation = self.publisher.publish_shared(Arc::clone(&c.snapshot));

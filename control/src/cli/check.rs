@@ -68,7 +68,7 @@ pub fn problems(path: &std::path::Path, started_with: Option<&std::path::Path>) 
         .flat_map(|s| s.endpoints.iter().map(|e| ((e.service.as_str(), e.id), &*e.origin)))
         .collect();
     match Compiler::new(cfg.max_services, cfg.max_endpoints).compile(&loaded.resolved, &topo, &AllResolved) {
-        Err(e) => out.push(cfg.compile_problem(e)),
+        Err(e) => out.push(cfg.compile_problem(e.to_string(), e.capacity_key())),
         Ok(c) => {
             for e in c.endpoint_statuses() {
                 if let EndpointState::Unreachable(why) = &e.state {

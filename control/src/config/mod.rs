@@ -350,15 +350,13 @@ impl ApplianceConfig {
     }
 
     /// A compilation failure of this configuration's model as a problem:
-    /// one about capacity (`raise capacity.X`) is placed at that key.
-    pub fn compile_problem(&self, message: String) -> Problem {
+    /// one about capacity is placed at the key that raises it.
+    pub fn compile_problem(&self, message: String, capacity_key: Option<&str>) -> Problem {
         let file = self.path.display().to_string();
-        for key in ["capacity.services", "capacity.endpoints"] {
-            if message.ends_with(&format!("raise {key}")) {
-                return Problem::at(file, self.keys.at(key), key, format!("{message} (it takes effect at restart)"));
-            }
+        match capacity_key {
+            Some(key) => Problem::at(file, self.keys.at(key), key, format!("{message} (it takes effect at restart)")),
+            None => Problem::new(file, "", message),
         }
-        Problem::new(file, "", message)
     }
 }
 
