@@ -611,7 +611,7 @@ impl Model {
                 }
                 route_names.insert(&r.name, &r.origin);
                 if let Err(why) = check_match(&r.matches) {
-                    p.push(r.origin.problem(why));
+                    p.push(r.origin.problem(why.to_string()));
                     continue;
                 }
                 if !services.contains_key(&r.service) {
@@ -719,12 +719,36 @@ fn check_endpoints(name: &str, eps: &mut [EndpointDef], addrs: &mut Vec<(Addr, u
     }
 }
 
+/// Why a route's match cannot be served.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum MatchError {
+    /// A port range whose first port is above its last.
+    #[error("port range {0}-{1} is reversed")]
+    ReversedPorts(u16, u16),
+    /// A byte match of a width the classifier does not read.
+    #[error("a byte match reads {0} bytes: 1, 2 or 4")]
+    ByteWidth(u8),
+    /// A byte match past the largest packet.
+    #[error("a byte match reads up to byte {0} of the transport header, beyond the largest packet ({max})", max = limits::BYTE_MATCH_END_MAX)]
+    BytePastEnd(u32),
+    /// A mask or value wider than the bytes read.
+    #[error("byte match mask {mask:#x} or value {value:#x} does not fit {len} byte(s)")]
+    ByteFit {
+        /// The mask.
+        mask: u32,
+        /// The value.
+        value: u32,
+        /// Bytes read.
+        len: u8,
+    },
+}
+
 /// What the configuration layer checks of a route's match, checked again
 /// for sources that bypass it.
-fn check_match(m: &RouteMatch) -> Result<(), String> {
+fn check_match(m: &RouteMatch) -> Result<(), MatchError> {
     for r in m.src_ports.iter().chain(&m.dst_ports) {
         if r.lo > r.hi {
-            return Err(format!("port range {}-{} is reversed", r.lo, r.hi));
+            return Err(MatchError::ReversedPorts(r.lo, r.hi));
         }
     }
     for b in &m.byte_matches {
@@ -732,17 +756,14 @@ fn check_match(m: &RouteMatch) -> Result<(), String> {
             1 => 0xff,
             2 => 0xffff,
             4 => u32::MAX,
-            l => return Err(format!("a byte match reads {l} bytes: 1, 2 or 4")),
+            l => return Err(MatchError::ByteWidth(l)),
         };
         let end = u32::from(b.offset) + u32::from(b.len);
         if end > limits::BYTE_MATCH_END_MAX {
-            return Err(format!(
-                "a byte match reads up to byte {end} of the transport header, beyond the largest packet ({})",
-                limits::BYTE_MATCH_END_MAX
-            ));
+            return Err(MatchError::BytePastEnd(end));
         }
         if b.mask & !full != 0 || b.value & !b.mask != 0 {
-            return Err(format!("byte match mask {:#x} or value {:#x} does not fit {} byte(s)", b.mask, b.value, b.len));
+            return Err(MatchError::ByteFit { mask: b.mask, value: b.value, len: b.len });
         }
     }
     Ok(())

@@ -246,11 +246,16 @@ pub fn protocol(s: &str) -> Option<u8> {
 /// The port a packet explained arrives on.
 const EXPLAIN_PORT: u8 = 0;
 
+/// Why a flow cannot be explained: its two addresses are of two families.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("src and dst must both be IPv4 or both IPv6")]
+pub struct MixedFamilies;
+
 /// The first packet of a new flow from `src` to `dst`: a TCP SYN, or a UDP
 /// or SCTP packet without payload, addressed at layer 2 to the port it
 /// arrives on (in its VLAN). IPv4 when both addresses are; IPv6 (with the 16 bytes as
 /// given, `::ffff:a.b.c.d` included) when both are.
-fn first_packet(snap: &Snapshot, protocol: u8, src: SocketAddr, dst: SocketAddr) -> Result<Vec<u8>, String> {
+fn first_packet(snap: &Snapshot, protocol: u8, src: SocketAddr, dst: SocketAddr) -> Result<Vec<u8>, MixedFamilies> {
     let l4 = match protocol {
         proto::TCP => craft::tcp(src.port(), dst.port(), 0x02, &[]),
         proto::UDP => craft::udp(src.port(), dst.port(), &[]),
@@ -259,7 +264,7 @@ fn first_packet(snap: &Snapshot, protocol: u8, src: SocketAddr, dst: SocketAddr)
     let (et, ip) = match (src.ip(), dst.ip()) {
         (IpAddr::V4(s), IpAddr::V4(d)) => (ethertype::IPV4, craft::with_l4_checksum(craft::ipv4(s.octets(), d.octets(), protocol, &l4), 20)),
         (IpAddr::V6(s), IpAddr::V6(d)) => (ethertype::IPV6, craft::with_l4_checksum(craft::ipv6(s.octets(), d.octets(), protocol, &l4), 40)),
-        _ => return Err("src and dst must both be IPv4 or both IPv6".into()),
+        _ => return Err(MixedFamilies),
     };
     let port = snap.ports.get(usize::from(EXPLAIN_PORT)).copied().unwrap_or_default();
     let vlans: &[u16] = if port.vlan == 0 { &[] } else { &[port.vlan] };
@@ -280,7 +285,7 @@ fn counter_slots(snap: &Snapshot) -> (usize, usize) {
 /// own), as arriving on port 0: the verdict is theirs; the route, table
 /// slot and endpoint are read from the same snapshot to say why. Fails when
 /// the two addresses are not of one family.
-pub fn explain(snap: &Snapshot, protocol: u8, src: SocketAddr, dst: SocketAddr) -> Result<Explanation, String> {
+pub fn explain(snap: &Snapshot, protocol: u8, src: SocketAddr, dst: SocketAddr) -> Result<Explanation, MixedFamilies> {
     let frame = first_packet(snap, protocol, src, dst)?;
     let mut x = Explanation {
         flow: format!(

@@ -96,7 +96,18 @@ pub fn decide(s: &Servable, not_forwarding: &[String], withdrawing: bool) -> Vec
         .collect()
 }
 
-type WithdrawReply = oneshot::Sender<Result<bool, String>>;
+type WithdrawReply = oneshot::Sender<Result<bool, WithdrawError>>;
+
+/// Why the VIPs were not withdrawn before stopping.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum WithdrawError {
+    /// The driver is no longer running.
+    #[error("the BIRD driver has stopped")]
+    Stopped,
+    /// BIRD still runs the configuration that announces them.
+    #[error("BIRD has not taken the withdrawal: {0}")]
+    NotTaken(String),
+}
 
 /// Talks to a running driver.
 #[derive(Clone, Debug)]
@@ -108,10 +119,10 @@ impl DriverHandle {
     /// Withdraws every VIP and waits until BIRD has applied that. `Ok(true)`
     /// when something was being announced through a BGP session (so the
     /// caller should give the withdrawal time to propagate).
-    pub async fn withdraw_all(&self) -> Result<bool, String> {
+    pub async fn withdraw_all(&self) -> Result<bool, WithdrawError> {
         let (tx, rx) = oneshot::channel();
-        self.tx.send(tx).await.map_err(|_| "the BIRD driver has stopped".to_owned())?;
-        rx.await.map_err(|_| "the BIRD driver has stopped".to_owned())?
+        self.tx.send(tx).await.map_err(|_| WithdrawError::Stopped)?;
+        rx.await.map_err(|_| WithdrawError::Stopped)?
     }
 }
 
@@ -208,7 +219,7 @@ impl Driver {
                         if done || !had {
                             Ok(had && sessions_up)
                         } else {
-                            Err(st.error.clone().unwrap_or_else(|| "BIRD has not taken the withdrawal".into()))
+                            Err(WithdrawError::NotTaken(st.error.clone().unwrap_or_else(|| "no error was reported".into())))
                         }
                     };
                     self.publish();

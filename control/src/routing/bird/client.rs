@@ -54,20 +54,20 @@ impl Reply {
 
 /// Parses one line: its code (or `None` for a continuation, which starts
 /// with a space) and whether it ends the reply.
-pub fn parse_line(line: &str) -> Result<(Option<u16>, bool, &str), String> {
+pub fn parse_line(line: &str) -> Result<(Option<u16>, bool, &str), BirdError> {
     if let Some(rest) = line.strip_prefix(' ') {
         return Ok((None, false, rest));
     }
     let b = line.as_bytes();
     if b.len() >= 5 && b[..4].iter().all(u8::is_ascii_digit) && (b[4] == b' ' || b[4] == b'-') {
-        let code: u16 = line[..4].parse().map_err(|_| format!("bad code in {line:?}"))?;
+        let code: u16 = line[..4].parse().map_err(|_| BirdError::Protocol(format!("bad code in {line:?}")))?;
         return Ok((Some(code), b[4] == b' ', &line[5..]));
     }
     if b.len() == 4 && b.iter().all(u8::is_ascii_digit) {
-        let code: u16 = line.parse().map_err(|_| format!("bad code in {line:?}"))?;
+        let code: u16 = line.parse().map_err(|_| BirdError::Protocol(format!("bad code in {line:?}")))?;
         return Ok((Some(code), true, ""));
     }
-    Err(format!("not a BIRD reply line: {line:?}"))
+    Err(BirdError::Protocol(format!("not a BIRD reply line: {line:?}")))
 }
 
 /// A connection to BIRD's control socket.
@@ -116,7 +116,7 @@ impl Client {
             }
             let text = String::from_utf8_lossy(&buf);
             let text = text.trim_end_matches(['\n', '\r']);
-            let (c, last, rest) = parse_line(text).map_err(BirdError::Protocol)?;
+            let (c, last, rest) = parse_line(text)?;
             if let Some(c) = c {
                 code = c;
             }

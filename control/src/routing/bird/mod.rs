@@ -22,7 +22,7 @@ pub mod supervisor;
 
 use serde::Serialize;
 
-pub use announce::{decide, Driver, DriverHandle, Servable, VipState};
+pub use announce::{decide, Driver, DriverHandle, Servable, VipState, WithdrawError};
 pub use client::{BfdSession, Client, Protocol};
 
 /// The BIRD driver's status channel (`None` while no gateway router is
