@@ -29,8 +29,9 @@ use crate::ground::lock;
 use crate::admin::{self, health, AdminCounters, Limits};
 use crate::model::{Defaults, Desired};
 use crate::reconcile::{Reconciler, Settings};
-use crate::routing::bird::Driver;
-use crate::routing::Neighbours;
+use crate::routing::bird::announce::Forwarding;
+use crate::routing::bird::{Driver, DriverHandle};
+use crate::routing::{NeighMap, Neighbours};
 use crate::sources::kube::{self, KubeStatus};
 use crate::sources::xds::{self, XdsStatus};
 use crate::sources::{self, FileState, SourceMsg};
@@ -83,57 +84,153 @@ pub struct SyncParts {
 }
 
 /// Runs until SIGINT or SIGTERM (or `stop` is cancelled), then shuts the
-/// control side down in order.
+/// control side down in order ([`Group`]).
 pub async fn run(p: Parts, stop: CancellationToken) -> Result<()> {
-    let Parts { shared, reconciler, settings, config_path, initial, admin: (admin_addr, limits), ifaces, mut loss, learned, stall_exit, sync } = p;
+    let Parts { shared, reconciler, settings, config_path, initial, admin: (admin_addr, limits), ifaces, loss, learned, stall_exit, sync } = p;
     let listener = admin::bind(admin_addr)
         .await
         .with_context(|| format!("cannot listen on {admin_addr} for the admin endpoint (admin.listen)"))?;
-    let mut sigint = signal(SignalKind::interrupt()).context("installing signal handlers")?;
-    let mut sigterm = signal(SignalKind::terminate()).context("installing signal handlers")?;
-    let mut sighup = signal(SignalKind::hangup()).context("installing signal handlers")?;
-    let (sync, pods) = match sync {
-        Some(SyncParts { cfg, rings, publisher, epoch, pods }) => {
-            let listen = cfg.listen;
-            let mut s = SyncTask::bind(cfg, rings, publisher, reconciler.publications(), epoch)
-                .await
-                .with_context(|| format!("cannot listen on {listen} for the siblings (siblings.listen)"))?;
-            let _ = shared.sync.set(s.status());
-            let pods = match pods {
-                Some(kube) => {
-                    let (tx, rx) = watch::channel(None);
-                    s = s.follow(rx);
-                    Some((kube, listen, tx))
-                }
-                None => None,
-            };
-            (Some(s), pods)
-        }
-        None => (None, None),
+    let mut signals = Signals::install()?;
+    let sync = match sync {
+        Some(parts) => Some(bind_sync(parts, &reconciler, &shared).await?),
+        None => None,
     };
-    let sync_status = shared.sync.get().cloned();
 
-    let admin_cancel = CancellationToken::new();
-    let rest_cancel = CancellationToken::new();
-    // The sources and the reconciler: cancelled as soon as a stop is asked
-    // for, so that work in flight is abandoned and nothing is published
-    // after "stopping"; the rest runs on for the withdrawal.
-    let work_cancel = rest_cancel.child_token();
-    let mut tasks: JoinSet<&'static str> = JoinSet::new();
-    let mut admin_tasks: JoinSet<&'static str> = JoinSet::new();
+    let mut tasks = Tasks::new();
+    let forwarding = spawn_admin(&mut tasks, &shared, listener, limits, loss, stall_exit);
+    let exception_ifaces: Vec<String> = ifaces.iter().filter(|i| !i.is_empty()).cloned().collect();
+    let (neighbours, neigh_rx) = spawn_next_hops(&mut tasks, ifaces, &reconciler)?;
+    if let Some((s, pods)) = sync {
+        spawn_sync(&mut tasks, s, pods);
+    }
+    let bird = spawn_bird(&mut tasks, &shared, settings.clone(), &reconciler, forwarding, learned);
+    let gate = reconciler.stop_gate();
+    let hup = spawn_sources(&mut tasks, &shared, settings.clone(), (config_path, initial), reconciler, neigh_rx);
+    info!("running; SIGHUP or editing the configuration reloads it, SIGINT or SIGTERM stops");
 
-    let counters = Arc::new(AdminCounters::default());
+    let (why, faults) = wait_for_stop(&mut tasks, &mut signals, &stop, &hup, &shared).await;
+    // Under the gate a publication holds: one in progress finishes before
+    // this line, and none starts after it.
     {
-        let (sh, c) = (Arc::clone(&shared), admin_cancel.clone());
-        admin_tasks.spawn(async move {
-            admin::serve(listener, sh, limits, counters, c).await;
-            "admin endpoint"
+        let _published = lock(&gate);
+        tasks.work.cancel();
+    }
+    info!("{why}: stopping");
+    let wait = Duration::from_millis(settings.borrow().routing.bird.withdraw_wait_ms);
+    stop_in_order(tasks, &bird, wait, &neighbours, &exception_ifaces).await;
+    if faults > 0 {
+        error!(faults, "control tasks ended early during this run");
+    }
+    Ok(())
+}
+
+/// The groups the control side's tasks stop in, in this order:
+/// 1. [`Group::Work`] (the sources and the reconciler) as soon as a stop
+///    is asked for, under the publication gate: work in flight is
+///    abandoned and nothing is published after "stopping";
+/// 2. then every VIP is withdrawn, and the withdrawal given time to reach
+///    the routers, while the workers still forward;
+/// 3. [`Group::Admin`] (the admin endpoint and the samplers): nobody reads
+///    ports being closed;
+/// 4. [`Group::Rest`] (the BIRD driver, the next-hop follower, sibling
+///    sync), whose token is the parent of `Work`'s; then the neighbour
+///    task and the exception interfaces.
+#[derive(Clone, Copy, Debug)]
+enum Group {
+    Work,
+    Admin,
+    Rest,
+}
+
+/// The control side's tasks by [`Group`]: each group's token, and the
+/// tasks joined when it stops (`Work`'s with `Rest`'s).
+struct Tasks {
+    admin: (CancellationToken, JoinSet<&'static str>),
+    rest: (CancellationToken, JoinSet<&'static str>),
+    work: CancellationToken,
+}
+
+impl Tasks {
+    fn new() -> Tasks {
+        let rest = CancellationToken::new();
+        let work = rest.child_token();
+        Tasks { admin: (CancellationToken::new(), JoinSet::new()), rest: (rest, JoinSet::new()), work }
+    }
+
+    /// Spawns task `name` of `group`; it runs until its group's token is
+    /// cancelled (given to `task`).
+    fn spawn<F>(&mut self, group: Group, name: &'static str, task: impl FnOnce(CancellationToken) -> F)
+    where
+        F: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let (token, set) = match group {
+            Group::Admin => (self.admin.0.clone(), &mut self.admin.1),
+            Group::Rest => (self.rest.0.clone(), &mut self.rest.1),
+            Group::Work => (self.work.clone(), &mut self.rest.1),
+        };
+        let run = task(token);
+        set.spawn(async move {
+            run.await;
+            name
         });
     }
-    // Why the workers do not forward, as the health sampler sees it (the
-    // BIRD driver announces nothing meanwhile).
+
+    /// The next task to end, of any group.
+    async fn ended(&mut self) -> Result<&'static str, tokio::task::JoinError> {
+        tokio::select! {
+            Some(done) = self.rest.1.join_next() => done,
+            Some(done) = self.admin.1.join_next() => done,
+            else => std::future::pending().await,
+        }
+    }
+}
+
+/// The signals that stop (SIGINT, SIGTERM) and reload (SIGHUP).
+struct Signals {
+    int: tokio::signal::unix::Signal,
+    term: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn install() -> Result<Signals> {
+        let one = |k| signal(k).context("installing signal handlers");
+        Ok(Signals { int: one(SignalKind::interrupt())?, term: one(SignalKind::terminate())?, hup: one(SignalKind::hangup())? })
+    }
+}
+
+/// The sibling sync task, listening, with the follower of the Gateway's
+/// pods when they are siblings.
+type SyncBound = (SyncTask, Option<(crate::config::kubernetes::KubeConfig, SocketAddr, watch::Sender<Option<Vec<SocketAddr>>>)>);
+
+async fn bind_sync(parts: SyncParts, reconciler: &Reconciler, shared: &Shared) -> Result<SyncBound> {
+    let SyncParts { cfg, rings, publisher, epoch, pods } = parts;
+    let listen = cfg.listen;
+    let mut s = SyncTask::bind(cfg, rings, publisher, reconciler.publications(), epoch)
+        .await
+        .with_context(|| format!("cannot listen on {listen} for the siblings (siblings.listen)"))?;
+    let _ = shared.sync.set(s.status());
+    let pods = match pods {
+        Some(kube) => {
+            let (tx, rx) = watch::channel(None);
+            s = s.follow(rx);
+            Some((kube, listen, tx))
+        }
+        None => None,
+    };
+    Ok((s, pods))
+}
+
+/// The admin endpoint, the health sampler (which also watches for stalled
+/// workers) and the loss sampler; returns why the workers do not forward,
+/// as the health sampler sees it (the BIRD driver announces nothing
+/// meanwhile).
+fn spawn_admin(tasks: &mut Tasks, shared: &Arc<Shared>, listener: tokio::net::TcpListener, limits: Limits, mut loss: LossSampler, stall_exit: Duration) -> Forwarding {
+    let sh = Arc::clone(shared);
+    tasks.spawn(Group::Admin, "admin endpoint", move |c| admin::serve(listener, sh, limits, Arc::new(AdminCounters::default()), c));
     // An appliance with siblings announces nothing until it took their
     // pins (or `siblings.startupWaitMs` passed).
+    let sync_status = shared.sync.get().cloned();
     let not_forwarding = move |sh: &Shared, now| {
         let mut why = if sh.workers.is_empty() { vec!["no workers".to_owned()] } else { health::unhealthy(sh, now) };
         if sync_status.as_ref().is_some_and(|s| !s.borrow().settled) {
@@ -141,186 +238,164 @@ pub async fn run(p: Parts, stop: CancellationToken) -> Result<()> {
         }
         why
     };
-    let (forwarding_tx, forwarding) = watch::channel(not_forwarding(&shared, Instant::now()));
-    {
-        let (sh, c) = (Arc::clone(&shared), admin_cancel.clone());
-        let mut watch = StallWatch::new(shared.workers.len(), stall_exit);
-        admin_tasks.spawn(async move {
-            let mut t = tokio::time::interval(health::SAMPLE_EVERY);
-            loop {
-                tokio::select! {
-                    () = c.cancelled() => return "health sampler",
-                    _ = t.tick() => {
-                        let now = Instant::now();
-                        health::sample(&sh, now);
-                        let why = not_forwarding(&sh, now);
-                        forwarding_tx.send_if_modified(|w| std::mem::replace(w, why.clone()) != why);
-                        if let Some(why) = watch.check(&sh, now) {
-                            error!(reason = %why, status = EXIT_STALLED, "a worker is stalled: exiting for the supervisor to start Sluice again");
-                            sluice_ffi::process::exit_now(EXIT_STALLED);
-                        }
+    let (forwarding_tx, forwarding) = watch::channel(not_forwarding(shared, Instant::now()));
+    let sh = Arc::clone(shared);
+    let mut stalls = StallWatch::new(shared.workers.len(), stall_exit);
+    tasks.spawn(Group::Admin, "health sampler", move |c| async move {
+        let mut t = tokio::time::interval(health::SAMPLE_EVERY);
+        loop {
+            tokio::select! {
+                () = c.cancelled() => return,
+                _ = t.tick() => {
+                    let now = Instant::now();
+                    health::sample(&sh, now);
+                    let why = not_forwarding(&sh, now);
+                    forwarding_tx.send_if_modified(|w| std::mem::replace(w, why.clone()) != why);
+                    if let Some(why) = stalls.check(&sh, now) {
+                        error!(reason = %why, status = EXIT_STALLED, "a worker is stalled: exiting for the supervisor to start Sluice again");
+                        sluice_ffi::process::exit_now(EXIT_STALLED);
                     }
                 }
             }
-        });
-    }
-    {
-        let c = admin_cancel.clone();
-        admin_tasks.spawn(async move {
-            let mut t = tokio::time::interval(Duration::from_secs(1));
-            loop {
-                tokio::select! {
-                    () = c.cancelled() => return "loss sampler",
-                    _ = t.tick() => loss.sample().await,
-                }
+        }
+    });
+    tasks.spawn(Group::Admin, "loss sampler", move |c| async move {
+        let mut t = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tokio::select! {
+                () = c.cancelled() => return,
+                _ = t.tick() => loss.sample().await,
             }
-        });
-    }
+        }
+    });
+    forwarding
+}
 
-    let exception_ifaces: Vec<String> = ifaces.iter().filter(|i| !i.is_empty()).cloned().collect();
+/// The neighbour task, and the follower that asks it for the next hops of
+/// each publication; returns the neighbour task and its table's channel.
+fn spawn_next_hops(tasks: &mut Tasks, ifaces: Vec<String>, reconciler: &Reconciler) -> Result<(Arc<Neighbours>, watch::Receiver<NeighMap>)> {
     let (neighbours, neigh_rx) = Neighbours::spawn(ifaces).context("starting the neighbour task")?;
     let neighbours = Arc::new(neighbours);
-    {
-        let (nb, c) = (Arc::clone(&neighbours), rest_cancel.clone());
-        let mut published = reconciler.publications();
-        // The list is taken (shared) out of the publication, and the
-        // channel's lock let go, before the set is made from it: the
-        // reconciler's next publication does not wait for that. A list
-        // alike the last one (made again by a compilation) is kept without
-        // asking again, so that the next one is found shared.
-        let mut wanted = Arc::clone(&published.borrow_and_update().next_hops);
-        nb.want(&wanted);
-        tasks.spawn(async move {
-            loop {
-                tokio::select! {
-                    () = c.cancelled() => return "next-hop follower",
-                    r = published.changed() => match r {
-                        Ok(()) => {
-                            let next = Arc::clone(&published.borrow_and_update().next_hops);
-                            if Arc::ptr_eq(&next, &wanted) {
-                                continue;
-                            }
-                            let alike = next == wanted;
-                            wanted = next;
-                            if !alike {
-                                nb.want(&wanted);
-                            }
-                        }
-                        Err(_) => return "next-hop follower",
-                    },
+    let nb = Arc::clone(&neighbours);
+    let mut published = reconciler.publications();
+    // The list is taken (shared) out of the publication, and the
+    // channel's lock let go, before the set is made from it: the
+    // reconciler's next publication does not wait for that. A list
+    // alike the last one (made again by a compilation) is kept without
+    // asking again, so that the next one is found shared.
+    let mut wanted = Arc::clone(&published.borrow_and_update().next_hops);
+    nb.want(&wanted);
+    tasks.spawn(Group::Rest, "next-hop follower", move |c| async move {
+        loop {
+            tokio::select! {
+                () = c.cancelled() => return,
+                r = published.changed() => {
+                    if r.is_err() {
+                        return;
+                    }
+                    let next = Arc::clone(&published.borrow_and_update().next_hops);
+                    if Arc::ptr_eq(&next, &wanted) {
+                        continue;
+                    }
+                    let alike = next == wanted;
+                    wanted = next;
+                    if !alike {
+                        nb.want(&wanted);
+                    }
                 }
             }
-        });
-    }
+        }
+    });
+    Ok((neighbours, neigh_rx))
+}
 
-    if let Some(s) = sync {
-        let c = rest_cancel.clone();
-        tasks.spawn(async move {
-            s.run(c).await;
-            "sibling sync"
-        });
+/// Sibling sync, and the follower of the Gateway's pods when they are
+/// siblings.
+fn spawn_sync(tasks: &mut Tasks, sync: SyncTask, pods: Option<(crate::config::kubernetes::KubeConfig, SocketAddr, watch::Sender<Option<Vec<SocketAddr>>>)>) {
+    tasks.spawn(Group::Rest, "sibling sync", move |c| sync.run(c));
+    if let Some((cfg, listen, tx)) = pods {
+        tasks.spawn(Group::Rest, "sibling pods follower", move |c| kube::pods::follow(cfg, listen, kube::pods::Own::from_env(listen), tx, c));
     }
-    if let Some((kube, listen, tx)) = pods {
-        let c = rest_cancel.clone();
-        tasks.spawn(async move {
-            kube::pods::follow(kube, listen, kube::pods::Own::from_env(listen), tx, c).await;
-            "sibling pods follower"
-        });
-    }
+}
 
-    let bird_settings = settings.clone();
-    let (mut driver, bird) = Driver::new(settings.clone(), reconciler.publications(), forwarding);
+/// The BIRD driver; returns the handle that withdraws every VIP.
+fn spawn_bird(
+    tasks: &mut Tasks,
+    shared: &Shared,
+    settings: watch::Receiver<Settings>,
+    reconciler: &Reconciler,
+    forwarding: Forwarding,
+    learned: watch::Sender<Vec<crate::config::GatewayConfig>>,
+) -> DriverHandle {
+    let (mut driver, handle) = Driver::new(settings, reconciler.publications(), forwarding);
     let _ = shared.bird.set(driver.status());
     driver.learn_gateways_to(learned);
-    {
-        let c = rest_cancel.clone();
-        tasks.spawn(async move {
-            driver.run(c).await;
-            "BIRD driver"
-        });
-    }
+    tasks.spawn(Group::Rest, "BIRD driver", move |c| async move { driver.run(c).await });
+    handle
+}
 
+/// The sources (xDS and Kubernetes, each while its section is set, and the
+/// file) and the reconciler; returns where SIGHUP asks the file source to
+/// read the file again.
+fn spawn_sources(
+    tasks: &mut Tasks,
+    shared: &Arc<Shared>,
+    settings: watch::Receiver<Settings>,
+    (config_path, initial): (PathBuf, FileState),
+    reconciler: Reconciler,
+    neigh_rx: watch::Receiver<NeighMap>,
+) -> mpsc::Sender<()> {
     let (src_tx, src_rx) = mpsc::channel(16);
     let (hup_tx, hup_rx) = mpsc::channel(1);
-    {
-        let (c, tx, sh, st) = (work_cancel.clone(), src_tx.clone(), Arc::clone(&shared), settings.clone());
-        tasks.spawn(async move {
-            follow(XDS, st, tx, sh, c).await;
-            "xDS supervisor"
-        });
-    }
-    {
-        let (c, tx, sh) = (work_cancel.clone(), src_tx.clone(), Arc::clone(&shared));
-        tasks.spawn(async move {
-            follow(KUBE, settings, tx, sh, c).await;
-            "Kubernetes supervisor"
-        });
-    }
-    {
-        let c = work_cancel.clone();
-        tasks.spawn(async move {
-            sources::file::run(config_path, initial, src_tx, hup_rx, c).await;
-            "file source"
-        });
-    }
-    let gate = reconciler.stop_gate();
-    {
-        let c = work_cancel.clone();
-        tasks.spawn(async move {
-            reconciler.run(src_rx, neigh_rx, c).await;
-            "reconciler"
-        });
-    }
-    info!("running; SIGHUP or editing the configuration reloads it, SIGINT or SIGTERM stops");
+    let (tx, sh, st) = (src_tx.clone(), Arc::clone(shared), settings.clone());
+    tasks.spawn(Group::Work, "xDS supervisor", move |c| follow(XDS, st, tx, sh, c));
+    let (tx, sh) = (src_tx.clone(), Arc::clone(shared));
+    tasks.spawn(Group::Work, "Kubernetes supervisor", move |c| follow(KUBE, settings, tx, sh, c));
+    tasks.spawn(Group::Work, "file source", move |c| sources::file::run(config_path, initial, src_tx, hup_rx, c));
+    tasks.spawn(Group::Work, "reconciler", move |c| reconciler.run(src_rx, neigh_rx, c));
+    hup_tx
+}
 
+/// Runs until a stop is asked for (SIGINT, SIGTERM, `stop`), passing
+/// SIGHUP on and reporting each task that ends meanwhile; returns why it
+/// stops and how many tasks ended early.
+async fn wait_for_stop(tasks: &mut Tasks, sig: &mut Signals, stop: &CancellationToken, hup: &mpsc::Sender<()>, shared: &Shared) -> (&'static str, usize) {
     let mut faults = 0usize;
     let why = loop {
         tokio::select! {
-            _ = sigint.recv() => break "SIGINT",
-            _ = sigterm.recv() => break "SIGTERM",
+            _ = sig.int.recv() => break "SIGINT",
+            _ = sig.term.recv() => break "SIGTERM",
             () = stop.cancelled() => break "asked",
-            _ = sighup.recv() => { let _ = hup_tx.try_send(()); }
-            Some(done) = tasks.join_next() => {
+            _ = sig.hup.recv() => { let _ = hup.try_send(()); }
+            done = tasks.ended() => {
                 faults += 1;
-                report(&shared, done);
-            }
-            Some(done) = admin_tasks.join_next() => {
-                faults += 1;
-                report(&shared, done);
+                report(shared, done);
             }
         }
     };
-    // Under the gate a publication holds: one in progress finishes before
-    // this line, and none starts after it.
-    {
-        let _published = lock(&gate);
-        work_cancel.cancel();
-    }
-    info!("{why}: stopping");
+    (why, faults)
+}
 
-    // Routers drain the appliance first: every VIP is withdrawn, and the
-    // withdrawal given time to reach them, while the workers still forward.
-    let wait_ms = bird_settings.borrow().routing.bird.withdraw_wait_ms;
-    let wait = Duration::from_millis(wait_ms);
+/// Steps 2 to 4 of [`Group`]'s order (`Work` is cancelled already), all by
+/// one deadline; what has not stopped by then is abandoned.
+async fn stop_in_order(tasks: Tasks, bird: &DriverHandle, wait: Duration, neighbours: &Neighbours, exception_ifaces: &[String]) {
     let stopping_at = tokio::time::Instant::now();
     watchdog(wait + STOP_BOUND);
     match tokio::time::timeout(WITHDRAW_TIMEOUT, bird.withdraw_all()).await {
         Ok(Ok(true)) => {
-            info!(wait_ms, "every VIP withdrawn; waiting for the routers to take it");
+            info!(wait_ms = millis(wait), "every VIP withdrawn; waiting for the routers to take it");
             tokio::time::sleep(wait).await;
         }
         Ok(Ok(false)) => info!("nothing was announced: no VIP to withdraw"),
         Ok(Err(e)) => error!(error = %e, "could not withdraw the VIPs before stopping"),
         Err(_) => error!(timeout_ms = millis(WITHDRAW_TIMEOUT), "withdrawing the VIPs took too long; stopping anyway"),
     }
-
-    // Ordered shutdown of the control side: admin first, then the rest,
-    // all by one deadline; what has not stopped by then is abandoned.
     let deadline = stopping_at + wait + STOP_CONTROL;
+    let Tasks { admin: (admin_cancel, mut admin_tasks), rest: (rest_cancel, mut rest_tasks), .. } = tasks;
     admin_cancel.cancel();
     drain(&mut admin_tasks, deadline).await;
     rest_cancel.cancel();
-    drain(&mut tasks, deadline).await;
+    drain(&mut rest_tasks, deadline).await;
     // Next hops: the neighbour task stops where it is, and each exception
     // interface is taken down, one request each whatever the number of
     // entries: the kernel drops their neighbour entries and stops probing.
@@ -331,7 +406,7 @@ pub async fn run(p: Parts, stop: CancellationToken) -> Result<()> {
     neighbours.stop();
     let take_down = async {
         let h = crate::routing::connect()?;
-        for name in &exception_ifaces {
+        for name in exception_ifaces {
             crate::routing::take_down(&h, name).await?;
         }
         Ok::<(), crate::routing::RoutingError>(())
@@ -341,10 +416,6 @@ pub async fn run(p: Parts, stop: CancellationToken) -> Result<()> {
         Ok(Err(e)) => error!(error = %e, "could not take the exception interfaces down; their neighbour entries go with them when DPDK closes them"),
         Err(_) => error!("taking the exception interfaces down did not finish in time; their neighbour entries go with them when DPDK closes them"),
     }
-    if faults > 0 {
-        error!(faults, "control tasks ended early during this run");
-    }
-    Ok(())
 }
 
 /// Longest time the withdrawal of every VIP may take when stopping.
