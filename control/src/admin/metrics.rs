@@ -161,291 +161,328 @@ impl Collector for SluiceCollector {
         family(&mut e, "sluice_mempool_mbufs_in_use", "Packet buffers taken from the pool.", Kind::Gauge, one(f(u64::from(sh.pool.in_use()))))?;
         family(&mut e, "sluice_mempool_mbufs", "Packet buffers in the pool.", Kind::Gauge, one(f(u64::from(sh.pool.capacity()))))?;
 
-        {
-            let st = sh.control();
-            family(&mut e, "sluice_snapshot_generation", "Generation of the snapshot published last.", Kind::Gauge, one(f(st.generation)))?;
-            family(&mut e, "sluice_snapshot_publish_seconds", "Time the last compile and publish took.", Kind::Gauge, one(V::F(st.publish_seconds)))?;
-            family(&mut e, "sluice_snapshot_publishes", "Snapshots published.", Kind::Counter, one(f(st.publishes)))?;
-            family(&mut e, "sluice_services", "Services in the published snapshot.", Kind::Gauge, one(f(st.services.len() as u64)))?;
-            family(&mut e, "sluice_snapshots_pending", "Replaced snapshots waiting for every worker to move on.", Kind::Gauge, one(f(st.snapshots_pending as u64)))?;
-            family(&mut e, "sluice_next_hops_unresolved", "Next hops whose MAC the kernel has not resolved.", Kind::Gauge, one(f(st.unresolved as u64)))?;
-            let (ok, rejected) = st.reload_totals();
-            family(
-                &mut e,
-                "sluice_config_reloads",
-                "Source states (configuration file, manifests, ...) by result.",
-                Kind::Counter,
-                vec![(vec![("result", s("ok"))], f(ok)), (vec![("result", s("rejected"))], f(rejected))],
-            )?;
-            family(
-                &mut e,
-                "sluice_source_accepted",
-                "1 when a source's last state is the one being served.",
-                Kind::Gauge,
-                st.sources.iter().map(|(n, v)| (vec![("source", s(n.clone()))], f(u64::from(v.accepted)))),
-            )?;
-
-            let svc = |n: &str| vec![("service", s(n.to_owned()))];
-            family(
-                &mut e,
-                "sluice_service_packets",
-                "Packets forwarded to a service's endpoints.",
-                Kind::Counter,
-                st.services.iter().map(|v| (svc(&v.name), f(sh.service_count(&st, v.slot).0))),
-            )?;
-            family(
-                &mut e,
-                "sluice_service_bytes",
-                "Bytes forwarded to a service's endpoints.",
-                Kind::Counter,
-                st.services.iter().map(|v| (svc(&v.name), f(sh.service_count(&st, v.slot).1))),
-            )?;
-            family(
-                &mut e,
-                "sluice_service_ready",
-                "1 when a service has an endpoint taking new flows.",
-                Kind::Gauge,
-                st.services.iter().map(|v| (svc(&v.name), f(u64::from(v.ready)))),
-            )?;
-            let ep = |x: &EndpointStatus| -> Labels {
-                vec![("service", s(x.service.to_string())), ("id", s(x.id.to_string())), ("address", s(x.address.to_string()))]
-            };
-            family(
-                &mut e,
-                "sluice_endpoint_packets",
-                "Packets forwarded to an endpoint.",
-                Kind::Counter,
-                st.all_endpoints().map(|x| (ep(x), f(sh.endpoint_count(&st, x.counter).0))),
-            )?;
-            family(
-                &mut e,
-                "sluice_endpoint_bytes",
-                "Bytes forwarded to an endpoint.",
-                Kind::Counter,
-                st.all_endpoints().map(|x| (ep(x), f(sh.endpoint_count(&st, x.counter).1))),
-            )?;
-            family(
-                &mut e,
-                "sluice_endpoint_state",
-                "1 for an endpoint's current state.",
-                Kind::Gauge,
-                st.all_endpoints().map(|x| {
-                    let mut l = ep(x);
-                    l.push(("state", s(x.state.name())));
-                    (l, f(1))
-                }),
-            )?;
-        }
-
-        if let Some(x) = sh.xds() {
-            use crate::sources::xds::status::ConnectionState;
-            family(&mut e, "sluice_xds_connected", "1 while the ADS stream to the xDS management server is open.", Kind::Gauge, one(f(u64::from(x.state == ConnectionState::Connected))))?;
-            family(&mut e, "sluice_xds_reconnects", "ADS streams opened after the first.", Kind::Counter, one(f(x.reconnects)))?;
-            family(&mut e, "sluice_xds_nacks", "xDS responses refused (NACK), by type.", Kind::Counter, x.types.iter().map(|(t, v)| (vec![("type_url", s(t.clone()))], f(v.nacks))))?;
-            family(&mut e, "sluice_xds_nacks_repeated", "xDS responses refused for the same reason as the one before (logged once per interval), by type.", Kind::Counter, x.types.iter().map(|(t, v)| (vec![("type_url", s(t.clone()))], f(v.repeated_nacks))))?;
-            family(&mut e, "sluice_xds_acks", "xDS responses accepted (ACK), by type.", Kind::Counter, x.types.iter().map(|(t, v)| (vec![("type_url", s(t.clone()))], f(v.acks))))?;
-            family(
-                &mut e,
-                "sluice_xds_accepted_version",
-                "The version of each type last accepted (as a label).",
-                Kind::Gauge,
-                x.types.iter().map(|(t, v)| (vec![("type_url", s(t.clone())), ("version", s(v.version.clone()))], f(1))),
-            )?;
-            family(&mut e, "sluice_xds_last_update_timestamp_seconds", "When the last accepted xDS change was applied.", Kind::Gauge, one(f(x.last_update.unwrap_or(0))))?;
-            family(&mut e, "sluice_xds_services", "L4 services the xDS source defines.", Kind::Gauge, one(f(x.services as u64)))?;
-            #[allow(clippy::cast_precision_loss)]
-            let secs = |us: u64| V::F(us as f64 / 1e6);
-            family(
-                &mut e,
-                "sluice_xds_to_live_seconds",
-                "From an xDS response's arrival to its state being published, by quantile.",
-                Kind::Gauge,
-                vec![
-                    (vec![("quantile", s("0.5"))], secs(x.to_live.p50_us)),
-                    (vec![("quantile", s("0.99"))], secs(x.to_live.p99_us)),
-                    (vec![("quantile", s("1"))], secs(x.to_live.max_us)),
-                ],
-            )?;
-        }
-        if let Some(y) = sh.sync() {
-            family(&mut e, "sluice_sync_pins_held", "Pins this appliance exported, held for its siblings until their lifetime ends.", Kind::Gauge, one(f(y.pins_held)))?;
-            family(&mut e, "sluice_sync_pins_synced", "Pins received from siblings that this appliance's snapshot maps, in the workers' table.", Kind::Gauge, one(f(y.pins_synced)))?;
-            family(&mut e, "sluice_sync_sent", "Pin records sent to siblings.", Kind::Counter, one(f(y.sent)))?;
-            family(&mut e, "sluice_sync_received", "Pin records received from siblings.", Kind::Counter, one(f(y.received)))?;
-            family(&mut e, "sluice_sync_refused", "Sibling connections refused for a wrong key, and frames refused for a wrong MAC.", Kind::Counter, one(f(y.refused)))?;
-            family(&mut e, "sluice_sync_rate_dropped", "Pin records dropped by the per-sibling rate bound (siblings.maxRecordsPerSecond).", Kind::Counter, one(f(y.rate_dropped)))?;
-            family(&mut e, "sluice_sync_unknown", "Pin records naming a service or endpoint this appliance did not have when they arrived (kept, used once a snapshot has it), or not decoded.", Kind::Counter, one(f(y.unknown)))?;
-            family(&mut e, "sluice_sync_stale", "Exported pins whose endpoint changed before they were sent, not sent.", Kind::Counter, one(f(y.stale)))?;
-            family(&mut e, "sluice_sync_overflows", "Sibling connections closed because their queue overflowed.", Kind::Counter, one(f(y.overflows)))?;
-            family(&mut e, "sluice_sync_settled", "1 once start-up took every reachable sibling's pins or siblings.startupWaitMs passed.", Kind::Gauge, one(f(u64::from(y.settled))))?;
-            let peer = |p: &crate::sync::PeerStatus| -> Labels { vec![("peer", s(p.address.clone()))] };
-            family(&mut e, "sluice_sync_peer_connected", "1 while this appliance takes a sibling's pins.", Kind::Gauge, y.peers.iter().map(|p| (peer(p), f(u64::from(p.connected)))))?;
-            family(&mut e, "sluice_sync_peer_in_sync", "1 once a sibling sent its full set on the current connection.", Kind::Gauge, y.peers.iter().map(|p| (peer(p), f(u64::from(p.in_sync)))))?;
-            family(&mut e, "sluice_sync_peer_subscribed", "1 while a sibling takes this appliance's pins.", Kind::Gauge, y.peers.iter().map(|p| (peer(p), f(u64::from(p.subscribed)))))?;
-            family(&mut e, "sluice_sync_peer_lag", "Pin records queued for a sibling and not yet sent.", Kind::Gauge, y.peers.iter().map(|p| (peer(p), f(p.lag))))?;
-            family(
-                &mut e,
-                "sluice_sync_peer_last_heard_seconds",
-                "Seconds since a sibling last sent anything on this appliance's connection to it.",
-                Kind::Gauge,
-                y.peers.iter().filter_map(|p| Some((peer(p), V::F(p.last_heard_seconds?)))),
-            )?;
-        }
-        if let Some(b) = sh.bird() {
-            family(&mut e, "sluice_bird_up", "1 while BIRD answers on its control socket.", Kind::Gauge, one(f(u64::from(b.connected))))?;
-            family(&mut e, "sluice_bird_restarts", "Times the supervised bird was started again after it ended.", Kind::Counter, one(f(b.restarts)))?;
-            family(&mut e, "sluice_bird_configurations", "BIRD configurations applied.", Kind::Counter, one(f(b.configured)))?;
-            family(&mut e, "sluice_bird_configuration_failures", "BIRD configurations that could not be applied.", Kind::Counter, one(f(b.configure_failures)))?;
-            family(
-                &mut e,
-                "sluice_bird_configuration_refused",
-                "1 while BIRD refuses the configuration Sluice generated (it runs its previous one).",
-                Kind::Gauge,
-                one(f(u64::from(b.refused.is_some()))),
-            )?;
-            family(&mut e, "sluice_bird_refused_commands", "Commands BIRD refused while Sluice read its state.", Kind::Counter, one(f(b.refused_commands)))?;
-            let router = |x: &crate::routing::bird::SessionStatus| -> Labels {
-                vec![("router", s(x.router.clone())), ("neighbor", s(x.neighbor.clone()))]
-            };
-            family(&mut e, "sluice_bgp_session_up", "1 while the BGP session with a gateway router is Established.", Kind::Gauge, b.sessions.iter().map(|x| (router(x), f(u64::from(x.bgp_state == "Established")))))?;
-            family(
-                &mut e,
-                "sluice_bgp_session_state",
-                "1 for the BGP session state of a gateway router (from BIRD's show protocols).",
-                Kind::Gauge,
-                b.sessions.iter().map(|x| {
-                    let mut l = router(x);
-                    l.push(("state", s(x.bgp_state.clone())));
-                    (l, f(1))
-                }),
-            )?;
-            family(
-                &mut e,
-                "sluice_bfd_session_up",
-                "1 while the BFD session with a gateway router is Up (routers with BFD only).",
-                Kind::Gauge,
-                b.sessions.iter().filter(|x| x.bfd).map(|x| (router(x), f(u64::from(x.bfd_state.as_deref() == Some("Up"))))),
-            )?;
-            family(
-                &mut e,
-                "sluice_vip_announced",
-                "1 while a VIP is announced to the gateway routers, 0 while it is withdrawn; the reason is a label.",
-                Kind::Gauge,
-                b.vips.iter().map(|v| (vec![("vip", s(v.vip.to_string())), ("reason", s(v.reason.clone()))], f(u64::from(v.announced)))),
-            )?;
-        }
-        if let Some(k) = sh.kube() {
-            family(&mut e, "sluice_kube_connected", "1 while the Kubernetes API server answers.", Kind::Gauge, one(f(u64::from(k.connected))))?;
-            family(&mut e, "sluice_kube_synced", "1 once every watched kind has been listed (nothing is served from Kubernetes before).", Kind::Gauge, one(f(u64::from(k.synced))))?;
-            family(
-                &mut e,
-                "sluice_kube_objects_watched",
-                "Objects the Kubernetes source sees, by kind.",
-                Kind::Gauge,
-                k.watched.iter().map(|(kind, n)| (vec![("kind", s(kind.clone()))], f(*n as u64))),
-            )?;
-            family(&mut e, "sluice_kube_status_writes", "Status writes sent to the API server.", Kind::Counter, one(f(k.status_writes)))?;
-            family(&mut e, "sluice_kube_status_write_errors", "Status writes that failed.", Kind::Counter, one(f(k.status_write_errors)))?;
-            family(&mut e, "sluice_kube_refused_objects", "Objects left out (or served with a setting kept), with a reason in their status.", Kind::Gauge, one(f(k.refused.len() as u64)))?;
-            family(&mut e, "sluice_kube_last_applied_timestamp_seconds", "When a state from Kubernetes was last served (0: never).", Kind::Gauge, one(f(k.last_applied_at.unwrap_or(0))))?;
-        }
-        let worker = |w: &super::state::WorkerEntry| vec![("worker", s(w.lcore.to_string()))];
-        for (name, help, get) in WORKER_COUNTERS {
-            let full = format!("sluice_worker_{name}");
-            family(&mut e, &full, help, Kind::Counter, sh.workers.iter().map(|w| (worker(w), f(get(&w.counters)))))?;
-        }
-        #[allow(clippy::cast_precision_loss)] // seconds as a float
-        let secs = |cycles: u64| V::F(if sh.cycles_hz == 0 { 0.0 } else { cycles as f64 / sh.cycles_hz as f64 });
-        family(
-            &mut e,
-            "sluice_worker_busy_seconds",
-            "Time a worker spent in poll rounds that received packets.",
-            Kind::Counter,
-            sh.workers.iter().map(|w| (worker(w), secs(w.counters.busy_cycles.get()))),
-        )?;
-        family(
-            &mut e,
-            "sluice_worker_idle_seconds",
-            "Time a worker spent in poll rounds that received nothing.",
-            Kind::Counter,
-            sh.workers.iter().map(|w| (worker(w), secs(w.counters.idle_cycles.get()))),
-        )?;
-        family(
-            &mut e,
-            "sluice_worker_rx_interrupts",
-            "1 when a worker's idle pauses wait on receive interrupts (every port queue it polls has them; dpdk.rxInterrupts), 0 when it sleeps.",
-            Kind::Gauge,
-            sh.workers.iter().map(|w| (worker(w), f(w.counters.interrupts_armed.get()))),
-        )?;
-        let silent = health::silent_for(sh, now);
-        family(
-            &mut e,
-            "sluice_worker_stalled",
-            "1 while a worker has not polled for more than a second (the process exits after dpdk.stallExitSeconds).",
-            Kind::Gauge,
-            sh.workers.iter().zip(&silent).map(|(w, d)| (worker(w), f(u64::from(*d > health::STALL)))),
-        )?;
-        family(
-            &mut e,
-            "sluice_worker_snapshot_generation",
-            "Snapshot generation a worker uses.",
-            Kind::Gauge,
-            sh.workers.iter().map(|w| (worker(w), f(w.counters.generation.get()))),
-        )?;
-        family(
-            &mut e,
-            "sluice_drops",
-            "Dropped packets, by worker and reason.",
-            Kind::Counter,
-            sh.workers.iter().flat_map(|w| {
-                DropReason::ALL.iter().map(move |r| {
-                    (vec![("worker", s(w.lcore.to_string())), ("reason", s(r.name()))], f(w.counters.drops[r.index()].get()))
-                })
-            }),
-        )?;
-
-        let stats: Vec<(Labels, PortStats)> = sh
-            .ports
-            .iter()
-            .flat_map(|p| {
-                let mut v = Vec::new();
-                if let Some(st) = p.port.stats() {
-                    v.push((vec![("port", s(p.meta.name.clone())), ("side", s("port"))], st));
-                }
-                if let Some(st) = p.tap.as_ref().and_then(|t| t.stats()) {
-                    v.push((vec![("port", s(p.meta.name.clone())), ("side", s("kernel"))], st));
-                }
-                v
-            })
-            .collect();
-        for (name, help, get) in PORT_COUNTERS {
-            let full = format!("sluice_port_{name}");
-            family(&mut e, &full, help, Kind::Counter, stats.iter().map(|(l, st)| (l.clone(), f(get(st)))))?;
-        }
-        family(
-            &mut e,
-            "sluice_port_rx_lost_below_dpdk",
-            "Frames a port lost before DPDK received them (device or kernel ring full), by where the figure comes from.",
-            Kind::Counter,
-            sh.ports.iter().map(|p| {
-                let l = lock(&p.loss);
-                (vec![("port", s(p.meta.name.clone())), ("source", s(l.source.clone()))], f(l.below_dpdk))
-            }),
-        )?;
-        family(
-            &mut e,
-            "sluice_port_rx_lost_below_dpdk_exact",
-            "1 when sluice_port_rx_lost_below_dpdk counts every frame lost up to its last sample; 0 while it is a lower bound (frames arriving).",
-            Kind::Gauge,
-            sh.ports.iter().map(|p| (vec![("port", s(p.meta.name.clone()))], f(u64::from(lock(&p.loss).exact)))),
-        )?;
-        family(
-            &mut e,
-            "sluice_port_link_up",
-            "1 when a port's link is up.",
-            Kind::Gauge,
-            sh.ports.iter().filter_map(|p| Some((vec![("port", s(p.meta.name.clone()))], f(u64::from(p.port.link_up()?))))),
-        )?;
-        Ok(())
+        control_metrics(&mut e, sh)?;
+        xds_metrics(&mut e, sh)?;
+        sync_metrics(&mut e, sh)?;
+        bird_metrics(&mut e, sh)?;
+        kube_metrics(&mut e, sh)?;
+        worker_metrics(&mut e, sh, now)?;
+        port_metrics(&mut e, sh)
     }
+}
+
+/// The snapshot, the sources and the model: what the reconciler last did.
+fn control_metrics(e: &mut DescriptorEncoder<'_>, sh: &Shared) -> fmt::Result {
+    let st = sh.control();
+    family(e, "sluice_snapshot_generation", "Generation of the snapshot published last.", Kind::Gauge, one(f(st.generation)))?;
+    family(e, "sluice_snapshot_publish_seconds", "Time the last compile and publish took.", Kind::Gauge, one(V::F(st.publish_seconds)))?;
+    family(e, "sluice_snapshot_publishes", "Snapshots published.", Kind::Counter, one(f(st.publishes)))?;
+    family(e, "sluice_services", "Services in the published snapshot.", Kind::Gauge, one(f(st.services.len() as u64)))?;
+    family(e, "sluice_snapshots_pending", "Replaced snapshots waiting for every worker to move on.", Kind::Gauge, one(f(st.snapshots_pending as u64)))?;
+    family(e, "sluice_next_hops_unresolved", "Next hops whose MAC the kernel has not resolved.", Kind::Gauge, one(f(st.unresolved as u64)))?;
+    let (ok, rejected) = st.reload_totals();
+    family(
+        e,
+        "sluice_config_reloads",
+        "Source states (configuration file, manifests, ...) by result.",
+        Kind::Counter,
+        vec![(vec![("result", s("ok"))], f(ok)), (vec![("result", s("rejected"))], f(rejected))],
+    )?;
+    family(
+        e,
+        "sluice_source_accepted",
+        "1 when a source's last state is the one being served.",
+        Kind::Gauge,
+        st.sources.iter().map(|(n, v)| (vec![("source", s(n.clone()))], f(u64::from(v.accepted)))),
+    )?;
+
+    let svc = |n: &str| vec![("service", s(n.to_owned()))];
+    family(
+        e,
+        "sluice_service_packets",
+        "Packets forwarded to a service's endpoints.",
+        Kind::Counter,
+        st.services.iter().map(|v| (svc(&v.name), f(sh.service_count(&st, v.slot).0))),
+    )?;
+    family(
+        e,
+        "sluice_service_bytes",
+        "Bytes forwarded to a service's endpoints.",
+        Kind::Counter,
+        st.services.iter().map(|v| (svc(&v.name), f(sh.service_count(&st, v.slot).1))),
+    )?;
+    family(
+        e,
+        "sluice_service_ready",
+        "1 when a service has an endpoint taking new flows.",
+        Kind::Gauge,
+        st.services.iter().map(|v| (svc(&v.name), f(u64::from(v.ready)))),
+    )?;
+    let ep = |x: &EndpointStatus| -> Labels {
+        vec![("service", s(x.service.to_string())), ("id", s(x.id.to_string())), ("address", s(x.address.to_string()))]
+    };
+    family(
+        e,
+        "sluice_endpoint_packets",
+        "Packets forwarded to an endpoint.",
+        Kind::Counter,
+        st.all_endpoints().map(|x| (ep(x), f(sh.endpoint_count(&st, x.counter).0))),
+    )?;
+    family(
+        e,
+        "sluice_endpoint_bytes",
+        "Bytes forwarded to an endpoint.",
+        Kind::Counter,
+        st.all_endpoints().map(|x| (ep(x), f(sh.endpoint_count(&st, x.counter).1))),
+    )?;
+    family(
+        e,
+        "sluice_endpoint_state",
+        "1 for an endpoint's current state.",
+        Kind::Gauge,
+        st.all_endpoints().map(|x| {
+            let mut l = ep(x);
+            l.push(("state", s(x.state.name())));
+            (l, f(1))
+        }),
+    )?;
+    Ok(())
+}
+
+/// The xDS source, while its section is set.
+fn xds_metrics(e: &mut DescriptorEncoder<'_>, sh: &Shared) -> fmt::Result {
+    if let Some(x) = sh.xds() {
+        use crate::sources::xds::status::ConnectionState;
+        family(e, "sluice_xds_connected", "1 while the ADS stream to the xDS management server is open.", Kind::Gauge, one(f(u64::from(x.state == ConnectionState::Connected))))?;
+        family(e, "sluice_xds_reconnects", "ADS streams opened after the first.", Kind::Counter, one(f(x.reconnects)))?;
+        family(e, "sluice_xds_nacks", "xDS responses refused (NACK), by type.", Kind::Counter, x.types.iter().map(|(t, v)| (vec![("type_url", s(t.clone()))], f(v.nacks))))?;
+        family(e, "sluice_xds_nacks_repeated", "xDS responses refused for the same reason as the one before (logged once per interval), by type.", Kind::Counter, x.types.iter().map(|(t, v)| (vec![("type_url", s(t.clone()))], f(v.repeated_nacks))))?;
+        family(e, "sluice_xds_acks", "xDS responses accepted (ACK), by type.", Kind::Counter, x.types.iter().map(|(t, v)| (vec![("type_url", s(t.clone()))], f(v.acks))))?;
+        family(
+            e,
+            "sluice_xds_accepted_version",
+            "The version of each type last accepted (as a label).",
+            Kind::Gauge,
+            x.types.iter().map(|(t, v)| (vec![("type_url", s(t.clone())), ("version", s(v.version.clone()))], f(1))),
+        )?;
+        family(e, "sluice_xds_last_update_timestamp_seconds", "When the last accepted xDS change was applied.", Kind::Gauge, one(f(x.last_update.unwrap_or(0))))?;
+        family(e, "sluice_xds_services", "L4 services the xDS source defines.", Kind::Gauge, one(f(x.services as u64)))?;
+        #[allow(clippy::cast_precision_loss)]
+        let secs = |us: u64| V::F(us as f64 / 1e6);
+        family(
+            e,
+            "sluice_xds_to_live_seconds",
+            "From an xDS response's arrival to its state being published, by quantile.",
+            Kind::Gauge,
+            vec![
+                (vec![("quantile", s("0.5"))], secs(x.to_live.p50_us)),
+                (vec![("quantile", s("0.99"))], secs(x.to_live.p99_us)),
+                (vec![("quantile", s("1"))], secs(x.to_live.max_us)),
+            ],
+        )?;
+    }
+    Ok(())
+}
+
+/// Sibling sync, with a `siblings:` section.
+fn sync_metrics(e: &mut DescriptorEncoder<'_>, sh: &Shared) -> fmt::Result {
+    if let Some(y) = sh.sync() {
+        family(e, "sluice_sync_pins_held", "Pins this appliance exported, held for its siblings until their lifetime ends.", Kind::Gauge, one(f(y.pins_held)))?;
+        family(e, "sluice_sync_pins_synced", "Pins received from siblings that this appliance's snapshot maps, in the workers' table.", Kind::Gauge, one(f(y.pins_synced)))?;
+        family(e, "sluice_sync_sent", "Pin records sent to siblings.", Kind::Counter, one(f(y.sent)))?;
+        family(e, "sluice_sync_received", "Pin records received from siblings.", Kind::Counter, one(f(y.received)))?;
+        family(e, "sluice_sync_refused", "Sibling connections refused for a wrong key, and frames refused for a wrong MAC.", Kind::Counter, one(f(y.refused)))?;
+        family(e, "sluice_sync_rate_dropped", "Pin records dropped by the per-sibling rate bound (siblings.maxRecordsPerSecond).", Kind::Counter, one(f(y.rate_dropped)))?;
+        family(e, "sluice_sync_unknown", "Pin records naming a service or endpoint this appliance did not have when they arrived (kept, used once a snapshot has it), or not decoded.", Kind::Counter, one(f(y.unknown)))?;
+        family(e, "sluice_sync_stale", "Exported pins whose endpoint changed before they were sent, not sent.", Kind::Counter, one(f(y.stale)))?;
+        family(e, "sluice_sync_overflows", "Sibling connections closed because their queue overflowed.", Kind::Counter, one(f(y.overflows)))?;
+        family(e, "sluice_sync_settled", "1 once start-up took every reachable sibling's pins or siblings.startupWaitMs passed.", Kind::Gauge, one(f(u64::from(y.settled))))?;
+        let peer = |p: &crate::sync::PeerStatus| -> Labels { vec![("peer", s(p.address.clone()))] };
+        family(e, "sluice_sync_peer_connected", "1 while this appliance takes a sibling's pins.", Kind::Gauge, y.peers.iter().map(|p| (peer(p), f(u64::from(p.connected)))))?;
+        family(e, "sluice_sync_peer_in_sync", "1 once a sibling sent its full set on the current connection.", Kind::Gauge, y.peers.iter().map(|p| (peer(p), f(u64::from(p.in_sync)))))?;
+        family(e, "sluice_sync_peer_subscribed", "1 while a sibling takes this appliance's pins.", Kind::Gauge, y.peers.iter().map(|p| (peer(p), f(u64::from(p.subscribed)))))?;
+        family(e, "sluice_sync_peer_lag", "Pin records queued for a sibling and not yet sent.", Kind::Gauge, y.peers.iter().map(|p| (peer(p), f(p.lag))))?;
+        family(
+            e,
+            "sluice_sync_peer_last_heard_seconds",
+            "Seconds since a sibling last sent anything on this appliance's connection to it.",
+            Kind::Gauge,
+            y.peers.iter().filter_map(|p| Some((peer(p), V::F(p.last_heard_seconds?)))),
+        )?;
+    }
+    Ok(())
+}
+
+/// The BIRD driver, while a gateway router is configured.
+fn bird_metrics(e: &mut DescriptorEncoder<'_>, sh: &Shared) -> fmt::Result {
+    if let Some(b) = sh.bird() {
+        family(e, "sluice_bird_up", "1 while BIRD answers on its control socket.", Kind::Gauge, one(f(u64::from(b.connected))))?;
+        family(e, "sluice_bird_restarts", "Times the supervised bird was started again after it ended.", Kind::Counter, one(f(b.restarts)))?;
+        family(e, "sluice_bird_configurations", "BIRD configurations applied.", Kind::Counter, one(f(b.configured)))?;
+        family(e, "sluice_bird_configuration_failures", "BIRD configurations that could not be applied.", Kind::Counter, one(f(b.configure_failures)))?;
+        family(
+            e,
+            "sluice_bird_configuration_refused",
+            "1 while BIRD refuses the configuration Sluice generated (it runs its previous one).",
+            Kind::Gauge,
+            one(f(u64::from(b.refused.is_some()))),
+        )?;
+        family(e, "sluice_bird_refused_commands", "Commands BIRD refused while Sluice read its state.", Kind::Counter, one(f(b.refused_commands)))?;
+        let router = |x: &crate::routing::bird::SessionStatus| -> Labels {
+            vec![("router", s(x.router.clone())), ("neighbor", s(x.neighbor.clone()))]
+        };
+        family(e, "sluice_bgp_session_up", "1 while the BGP session with a gateway router is Established.", Kind::Gauge, b.sessions.iter().map(|x| (router(x), f(u64::from(x.bgp_state == "Established")))))?;
+        family(
+            e,
+            "sluice_bgp_session_state",
+            "1 for the BGP session state of a gateway router (from BIRD's show protocols).",
+            Kind::Gauge,
+            b.sessions.iter().map(|x| {
+                let mut l = router(x);
+                l.push(("state", s(x.bgp_state.clone())));
+                (l, f(1))
+            }),
+        )?;
+        family(
+            e,
+            "sluice_bfd_session_up",
+            "1 while the BFD session with a gateway router is Up (routers with BFD only).",
+            Kind::Gauge,
+            b.sessions.iter().filter(|x| x.bfd).map(|x| (router(x), f(u64::from(x.bfd_state.as_deref() == Some("Up"))))),
+        )?;
+        family(
+            e,
+            "sluice_vip_announced",
+            "1 while a VIP is announced to the gateway routers, 0 while it is withdrawn; the reason is a label.",
+            Kind::Gauge,
+            b.vips.iter().map(|v| (vec![("vip", s(v.vip.to_string())), ("reason", s(v.reason.clone()))], f(u64::from(v.announced)))),
+        )?;
+    }
+    Ok(())
+}
+
+/// The Kubernetes source, while its section is set.
+fn kube_metrics(e: &mut DescriptorEncoder<'_>, sh: &Shared) -> fmt::Result {
+    if let Some(k) = sh.kube() {
+        family(e, "sluice_kube_connected", "1 while the Kubernetes API server answers.", Kind::Gauge, one(f(u64::from(k.connected))))?;
+        family(e, "sluice_kube_synced", "1 once every watched kind has been listed (nothing is served from Kubernetes before).", Kind::Gauge, one(f(u64::from(k.synced))))?;
+        family(
+            e,
+            "sluice_kube_objects_watched",
+            "Objects the Kubernetes source sees, by kind.",
+            Kind::Gauge,
+            k.watched.iter().map(|(kind, n)| (vec![("kind", s(kind.clone()))], f(*n as u64))),
+        )?;
+        family(e, "sluice_kube_status_writes", "Status writes sent to the API server.", Kind::Counter, one(f(k.status_writes)))?;
+        family(e, "sluice_kube_status_write_errors", "Status writes that failed.", Kind::Counter, one(f(k.status_write_errors)))?;
+        family(e, "sluice_kube_refused_objects", "Objects left out (or served with a setting kept), with a reason in their status.", Kind::Gauge, one(f(k.refused.len() as u64)))?;
+        family(e, "sluice_kube_last_applied_timestamp_seconds", "When a state from Kubernetes was last served (0: never).", Kind::Gauge, one(f(k.last_applied_at.unwrap_or(0))))?;
+    }
+    Ok(())
+}
+
+/// The workers: their counters, time, stalls and drops.
+fn worker_metrics(e: &mut DescriptorEncoder<'_>, sh: &Shared, now: Instant) -> fmt::Result {
+    let worker = |w: &super::state::WorkerEntry| vec![("worker", s(w.lcore.to_string()))];
+    for (name, help, get) in WORKER_COUNTERS {
+        let full = format!("sluice_worker_{name}");
+        family(e, &full, help, Kind::Counter, sh.workers.iter().map(|w| (worker(w), f(get(&w.counters)))))?;
+    }
+    #[allow(clippy::cast_precision_loss)] // seconds as a float
+    let secs = |cycles: u64| V::F(if sh.cycles_hz == 0 { 0.0 } else { cycles as f64 / sh.cycles_hz as f64 });
+    family(
+        e,
+        "sluice_worker_busy_seconds",
+        "Time a worker spent in poll rounds that received packets.",
+        Kind::Counter,
+        sh.workers.iter().map(|w| (worker(w), secs(w.counters.busy_cycles.get()))),
+    )?;
+    family(
+        e,
+        "sluice_worker_idle_seconds",
+        "Time a worker spent in poll rounds that received nothing.",
+        Kind::Counter,
+        sh.workers.iter().map(|w| (worker(w), secs(w.counters.idle_cycles.get()))),
+    )?;
+    family(
+        e,
+        "sluice_worker_rx_interrupts",
+        "1 when a worker's idle pauses wait on receive interrupts (every port queue it polls has them; dpdk.rxInterrupts), 0 when it sleeps.",
+        Kind::Gauge,
+        sh.workers.iter().map(|w| (worker(w), f(w.counters.interrupts_armed.get()))),
+    )?;
+    let silent = health::silent_for(sh, now);
+    family(
+        e,
+        "sluice_worker_stalled",
+        "1 while a worker has not polled for more than a second (the process exits after dpdk.stallExitSeconds).",
+        Kind::Gauge,
+        sh.workers.iter().zip(&silent).map(|(w, d)| (worker(w), f(u64::from(*d > health::STALL)))),
+    )?;
+    family(
+        e,
+        "sluice_worker_snapshot_generation",
+        "Snapshot generation a worker uses.",
+        Kind::Gauge,
+        sh.workers.iter().map(|w| (worker(w), f(w.counters.generation.get()))),
+    )?;
+    family(
+        e,
+        "sluice_drops",
+        "Dropped packets, by worker and reason.",
+        Kind::Counter,
+        sh.workers.iter().flat_map(|w| {
+            DropReason::ALL.iter().map(move |r| {
+                (vec![("worker", s(w.lcore.to_string())), ("reason", s(r.name()))], f(w.counters.drops[r.index()].get()))
+            })
+        }),
+    )?;
+    Ok(())
+}
+
+/// The ports: their counters, loss below DPDK and link.
+fn port_metrics(e: &mut DescriptorEncoder<'_>, sh: &Shared) -> fmt::Result {
+    let stats: Vec<(Labels, PortStats)> = sh
+        .ports
+        .iter()
+        .flat_map(|p| {
+            let mut v = Vec::new();
+            if let Some(st) = p.port.stats() {
+                v.push((vec![("port", s(p.meta.name.clone())), ("side", s("port"))], st));
+            }
+            if let Some(st) = p.tap.as_ref().and_then(|t| t.stats()) {
+                v.push((vec![("port", s(p.meta.name.clone())), ("side", s("kernel"))], st));
+            }
+            v
+        })
+        .collect();
+    for (name, help, get) in PORT_COUNTERS {
+        let full = format!("sluice_port_{name}");
+        family(e, &full, help, Kind::Counter, stats.iter().map(|(l, st)| (l.clone(), f(get(st)))))?;
+    }
+    family(
+        e,
+        "sluice_port_rx_lost_below_dpdk",
+        "Frames a port lost before DPDK received them (device or kernel ring full), by where the figure comes from.",
+        Kind::Counter,
+        sh.ports.iter().map(|p| {
+            let l = lock(&p.loss);
+            (vec![("port", s(p.meta.name.clone())), ("source", s(l.source.clone()))], f(l.below_dpdk))
+        }),
+    )?;
+    family(
+        e,
+        "sluice_port_rx_lost_below_dpdk_exact",
+        "1 when sluice_port_rx_lost_below_dpdk counts every frame lost up to its last sample; 0 while it is a lower bound (frames arriving).",
+        Kind::Gauge,
+        sh.ports.iter().map(|p| (vec![("port", s(p.meta.name.clone()))], f(u64::from(lock(&p.loss).exact)))),
+    )?;
+    family(
+        e,
+        "sluice_port_link_up",
+        "1 when a port's link is up.",
+        Kind::Gauge,
+        sh.ports.iter().filter_map(|p| Some((vec![("port", s(p.meta.name.clone()))], f(u64::from(p.port.link_up()?))))),
+    )?;
+    Ok(())
 }
