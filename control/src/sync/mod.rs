@@ -360,14 +360,10 @@ impl SyncTask {
             tasks.spawn(accept_loop(st, listener, c));
         }
         let mut dialers = Dialers::default();
-        let mut listed = discovered.is_none();
         let first = discovered.as_mut().and_then(|d| d.borrow_and_update().clone());
-        listed |= first.is_some();
+        let listed = discovered.is_none() || first.is_some();
         dialers.want(&state, &wanted(&state.cfg, first.as_deref()), &stop);
-        let started = Instant::now();
-        let mut peers_changed = started;
-        let wait = Duration::from_millis(u64::from(state.cfg.startup_wait_ms));
-        let (mut settled, mut not_heard) = (false, Vec::new());
+        let mut start = Start::new(Duration::from_millis(u64::from(state.cfg.startup_wait_ms)), listed);
         let mut last_build = Instant::now() - REBUILD_EVERY;
         let (mut last_expire, mut last_status) = (Instant::now(), Instant::now() - STATUS_EVERY);
         let mut drained = Vec::with_capacity(DRAIN_PER_ROUND);
@@ -394,9 +390,9 @@ impl SyncTask {
                         continue;
                     }
                     let list = discovered.as_mut().and_then(|d| d.borrow_and_update().clone());
-                    listed |= list.is_some();
+                    start.listed |= list.is_some();
                     if dialers.want(&state, &wanted(&state.cfg, list.as_deref()), &stop) {
-                        peers_changed = Instant::now();
+                        start.peers_changed = Instant::now();
                     }
                     continue;
                 }
@@ -409,69 +405,101 @@ impl SyncTask {
                 expire(&state, now);
             }
             if now.duration_since(last_build) >= REBUILD_EVERY {
-                let pins = {
-                    let mut inbox = lock(&state.inbox);
-                    inbox.dirty.then(|| {
-                        inbox.dirty = false;
-                        let numbering = state.numbering();
-                        let pins: Vec<(FlowKey, SyncedPin)> = inbox
-                            .pins
-                            .values()
-                            .filter_map(|(r, deadline_ms)| {
-                                let (key, endpoint, incarnation) = numbering.inbound(r)?;
-                                Some((key, SyncedPin { endpoint, incarnation, deadline_ms: *deadline_ms }))
-                            })
-                            .collect();
-                        inbox.usable = pins.len();
-                        pins
-                    })
-                };
-                if let Some(pins) = pins {
+                if rebuild(&state, &mut publisher) {
                     last_build = now;
-                    publisher.publish(SyncedPins::build(pins));
                 } else {
                     publisher.reclaim();
                 }
             }
-            if !settled {
-                let (mut waiting, unreachable) = {
-                    let peers = lock(&state.peers);
-                    let waiting: Vec<String> = peers
-                        .iter()
-                        .filter(|(_, p)| p.connected.load(Ordering::Relaxed) && !p.in_sync.load(Ordering::Relaxed))
-                        .map(|(a, _)| a.to_string())
-                        .collect();
-                    let unreachable: Vec<String> =
-                        peers.iter().filter(|(_, p)| !p.connected.load(Ordering::Relaxed)).map(|(a, _)| a.to_string()).collect();
-                    (waiting, unreachable)
-                };
-                if !listed {
-                    waiting.push(NOT_LISTED.to_owned());
-                }
-                // A peer is given a first chance to connect before it counts
-                // as unreachable: every peer is dialled as soon as it is known.
-                let tried = now.duration_since(peers_changed) >= REDIAL.1.min(wait);
-                if waiting.is_empty() && (unreachable.is_empty() || tried) {
-                    settled = true;
-                    info!(unreachable = ?unreachable, "siblings: every reachable sibling's pins taken; announcing");
-                } else if now.duration_since(started) >= wait {
-                    settled = true;
-                    not_heard = waiting.into_iter().chain(unreachable).collect();
-                    warn!(not_heard = ?not_heard, wait_ms = state.cfg.startup_wait_ms, "siblings: start-up wait over without these siblings' pins; announcing anyway");
-                }
-                if settled {
-                    last_status = now - STATUS_EVERY;
-                }
+            if !start.settled && start.check(&state, now) {
+                last_status = now - STATUS_EVERY;
             }
             if now.duration_since(last_status) >= STATUS_EVERY {
                 last_status = now;
-                let s = snapshot_status(&state, settled, &not_heard, now);
+                let s = snapshot_status(&state, start.settled, &start.not_heard, now);
                 status.send_if_modified(|old| std::mem::replace(old, s.clone()) != s);
             }
         }
         dialers.want(&state, &[], &stop);
         tasks.abort_all();
         while tasks.join_next().await.is_some() {}
+    }
+}
+
+/// Publishes the workers' table of synced pins again when pins came or
+/// went since the last time (each translated with the last snapshot's
+/// numbering); true when it did.
+fn rebuild(state: &State, publisher: &mut Publisher<SyncedPins>) -> bool {
+    let pins = {
+        let mut inbox = lock(&state.inbox);
+        if !inbox.dirty {
+            return false;
+        }
+        inbox.dirty = false;
+        let numbering = state.numbering();
+        let pins: Vec<(FlowKey, SyncedPin)> = inbox
+            .pins
+            .values()
+            .filter_map(|(r, deadline_ms)| {
+                let (key, endpoint, incarnation) = numbering.inbound(r)?;
+                Some((key, SyncedPin { endpoint, incarnation, deadline_ms: *deadline_ms }))
+            })
+            .collect();
+        inbox.usable = pins.len();
+        pins
+    };
+    publisher.publish(SyncedPins::build(pins));
+    true
+}
+
+/// The start: whether it settled (every reachable sibling's pins taken,
+/// or the wait over), and whom it did not hear from.
+#[derive(Debug)]
+struct Start {
+    at: Instant,
+    wait: Duration,
+    /// The discovery listed its peers (or there is none).
+    listed: bool,
+    /// When the peers last changed: a new one gets a first chance to
+    /// connect before it counts as unreachable.
+    peers_changed: Instant,
+    settled: bool,
+    not_heard: Vec<String>,
+}
+
+impl Start {
+    fn new(wait: Duration, listed: bool) -> Start {
+        let at = Instant::now();
+        Start { at, wait, listed, peers_changed: at, settled: false, not_heard: Vec::new() }
+    }
+
+    /// Settles when it can; true when it just did.
+    fn check(&mut self, state: &State, now: Instant) -> bool {
+        let (mut waiting, unreachable) = {
+            let peers = lock(&state.peers);
+            let waiting: Vec<String> = peers
+                .iter()
+                .filter(|(_, p)| p.connected.load(Ordering::Relaxed) && !p.in_sync.load(Ordering::Relaxed))
+                .map(|(a, _)| a.to_string())
+                .collect();
+            let unreachable: Vec<String> =
+                peers.iter().filter(|(_, p)| !p.connected.load(Ordering::Relaxed)).map(|(a, _)| a.to_string()).collect();
+            (waiting, unreachable)
+        };
+        if !self.listed {
+            waiting.push(NOT_LISTED.to_owned());
+        }
+        let tried = now.duration_since(self.peers_changed) >= REDIAL.1.min(self.wait);
+        if waiting.is_empty() && (unreachable.is_empty() || tried) {
+            info!(unreachable = ?unreachable, "siblings: every reachable sibling's pins taken; announcing");
+        } else if now.duration_since(self.at) >= self.wait {
+            self.not_heard = waiting.into_iter().chain(unreachable).collect();
+            warn!(not_heard = ?self.not_heard, wait_ms = u64::try_from(self.wait.as_millis()).unwrap_or(u64::MAX), "siblings: start-up wait over without these siblings' pins; announcing anyway");
+        } else {
+            return false;
+        }
+        self.settled = true;
+        true
     }
 }
 
