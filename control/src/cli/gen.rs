@@ -462,53 +462,11 @@ pub fn run(args: &GenArgs) -> Result<ExitCode> {
     let (pool, mut ports) = start_ports(&eal, &args.dpdk, &args.ports, "gen_pool")?;
     let own_mac = ports[0].mac()?.0;
 
-    // What to send.
-    let (datagrams, flows, mean, recorded) = match &args.pcap {
-        Some(path) => {
-            let (frames, at) = read_pcap(path, args.pcap_max, room)?;
-            let n = u32::try_from(frames.len()).context("too many pcap frames")?;
-            let ds: Vec<Datagram> = frames.into_iter().zip(0u32..).map(|(f, i)| mix::raw(i, f)).collect();
-            let mean = mix::mean_frame_size(&ds);
-            (ds, n, mean, Some(at))
-        }
-        None => {
-            let spec = MixSpec {
-                flows: args.flows,
-                vips: args.vips.clone(),
-                ports: args.dports.clone(),
-                kinds,
-                sizes: args.sizes.clone(),
-                fragment_percent: args.fragments,
-                src_mac: match &args.src_mac {
-                    Some(m) => parse_mac(m)?,
-                    None => own_mac,
-                },
-                dst_mac: parse_mac(args.dst_mac.as_deref().unwrap_or_default())?,
-                client_v4: args.clients_v4,
-                client_v6: args.clients_v6,
-            };
-            let ds = core::build(&spec)?;
-            let mean = mix::mean_frame_size(&ds);
-            (ds, args.flows, mean, None)
-        }
-    };
+    let ToSend { datagrams, flows, mean, recorded } = to_send(args, kinds, own_mac, room)?;
     debug_assert!(usize::from(MAX_FRAME) <= room);
 
     let hz = eal.tsc_hz();
-    let target_pps = match (rate, &recorded, args.pcap_timing) {
-        (_, Some(_), true) => None,
-        ("max", _, _) => Some(0),
-        ("line", _, _) => {
-            let speed = ports[0].link()?.speed_mbps;
-            if speed == 0 {
-                bail!("--rate line: port {} reports no link speed; give a rate in frames per second", ports[0].info().name);
-            }
-            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_precision_loss)]
-            let pps = (f64::from(speed) * 1e6 / ((mean + 20.0) * 8.0)) as u64;
-            Some(pps)
-        }
-        (r, _, _) => Some(parse_pps(r)?),
-    };
+    let target_pps = target_pps(rate, recorded.is_some() && args.pcap_timing, &ports[0], mean)?;
 
     let stop_signal = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
@@ -665,6 +623,65 @@ pub fn run(args: &GenArgs) -> Result<ExitCode> {
         return Ok(ExitCode::from(1));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// What to send: the datagrams, how many flows they make, their mean
+/// frame size and, from a capture, when each was recorded (nanoseconds).
+struct ToSend {
+    datagrams: Vec<Datagram>,
+    flows: u32,
+    mean: f64,
+    recorded: Option<Vec<u64>>,
+}
+
+/// The frames of `--pcap`, or the flow mix the arguments describe.
+fn to_send(args: &GenArgs, kinds: Vec<Kind>, own_mac: [u8; 6], room: usize) -> Result<ToSend> {
+    if let Some(path) = &args.pcap {
+        let (frames, at) = read_pcap(path, args.pcap_max, room)?;
+        let flows = u32::try_from(frames.len()).context("too many pcap frames")?;
+        let datagrams: Vec<Datagram> = frames.into_iter().zip(0u32..).map(|(f, i)| mix::raw(i, f)).collect();
+        let mean = mix::mean_frame_size(&datagrams);
+        return Ok(ToSend { datagrams, flows, mean, recorded: Some(at) });
+    }
+    let spec = MixSpec {
+        flows: args.flows,
+        vips: args.vips.clone(),
+        ports: args.dports.clone(),
+        kinds,
+        sizes: args.sizes.clone(),
+        fragment_percent: args.fragments,
+        src_mac: match &args.src_mac {
+            Some(m) => parse_mac(m)?,
+            None => own_mac,
+        },
+        dst_mac: parse_mac(args.dst_mac.as_deref().unwrap_or_default())?,
+        client_v4: args.clients_v4,
+        client_v6: args.clients_v6,
+    };
+    let datagrams = core::build(&spec)?;
+    let mean = mix::mean_frame_size(&datagrams);
+    Ok(ToSend { datagrams, flows: args.flows, mean, recorded: None })
+}
+
+/// Frames per second to send (`Some(0)`: as fast as the port takes them;
+/// `None`: at the capture's own pace, `recorded_pace`), from `--rate`:
+/// `max`, `line` (the link speed of `port` at frames of `mean` bytes) or a
+/// number.
+fn target_pps(rate: &str, recorded_pace: bool, port: &Port, mean: f64) -> Result<Option<u64>> {
+    Ok(match rate {
+        _ if recorded_pace => None,
+        "max" => Some(0),
+        "line" => {
+            let speed = port.link()?.speed_mbps;
+            if speed == 0 {
+                bail!("--rate line: port {} reports no link speed; give a rate in frames per second", port.info().name);
+            }
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_precision_loss)]
+            let pps = (f64::from(speed) * 1e6 / ((mean + 20.0) * 8.0)) as u64;
+            Some(pps)
+        }
+        r => Some(parse_pps(r)?),
+    })
 }
 
 /// Ends sending after `duration` or at a signal, and prints progress once
