@@ -199,9 +199,13 @@ impl Signals {
     }
 }
 
+/// What the follower of the Gateway's pods needs: the Gateway, the
+/// siblings' listen address (its port is theirs), and where it publishes.
+type PodsFollower = (crate::config::kubernetes::KubeConfig, SocketAddr, watch::Sender<Option<Vec<SocketAddr>>>);
+
 /// The sibling sync task, listening, with the follower of the Gateway's
 /// pods when they are siblings.
-type SyncBound = (SyncTask, Option<(crate::config::kubernetes::KubeConfig, SocketAddr, watch::Sender<Option<Vec<SocketAddr>>>)>);
+type SyncBound = (SyncTask, Option<PodsFollower>);
 
 async fn bind_sync(parts: SyncParts, reconciler: &Reconciler, shared: &Shared) -> Result<SyncBound> {
     let SyncParts { cfg, rings, publisher, epoch, pods } = parts;
@@ -311,7 +315,7 @@ fn spawn_next_hops(tasks: &mut Tasks, ifaces: Vec<String>, reconciler: &Reconcil
 
 /// Sibling sync, and the follower of the Gateway's pods when they are
 /// siblings.
-fn spawn_sync(tasks: &mut Tasks, sync: SyncTask, pods: Option<(crate::config::kubernetes::KubeConfig, SocketAddr, watch::Sender<Option<Vec<SocketAddr>>>)>) {
+fn spawn_sync(tasks: &mut Tasks, sync: SyncTask, pods: Option<PodsFollower>) {
     tasks.spawn(Group::Rest, "sibling sync", move |c| sync.run(c));
     if let Some((cfg, listen, tx)) = pods {
         tasks.spawn(Group::Rest, "sibling pods follower", move |c| kube::pods::follow(cfg, listen, kube::pods::Own::from_env(listen), tx, c));
