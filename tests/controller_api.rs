@@ -1,9 +1,9 @@
-//! `sluice controller` against an API server: the fake one of
+//! `sluice-controller` against an API server: the fake one of
 //! `sluice_tests::fake_apiserver`, started by each test, and, with
 //! `SLUICE_TEST_KUBECONFIG` set, a real one (in a namespace the test
 //! creates and deletes; the cluster needs the Gateway API CRDs).
 //!
-//! The controller runs in-process ([`sluice::controller::client::run`]);
+//! The controller runs in-process ([`sluice_controller::client::run`]);
 //! the test writes objects and reads what the controller wrote through a
 //! Kubernetes client, as any client would.
 //!
@@ -26,9 +26,9 @@ use std::time::Duration;
 use kube::api::{ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::Client;
 use serde_json::{json, Value as Json};
-use sluice::controller::client::{self, Options, Status};
-use sluice::controller::lease::LeaseConfig;
-use sluice::controller::{Settings, COND_ACCEPTED, COND_ENDPOINTS};
+use sluice_controller::client::{self, Options, Status};
+use sluice_controller::lease::LeaseConfig;
+use sluice_controller::{Settings, COND_ACCEPTED, COND_ENDPOINTS};
 use sluice_tests::fake_apiserver::FakeApi;
 use tokio_util::sync::CancellationToken;
 
@@ -309,7 +309,7 @@ async fn deployment_scenario(env: &Env) {
     let (_status, stop, task) = env.controller("only");
     eventually("the Deployment appears", || async { env.get("Deployment", "sllbr-sllb-a").await.map(|_| ()).ok_or_else(|| "not yet".into()) }).await;
     let d = env.get("Deployment", "sllbr-sllb-a").await.unwrap();
-    let template = sluice::controller::gateway::DEFAULT_TEMPLATE;
+    let template = sluice_controller::gateway::DEFAULT_TEMPLATE;
     assert!(template.contains("image: sluice:0.1.0"));
     assert_eq!(d["spec"]["replicas"], 2);
     assert_eq!(d["metadata"]["labels"]["sluice.io/gateway"], "sllb-a");

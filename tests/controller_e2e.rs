@@ -1,8 +1,8 @@
-//! `sluice controller` end to end, in network namespaces
+//! `sluice-controller` end to end, in network namespaces
 //! (scripts/topology.sh): the fake API server (`sluice-fake-apiserver`)
 //! serves a directory of manifests holding a Gateway, a Service, an
 //! L34Route and three Pod objects whose Multus network-status puts them on
-//! the backends' addresses; `sluice controller` writes the Service's
+//! the backends' addresses; `sluice-controller` writes the Service's
 //! EndpointSlice from them; `sluice run` serves what the slice says.
 //!
 //! - real TCP connections to the VIP complete, each backend taking a share;
@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use sluice_tests::topology::{root, stop_cleanly, Topology};
-use sluice_tests::{privileged, sluice_bin, wait_until, Proc};
+use sluice_tests::{privileged, sluice_bin, tool_bin, wait_until, Proc};
 
 const NS: &str = "tenant-ctrl";
 const GATEWAY: &str = "sllb-ctrl";
@@ -152,12 +152,11 @@ fn deleting_a_backend_pod_moves_only_its_traffic() {
     }
     let kc = std::fs::read_to_string(&kubeconfig).unwrap();
     let server = kc.split("server: \"").nth(1).and_then(|r| r.split('"').next()).expect("a server in the kubeconfig").to_owned();
-    let bin = sluice_bin();
+    let controller_bin = tool_bin("sluice-controller");
     let mut controller = topo.spawn(
         "lb",
         &[
-            bin.to_str().unwrap(),
-            "controller",
+            controller_bin.to_str().unwrap(),
             "--kubeconfig",
             kubeconfig.to_str().unwrap(),
             "--namespace",
@@ -179,6 +178,7 @@ fn deleting_a_backend_pod_moves_only_its_traffic() {
 
     let cfg = dir.0.join("appliance.yaml");
     std::fs::write(&cfg, appliance_config(&prefix)).unwrap();
+    let bin = sluice_bin();
     let mut lb: Proc = topo.spawn("lb", &[bin.to_str().unwrap(), "run", "--config", cfg.to_str().unwrap()]);
     let ready = wait_until(Duration::from_secs(45), || {
         topo.status()["endpoints"].as_array().is_some_and(|e| e.len() == 3 && e.iter().all(|e| e["state"] == "ready"))

@@ -9,7 +9,7 @@
 //!   The test finds the owners from the controller's own plan and checks
 //!   the ClusterRole grants it; no rule of any shipped role uses a
 //!   wildcard.
-//! - `sluice controller --dry-run` writes what applies (no owner
+//! - `sluice-controller --dry-run` writes what applies (no owner
 //!   reference without the owner's uid, nothing only the server fills
 //!   in) and reads the List documents `kubectl get -o yaml` writes.
 //! - The README's controller install, command by command, in order, on
@@ -18,6 +18,8 @@
 //!   a cluster-scoped object needs its kind, a custom kind its CRD
 //!   applied before); at the end, every kind the controller watches is
 //!   installed, the Gateway API's at v1.2 or later (`spec.infrastructure`).
+//! - The `sluice-controller` binary does not link DPDK: no `rte_` symbol and
+//!   no DPDK library (or a DPDK driver's) among the libraries it needs.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeSet;
@@ -26,8 +28,9 @@ use std::path::{Path, PathBuf};
 use kube::api::{ApiResource, DynamicObject, PostParams};
 use serde_json::{json, Value as Json};
 use sluice::config::yaml;
-use sluice::controller::{dryrun, plan, Settings};
+use sluice_controller::{dryrun, plan, Settings};
 use sluice_tests::fake_apiserver::{FakeApi, RESOURCES};
+use sluice_tests::tool_bin;
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -48,6 +51,33 @@ fn plural(kind: &str) -> String {
 
 fn strings(v: &Json) -> Vec<String> {
     v.as_array().into_iter().flatten().filter_map(Json::as_str).map(str::to_owned).collect()
+}
+
+/// What of DPDK a binary links: its symbols named `rte_*` (DPDK is linked
+/// statically) and the shared libraries it needs that are DPDK's or its
+/// drivers' (`librte_*`, `libnuma`, `libibverbs`, `libmlx*`).
+fn dpdk_in(bin: &Path) -> (usize, Vec<String>) {
+    let out = |cmd: &str, args: &[&str]| {
+        let o = std::process::Command::new(cmd).args(args).arg(bin).output().unwrap_or_else(|e| panic!("{cmd}: {e}"));
+        assert!(o.status.success(), "{cmd} {}: {}", bin.display(), String::from_utf8_lossy(&o.stderr));
+        String::from_utf8(o.stdout).unwrap()
+    };
+    let symbols = out("nm", &["--defined-only"]).lines().filter(|l| l.split_whitespace().last().is_some_and(|s| s.starts_with("rte_"))).count();
+    let libraries = out("readelf", &["-d"])
+        .lines()
+        .filter(|l| l.contains("(NEEDED)"))
+        .filter_map(|l| l.split('[').nth(1).map(|s| s.trim_end_matches(']').to_owned()))
+        .filter(|lib| ["librte_", "libnuma", "libibverbs", "libmlx"].iter().any(|p| lib.starts_with(p)))
+        .collect();
+    (symbols, libraries)
+}
+
+#[test]
+fn the_controller_does_not_link_dpdk() {
+    let appliance = dpdk_in(&sluice_tests::sluice_bin());
+    assert!(appliance.0 > 100, "the check sees DPDK where it is: {} rte_ symbols in sluice", appliance.0);
+    let controller = dpdk_in(&tool_bin("sluice-controller"));
+    assert_eq!(controller, (0, Vec::new()), "sluice-controller links DPDK: (rte_ symbols, libraries)");
 }
 
 #[test]
@@ -103,7 +133,7 @@ fn the_controller_may_block_its_owners_deletion_and_no_rule_is_a_wildcard() {
 }
 
 /// The documents of the dry run's output.
-fn output(store: &sluice::controller::Store) -> Vec<Json> {
+fn output(store: &sluice_controller::Store) -> Vec<Json> {
     let text = dryrun::render(store, &Settings::defaults().unwrap(), true);
     let (docs, err) = yaml::documents(&text, &mut yaml::Budget::default());
     assert!(err.is_none(), "{text}");
@@ -214,7 +244,7 @@ async fn walk(commands: &[String]) -> Vec<String> {
     }
     let kubeconfig = std::env::temp_dir().join(format!("sluice-install-{}.kubeconfig", std::process::id()));
     std::fs::write(&kubeconfig, api.kubeconfig("default")).unwrap();
-    let client = sluice::controller::client::client(Some(&kubeconfig)).await.unwrap();
+    let client = sluice_controller::client::client(Some(&kubeconfig)).await.unwrap();
     let _ = std::fs::remove_file(&kubeconfig);
 
     let mut kinds: BTreeSet<String> = BUILT_IN.iter().map(|k| (*k).to_owned()).collect();
@@ -274,7 +304,7 @@ async fn walk(commands: &[String]) -> Vec<String> {
             }
         }
     }
-    for k in sluice::controller::client::KINDS {
+    for k in sluice_controller::client::KINDS {
         if !kinds.contains(k) {
             problems.push(format!("the controller watches {k}s, which no command installs (a prerequisite is missing)"));
         }

@@ -146,7 +146,7 @@ async fn create_namespaces(api: &FakeApi, tag: &str, names: &[&str]) {
     let dir = tempdir(&format!("{tag}-ns"));
     let kc = dir.0.join("kubeconfig");
     std::fs::write(&kc, api.kubeconfig("default")).unwrap();
-    let client = sluice::controller::client::client(Some(&kc)).await.unwrap();
+    let client = sluice_controller::client::client(Some(&kc)).await.unwrap();
     let r = ApiResource { group: String::new(), version: "v1".into(), api_version: "v1".into(), kind: "Namespace".into(), plural: "namespaces".into() };
     let namespaces: Api<DynamicObject> = Api::all_with(client, &r);
     for name in names {
@@ -602,7 +602,7 @@ async fn the_fake_apiserver_refuses_objects_in_a_namespace_that_does_not_exist()
     let dir = tempdir("nons");
     let kc = dir.0.join("kubeconfig");
     std::fs::write(&kc, api.kubeconfig(NS)).unwrap();
-    let client = sluice::controller::client::client(Some(&kc)).await.unwrap();
+    let client = sluice_controller::client::client(Some(&kc)).await.unwrap();
     let r = ApiResource { group: String::new(), version: "v1".into(), api_version: "v1".into(), kind: "ConfigMap".into(), plural: "configmaps".into() };
     let configmaps: Api<DynamicObject> = Api::namespaced_with(client, NS, &r);
     let cm: DynamicObject = serde_json::from_value(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}, "data": {"k": "v"}})).unwrap();

@@ -7,15 +7,14 @@
 //! it to the workers; nothing calls back up that chain.
 #![forbid(unsafe_code)]
 
+/// The layers shared with the controller, from `sluice-core`: the ground
+/// floor, the model and the configuration.
+pub use sluice_core::{config, ground, model, problem};
+
 pub mod admin;
 pub mod appliance;
 pub mod cli;
 pub mod compile;
-pub mod config;
-pub mod controller;
-pub mod ground;
-pub mod model;
-pub mod problem;
 pub mod reconcile;
 pub mod routing;
 pub mod sources;

@@ -5,16 +5,13 @@
 //! plain io-forwarder between two ports, the speed baseline and a proof of
 //! the DPDK bindings), `gen` (a traffic generator that accounts for what
 //! comes back), `capture` (a port's frames to a pcap file), `crds` (the
-//! CRDs of L34Route and GatewayRouter), `controller` (the
-//! controller-manager: EndpointSlices with stable identifiers and the SLLBR
-//! Deployments of the Gateways of a class).
+//! CRDs of L34Route and GatewayRouter). The controller-manager is a binary
+//! of its own, `sluice-controller`, that does not link DPDK.
 #![forbid(unsafe_code)]
-
-mod logging;
 
 use clap::{Parser, Subcommand};
 use sluice::appliance as run;
-use sluice::cli::{capture, check, controller, crds, forward, gen, status, tables};
+use sluice::cli::{capture, check, crds, forward, gen, status, tables};
 
 /// Sluice: a kernel-bypass L3/L4 load balancer on DPDK.
 ///
@@ -45,7 +42,6 @@ enum Command {
     Gen(Box<gen::GenArgs>),
     Capture(Box<capture::CaptureArgs>),
     Crds(crds::CrdsArgs),
-    Controller(controller::ControllerArgs),
 }
 
 fn version_line() -> &'static str {
@@ -65,7 +61,7 @@ fn main() -> std::process::ExitCode {
     // Before any thread starts (DPDK's, tokio's): one heap for all of them.
     sluice_ffi::heap::one_arena();
     let cli = Cli::parse();
-    logging::init(cli.log.as_deref());
+    sluice_core::logging::init(cli.log.as_deref());
     let result = match cli.command {
         Command::Run(args) => run::run(&args),
         Command::Check(args) => Ok(check::run(&args)),
@@ -76,7 +72,6 @@ fn main() -> std::process::ExitCode {
         Command::Gen(args) => gen::run(&args),
         Command::Capture(args) => capture::run(&args),
         Command::Crds(args) => crds::run(&args),
-        Command::Controller(args) => controller::run(&args),
     };
     match result {
         Ok(code) => code,

@@ -142,6 +142,16 @@ pub fn eal_args(cfg: &ApplianceConfig, workers: usize) -> Vec<String> {
 mod tests {
     use super::*;
 
+    /// The configuration (in `sluice-core`, which does not link DPDK)
+    /// bounds ports and cores by DPDK's build limits as numbers: they must
+    /// be the linked DPDK's.
+    #[test]
+    fn the_configuration_knows_dpdks_limits() {
+        use crate::config::bounds;
+        assert_eq!(bounds::DPDK_DEVICES, sluice_ffi::sys::RTE_MAX_ETHPORTS as usize);
+        assert_eq!(bounds::DPDK_CORES, sluice_ffi::sys::RTE_MAX_LCORE);
+    }
+
     #[test]
     fn core_lists() {
         assert_eq!(count_lcores("0,1"), 2);

@@ -2,7 +2,6 @@
 
 pub mod capture;
 pub mod check;
-pub mod controller;
 pub mod crds;
 pub mod status;
 pub mod tables;

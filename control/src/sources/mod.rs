@@ -129,3 +129,68 @@ pub fn load(path: &Path) -> Result<Loaded, Vec<Problem>> {
     let resolved = model.resolve(&state.config.defaults)?;
     Ok(Loaded { config: state.config, model, resolved })
 }
+
+#[cfg(test)]
+mod tests {
+    /// A manifests directory's `GatewayRouter`s of the configured Gateway
+    /// join the file's, read through the same path as `run`.
+    #[test]
+    fn manifests_add_their_gateway_routers() {
+        let dir = std::env::temp_dir().join(format!("sluice-routers-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("m")).unwrap();
+        let config = dir.join("c.yaml");
+        std::fs::write(&config, "ports:\n  - {name: front, device: net_null0, addresses: [169.254.100.1/24], kernelInterface: vlan-100}\nmanifests: {directory: m, gateway: sllb-a}\ngatewayRouters:\n  - {name: from-file, address: 169.254.100.151, interface: front, bgp: {localASN: 1, remoteASN: 2}}\n").unwrap();
+        let manifests = |bad: &str| {
+            format!(
+                r"apiVersion: gateway.networking.k8s.io/v1beta1
+kind: Gateway
+metadata: {{name: sllb-a}}
+spec: {{gatewayClassName: x}}
+---
+apiVersion: meridio.experiment.gateway.api.poc/v1alpha1
+kind: GatewayRouter
+metadata:
+  name: gateway-a-v4
+  labels:
+    service.kubernetes.io/service-proxy-name: sllb-a
+spec:
+  address: 169.254.100.150
+  interface: vlan-100
+  bgp:
+    localASN: 8103
+    remoteASN: 4248829953
+    holdTime: 24s
+    localPort: 10179
+    remotePort: 10179
+    bfd:
+      switch: true
+      minTx: 300ms
+      minRx: 300ms
+      multiplier: 5
+---
+apiVersion: meridio.experiment.gateway.api.poc/v1alpha1
+kind: GatewayRouter
+metadata: {{name: another-gateways, labels: {{service.kubernetes.io/service-proxy-name: sllb-b}}}}
+spec: {{address: 10.9.9.9, interface: nowhere}}
+---
+apiVersion: meridio.experiment.gateway.api.poc/v1alpha1
+kind: GatewayRouter
+metadata: {{name: second, labels: {{service.kubernetes.io/service-proxy-name: sllb-a}}}}
+spec: {{address: 169.254.100.152, interface: vlan-100{bad}}}
+"
+            )
+        };
+        std::fs::write(dir.join("m/gw.yaml"), manifests("")).unwrap();
+        let got: Vec<String> = super::read(&config).unwrap_err().iter().map(ToString::to_string).collect();
+        let file = dir.join("m/gw.yaml").display().to_string();
+        assert_eq!(got, [format!("{file}:35:7: [doc 3] GatewayRouter/second.spec: missing field \"bgp\"")]);
+        std::fs::write(dir.join("m/gw.yaml"), manifests(", bgp: {localASN: 1, remoteASN: 2}")).unwrap();
+        let st = super::read(&config).unwrap();
+        let names: Vec<&str> = st.config.routing.routers.iter().map(|r| r.router.name.as_str()).collect();
+        assert_eq!(names, ["from-file", "gateway-a-v4", "second"], "the other Gateway's router is not ours");
+        assert_eq!(st.config.routing.routers[1].router.bgp.local_port, 10179);
+        assert_eq!(&*st.config.routing.routers[1].origin.path, "[doc 1] GatewayRouter/gateway-a-v4");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -195,4 +195,20 @@ gatewayRouters:
         expect("no-bfd.conf", &render(id, &rs, &["20.0.0.1".parse().unwrap()]));
         expect("empty.conf", &render(id, &[], &["2001:db8::1".parse().unwrap()]));
     }
+
+    /// Every name a GatewayRouter may have (up to 253 characters) becomes
+    /// a protocol name BIRD takes, so what `check` accepts, `run` and a
+    /// reload can apply.
+    #[test]
+    fn long_names_render_a_configuration_bird_accepts() {
+        let name = format!("r{}", "-gateway.router_".repeat(15)).chars().take(crate::model::limits::NAME_MAX_LEN).collect::<String>();
+        let text = format!("gatewayRouters:\n  - {{name: '{name}', address: 169.254.100.2, interface: front, bgp: {{localASN: 1, remoteASN: 2}}}}\n");
+        let (id, rs) = router::testing::check(&text).unwrap();
+        let conf = render(id.unwrap(), &rs, &["20.0.0.1".parse().unwrap()]);
+        let f = std::env::temp_dir().join(format!("sluice-long-name-{}.conf", std::process::id()));
+        std::fs::write(&f, &conf).unwrap();
+        let out = std::process::Command::new("/usr/sbin/bird").args(["-p", "-c"]).arg(&f).output().expect("bird2 is installed (scripts/setup.sh)");
+        let _ = std::fs::remove_file(&f);
+        assert!(out.status.success(), "{}: {}", name.len(), String::from_utf8_lossy(&out.stderr));
+    }
 }

@@ -33,7 +33,7 @@
 //! writes are the same bytes and converge instead of fighting.
 
 pub mod client;
-pub mod crd;
+pub use sluice_core::crd;
 pub mod pods;
 pub mod sync;
 

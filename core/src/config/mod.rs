@@ -66,6 +66,12 @@ pub mod bounds {
     pub const SERVICES: (i64, i64) = (1, 1 << 20);
     /// Endpoint counter slots (`capacity.endpoints`): 16 bytes each per worker.
     pub const ENDPOINTS: (i64, i64) = (1, 1 << 22);
+    /// Devices (ports and their exception taps) DPDK supports: its
+    /// `RTE_MAX_ETHPORTS` (Debian's DPDK 22.11; the appliance's tests check
+    /// that the linked DPDK agrees).
+    pub const DPDK_DEVICES: usize = 32;
+    /// Cores DPDK numbers: its `RTE_MAX_LCORE` (checked as above).
+    pub const DPDK_CORES: u32 = 128;
     /// Simultaneous admin connections (`admin.maxConnections`).
     pub const ADMIN_CONNECTIONS: (i64, i64) = (1, 1024);
     /// Seconds an admin request may take (`admin.requestTimeoutSeconds`).
@@ -403,12 +409,12 @@ pub fn parse(v: &Value, path: &Path) -> Result<ApplianceConfig, Vec<Problem>> {
             }
         });
         let devices = ports.len() + ports.iter().filter(|x| !x.kernel_interface.is_empty()).count();
-        if devices > sluice_ffi::sys::RTE_MAX_ETHPORTS as usize {
+        if devices > bounds::DPDK_DEVICES {
             n.bad(p, format!(
                 "{} ports and {} exception taps are more devices than DPDK supports ({})",
                 ports.len(),
                 devices - ports.len(),
-                sluice_ffi::sys::RTE_MAX_ETHPORTS
+                bounds::DPDK_DEVICES
             ));
         }
     });
@@ -597,7 +603,7 @@ fn dpdk(n: Node<'_>, p: &mut Problems) -> DpdkConfig {
 /// a worker with the control runtime beside it; with more, the first runs
 /// the control runtime and the others workers.
 fn cores(s: &str) -> Result<Vec<u32>, String> {
-    let max = sluice_ffi::sys::RTE_MAX_LCORE;
+    let max = bounds::DPDK_CORES;
     let mut cores: Vec<u32> = Vec::new();
     for part in s.split(',') {
         let (a, b) = part.split_once('-').unwrap_or((part, part));

@@ -27,8 +27,8 @@ use serde_json::{json, Value as Json};
 
 use super::ids::{self, Previous};
 use super::{Key, Store, MANAGED_BY, MANAGED_BY_LABEL};
-use crate::config::manifests::{ENDPOINT_IDS, PROXY_NAME_LABEL, SERVICE_NAME_LABEL};
-use crate::model::limits;
+use sluice_core::config::manifests::{ENDPOINT_IDS, PROXY_NAME_LABEL, SERVICE_NAME_LABEL};
+use sluice_core::model::limits;
 
 /// Multus's annotation on a pod: its attachments and their addresses.
 pub const NETWORK_STATUS: &str = "k8s.v1.cni.cncf.io/network-status";
@@ -464,7 +464,7 @@ fn slice(key: &Key, svc: &Json, name: &str, v4: bool, members: &[(u32, &Endpoint
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::controller::Store;
+    use crate::Store;
 
     fn gateway() -> Json {
         json!({"apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",

@@ -1,5 +1,6 @@
-//! `sluice controller`: the design's Controller-Manager, a separate process
-//! of the same binary. For the Gateways of its GatewayClass it keeps
+//! `sluice-controller`: the design's Controller-Manager, a process of its
+//! own, not linked to DPDK (it shares only `sluice-core` with the
+//! appliance). For the Gateways of its GatewayClass it keeps
 //! (1) the EndpointSlices of their Services, built from the pods'
 //! addresses on the Gateways' secondary networks, each endpoint with an
 //! identifier that never changes while it stays ([`slices`], [`ids`]), and
@@ -25,11 +26,12 @@
 //!   Deployment stay as they are, and a condition or an event says why.
 //!
 //! The Gateway's `Accepted` and `Programmed` conditions and its addresses
-//! are the appliance's ([`crate::sources::kube`]); the controller writes
+//! are the appliance's (its Kubernetes source); the controller writes
 //! its own, domain-prefixed ([`COND_ACCEPTED`], [`COND_PROGRAMMED`],
 //! [`COND_ENDPOINTS`]), under its own field manager, so the two writers
 //! never undo each other.
 
+pub mod cli;
 pub mod client;
 pub mod dryrun;
 pub mod gateway;
@@ -41,8 +43,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::{json, Value as Json};
 
-use crate::config::kubernetes::DEFAULT_GATEWAY_CLASS;
-use crate::config::manifests::PROXY_NAME_LABEL;
+use sluice_core::config::kubernetes::DEFAULT_GATEWAY_CLASS;
+use sluice_core::config::manifests::PROXY_NAME_LABEL;
 use gateway::{SllbrConfig, Template};
 use slices::Ignored;
 

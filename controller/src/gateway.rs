@@ -17,9 +17,9 @@
 use serde_json::{json, Map, Value as Json};
 
 use super::Store;
-use crate::config::yaml;
+use sluice_core::config::yaml;
 
-pub use crate::config::manifests::GATEWAY_LABEL;
+pub use sluice_core::config::manifests::GATEWAY_LABEL;
 /// The managed-by label of the Deployments.
 pub const APP_MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 /// The key of the parametersRef ConfigMap holding the configuration.

@@ -568,9 +568,10 @@ pub fn from_manifests(dir: &Path, gateway: &str, p: &mut Problems) -> Vec<(Gatew
     out
 }
 
-/// What the routing tests (here and BIRD's renderer) start from.
-#[cfg(test)]
-pub(crate) mod testing {
+/// What the routing tests (here and, in the appliance, BIRD's renderer)
+/// start from.
+#[doc(hidden)]
+pub mod testing {
     use super::*;
     use crate::config::yaml::{document, Budget};
     use crate::config::IfAddr;
@@ -734,66 +735,6 @@ gatewayRouters:
     }
 
     #[test]
-    fn manifests_add_their_gateway_routers() {
-        let dir = std::env::temp_dir().join(format!("sluice-routers-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(dir.join("m")).unwrap();
-        let config = dir.join("c.yaml");
-        std::fs::write(&config, "ports:\n  - {name: front, device: net_null0, addresses: [169.254.100.1/24], kernelInterface: vlan-100}\nmanifests: {directory: m, gateway: sllb-a}\ngatewayRouters:\n  - {name: from-file, address: 169.254.100.151, interface: front, bgp: {localASN: 1, remoteASN: 2}}\n").unwrap();
-        let manifests = |bad: &str| {
-            format!(
-                r"apiVersion: gateway.networking.k8s.io/v1beta1
-kind: Gateway
-metadata: {{name: sllb-a}}
-spec: {{gatewayClassName: x}}
----
-apiVersion: meridio.experiment.gateway.api.poc/v1alpha1
-kind: GatewayRouter
-metadata:
-  name: gateway-a-v4
-  labels:
-    service.kubernetes.io/service-proxy-name: sllb-a
-spec:
-  address: 169.254.100.150
-  interface: vlan-100
-  bgp:
-    localASN: 8103
-    remoteASN: 4248829953
-    holdTime: 24s
-    localPort: 10179
-    remotePort: 10179
-    bfd:
-      switch: true
-      minTx: 300ms
-      minRx: 300ms
-      multiplier: 5
----
-apiVersion: meridio.experiment.gateway.api.poc/v1alpha1
-kind: GatewayRouter
-metadata: {{name: another-gateways, labels: {{service.kubernetes.io/service-proxy-name: sllb-b}}}}
-spec: {{address: 10.9.9.9, interface: nowhere}}
----
-apiVersion: meridio.experiment.gateway.api.poc/v1alpha1
-kind: GatewayRouter
-metadata: {{name: second, labels: {{service.kubernetes.io/service-proxy-name: sllb-a}}}}
-spec: {{address: 169.254.100.152, interface: vlan-100{bad}}}
-"
-            )
-        };
-        std::fs::write(dir.join("m/gw.yaml"), manifests("")).unwrap();
-        let got: Vec<String> = crate::sources::read(&config).unwrap_err().iter().map(ToString::to_string).collect();
-        let file = dir.join("m/gw.yaml").display().to_string();
-        assert_eq!(got, [format!("{file}:35:7: [doc 3] GatewayRouter/second.spec: missing field \"bgp\"")]);
-        std::fs::write(dir.join("m/gw.yaml"), manifests(", bgp: {localASN: 1, remoteASN: 2}")).unwrap();
-        let st = crate::sources::read(&config).unwrap();
-        let names: Vec<&str> = st.config.routing.routers.iter().map(|r| r.router.name.as_str()).collect();
-        assert_eq!(names, ["from-file", "gateway-a-v4", "second"], "the other Gateway's router is not ours");
-        assert_eq!(st.config.routing.routers[1].router.bgp.local_port, 10179);
-        assert_eq!(&*st.config.routing.routers[1].origin.path, "[doc 1] GatewayRouter/gateway-a-v4");
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    #[test]
     fn protocol_names() {
         assert_eq!(protocol_name("gateway-a.v4"), "gw_gateway_a_v4");
         // The longest name that fits keeps its protocol name as it is.
@@ -809,21 +750,5 @@ spec: {{address: 169.254.100.152, interface: vlan-100{bad}}}
         assert_eq!(a[..53], b[..53], "the same prefix");
         assert_ne!(a, b, "told apart by the hash");
         assert_eq!(protocol_name(&format!("{fits}b")).len(), BIRD_SYMBOL_MAX);
-    }
-
-    /// Every name a GatewayRouter may have (up to 253 characters) becomes
-    /// a protocol name BIRD takes, so what `check` accepts, `run` and a
-    /// reload can apply.
-    #[test]
-    fn long_names_render_a_configuration_bird_accepts() {
-        let name = format!("r{}", "-gateway.router_".repeat(15)).chars().take(crate::model::limits::NAME_MAX_LEN).collect::<String>();
-        let text = format!("gatewayRouters:\n  - {{name: '{name}', address: 169.254.100.2, interface: front, bgp: {{localASN: 1, remoteASN: 2}}}}\n");
-        let (id, rs) = check(&text).unwrap();
-        let conf = crate::routing::bird::render::render(id.unwrap(), &rs, &["20.0.0.1".parse().unwrap()]);
-        let f = std::env::temp_dir().join(format!("sluice-long-name-{}.conf", std::process::id()));
-        std::fs::write(&f, &conf).unwrap();
-        let out = std::process::Command::new("/usr/sbin/bird").args(["-p", "-c"]).arg(&f).output().expect("bird2 is installed (scripts/setup.sh)");
-        let _ = std::fs::remove_file(&f);
-        assert!(out.status.success(), "{}: {}", name.len(), String::from_utf8_lossy(&out.stderr));
     }
 }

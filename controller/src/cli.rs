@@ -1,5 +1,5 @@
-//! `sluice controller`: the Controller-Manager ([`crate::controller`]) as
-//! a process: against an API server, or `--dry-run` on a directory.
+//! `sluice-controller`'s command line: the Controller-Manager ([`crate`])
+//! as a process, against an API server, or `--dry-run` on a directory.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -10,12 +10,12 @@ use anyhow::{anyhow, Context, Result};
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
-use crate::config::kubernetes::DEFAULT_GATEWAY_CLASS;
-use crate::controller::client::{self, Options, Status};
-use crate::controller::gateway::Template;
-use crate::controller::lease::LeaseConfig;
-use crate::controller::{dryrun, Settings, DEFAULT_LIMIT};
-use crate::model::limits;
+use sluice_core::config::kubernetes::DEFAULT_GATEWAY_CLASS;
+use crate::client::{self, Options, Status};
+use crate::gateway::Template;
+use crate::lease::LeaseConfig;
+use crate::{dryrun, Settings, DEFAULT_LIMIT};
+use sluice_core::model::limits;
 
 /// Run the controller-manager of the Gateways of a GatewayClass.
 ///
@@ -40,9 +40,13 @@ use crate::model::limits;
 /// only the leader writes. With --dry-run DIR nothing is contacted: the
 /// EndpointSlices it would write for the manifests in DIR are printed as
 /// YAML, with why pods were left out as comments.
-#[derive(Debug, clap::Args)]
-#[command(verbatim_doc_comment)]
+#[derive(Debug, clap::Parser)]
+#[command(name = "sluice-controller", version, verbatim_doc_comment)]
 pub struct ControllerArgs {
+    /// Log filter (error, warn, info, debug, trace, or a tracing filter such
+    /// as `sluice_controller=debug`). Overrides RUST_LOG.
+    #[arg(long, value_name = "FILTER")]
+    pub log: Option<String>,
     /// Print the EndpointSlices for the manifests of DIR, contact nothing.
     #[arg(long, value_name = "DIR")]
     pub dry_run: Option<PathBuf>,
@@ -103,7 +107,7 @@ pub fn settings(args: &ControllerArgs) -> Result<Settings> {
     Ok(Settings { gateway_class: args.gateway_class.clone(), default_limit: args.default_endpoint_limit, template })
 }
 
-/// Runs `sluice controller`.
+/// Runs the controller as the flags say.
 pub fn run(args: &ControllerArgs) -> Result<ExitCode> {
     let settings = settings(args)?;
     if let Some(dir) = &args.dry_run {

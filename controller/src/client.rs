@@ -33,8 +33,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::gateway::{APP_MANAGED_BY_LABEL, GATEWAY_LABEL};
-use crate::config::manifests::ENDPOINT_IDS;
-use crate::ground::lock;
+use sluice_core::config::manifests::ENDPOINT_IDS;
+use sluice_core::ground::lock;
 use super::lease::{self, LeaseConfig};
 use super::{gateway_conditions, is_subset, observed_conditions, plan, Full, Key, Settings, Store, FIELD_MANAGER, MANAGED_BY, MANAGED_BY_LABEL};
 
@@ -398,7 +398,7 @@ impl Task {
             .store
             .of("EndpointSlice")
             .filter(|(k, s)| {
-                let svc = s.pointer("/metadata/labels").and_then(|l| l.get(crate::config::manifests::SERVICE_NAME_LABEL)).and_then(Json::as_str).unwrap_or("");
+                let svc = s.pointer("/metadata/labels").and_then(|l| l.get(sluice_core::config::manifests::SERVICE_NAME_LABEL)).and_then(Json::as_str).unwrap_or("");
                 s.pointer("/metadata/labels").and_then(|l| l.get(MANAGED_BY_LABEL)).and_then(Json::as_str) == Some(MANAGED_BY)
                     && !p.slices.contains_key(*k)
                     && !p.frozen_services.contains(&(k.0.clone(), svc.to_owned()))

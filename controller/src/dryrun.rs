@@ -1,7 +1,7 @@
-//! `sluice controller --dry-run DIR`: the controller's decisions on a
+//! `sluice-controller --dry-run DIR`: the controller's decisions on a
 //! directory of manifests, without a cluster. The objects are read as the
 //! appliance reads a manifests directory
-//! ([`crate::config::manifests::read_dir`]); objects without a namespace
+//! ([`sluice_core::config::manifests::read_dir`]); objects without a namespace
 //! are in the one given. The output is YAML: the EndpointSlices the
 //! controller would write (identifiers read back from the controller's
 //! slices found in DIR, as from a cluster), then, with `deployments`, the
@@ -12,8 +12,8 @@ use std::path::Path;
 use serde_json::{json, Value as Json};
 
 use super::{plan, Settings, Store};
-use crate::config::manifests;
-use crate::sources::kube::crd::to_yaml;
+use sluice_core::config::manifests;
+use sluice_core::crd::to_yaml;
 
 /// The objects of `dir` (Lists read as their items), in `namespace`
 /// unless they name one.
@@ -82,8 +82,8 @@ pub fn render(store: &Store, settings: &Settings, deployments: bool) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::manifests::ENDPOINT_IDS;
-    use crate::config::yaml;
+    use sluice_core::config::manifests::ENDPOINT_IDS;
+    use sluice_core::config::yaml;
 
     const DIR: &str = "../configs/k8s/controller/examples";
 
