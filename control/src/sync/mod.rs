@@ -420,7 +420,9 @@ impl SyncTask {
                 status.send_if_modified(|old| std::mem::replace(old, s.clone()) != s);
             }
         }
-        dialers.want(&state, &[], &stop);
+        // The dialers stop first (aborted on drop, without the log line of
+        // a sibling that left), then the connections.
+        drop(dialers);
         tasks.abort_all();
         while tasks.join_next().await.is_some() {}
     }
