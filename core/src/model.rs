@@ -120,13 +120,21 @@ pub enum DeliveryMode {
     IpIp,
 }
 
+/// Why a delivery mode was not understood.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DeliveryError {
+    /// A name that is neither `l2` nor `ipip`.
+    #[error("unknown delivery {0:?} (expected l2 or ipip)")]
+    Unknown(String),
+}
+
 impl std::str::FromStr for DeliveryMode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = DeliveryError;
+    fn from_str(s: &str) -> Result<Self, DeliveryError> {
         match s {
             "l2" => Ok(DeliveryMode::L2),
             "ipip" => Ok(DeliveryMode::IpIp),
-            other => Err(format!("unknown delivery {other:?} (expected l2 or ipip)")),
+            other => Err(DeliveryError::Unknown(other.to_owned())),
         }
     }
 }
@@ -491,10 +499,39 @@ impl Model {
 
     /// Merges the sources and checks the result.
     pub fn resolve(&self, defaults: &Defaults) -> Result<Resolved, Vec<Problem>> {
-        use limits::{ENDPOINT_LIMIT_MAX, ENDPOINT_LIMIT_MIN, TABLE_SIZE_MAX};
         let mut p = Problems::default();
-        let mut services: BTreeMap<String, Gathering> = BTreeMap::new();
         let mut owners: HashMap<&str, &Origin> = HashMap::new();
+        let mut services = self.resolve_services(defaults, &mut owners, &mut p);
+        self.gather_endpoints(&mut services, &owners, &mut p);
+        let mut addrs: Vec<(Addr, usize)> = Vec::new();
+        for (s, eps, _) in services.values_mut() {
+            check_endpoints(&s.name, eps, &mut addrs, &mut p);
+        }
+        let routes = self.resolve_routes(&services, &owners, &mut p);
+        if p.is_empty() {
+            let services = services
+                .into_iter()
+                .map(|(name, (mut s, eps, whole))| {
+                    s.endpoints = whole.share(eps);
+                    (name, s)
+                })
+                .collect();
+            Ok(Resolved { routes, services })
+        } else {
+            Err(p.0)
+        }
+    }
+
+    /// The services of every source with their settings decided, each
+    /// still without endpoints. A service whose name is invalid or taken,
+    /// or whose limit or table size is out of bounds, is reported and left
+    /// out; the first that takes the lookup tables of all over the budget
+    /// is reported (once). `owners` records where each name was first
+    /// defined, those left out included: what refers to them is then told
+    /// apart from what refers to no service at all.
+    fn resolve_services<'a>(&'a self, defaults: &Defaults, owners: &mut HashMap<&'a str, &'a Origin>, p: &mut Problems) -> BTreeMap<String, Gathering<'a>> {
+        use limits::{ENDPOINT_LIMIT_MAX, ENDPOINT_LIMIT_MIN};
+        let mut services: BTreeMap<String, Gathering<'a>> = BTreeMap::new();
         let budget = u64::from(defaults.table_memory_mb) << 20;
         let mut table_memory = 0u64;
         let mut over_budget = false;
@@ -516,25 +553,7 @@ impl Model {
                     )));
                     continue;
                 }
-                let table_size = match s.table_size {
-                    None => default_size(limit),
-                    Some(m) if m > TABLE_SIZE_MAX => {
-                        p.push(s.origin.problem(format!("table size {m} is above the largest, {TABLE_SIZE_MAX}")));
-                        continue;
-                    }
-                    Some(m) if !is_prime(m) => {
-                        p.push(s.origin.problem(format!(
-                            "table size {m} is not a prime (the next prime is {})",
-                            next_prime(m)
-                        )));
-                        continue;
-                    }
-                    Some(m) if m < limit => {
-                        p.push(s.origin.problem(format!("table size {m} is smaller than the endpoint limit {limit}")));
-                        continue;
-                    }
-                    Some(m) => m,
-                };
+                let Some(table_size) = checked_table_size(s, limit, p) else { continue };
                 table_memory += limits::table_bytes(limit, table_size);
                 if table_memory > budget && !over_budget {
                     over_budget = true;
@@ -565,11 +584,18 @@ impl Model {
                 );
             }
         }
+        services
+    }
 
+    /// Gives each of `services` the endpoints every source sends it, each
+    /// within its service's limits (else reported); an endpoint of a
+    /// service in no source's definitions is reported, one of a service
+    /// left out with errors (in `owners`) is only dropped.
+    fn gather_endpoints<'a>(&'a self, services: &mut BTreeMap<String, Gathering<'a>>, owners: &HashMap<&str, &Origin>, p: &mut Problems) {
         // Endpoints come grouped by service (every source sends them so):
         // the service is looked up again only when it changes, and
         // duplicates are found per service once all are in.
-        let mut current: Option<(&str, Option<&mut Gathering>)> = None;
+        let mut current: Option<(&str, Option<&mut Gathering<'a>>)> = None;
         for run in self.sources.values().flat_map(|d| d.endpoints.runs()) {
             for (i, e) in run.iter().enumerate() {
                 if current.as_ref().is_none_or(|(n, _)| *n != e.service.as_str()) {
@@ -587,14 +613,16 @@ impl Model {
                     continue;
                 };
                 whole.saw(run);
-                admit(e, svc.limit, eps, &mut p);
+                admit(e, svc.limit, eps, p);
             }
         }
-        let mut addrs: Vec<(Addr, usize)> = Vec::new();
-        for (s, eps, _) in services.values_mut() {
-            check_endpoints(&s.name, eps, &mut addrs, &mut p);
-        }
+    }
 
+    /// The routes of every source that can be served, by name: a route
+    /// whose name is invalid or taken, whose match cannot be served, or
+    /// that sends to a service not among `services` (unknown, or left out
+    /// with errors as `owners` tells) is reported and left out.
+    fn resolve_routes(&self, services: &BTreeMap<String, Gathering<'_>>, owners: &HashMap<&str, &Origin>, p: &mut Problems) -> Vec<RouteDef> {
         // As many as the sources give (not twice as many, as growing by
         // doubling may leave: 1.5 MiB for 10,000 routes).
         let mut routes: Vec<RouteDef> = Vec::with_capacity(self.sources.values().map(|d| d.routes.len()).sum());
@@ -626,18 +654,33 @@ impl Model {
             }
         }
         routes.sort_by(|a, b| a.name.cmp(&b.name));
-        if p.is_empty() {
-            let services = services
-                .into_iter()
-                .map(|(name, (mut s, eps, whole))| {
-                    s.endpoints = whole.share(eps);
-                    (name, s)
-                })
-                .collect();
-            Ok(Resolved { routes, services })
-        } else {
-            Err(p.0)
+        routes
+    }
+}
+
+/// The lookup-table size of service `s`, whose endpoint limit is `limit`:
+/// its own when it is a prime within bounds and not below the limit, the
+/// default for the limit when it sets none; `None` (reported) otherwise.
+fn checked_table_size(s: &ServiceDef, limit: u32, p: &mut Problems) -> Option<u32> {
+    use limits::TABLE_SIZE_MAX;
+    match s.table_size {
+        None => Some(default_size(limit)),
+        Some(m) if m > TABLE_SIZE_MAX => {
+            p.push(s.origin.problem(format!("table size {m} is above the largest, {TABLE_SIZE_MAX}")));
+            None
         }
+        Some(m) if !is_prime(m) => {
+            p.push(s.origin.problem(format!(
+                "table size {m} is not a prime (the next prime is {})",
+                next_prime(m)
+            )));
+            None
+        }
+        Some(m) if m < limit => {
+            p.push(s.origin.problem(format!("table size {m} is smaller than the endpoint limit {limit}")));
+            None
+        }
+        Some(m) => Some(m),
     }
 }
 

@@ -264,11 +264,17 @@ mod tests {
     use super::*;
     use crate::config::yaml::{document, Budget};
 
-    fn one<T>(text: &str, f: impl FnOnce(Node<'_>, &mut Problems) -> Option<T>) -> Result<T, String> {
+    /// The messages of the problems a field was refused with, shown
+    /// joined by `; `.
+    #[derive(Debug, thiserror::Error)]
+    #[error("{}", .0.join("; "))]
+    struct Refused(Vec<String>);
+
+    fn one<T>(text: &str, f: impl FnOnce(Node<'_>, &mut Problems) -> Option<T>) -> Result<T, Refused> {
         let quoted = format!("'{}'", text.replace('\'', "''"));
         let v = document(&quoted, &mut Budget::default()).unwrap();
         let mut p = Problems::default();
-        f(Node::root(&v, "f"), &mut p).ok_or_else(|| p.0.iter().map(|x| x.message.clone()).collect::<Vec<_>>().join("; "))
+        f(Node::root(&v, "f"), &mut p).ok_or_else(|| Refused(p.0.iter().map(|x| x.message.clone()).collect()))
     }
 
     #[test]
@@ -277,24 +283,24 @@ mod tests {
         assert_eq!((b.proto, b.offset, b.len, b.mask, b.value), (proto::TCP, 13, 1, 2, 2));
         let b = one("sctp[8:4] = 0x01020304", byte_match).unwrap();
         assert_eq!((b.mask, b.value), (u32::MAX, 0x0102_0304));
-        assert!(one("udp[0:3] = 1", byte_match).unwrap_err().contains("length must be 1, 2 or 4"));
-        assert!(one("icmp[0:1] = 1", byte_match).unwrap_err().contains("unknown protocol"));
-        assert!(one("tcp[0:1] & 0x0f = 0x10", byte_match).unwrap_err().contains("never match"));
-        assert!(one("tcp[0:1] & 0x1ff = 1", byte_match).unwrap_err().contains("bad mask"));
+        assert!(one("udp[0:3] = 1", byte_match).unwrap_err().to_string().contains("length must be 1, 2 or 4"));
+        assert!(one("icmp[0:1] = 1", byte_match).unwrap_err().to_string().contains("unknown protocol"));
+        assert!(one("tcp[0:1] & 0x0f = 0x10", byte_match).unwrap_err().to_string().contains("never match"));
+        assert!(one("tcp[0:1] & 0x1ff = 1", byte_match).unwrap_err().to_string().contains("bad mask"));
         assert!(one("tcp[9596:4] = 1", byte_match).is_ok(), "the last four bytes of the largest packet");
-        assert!(one("tcp[9597:4] = 1", byte_match).unwrap_err().contains("offset 9597 is beyond the largest packet (9600 bytes)"));
-        assert!(one("tcp[65535:4] = 1", byte_match).unwrap_err().contains("beyond the largest packet"));
+        assert!(one("tcp[9597:4] = 1", byte_match).unwrap_err().to_string().contains("offset 9597 is beyond the largest packet (9600 bytes)"));
+        assert!(one("tcp[65535:4] = 1", byte_match).unwrap_err().to_string().contains("beyond the largest packet"));
     }
 
     #[test]
     fn mapped_addresses_are_written_as_ipv4() {
         let want = "\"::ffff:20.0.0.1\" is an IPv4-mapped IPv6 address: write the IPv4 form, 20.0.0.1";
-        assert_eq!(one("::ffff:20.0.0.1", vip).unwrap_err(), want);
-        assert_eq!(one("::ffff:20.0.0.1", addr).unwrap_err(), want);
-        assert!(one("::ffff:20.0.0.1/128", vip).unwrap_err().contains("write the IPv4 form, 20.0.0.1/32"));
-        assert!(one("::ffff:10.0.0.0/104", cidr).unwrap_err().contains("write the IPv4 form, 10.0.0.0/8"));
-        assert!(one("::FFFF:0a00:0001", addr).unwrap_err().contains("write the IPv4 form, 10.0.0.1"), "in any spelling");
-        assert!(one("::ffff:0:0/64", cidr).unwrap_err().contains("in their IPv4 form"));
+        assert_eq!(one("::ffff:20.0.0.1", vip).unwrap_err().to_string(), want);
+        assert_eq!(one("::ffff:20.0.0.1", addr).unwrap_err().to_string(), want);
+        assert!(one("::ffff:20.0.0.1/128", vip).unwrap_err().to_string().contains("write the IPv4 form, 20.0.0.1/32"));
+        assert!(one("::ffff:10.0.0.0/104", cidr).unwrap_err().to_string().contains("write the IPv4 form, 10.0.0.0/8"));
+        assert!(one("::FFFF:0a00:0001", addr).unwrap_err().to_string().contains("write the IPv4 form, 10.0.0.1"), "in any spelling");
+        assert!(one("::ffff:0:0/64", cidr).unwrap_err().to_string().contains("in their IPv4 form"));
         assert!(one("2001:db8::1", addr).unwrap().to_string().starts_with("2001:db8::"));
         assert!(one("::1", addr).is_ok());
         assert!(one("10.0.0.1", addr).unwrap().is_v4());
@@ -305,16 +311,16 @@ mod tests {
     fn ports_vips_macs() {
         assert_eq!(one("8000-8080", port_range).unwrap(), PortRange { lo: 8000, hi: 8080 });
         assert_eq!(one("any", port_range).unwrap(), PortRange::ANY);
-        assert!(one("90-80", port_range).unwrap_err().contains("reversed (write 80-90)"));
-        assert!(one("70000", port_range).unwrap_err().contains("not a port"));
+        assert!(one("90-80", port_range).unwrap_err().to_string().contains("reversed (write 80-90)"));
+        assert!(one("70000", port_range).unwrap_err().to_string().contains("not a port"));
         assert_eq!(one("20.0.0.1/32", vip).unwrap(), "20.0.0.1".parse().unwrap());
-        assert!(one("20.0.0.0/24", vip).unwrap_err().contains("not a /32 or /128"));
-        assert!(one("2001:db8::1/64", vip).unwrap_err().contains("not a /32 or /128"));
+        assert!(one("20.0.0.0/24", vip).unwrap_err().to_string().contains("not a /32 or /128"));
+        assert!(one("2001:db8::1/64", vip).unwrap_err().to_string().contains("not a /32 or /128"));
         assert_eq!(one("02:00:00:aa:bb:0c", mac).unwrap(), [2, 0, 0, 0xaa, 0xbb, 0x0c]);
         assert!(one("02:00:00:aa:bb", mac).is_err());
-        assert!(one("FF:FF:FF:FF:FF:FF", mac).unwrap_err().contains("is the broadcast MAC"), "in any spelling");
-        assert!(one("03:00:00:00:00:01", mac).unwrap_err().contains("is a multicast MAC"));
-        assert!(one("0:0:0:0:0:0", mac).unwrap_err().contains("is the all-zero MAC"));
+        assert!(one("FF:FF:FF:FF:FF:FF", mac).unwrap_err().to_string().contains("is the broadcast MAC"), "in any spelling");
+        assert!(one("03:00:00:00:00:01", mac).unwrap_err().to_string().contains("is a multicast MAC"));
+        assert!(one("0:0:0:0:0:0", mac).unwrap_err().to_string().contains("is the all-zero MAC"));
         assert_eq!(one("fe:ff:ff:ff:ff:ff", mac).unwrap(), [0xfe, 0xff, 0xff, 0xff, 0xff, 0xff], "locally administered unicast");
         assert!(one("web tier", name).is_err());
     }

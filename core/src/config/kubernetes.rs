@@ -34,13 +34,21 @@ pub enum AlgorithmConfiguration {
     Annotation,
 }
 
+/// Why an algorithm configuration was not understood.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum AlgorithmConfigurationError {
+    /// A name that is neither `global` nor `annotation`.
+    #[error("unknown algorithm configuration {0:?} (expected global or annotation)")]
+    Unknown(String),
+}
+
 impl std::str::FromStr for AlgorithmConfiguration {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = AlgorithmConfigurationError;
+    fn from_str(s: &str) -> Result<Self, AlgorithmConfigurationError> {
         match s {
             "global" => Ok(AlgorithmConfiguration::Global),
             "annotation" => Ok(AlgorithmConfiguration::Annotation),
-            other => Err(format!("unknown algorithm configuration {other:?} (expected global or annotation)")),
+            other => Err(AlgorithmConfigurationError::Unknown(other.to_owned())),
         }
     }
 }

@@ -192,7 +192,7 @@ pub fn read_dir(dir: &Path) -> Result<Vec<Object>, Vec<Problem>> {
         let text = match yaml::read(&f, yaml::MAX_FILE_BYTES) {
             Ok(t) => t,
             Err(e) => {
-                p.add(&file, None, "", e);
+                p.add(&file, None, "", e.to_string());
                 continue;
             }
         };
@@ -369,22 +369,7 @@ pub fn map(objects: &[Object], scope: &Scope<'_>, excluded: &BTreeMap<String, Re
     let gateway = scope.gateway;
     let gw = objects.iter().find(|d| d.kind() == "Gateway" && d.name() == Some(gateway));
     let gw_namespace = gw.and_then(|g| meta(&g.value, "namespace")).and_then(Value::as_str);
-    match gw {
-        None => out.whole.push(Problem::new(whole, "", format!("no Gateway named {gateway:?} among {among}"))),
-        Some(g) => {
-            if let Some(class) = scope.gateway_class {
-                let have = g.value.get("spec").and_then(|s| s.get("gatewayClassName")).and_then(Value::as_str);
-                if have != Some(class) {
-                    let mut p = Problems::default();
-                    g.node().bad(&mut p, format!(
-                        "Gateway {gateway:?} has class {:?}, not {class:?}: it is not this appliance's",
-                        have.unwrap_or("")
-                    ));
-                    out.whole.extend(p.0);
-                }
-            }
-        }
-    }
+    check_gateway(gw, scope, whole, among, &mut out.whole);
 
     // Services of this Gateway first: EndpointSlices are kept only for them.
     for d in objects.iter().filter(|d| d.kind() == "Service") {
@@ -440,6 +425,29 @@ pub fn map(objects: &[Object], scope: &Scope<'_>, excluded: &BTreeMap<String, Re
     cascade(&mut out);
     conflicts(&mut out);
     out
+}
+
+/// Adds to `problems` what makes the Gateway of `scope` unusable: it is
+/// not among the objects (`gw` is `None`; `whole` names the collection,
+/// `among` says what it holds), or it has another class than `scope` asks.
+fn check_gateway(gw: Option<&Object>, scope: &Scope<'_>, whole: &str, among: &str, problems: &mut Vec<Problem>) {
+    let gateway = scope.gateway;
+    match gw {
+        None => problems.push(Problem::new(whole, "", format!("no Gateway named {gateway:?} among {among}"))),
+        Some(g) => {
+            if let Some(class) = scope.gateway_class {
+                let have = g.value.get("spec").and_then(|s| s.get("gatewayClassName")).and_then(Value::as_str);
+                if have != Some(class) {
+                    let mut p = Problems::default();
+                    g.node().bad(&mut p, format!(
+                        "Gateway {gateway:?} has class {:?}, not {class:?}: it is not this appliance's",
+                        have.unwrap_or("")
+                    ));
+                    problems.extend(p.0);
+                }
+            }
+        }
+    }
 }
 
 fn refusal(reason: Reason, p: Problems) -> Option<Refusal> {
@@ -500,15 +508,7 @@ fn route(d: &Object, gateway: &str, gw_namespace: Option<&str>) -> Option<Mapped
             return None;
         }
         n.bad(&mut p, "missing metadata.name");
-        return Some(Mapped {
-            kind: Kind::Route,
-            name: String::new(),
-            origin: d.file.clone(),
-            created: d.created(),
-            service: None,
-            desired: Desired::default(),
-            refusal: refusal(Reason::Invalid, p),
-        });
+        return Some(route_mapped(d, "", None, Desired::default(), refusal(Reason::Invalid, p)));
     };
     let mut desired = Desired::default();
     let mut backend = None;
@@ -522,23 +522,13 @@ fn route(d: &Object, gateway: &str, gw_namespace: Option<&str>) -> Option<Mapped
                 "destinationPorts", "protocols", "byteMatches",
             ],
         );
-        let mut parents = Vec::new();
-        let mut namespaces = Vec::new();
-        spec.field("parentRefs", |n| {
-            n.each(p, |n, p| {
-                if let Some(name) = n.required(p, "name", |n, p| n.string(p)).flatten() {
-                    let ns = n.v.get("namespace").and_then(Value::as_str).or(route_namespace);
-                    namespaces.push((name.clone(), ns.map(str::to_owned)));
-                    parents.push(name);
-                }
-            })
-        });
-        if !parents.iter().any(|x| x == gateway) {
+        let parents = parent_refs(spec, p, route_namespace);
+        if !parents.iter().any(|(x, _)| x == gateway) {
             mine = false; // another Gateway's route
             return;
         }
-        if !namespaces.iter().any(|(x, ns)| x == gateway && ns.as_deref() == gw_namespace) {
-            let named = namespaces.iter().find(|(x, _)| x == gateway).and_then(|(_, ns)| ns.clone()).unwrap_or_default();
+        if !parents.iter().any(|(x, ns)| x == gateway && ns.as_deref() == gw_namespace) {
+            let named = parents.iter().find(|(x, _)| x == gateway).and_then(|(_, ns)| ns.clone()).unwrap_or_default();
             elsewhere = Some(format!(
                 "its parentRef names Gateway {gateway:?} of namespace {named:?}, not the one served here (namespace {:?}): \
                  a route attaches to the Gateway of its own namespace",
@@ -564,25 +554,32 @@ fn route(d: &Object, gateway: &str, gw_namespace: Option<&str>) -> Option<Mapped
         return None;
     }
     if let Some(why) = elsewhere {
-        return Some(Mapped {
-            kind: Kind::Route,
-            name: name.to_owned(),
-            origin: d.file.clone(),
-            created: d.created(),
-            service: None,
-            desired: Desired::default(),
-            refusal: Some(Refusal { reason: Reason::NotAllowed, problems: vec![Problem::new(d.file.clone(), d.sub("spec.parentRefs"), why)] }),
-        });
+        let not_allowed = Refusal { reason: Reason::NotAllowed, problems: vec![Problem::new(d.file.clone(), d.sub("spec.parentRefs"), why)] };
+        return Some(route_mapped(d, name, None, Desired::default(), Some(not_allowed)));
     }
-    Some(Mapped {
-        kind: Kind::Route,
-        name: name.to_owned(),
-        origin: d.file.clone(),
-        created: d.created(),
-        service: backend,
-        desired,
-        refusal: refusal(Reason::Invalid, p),
-    })
+    Some(route_mapped(d, name, backend, desired, refusal(Reason::Invalid, p)))
+}
+
+/// What route `d`, named `name`, gives: `desired` sending to `service`,
+/// or the `refusal` that leaves it out.
+fn route_mapped(d: &Object, name: &str, service: Option<String>, desired: Desired, refusal: Option<Refusal>) -> Mapped {
+    Mapped { kind: Kind::Route, name: name.to_owned(), origin: d.file.clone(), created: d.created(), service, desired, refusal }
+}
+
+/// The Gateways an L34Route's `parentRefs` (in its `spec`) name, each
+/// with its namespace: the one the ref names, else the route's own
+/// (`route_namespace`).
+fn parent_refs(spec: Node<'_>, p: &mut Problems, route_namespace: Option<&str>) -> Vec<(String, Option<String>)> {
+    let mut parents = Vec::new();
+    spec.field("parentRefs", |n| {
+        n.each(p, |n, p| {
+            if let Some(name) = n.required(p, "name", |n, p| n.string(p)).flatten() {
+                let ns = n.v.get("namespace").and_then(Value::as_str).or(route_namespace);
+                parents.push((name, ns.map(str::to_owned)));
+            }
+        })
+    });
+    parents
 }
 
 fn parent_names(refs: &Value) -> Vec<String> {

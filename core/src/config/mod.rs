@@ -382,7 +382,7 @@ const TOP: &[&str] = &[
 /// Reads and checks the file (not the manifests it points to).
 pub fn load(path: &Path) -> Result<ApplianceConfig, Vec<Problem>> {
     let file = path.display().to_string();
-    let text = yaml::read(path, yaml::MAX_FILE_BYTES).map_err(|e| vec![Problem::new(file.clone(), "", e)])?;
+    let text = yaml::read(path, yaml::MAX_FILE_BYTES).map_err(|e| vec![Problem::new(file.clone(), "", e.to_string())])?;
     parse_str(&text, path)
 }
 
@@ -401,95 +401,19 @@ pub fn parse(v: &Value, path: &Path) -> Result<ApplianceConfig, Vec<Problem>> {
     root.mapping(&mut p, TOP);
 
     let dpdk = root.field("dpdk", |n| dpdk(n, &mut p)).unwrap_or_else(dpdk_defaults);
-    let mut ports = Vec::new();
-    root.required(&mut p, "ports", |n, p| {
-        n.each(p, |n, p| {
-            if let Some(pc) = port(n, p, &ports) {
-                ports.push(pc);
-            }
-        });
-        let devices = ports.len() + ports.iter().filter(|x| !x.kernel_interface.is_empty()).count();
-        if devices > bounds::DPDK_DEVICES {
-            n.bad(p, format!(
-                "{} ports and {} exception taps are more devices than DPDK supports ({})",
-                ports.len(),
-                devices - ports.len(),
-                bounds::DPDK_DEVICES
-            ));
-        }
-    });
+    let ports = ports_section(&root, &mut p);
     let mbufs_at = v.get("dpdk").and_then(|d| d.get("mbufs").or(Some(d))).map_or(v.pos(), Value::pos);
     dpdk_fits(&mut p, &file, mbufs_at, &dpdk, ports.len());
-    let mut gateways = Vec::new();
-    root.field("gateways", |n| {
-        n.each(&mut p, |n, p| gateways.extend(gateway(n, p, &ports)));
-        for fam in [true, false] {
-            if gateways.iter().filter(|g: &&GatewayConfig| g.address.is_v4() == fam).count() > 1 {
-                n.bad(&mut p, format!("more than one {} gateway", if fam { "IPv4" } else { "IPv6" }));
-            }
-        }
-    });
+    let gateways = gateways_section(&root, &mut p, &ports);
     let mut defaults = root.field("defaults", |n| defaults(n, &mut p)).unwrap_or_default();
-    let (mut flow_entries, mut flow_timeouts) = (65536usize, FlowTimeouts::default());
-    root.field("flowTable", |n| {
-        n.mapping(&mut p, &["entries", "tcpEstablishedSeconds", "tcpClosingSeconds", "udpSeconds", "otherSeconds", "idleSeconds"]);
-        let (lo, hi) = bounds::FLOW_ENTRIES;
-        n.field("entries", |n| n.int(&mut p, lo, hi).map(|e| flow_entries = e as usize));
-        let (lo, hi) = bounds::FLOW_TIMEOUT_SECONDS;
-        let t = &mut flow_timeouts;
-        for (key, to) in [
-            ("tcpEstablishedSeconds", &mut t.tcp_established),
-            ("tcpClosingSeconds", &mut t.tcp_closing),
-            ("udpSeconds", &mut t.udp),
-            ("otherSeconds", &mut t.other),
-        ] {
-            n.field(key, |n| n.int(&mut p, lo, hi).map(|e| *to = e as u16));
-        }
-        n.field("idleSeconds", |n| {
-            n.bad(&mut p, "replaced by one timeout per protocol state: tcpEstablishedSeconds (default 3600), tcpClosingSeconds (60), udpSeconds (300), otherSeconds (60)");
-        });
-    });
-    let mut admin: SocketAddr = ([127, 0, 0, 1], 9091).into();
-    let (mut admin_max_connections, mut admin_request_timeout_secs) = (16u32, 10u32);
-    root.field("admin", |n| {
-        n.mapping(&mut p, &["listen", "maxConnections", "requestTimeoutSeconds"]);
-        n.field("listen", |n| {
-            let s = n.string(&mut p)?;
-            let host = s.trim().strip_prefix('[').and_then(|h| h.split_once(']')).map_or("", |(h, _)| h);
-            if let Some(why) = fields::mapped_v4(host) {
-                n.bad(&mut p, why);
-                return None;
-            }
-            n.parse::<SocketAddr>(&mut p, "an address:port (127.0.0.1:9091, [::1]:9091)").map(|a| admin = a)
-        });
-        let (lo, hi) = bounds::ADMIN_CONNECTIONS;
-        n.field("maxConnections", |n| n.int(&mut p, lo, hi).map(|v| admin_max_connections = v as u32));
-        let (lo, hi) = bounds::ADMIN_TIMEOUT_SECONDS;
-        n.field("requestTimeoutSeconds", |n| n.int(&mut p, lo, hi).map(|v| admin_request_timeout_secs = v as u32));
-    });
-    let (mut max_services, mut max_endpoints) = (4096u32, 65536u32);
-    root.field("capacity", |n| {
-        n.mapping(&mut p, &["services", "endpoints", "tableMemoryMB"]);
-        let (lo, hi) = bounds::SERVICES;
-        n.field("services", |n| n.int(&mut p, lo, hi).map(|e| max_services = e as u32));
-        let (lo, hi) = bounds::ENDPOINTS;
-        n.field("endpoints", |n| n.int(&mut p, lo, hi).map(|e| max_endpoints = e as u32));
-        let (lo, hi) = (limits::TABLE_MEMORY_MB_MIN, limits::TABLE_MEMORY_MB_MAX);
-        n.field("tableMemoryMB", |n| {
-            n.int(&mut p, i64::from(lo), i64::from(hi)).map(|e| defaults.table_memory_mb = e as u32)
-        });
-    });
+    let (flow_entries, flow_timeouts) = flow_table_section(&root, &mut p);
+    let (admin, admin_max_connections, admin_request_timeout_secs) = admin_section(&root, &mut p);
+    let (max_services, max_endpoints) = capacity_section(&root, &mut p, &mut defaults);
 
     let mut inline = Desired::default();
     root.field("services", |n| n.each(&mut p, |n, p| service(n, p, &mut inline)));
     root.field("routes", |n| n.each(&mut p, |n, p| inline.routes.extend(route_inline(n, p))));
-    let manifests = root.field("manifests", |n| {
-        n.mapping(&mut p, &["directory", "gateway"]);
-        let dir = n.required(&mut p, "directory", |n, p| n.string(p))?;
-        let gateway = n.required(&mut p, "gateway", fields::name)??;
-        let base = path.parent().unwrap_or(Path::new("."));
-        Some(ManifestsConfig { directory: base.join(dir?), gateway })
-    });
+    let manifests = root.field("manifests", |n| manifests_section(n, &mut p, path));
     let xds = root.field("xds-control-plane", |n| xds::parse(n, &mut p, path.parent().unwrap_or(Path::new(".")))).flatten();
     let routing = routing(&root, &mut p, &dpdk.file_prefix, &ports, path);
     let kubernetes = root.field("kubernetes", |n| kubernetes::parse(n, &mut p, path)).flatten();
@@ -524,6 +448,124 @@ pub fn parse(v: &Value, path: &Path) -> Result<ApplianceConfig, Vec<Problem>> {
         siblings,
         keys: KeyPositions::of(v),
     })
+}
+
+/// The `ports:` list (required), each port checked against those before
+/// it, and the devices they take against the most DPDK supports.
+fn ports_section(root: &Node<'_>, p: &mut Problems) -> Vec<PortConfig> {
+    let mut ports = Vec::new();
+    root.required(p, "ports", |n, p| {
+        n.each(p, |n, p| {
+            if let Some(pc) = port(n, p, &ports) {
+                ports.push(pc);
+            }
+        });
+        let devices = ports.len() + ports.iter().filter(|x| !x.kernel_interface.is_empty()).count();
+        if devices > bounds::DPDK_DEVICES {
+            n.bad(p, format!(
+                "{} ports and {} exception taps are more devices than DPDK supports ({})",
+                ports.len(),
+                devices - ports.len(),
+                bounds::DPDK_DEVICES
+            ));
+        }
+    });
+    ports
+}
+
+/// The `gateways:` list, each on one of `ports`, at most one per family.
+fn gateways_section(root: &Node<'_>, p: &mut Problems, ports: &[PortConfig]) -> Vec<GatewayConfig> {
+    let mut gateways = Vec::new();
+    root.field("gateways", |n| {
+        n.each(p, |n, p| gateways.extend(gateway(n, p, ports)));
+        for fam in [true, false] {
+            if gateways.iter().filter(|g: &&GatewayConfig| g.address.is_v4() == fam).count() > 1 {
+                n.bad(p, format!("more than one {} gateway", if fam { "IPv4" } else { "IPv6" }));
+            }
+        }
+    });
+    gateways
+}
+
+/// The `flowTable:` section: the entries per worker and the timeouts per
+/// protocol state, defaults where unset.
+fn flow_table_section(root: &Node<'_>, p: &mut Problems) -> (usize, FlowTimeouts) {
+    let (mut flow_entries, mut flow_timeouts) = (65536usize, FlowTimeouts::default());
+    root.field("flowTable", |n| {
+        n.mapping(p, &["entries", "tcpEstablishedSeconds", "tcpClosingSeconds", "udpSeconds", "otherSeconds", "idleSeconds"]);
+        let (lo, hi) = bounds::FLOW_ENTRIES;
+        n.field("entries", |n| n.int(p, lo, hi).map(|e| flow_entries = e as usize));
+        let (lo, hi) = bounds::FLOW_TIMEOUT_SECONDS;
+        let t = &mut flow_timeouts;
+        for (key, to) in [
+            ("tcpEstablishedSeconds", &mut t.tcp_established),
+            ("tcpClosingSeconds", &mut t.tcp_closing),
+            ("udpSeconds", &mut t.udp),
+            ("otherSeconds", &mut t.other),
+        ] {
+            n.field(key, |n| n.int(p, lo, hi).map(|e| *to = e as u16));
+        }
+        n.field("idleSeconds", |n| {
+            n.bad(p, "replaced by one timeout per protocol state: tcpEstablishedSeconds (default 3600), tcpClosingSeconds (60), udpSeconds (300), otherSeconds (60)");
+        });
+    });
+    (flow_entries, flow_timeouts)
+}
+
+/// The `admin:` section: the listen address (never an IPv4-mapped one),
+/// the most connections served at once and the seconds a request may
+/// take, defaults where unset.
+fn admin_section(root: &Node<'_>, p: &mut Problems) -> (SocketAddr, u32, u32) {
+    let mut admin: SocketAddr = ([127, 0, 0, 1], 9091).into();
+    let (mut admin_max_connections, mut admin_request_timeout_secs) = (16u32, 10u32);
+    root.field("admin", |n| {
+        n.mapping(p, &["listen", "maxConnections", "requestTimeoutSeconds"]);
+        n.field("listen", |n| {
+            let s = n.string(p)?;
+            let host = s.trim().strip_prefix('[').and_then(|h| h.split_once(']')).map_or("", |(h, _)| h);
+            if let Some(why) = fields::mapped_v4(host) {
+                n.bad(p, why);
+                return None;
+            }
+            n.parse::<SocketAddr>(p, "an address:port (127.0.0.1:9091, [::1]:9091)").map(|a| admin = a)
+        });
+        let (lo, hi) = bounds::ADMIN_CONNECTIONS;
+        n.field("maxConnections", |n| n.int(p, lo, hi).map(|v| admin_max_connections = v as u32));
+        let (lo, hi) = bounds::ADMIN_TIMEOUT_SECONDS;
+        n.field("requestTimeoutSeconds", |n| n.int(p, lo, hi).map(|v| admin_request_timeout_secs = v as u32));
+    });
+    (admin, admin_max_connections, admin_request_timeout_secs)
+}
+
+/// The `capacity:` section: the service and endpoint counter slots
+/// (defaults where unset), and the lookup tables' memory budget, which
+/// goes into `defaults`.
+fn capacity_section(root: &Node<'_>, p: &mut Problems, defaults: &mut Defaults) -> (u32, u32) {
+    let (mut max_services, mut max_endpoints) = (4096u32, 65536u32);
+    root.field("capacity", |n| {
+        n.mapping(p, &["services", "endpoints", "tableMemoryMB"]);
+        let (lo, hi) = bounds::SERVICES;
+        n.field("services", |n| n.int(p, lo, hi).map(|e| max_services = e as u32));
+        let (lo, hi) = bounds::ENDPOINTS;
+        n.field("endpoints", |n| n.int(p, lo, hi).map(|e| max_endpoints = e as u32));
+        let (lo, hi) = (limits::TABLE_MEMORY_MB_MIN, limits::TABLE_MEMORY_MB_MAX);
+        n.field("tableMemoryMB", |n| {
+            n.int(p, i64::from(lo), i64::from(hi)).map(|e| defaults.table_memory_mb = e as u32)
+        });
+    });
+    (max_services, max_endpoints)
+}
+
+/// The `manifests:` section at `n`: the directory (relative to the
+/// configuration file at `path`) and the Gateway served; `None` when
+/// either is missing or wrong (the gateway is not looked at when the
+/// directory is missing).
+fn manifests_section(n: Node<'_>, p: &mut Problems, path: &Path) -> Option<ManifestsConfig> {
+    n.mapping(p, &["directory", "gateway"]);
+    let dir = n.required(p, "directory", |n, p| n.string(p))?;
+    let gateway = n.required(p, "gateway", fields::name)??;
+    let base = path.parent().unwrap_or(Path::new("."));
+    Some(ManifestsConfig { directory: base.join(dir?), gateway })
 }
 
 /// The `bird:` section and the `gatewayRouters:` list, checked against the ports.
@@ -575,7 +617,7 @@ fn dpdk(n: Node<'_>, p: &mut Problems) -> DpdkConfig {
         if let Some(s) = n.string(p) {
             match cores(&s) {
                 Ok(_) => d.lcores = s,
-                Err(why) => n.bad(p, why),
+                Err(why) => n.bad(p, why.to_string()),
             }
         }
     });
@@ -602,28 +644,45 @@ fn dpdk(n: Node<'_>, p: &mut Problems) -> DpdkConfig {
 /// usable one: each core once, below DPDK's `RTE_MAX_LCORE`. One core runs
 /// a worker with the control runtime beside it; with more, the first runs
 /// the control runtime and the others workers.
-fn cores(s: &str) -> Result<Vec<u32>, String> {
+fn cores(s: &str) -> Result<Vec<u32>, CoresError> {
     let max = bounds::DPDK_CORES;
     let mut cores: Vec<u32> = Vec::new();
     for part in s.split(',') {
         let (a, b) = part.split_once('-').unwrap_or((part, part));
         let (Ok(a), Ok(b)) = (a.trim().parse::<u32>(), b.trim().parse::<u32>()) else {
-            return Err(format!("{s:?} is not a core list (like 0,1 or 0-3)"));
+            return Err(CoresError::NotAList(s.to_owned()));
         };
         if a > b {
-            return Err(format!("core range {a}-{b} is reversed (write {b}-{a})"));
+            return Err(CoresError::Reversed(a, b));
         }
         if b >= max {
-            return Err(format!("core {b} is beyond DPDK's limit (cores are 0..{})", max - 1));
+            return Err(CoresError::BeyondLimit(b));
         }
         for c in a..=b {
             if cores.contains(&c) {
-                return Err(format!("core {c} is listed twice"));
+                return Err(CoresError::Twice(c));
             }
             cores.push(c);
         }
     }
     Ok(cores)
+}
+
+/// Why a core list (`dpdk.lcores`) cannot be used.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CoresError {
+    /// It is not a list of cores and core ranges.
+    #[error("{0:?} is not a core list (like 0,1 or 0-3)")]
+    NotAList(String),
+    /// A range whose first core is above its last.
+    #[error("core range {0}-{1} is reversed (write {1}-{0})")]
+    Reversed(u32, u32),
+    /// A core DPDK does not number.
+    #[error("core {0} is beyond DPDK's limit (cores are 0..{last})", last = bounds::DPDK_CORES - 1)]
+    BeyondLimit(u32),
+    /// A core listed twice.
+    #[error("core {0} is listed twice")]
+    Twice(u32),
 }
 
 /// Checks that the packet buffers fit the memory and fill the receive
@@ -949,10 +1008,10 @@ gateways:
     fn core_lists() {
         assert_eq!(cores("0,1"), Ok(vec![0, 1]));
         assert_eq!(cores(" 0-3, 8"), Ok(vec![0, 1, 2, 3, 8]));
-        assert_eq!(cores("3-1").unwrap_err(), "core range 3-1 is reversed (write 1-3)");
-        assert_eq!(cores("0,1,1").unwrap_err(), "core 1 is listed twice");
-        assert_eq!(cores("0-4294967295").unwrap_err(), "core 4294967295 is beyond DPDK's limit (cores are 0..127)");
-        assert!(cores("0;1").unwrap_err().contains("not a core list"));
+        assert_eq!(cores("3-1").unwrap_err().to_string(), "core range 3-1 is reversed (write 1-3)");
+        assert_eq!(cores("0,1,1").unwrap_err().to_string(), "core 1 is listed twice");
+        assert_eq!(cores("0-4294967295").unwrap_err().to_string(), "core 4294967295 is beyond DPDK's limit (cores are 0..127)");
+        assert!(cores("0;1").unwrap_err().to_string().contains("not a core list"));
         assert_eq!(cores("5"), Ok(vec![5]), "one core: a worker, the control runtime beside it");
         // Defaults count too: 9 ports x 1 worker x 1024 descriptors > 8191 mbufs.
         let ports: String = (0..9).map(|i| format!("  - {{name: p{i}, device: net_null{i}}}\n")).collect();

@@ -63,21 +63,38 @@ impl fmt::Display for Interval {
     }
 }
 
+/// Why a duration was not understood.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum IntervalError {
+    /// It does not start with a whole number.
+    #[error("a duration is a whole number with a unit (300ms, 24s, 2m)")]
+    NotANumber,
+    /// A number without a unit.
+    #[error("the unit is missing (ms, s or m)")]
+    NoUnit,
+    /// A unit other than `ms`, `s` or `m`.
+    #[error("unknown unit {0:?} (ms, s or m)")]
+    UnknownUnit(String),
+    /// More milliseconds than a `u64` holds.
+    #[error("too long")]
+    TooLong,
+}
+
 impl FromStr for Interval {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Interval, String> {
+    type Err = IntervalError;
+    fn from_str(s: &str) -> Result<Interval, IntervalError> {
         let t = s.trim();
         let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
         let (num, unit) = t.split_at(split);
-        let n: u64 = num.parse().map_err(|_| "a duration is a whole number with a unit (300ms, 24s, 2m)".to_owned())?;
+        let n: u64 = num.parse().map_err(|_| IntervalError::NotANumber)?;
         let scale = match unit.trim() {
             "ms" => 1,
             "s" => 1000,
             "m" => 60_000,
-            "" => return Err("the unit is missing (ms, s or m)".into()),
-            u => return Err(format!("unknown unit {u:?} (ms, s or m)")),
+            "" => return Err(IntervalError::NoUnit),
+            u => return Err(IntervalError::UnknownUnit(u.to_owned())),
         };
-        n.checked_mul(scale).map(Interval::ms).ok_or_else(|| "too long".to_owned())
+        n.checked_mul(scale).map(Interval::ms).ok_or(IntervalError::TooLong)
     }
 }
 
@@ -440,6 +457,64 @@ fn problem_at(p: &mut Problems, o: &Origin, field: &str, message: String) {
     p.add(&o.file, o.pos, &path, message);
 }
 
+/// Where router `r` (written at `o`) is reached: the port its interface
+/// names and that port's address on its subnet. `None` (reported) when
+/// its name, interface or address is not usable, or is taken by one of the
+/// routers already tied (`out`).
+fn tie<'p>(r: &GatewayRouter, o: &Origin, ports: &'p [PortConfig], out: &[RouterConfig], p: &mut Problems) -> Option<(&'p PortConfig, &'p crate::config::IfAddr)> {
+    if let Some(prev) = out.iter().find(|x| x.router.name == r.name) {
+        problem_at(p, o, "name", format!("gateway router {:?} is defined twice (first at {})", r.name, prev.origin));
+        return None;
+    }
+    if let Some(prev) = out.iter().find(|x| protocol_name(&x.router.name) == protocol_name(&r.name)) {
+        problem_at(p, o, "name", format!(
+            "gateway routers {:?} and {:?} have the same BIRD protocol name {}: rename one",
+            prev.router.name, r.name, protocol_name(&r.name)
+        ));
+        return None;
+    }
+    let Some(port) = ports.iter().find(|x| x.name == r.interface || (!x.kernel_interface.is_empty() && x.kernel_interface == r.interface)) else {
+        let known: Vec<String> = ports.iter().map(|x| format!("{} ({})", x.name, x.kernel_interface)).collect();
+        problem_at(p, o, "interface", format!("{:?} is neither a port nor a port's kernel interface (ports: {})", r.interface, known.join(", ")));
+        return None;
+    };
+    if port.kernel_interface.is_empty() {
+        problem_at(p, o, "interface", format!("port {:?} has no kernel interface: BIRD cannot reach the gateway through it", port.name));
+        return None;
+    }
+    let addr = Addr::from(r.address);
+    if r.address.is_unspecified() || r.address.is_multicast() || r.address.is_loopback() {
+        problem_at(p, o, "address", format!("{} is not a router's address", r.address));
+        return None;
+    }
+    if port.addresses.iter().any(|a| a.addr == addr) {
+        problem_at(p, o, "address", format!("{} is the appliance's own address on port {:?}", r.address, port.name));
+        return None;
+    }
+    let Some(local) = port.addresses.iter().find(|a| a.addr.is_v4() == addr.is_v4() && a.network().contains(addr)) else {
+        let fam: Vec<String> = port.addresses.iter().filter(|a| a.addr.is_v4() == addr.is_v4()).map(ToString::to_string).collect();
+        problem_at(p, o, "address", format!(
+            "{} is not on a subnet of port {:?} ({}): the DC gateway must be directly connected",
+            r.address,
+            port.name,
+            if fam.is_empty() { "it has no address of that family".to_owned() } else { fam.join(", ") }
+        ));
+        return None;
+    };
+    if let Some(why) = not_a_host(r.address, local) {
+        problem_at(p, o, "address", format!("{} is the {why} address of port {:?}'s subnet {local}, not a router's address", r.address, port.name));
+        return None;
+    }
+    if let Some(prev) = out.iter().find(|x| x.router.address == r.address) {
+        problem_at(p, o, "address", format!(
+            "{} is also the address of gateway router {:?} ({}): one router, one session",
+            r.address, prev.router.name, prev.origin
+        ));
+        return None;
+    }
+    Some((port, local))
+}
+
 /// Ties routers to ports and checks them together; `router_id` is the one
 /// written in the `bird:` section, if any.
 pub fn resolve(
@@ -456,56 +531,7 @@ pub fn resolve(
         return (router_id, out);
     }
     for (r, o) in routers {
-        if let Some(prev) = out.iter().find(|x| x.router.name == r.name) {
-            problem_at(p, &o, "name", format!("gateway router {:?} is defined twice (first at {})", r.name, prev.origin));
-            continue;
-        }
-        if let Some(prev) = out.iter().find(|x| protocol_name(&x.router.name) == protocol_name(&r.name)) {
-            problem_at(p, &o, "name", format!(
-                "gateway routers {:?} and {:?} have the same BIRD protocol name {}: rename one",
-                prev.router.name, r.name, protocol_name(&r.name)
-            ));
-            continue;
-        }
-        let Some(port) = ports.iter().find(|x| x.name == r.interface || (!x.kernel_interface.is_empty() && x.kernel_interface == r.interface)) else {
-            let known: Vec<String> = ports.iter().map(|x| format!("{} ({})", x.name, x.kernel_interface)).collect();
-            problem_at(p, &o, "interface", format!("{:?} is neither a port nor a port's kernel interface (ports: {})", r.interface, known.join(", ")));
-            continue;
-        };
-        if port.kernel_interface.is_empty() {
-            problem_at(p, &o, "interface", format!("port {:?} has no kernel interface: BIRD cannot reach the gateway through it", port.name));
-            continue;
-        }
-        let addr = Addr::from(r.address);
-        if r.address.is_unspecified() || r.address.is_multicast() || r.address.is_loopback() {
-            problem_at(p, &o, "address", format!("{} is not a router's address", r.address));
-            continue;
-        }
-        if port.addresses.iter().any(|a| a.addr == addr) {
-            problem_at(p, &o, "address", format!("{} is the appliance's own address on port {:?}", r.address, port.name));
-            continue;
-        }
-        let Some(local) = port.addresses.iter().find(|a| a.addr.is_v4() == addr.is_v4() && a.network().contains(addr)) else {
-            let fam: Vec<String> = port.addresses.iter().filter(|a| a.addr.is_v4() == addr.is_v4()).map(ToString::to_string).collect();
-            problem_at(p, &o, "address", format!(
-                "{} is not on a subnet of port {:?} ({}): the DC gateway must be directly connected",
-                r.address,
-                port.name,
-                if fam.is_empty() { "it has no address of that family".to_owned() } else { fam.join(", ") }
-            ));
-            continue;
-        };
-        if let Some(why) = not_a_host(r.address, local) {
-            problem_at(p, &o, "address", format!("{} is the {why} address of port {:?}'s subnet {local}, not a router's address", r.address, port.name));
-            continue;
-        }
-        if let Some(prev) = out.iter().find(|x| x.router.address == r.address) {
-            problem_at(p, &o, "address", format!(
-                "{} is also the address of gateway router {:?} ({}): one router, one session",
-                r.address, prev.router.name, prev.origin
-            ));
-            continue;
-        }
+        let Some((port, local)) = tie(&r, &o, ports, &out, p) else { continue };
         out.push(RouterConfig { port: port.name.clone(), kernel_interface: port.kernel_interface.clone(), local: local.addr.to_ip(), router: r, origin: o });
     }
     let first_v4 = ports.iter().flat_map(|x| &x.addresses).find(|a| a.addr.is_v4()).map(|a| a.addr.to_ip());
@@ -727,8 +753,8 @@ gatewayRouters:
         assert_eq!("300ms".parse::<Interval>(), Ok(Interval::ms(300)));
         assert_eq!(" 24s".parse::<Interval>(), Ok(Interval::ms(24_000)));
         assert_eq!("2m".parse::<Interval>(), Ok(Interval::ms(120_000)));
-        assert!("1.5s".parse::<Interval>().unwrap_err().contains("unknown unit"));
-        assert!("s".parse::<Interval>().unwrap_err().contains("whole number"));
+        assert!("1.5s".parse::<Interval>().unwrap_err().to_string().contains("unknown unit"));
+        assert!("s".parse::<Interval>().unwrap_err().to_string().contains("whole number"));
         assert!("99999999999999999999m".parse::<Interval>().is_err());
         assert_eq!(Interval::ms(1500).to_string(), "1500ms");
         assert_eq!(Interval::ms(24_000).to_string(), "24s");

@@ -88,26 +88,50 @@ fn address(n: Node<'_>, p: &mut Problems) -> Option<SocketAddr> {
     n.parse::<SocketAddr>(p, "an address:port (192.0.2.2:7946, [2001:db8::2]:7946)")
 }
 
+/// Why the key file cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum KeyError {
+    /// It cannot be opened or read.
+    #[error("cannot read the key file {path}: {source}")]
+    Read {
+        /// The key file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// It is larger than [`MAX_KEY_BYTES`].
+    #[error("the key file {path} is larger than {MAX_KEY_BYTES} bytes")]
+    TooLarge {
+        /// The key file.
+        path: PathBuf,
+    },
+    /// The key is shorter than [`MIN_KEY_BYTES`].
+    #[error("the key in {path} is {len} bytes: a shared key has at least {MIN_KEY_BYTES} (e.g. `head -c 32 /dev/urandom | base64 > {path}`)")]
+    TooShort {
+        /// The key file.
+        path: PathBuf,
+        /// Bytes of the key, without its trailing newline.
+        len: usize,
+    },
+}
+
 /// Reads the key file, checked: readable, at most [`MAX_KEY_BYTES`], at
 /// least [`MIN_KEY_BYTES`] once a trailing newline is taken off.
-pub fn read_key(path: &Path) -> Result<SharedKey, String> {
+pub fn read_key(path: &Path) -> Result<SharedKey, KeyError> {
     use std::io::Read;
-    let f = std::fs::File::open(path).map_err(|e| format!("cannot read the key file {}: {e}", path.display()))?;
+    let unreadable = |source| KeyError::Read { path: path.to_owned(), source };
+    let f = std::fs::File::open(path).map_err(unreadable)?;
     let mut buf = Vec::new();
-    f.take(MAX_KEY_BYTES + 1).read_to_end(&mut buf).map_err(|e| format!("cannot read the key file {}: {e}", path.display()))?;
+    f.take(MAX_KEY_BYTES + 1).read_to_end(&mut buf).map_err(unreadable)?;
     if buf.len() as u64 > MAX_KEY_BYTES {
-        return Err(format!("the key file {} is larger than {MAX_KEY_BYTES} bytes", path.display()));
+        return Err(KeyError::TooLarge { path: path.to_owned() });
     }
     while buf.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
         buf.pop();
     }
     if buf.len() < MIN_KEY_BYTES {
-        return Err(format!(
-            "the key in {} is {} bytes: a shared key has at least {MIN_KEY_BYTES} (e.g. `head -c 32 /dev/urandom | base64 > {}`)",
-            path.display(),
-            buf.len(),
-            path.display()
-        ));
+        return Err(KeyError::TooShort { path: path.to_owned(), len: buf.len() });
     }
     Ok(SharedKey(buf))
 }
@@ -148,7 +172,7 @@ pub fn parse(n: Node<'_>, p: &mut Problems, path: &Path) -> Option<SiblingsConfi
             match read_key(&file) {
                 Ok(k) => Some((file, k)),
                 Err(why) => {
-                    n.bad(p, why);
+                    n.bad(p, why.to_string());
                     None
                 }
             }

@@ -39,13 +39,43 @@ pub enum Mode {
     Delta,
 }
 
+/// Why a value of the section was not understood.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum XdsValueError {
+    /// A mode other than `sotw` or `delta`.
+    #[error("unknown mode {0:?} (expected sotw or delta)")]
+    UnknownMode(String),
+    /// A server address written as a URL.
+    #[error("{0:?} has a scheme: write host:port (TLS is used when ca-cert-path is set)")]
+    Scheme(String),
+    /// A server address that opens a bracket but is not `[IPv6]:port`.
+    #[error("{0:?} is not [IPv6 address]:port")]
+    NotBracketed(String),
+    /// The host in brackets, which is not an IPv6 address.
+    #[error("{0:?} is not an IPv6 address")]
+    NotIpv6(String),
+    /// A server address without a port.
+    #[error("{0:?} has no port: write host:port")]
+    NoPort(String),
+    /// A server address with an IPv6 host not in brackets: the address,
+    /// the host and the port as split at the last colon.
+    #[error("{0:?}: write an IPv6 address in brackets, [{1}]:{2}")]
+    Unbracketed(String, String, String),
+    /// A host that is neither a host name nor an IPv4 address.
+    #[error("{0:?} is neither a host name nor an IP address")]
+    BadHost(String),
+    /// A port that is not a number in 1-65535.
+    #[error("{0:?} is not a port (1-65535)")]
+    BadPort(String),
+}
+
 impl std::str::FromStr for Mode {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Mode, String> {
+    type Err = XdsValueError;
+    fn from_str(s: &str) -> Result<Mode, XdsValueError> {
         match s {
             "sotw" => Ok(Mode::Sotw),
             "delta" => Ok(Mode::Delta),
-            other => Err(format!("unknown mode {other:?} (expected sotw or delta)")),
+            other => Err(XdsValueError::UnknownMode(other.to_owned())),
         }
     }
 }
@@ -88,31 +118,31 @@ impl std::fmt::Display for ServerAddress {
 }
 
 impl std::str::FromStr for ServerAddress {
-    type Err = String;
-    fn from_str(s: &str) -> Result<ServerAddress, String> {
+    type Err = XdsValueError;
+    fn from_str(s: &str) -> Result<ServerAddress, XdsValueError> {
         let s = s.trim();
         if s.contains("://") {
-            return Err(format!("{s:?} has a scheme: write host:port (TLS is used when ca-cert-path is set)"));
+            return Err(XdsValueError::Scheme(s.to_owned()));
         }
         let (host, port) = if let Some(rest) = s.strip_prefix('[') {
-            let (h, p) = rest.split_once("]:").ok_or_else(|| format!("{s:?} is not [IPv6 address]:port"))?;
+            let (h, p) = rest.split_once("]:").ok_or_else(|| XdsValueError::NotBracketed(s.to_owned()))?;
             if h.parse::<std::net::Ipv6Addr>().is_err() {
-                return Err(format!("{h:?} is not an IPv6 address"));
+                return Err(XdsValueError::NotIpv6(h.to_owned()));
             }
             (h, p)
         } else {
-            let (h, p) = s.rsplit_once(':').ok_or_else(|| format!("{s:?} has no port: write host:port"))?;
+            let (h, p) = s.rsplit_once(':').ok_or_else(|| XdsValueError::NoPort(s.to_owned()))?;
             if h.contains(':') {
-                return Err(format!("{s:?}: write an IPv6 address in brackets, [{h}]:{p}"));
+                return Err(XdsValueError::Unbracketed(s.to_owned(), h.to_owned(), p.to_owned()));
             }
             if h.parse::<std::net::Ipv4Addr>().is_err() && !host_name(h) {
-                return Err(format!("{h:?} is neither a host name nor an IP address"));
+                return Err(XdsValueError::BadHost(h.to_owned()));
             }
             (h, p)
         };
         let port = match p_u16(port) {
             Some(p) if p > 0 => p,
-            _ => return Err(format!("{port:?} is not a port (1-65535)")),
+            _ => return Err(XdsValueError::BadPort(port.to_owned())),
         };
         Ok(ServerAddress { host: host.to_owned(), port })
     }
@@ -188,6 +218,17 @@ fn node_name(s: &str) -> bool {
     !s.is_empty() && s.len() <= NODE_NAME_MAX && s.bytes().all(|b| b.is_ascii_graphic())
 }
 
+/// The `node-id` or `node-cluster` (`what`) at `c`, when it is a usable
+/// Envoy node name.
+fn node_field(c: Node<'_>, p: &mut Problems, what: &str) -> Option<String> {
+    let s = c.string(p)?;
+    if !node_name(&s) {
+        c.bad(p, format!("{s:?} is not a {what} (printable ASCII without spaces, 1 to {NODE_NAME_MAX} characters)"));
+        return None;
+    }
+    Some(s)
+}
+
 /// Parses the section at `n`; `base` is the configuration file's
 /// directory (relative paths are from there). `None` when the section is
 /// disabled or has problems (which are in `p`).
@@ -213,26 +254,8 @@ pub fn parse(n: Node<'_>, p: &mut Problems, base: &Path) -> Option<XdsConfig> {
         let k = if cert.is_some() { "client-cert-path" } else { "client-key-path" };
         n.field(k, |c| c.bad(p, "a client certificate needs ca-cert-path: TLS to the server is verified with that CA")).unwrap_or(());
     }
-    let node_id = n
-        .field("node-id", |c| {
-            let s = c.string(p)?;
-            if !node_name(&s) {
-                c.bad(p, format!("{s:?} is not a node id (printable ASCII without spaces, 1 to {NODE_NAME_MAX} characters)"));
-                return None;
-            }
-            Some(s)
-        })
-        .flatten();
-    let node_cluster = n
-        .field("node-cluster", |c| {
-            let s = c.string(p)?;
-            if !node_name(&s) {
-                c.bad(p, format!("{s:?} is not a node cluster (printable ASCII without spaces, 1 to {NODE_NAME_MAX} characters)"));
-                return None;
-            }
-            Some(s)
-        })
-        .flatten();
+    let node_id = n.field("node-id", |c| node_field(c, p, "node id")).flatten();
+    let node_cluster = n.field("node-cluster", |c| node_field(c, p, "node cluster")).flatten();
     let mode = n.field("mode", |c| c.parse::<Mode>(p, "a mode")).flatten().unwrap_or_default();
 
     let tls_paths = ca.map(|ca| TlsPaths { ca, client: cert.zip(key) });
@@ -276,13 +299,13 @@ mod tests {
         assert_eq!(ok("127.0.0.1:18000").unwrap(), "127.0.0.1:18000");
         assert_eq!(ok("[::1]:18000").unwrap(), "[::1]:18000");
         assert_eq!("[2001:db8::1]:9".parse::<ServerAddress>().unwrap().uri(true), "https://[2001:db8::1]:9");
-        assert!(ok("xds.example.com").unwrap_err().contains("no port"));
-        assert!(ok("http://x:1").unwrap_err().contains("scheme"));
-        assert!(ok("::1:9000").unwrap_err().contains("brackets"));
-        assert!(ok("x:0").unwrap_err().contains("not a port"));
-        assert!(ok("x:65536").unwrap_err().contains("not a port"));
-        assert!(ok("bad_host:1").unwrap_err().contains("neither a host name"));
-        assert!(ok("[nope]:1").unwrap_err().contains("not an IPv6 address"));
+        assert!(ok("xds.example.com").unwrap_err().to_string().contains("no port"));
+        assert!(ok("http://x:1").unwrap_err().to_string().contains("scheme"));
+        assert!(ok("::1:9000").unwrap_err().to_string().contains("brackets"));
+        assert!(ok("x:0").unwrap_err().to_string().contains("not a port"));
+        assert!(ok("x:65536").unwrap_err().to_string().contains("not a port"));
+        assert!(ok("bad_host:1").unwrap_err().to_string().contains("neither a host name"));
+        assert!(ok("[nope]:1").unwrap_err().to_string().contains("not an IPv6 address"));
     }
 }
 

@@ -16,6 +16,7 @@
 //! integers (decimal, `0x`, `0o`), floats; quoted and block scalars are
 //! strings.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::io::Read;
 use std::path::Path;
@@ -255,10 +256,10 @@ fn kind(t: std::fs::FileType) -> &'static str {
 /// before opening and again on the opened file (the path may be replaced
 /// in between); the open itself never waits (`O_NONBLOCK`, which changes
 /// nothing for a regular file).
-pub fn open_regular(path: &Path) -> Result<std::fs::File, String> {
+pub fn open_regular(path: &Path) -> Result<std::fs::File, ReadError> {
     use std::os::unix::fs::OpenOptionsExt;
-    let not_regular = |t: std::fs::FileType| format!("not a regular file ({}): refused", kind(t));
-    let meta = std::fs::metadata(path).map_err(|e| format!("cannot read: {e}"))?;
+    let not_regular = |t: std::fs::FileType| ReadError::NotRegular(kind(t));
+    let meta = std::fs::metadata(path).map_err(ReadError::Io)?;
     if !meta.is_file() {
         return Err(not_regular(meta.file_type()));
     }
@@ -266,28 +267,46 @@ pub fn open_regular(path: &Path) -> Result<std::fs::File, String> {
         .read(true)
         .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
         .open(path)
-        .map_err(|e| format!("cannot read: {e}"))?;
-    let meta = f.metadata().map_err(|e| format!("cannot read: {e}"))?;
+        .map_err(ReadError::Io)?;
+    let meta = f.metadata().map_err(ReadError::Io)?;
     if !meta.is_file() {
         return Err(not_regular(meta.file_type()));
     }
     Ok(f)
 }
 
+/// Why a file was not read ([`open_regular`], [`read`]).
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    /// Opening, inspecting or reading it failed.
+    #[error("cannot read: {0}")]
+    Io(#[source] std::io::Error),
+    /// It is something else than a regular file: what it is (a
+    /// directory, a FIFO...).
+    #[error("not a regular file ({0}): refused")]
+    NotRegular(&'static str),
+    /// It is larger than the most read, given in MiB (rounded down).
+    #[error("larger than {0} MiB: refused")]
+    TooLarge(u64),
+    /// It is not UTF-8: the offset of the first byte that is not.
+    #[error("not UTF-8 text (byte {0})")]
+    NotUtf8(usize),
+}
+
 /// Reads a text file of at most `max` bytes; it must be a regular file
 /// ([`open_regular`]).
-pub fn read(path: &Path, max: u64) -> Result<String, String> {
+pub fn read(path: &Path, max: u64) -> Result<String, ReadError> {
     let mut f = open_regular(path)?;
-    let too_large = || format!("larger than {} MiB: refused", max >> 20);
+    let too_large = || ReadError::TooLarge(max >> 20);
     if f.metadata().is_ok_and(|m| m.is_file() && m.len() > max) {
         return Err(too_large());
     }
     let mut bytes = Vec::new();
-    (&mut f).take(max + 1).read_to_end(&mut bytes).map_err(|e| format!("cannot read: {e}"))?;
+    (&mut f).take(max + 1).read_to_end(&mut bytes).map_err(ReadError::Io)?;
     if bytes.len() as u64 > max {
         return Err(too_large());
     }
-    String::from_utf8(bytes).map_err(|e| format!("not UTF-8 text (byte {})", e.utf8_error().valid_up_to()))
+    String::from_utf8(bytes).map_err(|e| ReadError::NotUtf8(e.utf8_error().valid_up_to()))
 }
 
 fn pos_of(m: Marker) -> Pos {
@@ -391,6 +410,8 @@ impl Builder<'_> {
         Ok(())
     }
 
+    /// Takes the parser's next event (at `span`) into the tree, within the
+    /// limits and the budget.
     fn event(&mut self, event: Event<'_>, span: &Span) -> Result<(), YamlError> {
         let pos = pos_of(span.start);
         match event {
@@ -410,70 +431,88 @@ impl Builder<'_> {
                 self.anchors.clear();
                 Ok(())
             }
-            Event::Scalar(text, style, anchor, tag) => {
-                self.take(pos, 1)?;
-                let data = match (style, tag.as_deref()) {
-                    (_, Some(t)) if t.is_yaml_core_schema() && t.suffix == "str" => Data::Str(text.into_owned()),
-                    (ScalarStyle::Plain, _) => plain(text.into_owned()),
-                    _ => Data::Str(text.into_owned()),
-                };
-                let mut v = Value::new(pos, data);
-                if let Some(t) = app_tag(tag.as_deref()) {
-                    v = Value::new(pos, Data::Tagged(t, v));
-                }
-                self.done(v, anchor, 1, 0)
-            }
+            Event::Scalar(text, style, anchor, tag) => self.scalar(pos, text, style, anchor, tag.as_deref()),
             Event::SequenceStart(anchor, ref tag) | Event::MappingStart(anchor, ref tag) => {
                 let is_seq = matches!(event, Event::SequenceStart(..));
-                if self.stack.len() >= MAX_DEPTH {
-                    return Err(refused(pos, format!("lists and mappings nest deeper than {MAX_DEPTH} levels: refused")));
-                }
-                self.take(pos, 1)?;
-                let open = if is_seq {
-                    Open::Seq(Vec::new())
-                } else {
-                    Open::Map { pairs: Vec::new(), key: None, seen: HashMap::new() }
-                };
-                let used_before = self.used() - 1;
-                self.stack.push(Frame { open, pos, anchor, tag: app_tag(tag.as_deref()), used_before, height: 0 });
-                Ok(())
+                self.open(pos, is_seq, anchor, tag.as_deref())
             }
-            Event::SequenceEnd | Event::MappingEnd => {
-                let Some(f) = self.stack.pop() else { return Err(err(pos, "unbalanced end of a list or mapping")) };
-                let data = match f.open {
-                    Open::Seq(items) => Data::Seq(items),
-                    Open::Map { pairs, .. } => Data::Map(pairs),
-                };
-                let mut v = Value::new(f.pos, data);
-                if let Some(t) = f.tag {
-                    v = Value::new(f.pos, Data::Tagged(t, v));
-                }
-                let size = self.used() - f.used_before;
-                self.done(v, f.anchor, size, f.height + 1)
-            }
-            Event::Alias(id) => {
-                let Some(a) = self.anchors.get(&id) else {
-                    return Err(err(pos, "an alias to a node that encloses it, or to no node"));
-                };
-                let (value, size, height) = (a.value.clone(), a.size, a.height);
-                if self.stack.len() + height > MAX_DEPTH {
-                    return Err(refused(pos, format!("lists and mappings nest deeper than {MAX_DEPTH} levels: refused")));
-                }
-                let b = &mut *self.budget;
-                if size > b.max_alias_values - b.alias_values {
-                    return Err(refused(
-                        pos,
-                        format!(
-                            "aliases expand to more than {} values: refused (a \"billion laughs\" document?)",
-                            b.max_alias_values
-                        ),
-                    ));
-                }
-                b.alias_values += size;
-                self.take(pos, size)?;
-                self.done(Value { pos, data: value.data }, 0, size, height)
-            }
+            Event::SequenceEnd | Event::MappingEnd => self.close(pos),
+            Event::Alias(id) => self.alias(pos, id),
         }
+    }
+
+    /// A scalar at `pos`: one value, typed by the core schema unless it
+    /// is quoted or tagged `!!str`.
+    fn scalar(&mut self, pos: Pos, text: Cow<'_, str>, style: ScalarStyle, anchor: usize, tag: Option<&Tag>) -> Result<(), YamlError> {
+        self.take(pos, 1)?;
+        let data = match (style, tag) {
+            (_, Some(t)) if t.is_yaml_core_schema() && t.suffix == "str" => Data::Str(text.into_owned()),
+            (ScalarStyle::Plain, _) => plain(text.into_owned()),
+            _ => Data::Str(text.into_owned()),
+        };
+        let mut v = Value::new(pos, data);
+        if let Some(t) = app_tag(tag) {
+            v = Value::new(pos, Data::Tagged(t, v));
+        }
+        self.done(v, anchor, 1, 0)
+    }
+
+    /// The start of a list (`is_seq`) or a mapping at `pos`: one value,
+    /// open until its end, one level deeper.
+    fn open(&mut self, pos: Pos, is_seq: bool, anchor: usize, tag: Option<&Tag>) -> Result<(), YamlError> {
+        if self.stack.len() >= MAX_DEPTH {
+            return Err(refused(pos, format!("lists and mappings nest deeper than {MAX_DEPTH} levels: refused")));
+        }
+        self.take(pos, 1)?;
+        let open = if is_seq {
+            Open::Seq(Vec::new())
+        } else {
+            Open::Map { pairs: Vec::new(), key: None, seen: HashMap::new() }
+        };
+        let used_before = self.used() - 1;
+        self.stack.push(Frame { open, pos, anchor, tag: app_tag(tag), used_before, height: 0 });
+        Ok(())
+    }
+
+    /// The end (at `pos`) of the innermost open list or mapping: complete,
+    /// with every value taken since it opened.
+    fn close(&mut self, pos: Pos) -> Result<(), YamlError> {
+        let Some(f) = self.stack.pop() else { return Err(err(pos, "unbalanced end of a list or mapping")) };
+        let data = match f.open {
+            Open::Seq(items) => Data::Seq(items),
+            Open::Map { pairs, .. } => Data::Map(pairs),
+        };
+        let mut v = Value::new(f.pos, data);
+        if let Some(t) = f.tag {
+            v = Value::new(f.pos, Data::Tagged(t, v));
+        }
+        let size = self.used() - f.used_before;
+        self.done(v, f.anchor, size, f.height + 1)
+    }
+
+    /// An alias at `pos` to anchor `id`: the anchored value shared, not
+    /// copied, but counted at its full size and height against the limits.
+    fn alias(&mut self, pos: Pos, id: usize) -> Result<(), YamlError> {
+        let Some(a) = self.anchors.get(&id) else {
+            return Err(err(pos, "an alias to a node that encloses it, or to no node"));
+        };
+        let (value, size, height) = (a.value.clone(), a.size, a.height);
+        if self.stack.len() + height > MAX_DEPTH {
+            return Err(refused(pos, format!("lists and mappings nest deeper than {MAX_DEPTH} levels: refused")));
+        }
+        let b = &mut *self.budget;
+        if size > b.max_alias_values - b.alias_values {
+            return Err(refused(
+                pos,
+                format!(
+                    "aliases expand to more than {} values: refused (a \"billion laughs\" document?)",
+                    b.max_alias_values
+                ),
+            ));
+        }
+        b.alias_values += size;
+        self.take(pos, size)?;
+        self.done(Value { pos, data: value.data }, 0, size, height)
     }
 
     /// A complete value of `size` values and `height` levels: into its
@@ -675,11 +714,11 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let f = dir.join("big.yaml");
         std::fs::write(&f, vec![b'#'; 2048]).unwrap();
-        assert_eq!(read(&f, 1024).unwrap_err(), "larger than 0 MiB: refused");
+        assert_eq!(read(&f, 1024).unwrap_err().to_string(), "larger than 0 MiB: refused");
         assert_eq!(read(&f, 4096).unwrap().len(), 2048);
-        assert_eq!(read(Path::new("/dev/zero"), 1 << 20).unwrap_err(), "not a regular file (a character device): refused", "endless files too");
+        assert_eq!(read(Path::new("/dev/zero"), 1 << 20).unwrap_err().to_string(), "not a regular file (a character device): refused", "endless files too");
         std::fs::write(&f, [b'a', 0xff]).unwrap();
-        assert!(read(&f, 1024).unwrap_err().contains("not UTF-8"));
+        assert!(read(&f, 1024).unwrap_err().to_string().contains("not UTF-8"));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -700,7 +739,7 @@ mod tests {
             std::thread::spawn(move || tx.send(read(&q, 1024)));
             let got = rx.recv_timeout(std::time::Duration::from_secs(5)).unwrap_or_else(|_| panic!("reading {} blocked", p.display()));
             let want = if p == dir { "not a regular file (a directory): refused" } else { "not a regular file (a FIFO): refused" };
-            assert_eq!(got.unwrap_err(), want, "{}", p.display());
+            assert_eq!(got.unwrap_err().to_string(), want, "{}", p.display());
         }
         std::fs::remove_dir_all(&dir).unwrap();
     }
