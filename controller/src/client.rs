@@ -36,7 +36,7 @@ use super::gateway::{APP_MANAGED_BY_LABEL, GATEWAY_LABEL};
 use sluice_core::config::manifests::ENDPOINT_IDS;
 use sluice_core::ground::lock;
 use super::lease::{self, LeaseConfig};
-use super::{gateway_conditions, is_subset, observed_conditions, plan, Full, Key, Settings, Store, FIELD_MANAGER, MANAGED_BY, MANAGED_BY_LABEL};
+use super::{gateway_conditions, is_subset, observed_conditions, plan, Full, Key, Plan, Settings, Store, FIELD_MANAGER, MANAGED_BY, MANAGED_BY_LABEL};
 
 /// How long to wait for more changes after one.
 const DEBOUNCE: Duration = Duration::from_millis(100);
@@ -366,10 +366,25 @@ impl Task {
             return; // nothing is written from a partial view
         }
         let p = plan(&self.store, &self.opts.settings);
-        let mut failed = false;
-        // Each Service keeps its endpoints' identifiers, before any slice
-        // uses them: they outlive the slices (a Gateway deleted or of
-        // another class for a while), this controller and its leader.
+        if !self.keep_ids(&p).await {
+            // An identifier not kept yet is not written in a slice: try again.
+            self.failed = true;
+            return;
+        }
+        let slices = self.write_slices(&p).await;
+        let deployments = self.write_deployments(&p).await;
+        let conditions = self.write_conditions(&p).await;
+        let full = full_services(&p);
+        let events = self.publish_full(&full).await;
+        self.failed = !(slices && deployments && conditions && events);
+        self.publish_status(&p, full);
+    }
+
+    /// Keeps each Service's endpoint identifiers in its annotation, before
+    /// any slice uses them: they outlive the slices (a Gateway deleted or
+    /// of another class for a while), this controller and its leader.
+    /// True when every Service keeps them.
+    async fn keep_ids(&mut self, p: &Plan) -> bool {
         let mut unkept = false;
         for (k, ids) in &p.service_ids {
             let have = self.store.get("Service", &k.0, &k.1).and_then(|s| s.pointer("/metadata/annotations")).and_then(|a| a.get(ENDPOINT_IDS)).and_then(Json::as_str);
@@ -381,17 +396,19 @@ impl Task {
                 unkept = true;
             }
         }
-        if unkept {
-            // An identifier not kept yet is not written in a slice: try again.
-            self.failed = true;
-            return;
-        }
-        // Slices: first the ones to hold (a new endpoint is never missing
-        // while another's leaves), then the ones not wanted.
+        !unkept
+    }
+
+    /// Writes the slices: first the ones to hold (a new endpoint is never
+    /// missing while another's leaves), then deletes the owned ones not
+    /// wanted (except those of frozen Services). True when every write
+    /// succeeded.
+    async fn write_slices(&mut self, p: &Plan) -> bool {
+        let mut ok = true;
         for (k, want) in &p.slices {
             let same = self.store.get("EndpointSlice", &k.0, &k.1).is_some_and(|have| is_subset(want, have));
             if !same && !self.apply(3, want).await {
-                failed = true;
+                ok = false;
             }
         }
         let stale: Vec<Key> = self
@@ -407,14 +424,21 @@ impl Task {
             .collect();
         for k in stale {
             if !self.delete(3, &k).await {
-                failed = true;
+                ok = false;
             }
         }
-        // Deployments.
+        ok
+    }
+
+    /// Writes the Deployments to hold, then deletes the owned ones not
+    /// wanted (except those of frozen Gateways). True when every write
+    /// succeeded.
+    async fn write_deployments(&mut self, p: &Plan) -> bool {
+        let mut ok = true;
         for (k, want) in &p.deployments {
             let same = self.store.get("Deployment", &k.0, &k.1).is_some_and(|have| is_subset(want, have));
             if !same && !self.apply(4, want).await {
-                failed = true;
+                ok = false;
             }
         }
         let stale: Vec<Key> = self
@@ -431,10 +455,16 @@ impl Task {
             .collect();
         for k in stale {
             if !self.delete(4, &k).await {
-                failed = true;
+                ok = false;
             }
         }
-        // Gateway conditions.
+        ok
+    }
+
+    /// Writes the controller's conditions of each Gateway whose observed
+    /// ones differ. True when every write succeeded.
+    async fn write_conditions(&mut self, p: &Plan) -> bool {
+        let mut ok = true;
         let now = k8s_openapi::jiff::Timestamp::from_second(k8s_openapi::jiff::Timestamp::now().as_second()).map(|t| t.to_string()).unwrap_or_default();
         for (k, report) in &p.gateways {
             let Some(gw) = self.store.get("Gateway", &k.0, &k.1).cloned() else { continue };
@@ -454,17 +484,18 @@ impl Task {
                 Err(e) => {
                     warn!(error = %e, "{what} failed");
                     self.count(false, &what, Some(&e));
-                    failed = true;
+                    ok = false;
                 }
             }
         }
-        // Events on Services that filled up or have room again.
-        let mut full: BTreeMap<Key, Full> = BTreeMap::new();
-        for (k, r) in &p.gateways {
-            for (svc, f) in &r.full {
-                full.insert((k.0.clone(), svc.clone()), f.clone());
-            }
-        }
+        ok
+    }
+
+    /// Publishes an event on each Service that filled up or has room
+    /// again since the last one published, and remembers what it said.
+    /// True when every event was published.
+    async fn publish_full(&mut self, full: &BTreeMap<Key, Full>) -> bool {
+        let mut ok = true;
         let changed: Vec<(Key, Option<Full>)> = full
             .iter()
             .filter(|(k, f)| self.full.get(*k) != Some(*f))
@@ -481,23 +512,7 @@ impl Task {
                 uid,
                 ..ObjectReference::default()
             };
-            let ev = match &f {
-                Some(f) => KubeEvent {
-                    type_: EventType::Warning,
-                    reason: "EndpointLimitReached".into(),
-                    // An event's note is at most 1 kB.
-                    note: Some(super::truncate(&format!("all {} endpoint identifiers are taken; left out: {} (sluice.io/endpoint-limit raises the limit)", f.limit, f.pods.join(", ")), 1000)),
-                    action: "AllocateEndpointIdentifier".into(),
-                    secondary: None,
-                },
-                None => KubeEvent {
-                    type_: EventType::Normal,
-                    reason: "EndpointLimitCleared".into(),
-                    note: Some("every selected pod on the Gateway's networks has an endpoint identifier".into()),
-                    action: "AllocateEndpointIdentifier".into(),
-                    secondary: None,
-                },
-            };
+            let ev = full_event(f.as_ref());
             let what = format!("publishing an event on Service {}/{}", k.0, k.1);
             match self.recorder.publish(&ev, &reference).await {
                 Ok(()) => {
@@ -510,11 +525,16 @@ impl Task {
                 Err(e) => {
                     warn!(error = %e, "{what} failed");
                     self.count(false, &what, Some(&e));
-                    failed = true;
+                    ok = false;
                 }
             }
         }
-        self.failed = failed;
+        ok
+    }
+
+    /// Publishes in [`Status`] the full Services and the pods left out,
+    /// and logs each pod left out once while it stays left out.
+    fn publish_status(&mut self, p: &Plan, full: BTreeMap<Key, Full>) {
         let mut st = lock(&self.status);
         st.full = full.into_iter().map(|(k, f)| (format!("{}/{}", k.0, k.1), f)).collect();
         st.ignored = BTreeMap::new();
@@ -530,5 +550,39 @@ impl Task {
         }
         drop(st);
         self.said = said;
+    }
+}
+
+/// The Services that are full, by `(namespace, service)`, over every
+/// Gateway of the plan.
+fn full_services(p: &Plan) -> BTreeMap<Key, Full> {
+    let mut full: BTreeMap<Key, Full> = BTreeMap::new();
+    for (k, r) in &p.gateways {
+        for (svc, f) in &r.full {
+            full.insert((k.0.clone(), svc.clone()), f.clone());
+        }
+    }
+    full
+}
+
+/// The event said on a Service that filled up (`Some`, with what is left
+/// out) or has room again (`None`).
+fn full_event(f: Option<&Full>) -> KubeEvent {
+    match f {
+        Some(f) => KubeEvent {
+            type_: EventType::Warning,
+            reason: "EndpointLimitReached".into(),
+            // An event's note is at most 1 kB.
+            note: Some(super::truncate(&format!("all {} endpoint identifiers are taken; left out: {} (sluice.io/endpoint-limit raises the limit)", f.limit, f.pods.join(", ")), 1000)),
+            action: "AllocateEndpointIdentifier".into(),
+            secondary: None,
+        },
+        None => KubeEvent {
+            type_: EventType::Normal,
+            reason: "EndpointLimitCleared".into(),
+            note: Some("every selected pod on the Gateway's networks has an endpoint identifier".into()),
+            action: "AllocateEndpointIdentifier".into(),
+            secondary: None,
+        },
     }
 }

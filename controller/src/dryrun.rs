@@ -15,10 +15,18 @@ use super::{plan, Settings, Store};
 use sluice_core::config::manifests;
 use sluice_core::crd::to_yaml;
 
+/// Why a directory of manifests cannot be read.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// The problems reading it, one a line.
+    #[error("{}", .0.join("\n"))]
+    Manifests(Vec<String>),
+}
+
 /// The objects of `dir` (Lists read as their items), in `namespace`
 /// unless they name one.
-pub fn load(dir: &Path, namespace: &str) -> Result<Store, String> {
-    let objects = manifests::read_dir(dir).map_err(|ps| ps.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n"))?;
+pub fn load(dir: &Path, namespace: &str) -> Result<Store, LoadError> {
+    let objects = manifests::read_dir(dir).map_err(|ps| LoadError::Manifests(ps.iter().map(ToString::to_string).collect()))?;
     let mut store = Store::default();
     for o in objects {
         let v = o.value.to_json();

@@ -29,9 +29,100 @@ pub const SLLB_CONTAINER: &str = "stateless-load-balancer";
 /// The container that gets `router.resources`.
 pub const ROUTER_CONTAINER: &str = "router";
 /// The default Resource Template.
-pub const DEFAULT_TEMPLATE: &str = include_str!("../../../configs/k8s/controller/sllbr-template.yaml");
+pub const DEFAULT_TEMPLATE: &str = include_str!("../../configs/k8s/controller/sllbr-template.yaml");
 /// Most replicas a configuration may ask for.
 pub const MAX_REPLICAS: i64 = 1000;
+
+/// Why a Resource Template cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum TemplateError {
+    /// The text is not YAML (the parser's position and message).
+    #[error("{0}")]
+    Yaml(String),
+    /// It is some other object than a Deployment (its kind and apiVersion, as JSON).
+    #[error("the template is not an apps/v1 Deployment (kind {kind}, apiVersion {api_version})")]
+    NotADeployment {
+        /// The object's `kind`.
+        kind: Json,
+        /// The object's `apiVersion`.
+        api_version: Json,
+    },
+    /// The Deployment's pods would have no container.
+    #[error("the template has no containers (spec.template.spec.containers)")]
+    NoContainers,
+    /// The Deployment has no name to give each Gateway's copy.
+    #[error("the template has no metadata.name (say `sllbr-${{GATEWAY}}`, say)")]
+    NoName,
+    /// The template built into the binary is wrong.
+    #[error("the built-in template: {0}")]
+    BuiltIn(Box<TemplateError>),
+}
+
+/// Why a Gateway's `SLLBRConfig` (its parametersRef ConfigMap's text)
+/// cannot be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The text is not YAML (the parser's position and message).
+    #[error("{0}")]
+    Yaml(String),
+    /// The document is not a mapping.
+    #[error("not a mapping")]
+    NotAMapping,
+    /// Its `kind` is another one (as JSON).
+    #[error("kind {0} is not SLLBRConfig")]
+    Kind(Json),
+    /// `replicas` is not a number in range (the value, as JSON).
+    #[error("replicas: {0} is not a number in 0..={MAX_REPLICAS}")]
+    Replicas(Json),
+    /// `sllb` or `router` (named) is not a mapping.
+    #[error("{0}: not a mapping")]
+    ContainerNotAMapping(String),
+    /// `sllb` or `router` (first) has a field (second) other than `resources`.
+    #[error("{0}: unknown field {1:?} (resources)")]
+    ContainerField(String, String),
+    /// Resources (at the path given) are not a mapping.
+    #[error("{0}: not a mapping of requests and limits")]
+    ResourcesNotAMapping(String),
+    /// Resources (at the path given) have a field other than requests and limits.
+    #[error("{0}: unknown field {1:?} (requests, limits)")]
+    ResourcesField(String, String),
+    /// Requests or limits (at the path given) are not a mapping.
+    #[error("{0}: not a mapping of resource to quantity")]
+    QuantitiesNotAMapping(String),
+    /// A resource (at the path given) is neither a string nor a number (as JSON).
+    #[error("{0}: not a quantity: {1}")]
+    NotAQuantityValue(String, Json),
+    /// A resource (at the path given) is a string that is no quantity.
+    #[error("{0}: {1:?} is not a quantity (e.g. 250m, 64Mi, 2)")]
+    NotAQuantity(String, String),
+    /// `nodeSelector` is not a mapping of strings.
+    #[error("nodeSelector: not a mapping of label to value")]
+    NodeSelector,
+    /// `affinity` is not a mapping.
+    #[error("affinity: not a mapping")]
+    Affinity,
+    /// A field the configuration does not have.
+    #[error("unknown field {0:?} (replicas, sllb, router, nodeSelector, affinity)")]
+    UnknownField(String),
+}
+
+/// Why the configuration a Gateway names through its parametersRef cannot
+/// be had.
+#[derive(Debug, thiserror::Error)]
+pub enum ParametersError {
+    /// It names something other than a core ConfigMap (its kind and group).
+    #[error("parametersRef names a {0} (group {1:?}): only a ConfigMap (core group) is read")]
+    NotAConfigMap(String, String),
+    /// The ConfigMap (namespace, name) is not there.
+    #[error("parametersRef: no ConfigMap {0}/{1}")]
+    NoConfigMap(String, String),
+    /// The ConfigMap (namespace, name) has no [`CONFIG_KEY`].
+    #[error("ConfigMap {0}/{1} has no {CONFIG_KEY:?}")]
+    NoConfigKey(String, String),
+    /// The ConfigMap's (namespace, name) configuration is wrong.
+    #[error("ConfigMap {0}/{1}, {CONFIG_KEY}: {2}")]
+    Config(String, String, ConfigError),
+}
 
 /// A Resource Template, checked.
 #[derive(Clone, Debug, PartialEq)]
@@ -39,23 +130,23 @@ pub struct Template(Json);
 
 impl Template {
     /// Reads a template from YAML text (one Deployment).
-    pub fn parse(text: &str) -> Result<Template, String> {
-        let v = yaml::document(text, &mut yaml::Budget::default()).map_err(|e| yaml_error(&e))?.to_json();
+    pub fn parse(text: &str) -> Result<Template, TemplateError> {
+        let v = yaml::document(text, &mut yaml::Budget::default()).map_err(|e| TemplateError::Yaml(yaml_error(&e)))?.to_json();
         if v["kind"] != "Deployment" || v["apiVersion"] != "apps/v1" {
-            return Err(format!("the template is not an apps/v1 Deployment (kind {}, apiVersion {})", v["kind"], v["apiVersion"]));
+            return Err(TemplateError::NotADeployment { kind: v["kind"].clone(), api_version: v["apiVersion"].clone() });
         }
         if v.pointer("/spec/template/spec/containers").and_then(Json::as_array).is_none_or(Vec::is_empty) {
-            return Err("the template has no containers (spec.template.spec.containers)".into());
+            return Err(TemplateError::NoContainers);
         }
         if v.pointer("/metadata/name").and_then(Json::as_str).is_none_or(str::is_empty) {
-            return Err("the template has no metadata.name (say `sllbr-${GATEWAY}`, say)".into());
+            return Err(TemplateError::NoName);
         }
         Ok(Template(v))
     }
 
     /// The default template.
-    pub fn default_template() -> Result<Template, String> {
-        Template::parse(DEFAULT_TEMPLATE).map_err(|e| format!("the built-in template: {e}"))
+    pub fn default_template() -> Result<Template, TemplateError> {
+        Template::parse(DEFAULT_TEMPLATE).map_err(|e| TemplateError::BuiltIn(Box::new(e)))
     }
 
     /// The Deployment's name for Gateway `gw` in `ns`.
@@ -95,22 +186,22 @@ pub struct SllbrConfig {
     pub affinity: Option<Json>,
 }
 
-fn resources(v: &Json, at: &str) -> Result<Json, String> {
-    let m = v.as_object().ok_or_else(|| format!("{at}: not a mapping of requests and limits"))?;
+fn resources(v: &Json, at: &str) -> Result<Json, ConfigError> {
+    let m = v.as_object().ok_or_else(|| ConfigError::ResourcesNotAMapping(at.to_owned()))?;
     for (k, q) in m {
         if k != "requests" && k != "limits" {
-            return Err(format!("{at}: unknown field {k:?} (requests, limits)"));
+            return Err(ConfigError::ResourcesField(at.to_owned(), k.clone()));
         }
-        let q = q.as_object().ok_or_else(|| format!("{at}.{k}: not a mapping of resource to quantity"))?;
+        let q = q.as_object().ok_or_else(|| ConfigError::QuantitiesNotAMapping(format!("{at}.{k}")))?;
         for (r, n) in q {
             let s = match n {
                 Json::String(s) => s.clone(),
                 Json::Number(n) => n.to_string(),
-                _ => return Err(format!("{at}.{k}.{r}: not a quantity: {n}")),
+                _ => return Err(ConfigError::NotAQuantityValue(format!("{at}.{k}.{r}"), n.clone())),
             };
             let digits = s.trim_end_matches(|c: char| c.is_ascii_alphabetic());
             if digits.is_empty() || digits.parse::<f64>().is_err() || s.len() - digits.len() > 2 {
-                return Err(format!("{at}.{k}.{r}: {s:?} is not a quantity (e.g. 250m, 64Mi, 2)"));
+                return Err(ConfigError::NotAQuantity(format!("{at}.{k}.{r}"), s));
             }
         }
     }
@@ -118,24 +209,24 @@ fn resources(v: &Json, at: &str) -> Result<Json, String> {
 }
 
 /// Reads an `SLLBRConfig` (YAML text).
-pub fn parse_config(text: &str) -> Result<SllbrConfig, String> {
-    let v = yaml::document(text, &mut yaml::Budget::default()).map_err(|e| yaml_error(&e))?.to_json();
-    let Some(m) = v.as_object() else { return Err("not a mapping".into()) };
+pub fn parse_config(text: &str) -> Result<SllbrConfig, ConfigError> {
+    let v = yaml::document(text, &mut yaml::Budget::default()).map_err(|e| ConfigError::Yaml(yaml_error(&e)))?.to_json();
+    let Some(m) = v.as_object() else { return Err(ConfigError::NotAMapping) };
     let mut c = SllbrConfig::default();
     for (k, x) in m {
         match k.as_str() {
             "apiVersion" => {}
             "kind" if x == "SLLBRConfig" => {}
-            "kind" => return Err(format!("kind {x} is not SLLBRConfig")),
+            "kind" => return Err(ConfigError::Kind(x.clone())),
             "replicas" => match x.as_i64() {
                 Some(n) if (0..=MAX_REPLICAS).contains(&n) => c.replicas = Some(n),
-                _ => return Err(format!("replicas: {x} is not a number in 0..={MAX_REPLICAS}")),
+                _ => return Err(ConfigError::Replicas(x.clone())),
             },
             "sllb" | "router" => {
-                let Some(sub) = x.as_object() else { return Err(format!("{k}: not a mapping")) };
+                let Some(sub) = x.as_object() else { return Err(ConfigError::ContainerNotAMapping(k.clone())) };
                 for (sk, sx) in sub {
                     if sk != "resources" {
-                        return Err(format!("{k}: unknown field {sk:?} (resources)"));
+                        return Err(ConfigError::ContainerField(k.clone(), sk.clone()));
                     }
                     let r = Some(resources(sx, &format!("{k}.resources"))?);
                     if k == "sllb" {
@@ -146,10 +237,10 @@ pub fn parse_config(text: &str) -> Result<SllbrConfig, String> {
                 }
             }
             "nodeSelector" if x.as_object().is_some_and(|m| m.values().all(Json::is_string)) => c.node_selector = Some(x.clone()),
-            "nodeSelector" => return Err("nodeSelector: not a mapping of label to value".into()),
+            "nodeSelector" => return Err(ConfigError::NodeSelector),
             "affinity" if x.is_object() => c.affinity = Some(x.clone()),
-            "affinity" => return Err("affinity: not a mapping".into()),
-            other => return Err(format!("unknown field {other:?} (replicas, sllb, router, nodeSelector, affinity)")),
+            "affinity" => return Err(ConfigError::Affinity),
+            other => return Err(ConfigError::UnknownField(other.to_owned())),
         }
     }
     Ok(c)
@@ -157,18 +248,18 @@ pub fn parse_config(text: &str) -> Result<SllbrConfig, String> {
 
 /// The configuration `gw` names through `spec.infrastructure.parametersRef`
 /// (none when it names none), or why it cannot be had.
-pub fn gateway_config(store: &Store, gw: &Json) -> Result<Option<SllbrConfig>, String> {
+pub fn gateway_config(store: &Store, gw: &Json) -> Result<Option<SllbrConfig>, ParametersError> {
     let Some(r) = gw.pointer("/spec/infrastructure/parametersRef") else { return Ok(None) };
     let ns = gw.pointer("/metadata/namespace").and_then(Json::as_str).unwrap_or("default");
     let kind = r.get("kind").and_then(Json::as_str).unwrap_or("");
     let group = r.get("group").and_then(Json::as_str).unwrap_or("");
     let name = r.get("name").and_then(Json::as_str).unwrap_or("");
     if kind != "ConfigMap" || !group.is_empty() {
-        return Err(format!("parametersRef names a {kind} (group {group:?}): only a ConfigMap (core group) is read"));
+        return Err(ParametersError::NotAConfigMap(kind.to_owned(), group.to_owned()));
     }
-    let cm = store.get("ConfigMap", ns, name).ok_or_else(|| format!("parametersRef: no ConfigMap {ns}/{name}"))?;
-    let text = cm.pointer("/data").and_then(|d| d.get(CONFIG_KEY)).and_then(Json::as_str).ok_or_else(|| format!("ConfigMap {ns}/{name} has no {CONFIG_KEY:?}"))?;
-    parse_config(text).map(Some).map_err(|e| format!("ConfigMap {ns}/{name}, {CONFIG_KEY}: {e}"))
+    let cm = store.get("ConfigMap", ns, name).ok_or_else(|| ParametersError::NoConfigMap(ns.to_owned(), name.to_owned()))?;
+    let text = cm.pointer("/data").and_then(|d| d.get(CONFIG_KEY)).and_then(Json::as_str).ok_or_else(|| ParametersError::NoConfigKey(ns.to_owned(), name.to_owned()))?;
+    parse_config(text).map(Some).map_err(|e| ParametersError::Config(ns.to_owned(), name.to_owned(), e))
 }
 
 fn merge_into(target: &mut Json, path: &[&str], add: &Map<String, Json>) {
@@ -310,8 +401,8 @@ spec:\n  replicas: 3\n  selector: {matchLabels: {app: lb}}\n  template:\n    met
         assert_eq!(d["spec"]["replicas"], 3);
         assert_eq!(d["spec"]["selector"]["matchLabels"], json!({"app": "lb", GATEWAY_LABEL: "sllb-a"}));
         assert_eq!(d["spec"]["template"]["spec"]["containers"][0]["image"], "img:sllb-a");
-        assert!(Template::parse("apiVersion: v1\nkind: Pod\nmetadata: {name: x}\n").unwrap_err().contains("not an apps/v1 Deployment"));
-        assert!(Template::parse("apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: x}\nspec: {}\n").unwrap_err().contains("no containers"));
+        assert!(Template::parse("apiVersion: v1\nkind: Pod\nmetadata: {name: x}\n").unwrap_err().to_string().contains("not an apps/v1 Deployment"));
+        assert!(Template::parse("apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: x}\nspec: {}\n").unwrap_err().to_string().contains("no containers"));
     }
 
     #[test]
@@ -361,7 +452,7 @@ spec:\n  replicas: 3\n  selector: {matchLabels: {app: lb}}\n  template:\n    met
     #[test]
     fn a_wrong_or_missing_configuration_says_why() {
         let store = Store::default();
-        assert_eq!(gateway_config(&store, &gw()).unwrap_err(), "parametersRef: no ConfigMap t/sllb-a-config");
+        assert_eq!(gateway_config(&store, &gw()).unwrap_err().to_string(), "parametersRef: no ConfigMap t/sllb-a-config");
         for (text, why) in [
             ("replicas: -1\n", "replicas: -1 is not a number in 0..=1000"),
             ("replicas: 2\nreplica: 3\n", "unknown field \"replica\""),
@@ -370,12 +461,12 @@ spec:\n  replicas: 3\n  selector: {matchLabels: {app: lb}}\n  template:\n    met
         ] {
             let mut s = Store::default();
             s.apply(cm(text));
-            let e = gateway_config(&s, &gw()).unwrap_err();
+            let e = gateway_config(&s, &gw()).unwrap_err().to_string();
             assert!(e.contains(why), "{text}: {e}");
         }
         let mut g = gw();
         g["spec"]["infrastructure"]["parametersRef"] = json!({"group": "example.com", "kind": "Params", "name": "p"});
-        assert!(gateway_config(&store, &g).unwrap_err().contains("only a ConfigMap"));
+        assert!(gateway_config(&store, &g).unwrap_err().to_string().contains("only a ConfigMap"));
         g["spec"]["infrastructure"].as_object_mut().unwrap().remove("parametersRef");
         assert_eq!(gateway_config(&store, &g).unwrap(), None);
     }

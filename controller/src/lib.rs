@@ -45,7 +45,7 @@ use serde_json::{json, Value as Json};
 
 use sluice_core::config::kubernetes::DEFAULT_GATEWAY_CLASS;
 use sluice_core::config::manifests::PROXY_NAME_LABEL;
-use gateway::{SllbrConfig, Template};
+use gateway::{ParametersError, SllbrConfig, Template, TemplateError};
 use slices::Ignored;
 
 /// The managed-by label of the EndpointSlices (Kubernetes' convention).
@@ -129,7 +129,7 @@ pub struct Settings {
 
 impl Settings {
     /// The design's class, the appliance's default limit, the built-in template.
-    pub fn defaults() -> Result<Settings, String> {
+    pub fn defaults() -> Result<Settings, TemplateError> {
         Ok(Settings { gateway_class: DEFAULT_GATEWAY_CLASS.to_owned(), default_limit: DEFAULT_LIMIT, template: Template::default_template()? })
     }
 }
@@ -194,7 +194,7 @@ pub fn plan(store: &Store, settings: &Settings) -> Plan {
             continue;
         }
         let mut report = GatewayReport::default();
-        let config: Result<Option<SllbrConfig>, String> = gateway::gateway_config(store, gw);
+        let config: Result<Option<SllbrConfig>, ParametersError> = gateway::gateway_config(store, gw);
         let nets = slices::gateway_networks(gw);
         let services: Vec<(&Key, &Json)> = store
             .of("Service")
@@ -206,7 +206,7 @@ pub fn plan(store: &Store, settings: &Settings) -> Plan {
                 out.deployments.insert(dkey.clone(), gateway::deployment(&settings.template, gw, c.as_ref()));
             }
             Err(e) => {
-                report.invalid = Some(e.clone());
+                report.invalid = Some(e.to_string());
                 out.frozen_gateways.insert(gkey.clone());
             }
         }
@@ -237,7 +237,7 @@ pub fn plan(store: &Store, settings: &Settings) -> Plan {
             Err(e) => {
                 let why = match report.invalid.take() {
                     Some(other) => format!("{other}; {e}"),
-                    None => e,
+                    None => e.to_string(),
                 };
                 report.invalid = Some(why);
                 out.frozen_services.extend(services.into_iter().map(|(k, _)| k.clone()));

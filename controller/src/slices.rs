@@ -62,6 +62,51 @@ pub struct Networks {
     pub subnets: Vec<Cidr>,
 }
 
+/// Why a text is not a CIDR (each variant carries the text).
+#[derive(Debug, thiserror::Error)]
+pub enum CidrError {
+    /// There is no `/length`.
+    #[error("{0:?} is not a CIDR (address/length)")]
+    NoLength(String),
+    /// The address does not parse.
+    #[error("{0:?}: {1}")]
+    Address(String, std::net::AddrParseError),
+    /// The length does not parse.
+    #[error("{0:?}: bad length: {1}")]
+    Length(String, std::num::ParseIntError),
+    /// The length (second) is more than the family's (third).
+    #[error("{0:?}: length {1} is more than {2}")]
+    TooLong(String, u8, u8),
+}
+
+/// What is wrong with a Gateway's networks or subnets annotations.
+#[derive(Debug, thiserror::Error)]
+pub enum NetworksError {
+    /// [`GATEWAY_NETWORKS`] is not JSON.
+    #[error("{GATEWAY_NETWORKS}: not JSON: {0}")]
+    NetworksNotJson(serde_json::Error),
+    /// [`GATEWAY_NETWORKS`] is JSON but not a list.
+    #[error("{GATEWAY_NETWORKS}: not a list of {{name, interface}}")]
+    NetworksNotAList,
+    /// An entry of [`GATEWAY_NETWORKS`] (as JSON) is a mapping without a name.
+    #[error("{GATEWAY_NETWORKS}: an entry without a name: {0}")]
+    NoName(Json),
+    /// An entry of [`GATEWAY_NETWORKS`] (as JSON) is neither a name nor a mapping.
+    #[error("{GATEWAY_NETWORKS}: not a network: {0}")]
+    NotANetwork(Json),
+    /// [`GATEWAY_SUBNETS`] is not a JSON list of strings.
+    #[error("{GATEWAY_SUBNETS}: not a JSON list of CIDRs: {0}")]
+    SubnetsNotAList(serde_json::Error),
+    /// An entry of [`GATEWAY_SUBNETS`] is not a CIDR.
+    #[error("{GATEWAY_SUBNETS}: {0}")]
+    Subnet(CidrError),
+}
+
+/// Why a Service's [`ENDPOINT_LIMIT`] annotation is wrong (carries its text).
+#[derive(Debug, thiserror::Error)]
+#[error("{ENDPOINT_LIMIT}: {0:?} is not a number in {min}..={max}", min = limits::ENDPOINT_LIMIT_MIN, max = limits::ENDPOINT_LIMIT_MAX)]
+pub struct LimitError(String);
+
 /// A prefix.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Cidr {
@@ -73,13 +118,13 @@ pub struct Cidr {
 
 impl Cidr {
     /// Parses `a.b.c.d/n` or `x::y/n`.
-    pub fn parse(s: &str) -> Result<Cidr, String> {
-        let (a, l) = s.split_once('/').ok_or_else(|| format!("{s:?} is not a CIDR (address/length)"))?;
-        let addr: IpAddr = a.parse().map_err(|e| format!("{s:?}: {e}"))?;
-        let len: u8 = l.parse().map_err(|e| format!("{s:?}: bad length: {e}"))?;
+    pub fn parse(s: &str) -> Result<Cidr, CidrError> {
+        let (a, l) = s.split_once('/').ok_or_else(|| CidrError::NoLength(s.to_owned()))?;
+        let addr: IpAddr = a.parse().map_err(|e| CidrError::Address(s.to_owned(), e))?;
+        let len: u8 = l.parse().map_err(|e| CidrError::Length(s.to_owned(), e))?;
         let max = if addr.is_ipv4() { 32 } else { 128 };
         if len > max {
-            return Err(format!("{s:?}: length {len} is more than {max}"));
+            return Err(CidrError::TooLong(s.to_owned(), len, max));
         }
         Ok(Cidr { addr, len })
     }
@@ -122,21 +167,21 @@ pub fn infra_annotation<'a>(gw: &'a Json, key: &str) -> Option<&'a str> {
 }
 
 /// The networks and subnets a Gateway names; an error says what is wrong.
-pub fn gateway_networks(gw: &Json) -> Result<Networks, String> {
+pub fn gateway_networks(gw: &Json) -> Result<Networks, NetworksError> {
     let ns = gw.pointer("/metadata/namespace").and_then(Json::as_str).unwrap_or("default");
     let mut out = Networks::default();
     if let Some(text) = infra_annotation(gw, GATEWAY_NETWORKS) {
-        let v: Json = serde_json::from_str(text).map_err(|e| format!("{GATEWAY_NETWORKS}: not JSON: {e}"))?;
-        let list = v.as_array().ok_or_else(|| format!("{GATEWAY_NETWORKS}: not a list of {{name, interface}}"))?;
+        let v: Json = serde_json::from_str(text).map_err(NetworksError::NetworksNotJson)?;
+        let list = v.as_array().ok_or(NetworksError::NetworksNotAList)?;
         for n in list {
             // Multus also accepts a bare name.
             let (name, interface) = match n {
                 Json::String(s) => (s.as_str(), None),
                 Json::Object(_) => (
-                    n.get("name").and_then(Json::as_str).ok_or_else(|| format!("{GATEWAY_NETWORKS}: an entry without a name: {n}"))?,
+                    n.get("name").and_then(Json::as_str).ok_or_else(|| NetworksError::NoName(n.clone()))?,
                     n.get("interface").and_then(Json::as_str).map(str::to_owned),
                 ),
-                _ => return Err(format!("{GATEWAY_NETWORKS}: not a network: {n}")),
+                _ => return Err(NetworksError::NotANetwork(n.clone())),
             };
             let name = match n.get("namespace").and_then(Json::as_str) {
                 Some(nns) => format!("{nns}/{name}"),
@@ -146,9 +191,9 @@ pub fn gateway_networks(gw: &Json) -> Result<Networks, String> {
         }
     }
     if let Some(text) = infra_annotation(gw, GATEWAY_SUBNETS) {
-        let v: Vec<String> = serde_json::from_str(text).map_err(|e| format!("{GATEWAY_SUBNETS}: not a JSON list of CIDRs: {e}"))?;
+        let v: Vec<String> = serde_json::from_str(text).map_err(NetworksError::SubnetsNotAList)?;
         for s in v {
-            out.subnets.push(Cidr::parse(&s).map_err(|e| format!("{GATEWAY_SUBNETS}: {e}"))?);
+            out.subnets.push(Cidr::parse(&s).map_err(NetworksError::Subnet)?);
         }
     }
     Ok(out)
@@ -226,16 +271,12 @@ pub fn selects(svc: &Json, pod: &Json) -> bool {
 
 /// The endpoint limit of `svc` (its annotation, else `default`), or why
 /// the annotation is wrong.
-pub fn limit_of(svc: &Json, default: u32) -> Result<u32, String> {
+pub fn limit_of(svc: &Json, default: u32) -> Result<u32, LimitError> {
     match svc.pointer("/metadata/annotations").and_then(|a| a.get(ENDPOINT_LIMIT)).and_then(Json::as_str) {
         None => Ok(default),
         Some(s) => match s.trim().parse::<u32>() {
             Ok(n) if (limits::ENDPOINT_LIMIT_MIN..=limits::ENDPOINT_LIMIT_MAX).contains(&n) => Ok(n),
-            _ => Err(format!(
-                "{ENDPOINT_LIMIT}: {s:?} is not a number in {}..={}",
-                limits::ENDPOINT_LIMIT_MIN,
-                limits::ENDPOINT_LIMIT_MAX
-            )),
+            _ => Err(LimitError(s.to_owned())),
         },
     }
 }
@@ -316,7 +357,7 @@ pub fn service_slices(store: &Store, key: &Key, svc: &Json, nets: &Networks, def
     let limit = match limit_of(svc, default_limit) {
         Ok(l) => l,
         Err(e) => {
-            out.invalid = Some(e);
+            out.invalid = Some(e.to_string());
             return out;
         }
     };
@@ -665,9 +706,9 @@ mod tests {
         let nets = gateway_networks(&gw).unwrap();
         assert_eq!(nets.networks, vec![Network { name: "t/macvlan-nad-1".into(), interface: Some("net1".into()) }]);
         gw["spec"]["infrastructure"]["annotations"][GATEWAY_SUBNETS] = json!(r#"["169.111.100.0/33"]"#);
-        assert_eq!(gateway_networks(&gw).unwrap_err(), "meridio-experiment/network-subnets: \"169.111.100.0/33\": length 33 is more than 32");
+        assert_eq!(gateway_networks(&gw).unwrap_err().to_string(), "meridio-experiment/network-subnets: \"169.111.100.0/33\": length 33 is more than 32");
         gw["spec"]["infrastructure"]["annotations"][GATEWAY_NETWORKS] = json!("[{");
-        assert!(gateway_networks(&gw).unwrap_err().starts_with("meridio-experiment/networks: not JSON"));
+        assert!(gateway_networks(&gw).unwrap_err().to_string().starts_with("meridio-experiment/networks: not JSON"));
         assert!(Cidr::parse("10.0.0.0/8").unwrap().contains("10.9.9.9".parse().unwrap()));
         assert!(!Cidr::parse("10.0.0.0/8").unwrap().contains("11.0.0.1".parse().unwrap()));
         assert!(Cidr::parse("::/0").unwrap().contains("fd00::1".parse().unwrap()));

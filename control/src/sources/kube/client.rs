@@ -584,42 +584,54 @@ impl Task {
         self.written.retain(|origin, _| live.contains(origin));
         let mut failed = false;
         for (i, name, st) in writes {
-            let kind = KINDS[i];
-            let Some(obj) = self.objects.by_kind.get(kind).and_then(|m| m.get(&name)) else { continue };
-            if observed_part(kind, obj) == st {
-                continue;
-            }
-            let rv = obj.pointer("/metadata/resourceVersion").and_then(Json::as_str).unwrap_or("").to_owned();
-            let origin = api_origin(kind, &self.cfg.namespace, &name);
-            if self.written.get(&origin) == Some(&(st.clone(), rv.clone())) {
-                continue; // written; the watch has not shown it yet
-            }
-            let ar = &resources()[i];
-            let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &self.cfg.namespace, ar);
-            let body = json!({
-                "apiVersion": ar.api_version, "kind": ar.kind,
-                "metadata": {"name": name, "namespace": self.cfg.namespace},
-                "status": st,
-            });
-            let res = api.patch_status(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&body)).await;
-            self.status.send_modify(|st| st.status_writes += 1);
-            match res {
-                Ok(_) => {
-                    debug!(%origin, "status written");
-                    self.written.insert(origin, (st, rv));
-                }
-                Err(e) => {
-                    warn!(%origin, error = %e, "writing status failed; trying again");
-                    self.status.send_modify(|s| {
-                        s.status_write_errors += 1;
-                        s.last_error = Some(format!("writing the status of {origin}: {e}"));
-                        s.last_error_at = Some(now_epoch());
-                    });
-                    failed = true;
-                }
+            if !self.write_one_status(client, i, name, st).await {
+                failed = true;
             }
         }
-        // What this appliance wrote for a Gateway that is no longer its own.
+        if !self.clear_stale_status(client).await {
+            failed = true;
+        }
+        self.write_failed = failed;
+    }
+
+    /// Writes `st` as the status of object `name` of kind `KINDS[i]`
+    /// unless the object shows it already or it was written for the
+    /// object's current resourceVersion. False when the write failed.
+    async fn write_one_status(&mut self, client: &Client, i: usize, name: String, st: Json) -> bool {
+        let kind = KINDS[i];
+        let Some(obj) = self.objects.by_kind.get(kind).and_then(|m| m.get(&name)) else { return true };
+        if observed_part(kind, obj) == st {
+            return true;
+        }
+        let rv = obj.pointer("/metadata/resourceVersion").and_then(Json::as_str).unwrap_or("").to_owned();
+        let origin = api_origin(kind, &self.cfg.namespace, &name);
+        if self.written.get(&origin) == Some(&(st.clone(), rv.clone())) {
+            return true; // written; the watch has not shown it yet
+        }
+        let res = patch_status(client, &self.cfg.namespace, i, &name, &st).await;
+        self.status.send_modify(|st| st.status_writes += 1);
+        match res {
+            Ok(_) => {
+                debug!(%origin, "status written");
+                self.written.insert(origin, (st, rv));
+                true
+            }
+            Err(e) => {
+                warn!(%origin, error = %e, "writing status failed; trying again");
+                self.status.send_modify(|s| {
+                    s.status_write_errors += 1;
+                    s.last_error = Some(format!("writing the status of {origin}: {e}"));
+                    s.last_error_at = Some(now_epoch());
+                });
+                false
+            }
+        }
+    }
+
+    /// Clears what this appliance wrote in the status of the objects of a
+    /// Gateway that is no longer its own. False when a write failed.
+    async fn clear_stale_status(&mut self, client: &Client) -> bool {
+        let mut ok = true;
         for (kind, name) in self.sync.stale_status(&self.objects) {
             let Some(i) = KINDS.iter().position(|k| *k == kind) else { continue };
             let rv = self.objects.by_kind.get(kind).and_then(|m| m.get(&name)).and_then(|o| o.pointer("/metadata/resourceVersion")).and_then(Json::as_str).unwrap_or("").to_owned();
@@ -627,10 +639,7 @@ impl Task {
             if self.written.get(&origin) == Some(&(json!({}), rv.clone())) {
                 continue; // cleared; the watch has not shown it yet
             }
-            let ar = &resources()[i];
-            let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &self.cfg.namespace, ar);
-            let body = json!({"apiVersion": ar.api_version, "kind": ar.kind, "metadata": {"name": name, "namespace": self.cfg.namespace}, "status": {}});
-            let res = api.patch_status(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&body)).await;
+            let res = patch_status(client, &self.cfg.namespace, i, &name, &json!({})).await;
             self.status.send_modify(|st| st.status_writes += 1);
             match res {
                 Ok(_) => {
@@ -644,10 +653,23 @@ impl Task {
                         s.last_error = Some(format!("clearing the status of {origin}: {e}"));
                         s.last_error_at = Some(now_epoch());
                     });
-                    failed = true;
+                    ok = false;
                 }
             }
         }
-        self.write_failed = failed;
+        ok
     }
+}
+
+/// Applies `status` as the status of object `name` of kind `KINDS[i]` in
+/// `ns`, under [`FIELD_MANAGER`] (forced: the fields are this appliance's).
+async fn patch_status(client: &Client, ns: &str, i: usize, name: &str, status: &Json) -> Result<DynamicObject, kube::Error> {
+    let ar = &resources()[i];
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, ar);
+    let body = json!({
+        "apiVersion": ar.api_version, "kind": ar.kind,
+        "metadata": {"name": name, "namespace": ns},
+        "status": status,
+    });
+    api.patch_status(name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&body)).await
 }
