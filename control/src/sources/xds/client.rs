@@ -618,12 +618,50 @@ fn error_detail(problems: &[String]) -> RpcStatus {
     RpcStatus { code: INVALID_ARGUMENT, message, details: Vec::new() }
 }
 
-fn decode_cluster_any(any: &Any) -> Result<Cluster, String> {
-    Cluster::decode(any.value.as_slice()).map_err(|e| format!("cannot decode a Cluster: {e}"))
+/// Why a resource did not decode, or the server could not be reached.
+/// The decoding messages are part of a NACK's `error_detail`, the others
+/// of the status's last error: their text stays as it is.
+#[derive(Debug, thiserror::Error)]
+enum ClientError {
+    /// A `Cluster` that does not decode.
+    #[error("cannot decode a Cluster: {0}")]
+    DecodeCluster(prost::DecodeError),
+    /// A `ClusterLoadAssignment` that does not decode.
+    #[error("cannot decode a ClusterLoadAssignment: {0}")]
+    DecodeCla(prost::DecodeError),
+    /// The section's TLS files could not be read or used.
+    #[error("{0}")]
+    Tls(crate::config::tls::TlsError),
+    /// The server's URI is not one.
+    #[error("{uri}: {why}")]
+    Uri {
+        /// The URI.
+        uri: String,
+        /// Why, with its causes.
+        why: String,
+    },
+    /// tonic refused the TLS settings.
+    #[error("TLS settings: {0}")]
+    TlsSettings(String),
+    /// The connection failed.
+    #[error("cannot connect to {server}: {why}{hint}")]
+    Connect {
+        /// The server, as the configuration names it.
+        server: String,
+        /// Why, with its causes.
+        why: String,
+        /// What a TLS failure means for the operator (empty when nothing
+        /// more can be said).
+        hint: String,
+    },
 }
 
-fn decode_cla_any(any: &Any) -> Result<ClusterLoadAssignment, String> {
-    ClusterLoadAssignment::decode(any.value.as_slice()).map_err(|e| format!("cannot decode a ClusterLoadAssignment: {e}"))
+fn decode_cluster_any(any: &Any) -> Result<Cluster, ClientError> {
+    Cluster::decode(any.value.as_slice()).map_err(ClientError::DecodeCluster)
+}
+
+fn decode_cla_any(any: &Any) -> Result<ClusterLoadAssignment, ClientError> {
+    ClusterLoadAssignment::decode(any.value.as_slice()).map_err(ClientError::DecodeCla)
 }
 
 /// The SotW resources of a response, unwrapped (`Resource` wrappers with a
@@ -686,7 +724,7 @@ fn sotw_assignments(held: &Resources, known: &Digests, anys: &[Any], next: &mut 
                 match decode_cla_any(a) {
                     Ok(c) => (c.cluster_name.as_str().into(), Some(c)),
                     Err(e) => {
-                        errors.push(e);
+                        errors.push(e.to_string());
                         continue;
                     }
                 }
@@ -942,25 +980,26 @@ impl Client {
         self.waiting.values().min().map(|t| *t + WARMING_TIMEOUT)
     }
 
-    async fn connect(&self) -> Result<Channel, String> {
+    async fn connect(&self) -> Result<Channel, ClientError> {
         let tls = match &self.cfg.tls {
-            Some(paths) => Some(tls::client_config(paths, &self.cfg.server.host).map_err(|e| e.to_string())?),
+            Some(paths) => Some(tls::client_config(paths, &self.cfg.server.host).map_err(ClientError::Tls)?),
             None => None,
         };
         let uri = self.cfg.server.uri(tls.is_some());
         let mut ep = Endpoint::from_shared(uri.clone())
-            .map_err(|e| format!("{uri}: {}", chain(&e)))?
+            .map_err(|e| ClientError::Uri { why: chain(&e), uri })?
             .connect_timeout(CONNECT_TIMEOUT)
             .tcp_nodelay(true)
             .tcp_keepalive(Some(KEEPALIVE_IDLE))
             .tcp_keepalive_interval(Some(KEEPALIVE_INTERVAL))
             .tcp_keepalive_retries(Some(KEEPALIVE_RETRIES));
         if let Some(t) = tls {
-            ep = ep.tls_config(t).map_err(|e| format!("TLS settings: {}", chain(&e)))?;
+            ep = ep.tls_config(t).map_err(|e| ClientError::TlsSettings(chain(&e)))?;
         }
         ep.connect().await.map_err(|e| {
             let why = chain(&e);
-            format!("cannot connect to {}: {why}{}", self.cfg.server, tls_hint(&why, &self.cfg.server.host))
+            let hint = tls_hint(&why, &self.cfg.server.host);
+            ClientError::Connect { server: self.cfg.server.to_string(), why, hint }
         })
     }
 
@@ -969,7 +1008,7 @@ impl Client {
         self.status(|st| st.state = ConnectionState::Connecting);
         let channel = match self.connect().await {
             Ok(c) => c,
-            Err(error) => return End::Failed { error, answered: false },
+            Err(error) => return End::Failed { error: error.to_string(), answered: false },
         };
         self.status(|st| {
             st.state = ConnectionState::Connected;
@@ -1062,67 +1101,98 @@ impl Client {
                     continue;
                 }
             };
-            let mut resp = match msg {
+            let resp = match msg {
                 Ok(Some(r)) => r,
                 Ok(None) => return End::Failed { error: "the server closed the ADS stream".into(), answered: s.answered },
                 Err(e) => return End::Failed { error: format!("ADS stream: {}", status_text(&e)), answered: s.answered },
             };
             s.answered = true;
             self.received = Instant::now();
-            let Some(t) = type_key(&resp.type_url) else {
-                let nonce = resp.nonce.clone();
-                warn!(type_url = %resp.type_url, "response of a type not subscribed to");
-                let req = DiscoveryRequest {
-                    node: Some(self.node()),
-                    type_url: resp.type_url.clone(),
-                    response_nonce: nonce,
-                    error_detail: Some(error_detail(&[format!("Sluice does not subscribe to {}", resp.type_url)])),
-                    ..DiscoveryRequest::default()
-                };
-                if out.send(req).await.is_err() {
-                    return End::Failed { error: "the ADS stream closed".into(), answered: true };
-                }
-                continue;
-            };
-            s.nonces.insert(t, resp.nonce.clone());
-            pacer.superseded(t);
-            let trigger = format!("xDS {} version {:?}", short(t), resp.version_info);
-            let outcome = match self.sotw_next(t, &mut resp) {
-                Ok((next, digests)) => {
-                    let applied = self.apply(next, &trigger).await;
-                    if let (Ok(()), Some(mut d)) = (&applied, digests) {
-                        // Of the assignments held now (a pruned one is gone).
-                        d.retain(|_, n| self.held.holds_known(n));
-                        self.sotw_clas = d;
-                    }
-                    applied.and_then(|()| self.refusals(t, None))
-                }
-                Err(p) => Err(Refused::Problems(p)),
-            };
-            let reply = match outcome {
-                Ok(()) => {
-                    self.versions.insert(t, resp.version_info.clone());
-                    self.record_ack(t, &resp.version_info, &resp.nonce);
-                    let names = if t == CLA_TYPE { s.eds.iter().flat_map(|e| e.keys().cloned()).collect() } else { Vec::new() };
-                    Some(self.sotw_request(t, &s, names))
-                }
-                Err(Refused::Stopped) => return End::Stopped,
-                Err(Refused::Problems(p)) => {
-                    let previous = self.versions.get(t).cloned().unwrap_or_default();
-                    let detail = self.record_nack(t, &resp.version_info, &resp.nonce, &p);
-                    let names = if t == CLA_TYPE { s.eds.iter().flat_map(|e| e.keys().cloned()).collect() } else { Vec::new() };
-                    let nack = DiscoveryRequest { version_info: previous, error_detail: Some(detail), ..self.sotw_request(t, &s, names) };
-                    pacer.nack(t, &resp.version_info, Instant::now(), nack)
-                }
-            };
-            let sent = match reply {
-                Some(r) => out.send(r).await.is_ok(),
-                None => true,
-            };
-            if !sent || !self.sotw_subscribe(&mut s, &out).await {
-                return End::Failed { error: "the ADS stream closed".into(), answered: true };
+            if let Err(end) = self.sotw_response(resp, &mut s, &out, &mut pacer).await {
+                return end;
             }
         }
+    }
+
+    /// Handles SotW response `resp`: applies it, answers it (an ACK, or a
+    /// NACK paced by `pacer`) and sends the assignment names it leads to.
+    /// `Err` is how the session ends.
+    async fn sotw_response(
+        &mut self,
+        mut resp: DiscoveryResponse,
+        s: &mut Stream,
+        out: &mpsc::Sender<DiscoveryRequest>,
+        pacer: &mut Pacer<DiscoveryRequest>,
+    ) -> Result<(), End> {
+        let Some(t) = type_key(&resp.type_url) else {
+            let nonce = resp.nonce.clone();
+            warn!(type_url = %resp.type_url, "response of a type not subscribed to");
+            let req = DiscoveryRequest {
+                node: Some(self.node()),
+                type_url: resp.type_url.clone(),
+                response_nonce: nonce,
+                error_detail: Some(error_detail(&[format!("Sluice does not subscribe to {}", resp.type_url)])),
+                ..DiscoveryRequest::default()
+            };
+            if out.send(req).await.is_err() {
+                return Err(End::Failed { error: "the ADS stream closed".into(), answered: true });
+            }
+            return Ok(());
+        };
+        s.nonces.insert(t, resp.nonce.clone());
+        pacer.superseded(t);
+        let trigger = format!("xDS {} version {:?}", short(t), resp.version_info);
+        let outcome = match self.sotw_next(t, &mut resp) {
+            Ok((next, digests)) => {
+                let applied = self.apply(next, &trigger).await;
+                if let (Ok(()), Some(mut d)) = (&applied, digests) {
+                    // Of the assignments held now (a pruned one is gone).
+                    d.retain(|_, n| self.held.holds_known(n));
+                    self.sotw_clas = d;
+                }
+                applied.and_then(|()| self.refusals(t, None))
+            }
+            Err(p) => Err(Refused::Problems(p)),
+        };
+        let reply = self.sotw_reply(t, &resp, s, outcome, pacer)?;
+        let sent = match reply {
+            Some(r) => out.send(r).await.is_ok(),
+            None => true,
+        };
+        if !sent || !self.sotw_subscribe(s, out).await {
+            return Err(End::Failed { error: "the ADS stream closed".into(), answered: true });
+        }
+        Ok(())
+    }
+
+    /// The answer to SotW response `resp` of type `t` given `outcome`,
+    /// recorded: an ACK with its version, or a NACK with the previous
+    /// accepted version and every problem (`None` while `pacer` holds it
+    /// back). `Err` when the reconciler is gone.
+    fn sotw_reply(
+        &mut self,
+        t: &'static str,
+        resp: &DiscoveryResponse,
+        s: &Stream,
+        outcome: Result<(), Refused>,
+        pacer: &mut Pacer<DiscoveryRequest>,
+    ) -> Result<Option<DiscoveryRequest>, End> {
+        Ok(match outcome {
+            Ok(()) => {
+                self.versions.insert(t, resp.version_info.clone());
+                self.record_ack(t, &resp.version_info, &resp.nonce);
+                let names = if t == CLA_TYPE { s.eds.iter().flat_map(|e| e.keys().cloned()).collect() } else { Vec::new() };
+                Some(self.sotw_request(t, s, names))
+            }
+            Err(Refused::Stopped) => return Err(End::Stopped),
+            Err(Refused::Problems(p)) => {
+                let previous = self.versions.get(t).cloned().unwrap_or_default();
+                let detail = self.record_nack(t, &resp.version_info, &resp.nonce, &p);
+                let names = if t == CLA_TYPE { s.eds.iter().flat_map(|e| e.keys().cloned()).collect() } else { Vec::new() };
+                let nack = DiscoveryRequest { version_info: previous, error_detail: Some(detail), ..self.sotw_request(t, s, names) };
+                pacer.nack(t, &resp.version_info, Instant::now(), nack)
+            }
+        })
     }
 
     /// What would be held after SotW response `resp` of type `t`, and for
@@ -1143,7 +1213,7 @@ impl Client {
                             held.insert(c.name, h);
                         }
                     }
-                    Err(e) => errors.push(e),
+                    Err(e) => errors.push(e.to_string()),
                 }
             }
             next.set_clusters(held);
@@ -1211,9 +1281,10 @@ impl Client {
         out.send(DeltaDiscoveryRequest { resource_names_subscribe: subscribe, ..self.delta_request(CLA_TYPE) }).await.is_ok()
     }
 
-    async fn delta(&mut self, mut client: AggregatedDiscoveryServiceClient<Channel>) -> End {
-        let (out, rx) = mpsc::channel::<DeltaDiscoveryRequest>(64);
-        let mut s = Stream::default();
+    /// The first requests of a delta stream, queued before it opens: every
+    /// cluster (wildcard) with the versions held, then, when clusters name
+    /// any, their assignments with the versions held.
+    async fn delta_first(&self, s: &mut Stream, out: &mpsc::Sender<DeltaDiscoveryRequest>) {
         let first = DeltaDiscoveryRequest {
             initial_resource_versions: self.held.cluster_versions.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
             ..self.delta_request(CLUSTER_TYPE)
@@ -1234,6 +1305,12 @@ impl Client {
             let _ = out.send(req).await;
             s.eds = Some(self.held.eds.clone());
         }
+    }
+
+    async fn delta(&mut self, mut client: AggregatedDiscoveryServiceClient<Channel>) -> End {
+        let (out, rx) = mpsc::channel::<DeltaDiscoveryRequest>(64);
+        let mut s = Stream::default();
+        self.delta_first(&mut s, &out).await;
         let requests = futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|r| (r, rx)) });
         let mut inbound = match client.delta_aggregated_resources(requests).await {
             Ok(r) => r.into_inner(),
@@ -1260,77 +1337,125 @@ impl Client {
                     continue;
                 }
             };
-            let mut resp = match msg {
+            let resp = match msg {
                 Ok(Some(r)) => r,
                 Ok(None) => return End::Failed { error: "the server closed the delta ADS stream".into(), answered: s.answered },
                 Err(e) => return End::Failed { error: format!("delta ADS stream: {}", status_text(&e)), answered: s.answered },
             };
             s.answered = true;
             self.received = Instant::now();
-            let Some(t) = type_key(&resp.type_url) else {
-                warn!(type_url = %resp.type_url, "response of a type not subscribed to");
-                let req = DeltaDiscoveryRequest {
-                    node: Some(self.node()),
-                    type_url: resp.type_url.clone(),
-                    response_nonce: resp.nonce.clone(),
-                    error_detail: Some(error_detail(&[format!("Sluice does not subscribe to {}", resp.type_url)])),
-                    ..DeltaDiscoveryRequest::default()
-                };
-                if out.send(req).await.is_err() {
-                    return End::Failed { error: "the delta ADS stream closed".into(), answered: true };
-                }
-                continue;
-            };
-            s.nonces.insert(t, resp.nonce.clone());
-            pacer.superseded(t);
-            let trigger = format!("xDS delta {} {:?}", short(t), resp.system_version_info);
-            let named: BTreeSet<String> =
-                if t == CLUSTER_TYPE { resp.resources.iter().map(|r| r.name.clone()).collect() } else { BTreeSet::new() };
-            if let Some(p) = pending.get_mut(t) {
-                p.forget(resp.resources.iter().map(|r| &r.name).chain(&resp.removed_resources));
-            }
-            let (outcome, refused) = match self.delta_next(t, &mut resp, &s) {
-                Ok((next, items)) => {
-                    if t == CLUSTER_TYPE && !self.subscribe_ahead(&next, &mut s, &out).await {
-                        return End::Failed { error: "the delta ADS stream closed".into(), answered: true };
-                    }
-                    match self.apply(next, &trigger).await {
-                        Ok(()) => (self.refusals(t, Some(&named)), None),
-                        Err(e) => (Err(e), Some(items)),
-                    }
-                }
-                Err((p, items)) => (Err(Refused::Problems(p)), Some(items)),
-            };
-            if let (Err(Refused::Problems(_)), Some(items)) = (&outcome, refused) {
-                pending.entry(t).or_default().hold(items, &resp.removed_resources, &resp.system_version_info);
-            }
-            let reply = match outcome {
-                Ok(()) => {
-                    self.versions.insert(t, resp.system_version_info.clone());
-                    self.record_ack(t, &resp.system_version_info, &resp.nonce);
-                    Some(DeltaDiscoveryRequest { response_nonce: resp.nonce.clone(), ..self.delta_request(t) })
-                }
-                Err(Refused::Stopped) => return End::Stopped,
-                Err(Refused::Problems(p)) => {
-                    let detail = self.record_nack(t, &resp.system_version_info, &resp.nonce, &p);
-                    let nack = DeltaDiscoveryRequest { response_nonce: resp.nonce.clone(), error_detail: Some(detail), ..self.delta_request(t) };
-                    pacer.nack(t, &resp.system_version_info, Instant::now(), nack)
-                }
-            };
-            let sent = match reply {
-                Some(r) => out.send(r).await.is_ok(),
-                None => true,
-            };
-            if !sent {
-                return End::Failed { error: "the delta ADS stream closed".into(), answered: true };
-            }
-            if let Err(Refused::Stopped) = self.look_again(&mut pending, &s).await {
-                return End::Stopped;
-            }
-            if !self.delta_subscribe(&mut s, &out).await {
-                return End::Failed { error: "the delta ADS stream closed".into(), answered: true };
+            if let Err(end) = self.delta_response(resp, &mut s, &out, &mut pacer, &mut pending).await {
+                return end;
             }
         }
+    }
+
+    /// Handles delta response `resp`: applies it, answers it (an ACK, or a
+    /// NACK paced by `pacer`), looks again at what was refused before
+    /// (`pending`) and sends the subscriptions it all leads to. `Err` is
+    /// how the session ends.
+    async fn delta_response(
+        &mut self,
+        mut resp: DeltaDiscoveryResponse,
+        s: &mut Stream,
+        out: &mpsc::Sender<DeltaDiscoveryRequest>,
+        pacer: &mut Pacer<DeltaDiscoveryRequest>,
+        pending: &mut BTreeMap<&'static str, Pending>,
+    ) -> Result<(), End> {
+        let Some(t) = type_key(&resp.type_url) else {
+            warn!(type_url = %resp.type_url, "response of a type not subscribed to");
+            let req = DeltaDiscoveryRequest {
+                node: Some(self.node()),
+                type_url: resp.type_url.clone(),
+                response_nonce: resp.nonce.clone(),
+                error_detail: Some(error_detail(&[format!("Sluice does not subscribe to {}", resp.type_url)])),
+                ..DeltaDiscoveryRequest::default()
+            };
+            if out.send(req).await.is_err() {
+                return Err(End::Failed { error: "the delta ADS stream closed".into(), answered: true });
+            }
+            return Ok(());
+        };
+        s.nonces.insert(t, resp.nonce.clone());
+        pacer.superseded(t);
+        let outcome = self.delta_apply(t, &mut resp, s, out, pending).await?;
+        let reply = self.delta_reply(t, &resp, outcome, pacer)?;
+        let sent = match reply {
+            Some(r) => out.send(r).await.is_ok(),
+            None => true,
+        };
+        if !sent {
+            return Err(End::Failed { error: "the delta ADS stream closed".into(), answered: true });
+        }
+        if let Err(Refused::Stopped) = self.look_again(pending, s).await {
+            return Err(End::Stopped);
+        }
+        if !self.delta_subscribe(s, out).await {
+            return Err(End::Failed { error: "the delta ADS stream closed".into(), answered: true });
+        }
+        Ok(())
+    }
+
+    /// Applies delta response `resp` of type `t`, once the assignments its
+    /// clusters name are subscribed to ahead. What was refused of its
+    /// resources before is moot; what it carries is kept in `pending` when
+    /// it is refused for its problems. The outcome, or `Err` (the end of
+    /// the session) when the stream closed.
+    async fn delta_apply(
+        &mut self,
+        t: &'static str,
+        resp: &mut DeltaDiscoveryResponse,
+        s: &mut Stream,
+        out: &mpsc::Sender<DeltaDiscoveryRequest>,
+        pending: &mut BTreeMap<&'static str, Pending>,
+    ) -> Result<Result<(), Refused>, End> {
+        let trigger = format!("xDS delta {} {:?}", short(t), resp.system_version_info);
+        let named: BTreeSet<String> =
+            if t == CLUSTER_TYPE { resp.resources.iter().map(|r| r.name.clone()).collect() } else { BTreeSet::new() };
+        if let Some(p) = pending.get_mut(t) {
+            p.forget(resp.resources.iter().map(|r| &r.name).chain(&resp.removed_resources));
+        }
+        let (outcome, refused) = match self.delta_next(t, resp, s) {
+            Ok((next, items)) => {
+                if t == CLUSTER_TYPE && !self.subscribe_ahead(&next, s, out).await {
+                    return Err(End::Failed { error: "the delta ADS stream closed".into(), answered: true });
+                }
+                match self.apply(next, &trigger).await {
+                    Ok(()) => (self.refusals(t, Some(&named)), None),
+                    Err(e) => (Err(e), Some(items)),
+                }
+            }
+            Err((p, items)) => (Err(Refused::Problems(p)), Some(items)),
+        };
+        if let (Err(Refused::Problems(_)), Some(items)) = (&outcome, refused) {
+            pending.entry(t).or_default().hold(items, &resp.removed_resources, &resp.system_version_info);
+        }
+        Ok(outcome)
+    }
+
+    /// The answer to delta response `resp` of type `t` given `outcome`,
+    /// recorded: an ACK, or a NACK with every problem (`None` while `pacer`
+    /// holds it back). `Err` when the reconciler is gone.
+    fn delta_reply(
+        &mut self,
+        t: &'static str,
+        resp: &DeltaDiscoveryResponse,
+        outcome: Result<(), Refused>,
+        pacer: &mut Pacer<DeltaDiscoveryRequest>,
+    ) -> Result<Option<DeltaDiscoveryRequest>, End> {
+        Ok(match outcome {
+            Ok(()) => {
+                self.versions.insert(t, resp.system_version_info.clone());
+                self.record_ack(t, &resp.system_version_info, &resp.nonce);
+                Some(DeltaDiscoveryRequest { response_nonce: resp.nonce.clone(), ..self.delta_request(t) })
+            }
+            Err(Refused::Stopped) => return Err(End::Stopped),
+            Err(Refused::Problems(p)) => {
+                let detail = self.record_nack(t, &resp.system_version_info, &resp.nonce, &p);
+                let nack = DeltaDiscoveryRequest { response_nonce: resp.nonce.clone(), error_detail: Some(detail), ..self.delta_request(t) };
+                pacer.nack(t, &resp.system_version_info, Instant::now(), nack)
+            }
+        })
     }
 
     /// Looks again at the delta resources refused on this stream (clusters

@@ -60,29 +60,64 @@ fn slot(addr: Addr, round: u32, limit: u32) -> u32 {
     u32::try_from(hash(addr, round) % u64::from(limit)).unwrap_or(0)
 }
 
+/// Why endpoints cannot be given identifiers within a service's limit.
+#[derive(Debug, thiserror::Error)]
+pub enum IdentityError {
+    /// A limit of 0 leaves no identifier to give.
+    #[error("the endpoint limit is 0")]
+    ZeroLimit,
+    /// More endpoints than identifiers.
+    #[error("{endpoints} endpoints are more than the service's endpoint limit of {limit} (identifiers are 0..{last}): raise endpointLimit in the {key} metadata or defaults.endpointLimit", last = .limit - 1, key = super::mapping::METADATA_KEY)]
+    TooMany {
+        /// How many endpoints.
+        endpoints: usize,
+        /// The service's endpoint limit.
+        limit: u32,
+    },
+    /// An identifier from an endpoint's metadata that is not below the limit.
+    #[error("endpoint identifier {id} is beyond the limit {limit} (identifiers are 0..{last})", last = .limit - 1)]
+    BeyondLimit {
+        /// The identifier given.
+        id: u32,
+        /// The service's endpoint limit.
+        limit: u32,
+    },
+    /// One identifier given in the metadata of two endpoints.
+    #[error("endpoint identifier {id} is given to two endpoints (#{first} and #{second})")]
+    GivenTwice {
+        /// The identifier.
+        id: u32,
+        /// The index of the first endpoint that names it.
+        first: usize,
+        /// The index of the second.
+        second: usize,
+    },
+    /// Two endpoints keyed by the same address.
+    #[error("endpoint {0} appears twice")]
+    Duplicate(Addr),
+    /// No slot left for an endpoint.
+    #[error("no free endpoint identifier")]
+    NoFreeId,
+}
+
 /// Identifiers for `keys` (same order), each below `limit`, or why not.
-pub fn assign(keys: &[Key], limit: u32) -> Result<Vec<u32>, String> {
+pub fn assign(keys: &[Key], limit: u32) -> Result<Vec<u32>, IdentityError> {
     if limit == 0 {
-        return Err("the endpoint limit is 0".into());
+        return Err(IdentityError::ZeroLimit);
     }
     if keys.len() > limit as usize {
-        return Err(format!(
-            "{} endpoints are more than the service's endpoint limit of {limit} (identifiers are 0..{}): raise endpointLimit in the {} metadata or defaults.endpointLimit",
-            keys.len(),
-            limit - 1,
-            super::mapping::METADATA_KEY,
-        ));
+        return Err(IdentityError::TooMany { endpoints: keys.len(), limit });
     }
     let mut ids: Vec<Option<u32>> = vec![None; keys.len()];
     let mut taken = vec![false; limit as usize];
     for (i, k) in keys.iter().enumerate() {
         if let Key::Explicit(id) = *k {
             if id >= limit {
-                return Err(format!("endpoint identifier {id} is beyond the limit {limit} (identifiers are 0..{})", limit - 1));
+                return Err(IdentityError::BeyondLimit { id, limit });
             }
             if taken[id as usize] {
                 let j = ids.iter().position(|x| *x == Some(id)).unwrap_or(i);
-                return Err(format!("endpoint identifier {id} is given to two endpoints (#{j} and #{i})"));
+                return Err(IdentityError::GivenTwice { id, first: j, second: i });
             }
             taken[id as usize] = true;
             ids[i] = Some(id);
@@ -97,9 +132,8 @@ pub fn assign(keys: &[Key], limit: u32) -> Result<Vec<u32>, String> {
         })
         .collect();
     pending.sort_unstable();
-    if pending.windows(2).any(|w| w[0].1 == w[1].1) {
-        let dup = pending.windows(2).find(|w| w[0].1 == w[1].1).map(|w| w[0].1);
-        return Err(format!("endpoint {} appears twice", dup.map(|a| a.to_string()).unwrap_or_default()));
+    if let Some(dup) = pending.windows(2).find(|w| w[0].1 == w[1].1).map(|w| w[0].1) {
+        return Err(IdentityError::Duplicate(dup));
     }
     for round in 0..ROUNDS {
         if pending.is_empty() {
@@ -123,7 +157,7 @@ pub fn assign(keys: &[Key], limit: u32) -> Result<Vec<u32>, String> {
     for &(_, _, i) in &pending {
         ids[i] = free.next();
     }
-    ids.into_iter().map(|id| id.ok_or_else(|| "no free endpoint identifier".to_owned())).collect()
+    ids.into_iter().map(|id| id.ok_or(IdentityError::NoFreeId)).collect()
 }
 
 #[cfg(test)]
@@ -197,15 +231,15 @@ mod tests {
         let mut sorted = ids.clone();
         sorted.sort_unstable();
         assert_eq!(sorted, [0, 1, 2, 3]);
-        assert!(assign(&[Key::Explicit(4)], 4).unwrap_err().contains("beyond the limit 4"));
-        assert!(assign(&[Key::Explicit(1), Key::Explicit(1)], 4).unwrap_err().contains("given to two endpoints"));
-        assert!(assign(&[Key::Address(a[0]), Key::Address(a[0])], 4).unwrap_err().contains("appears twice"));
+        assert!(assign(&[Key::Explicit(4)], 4).unwrap_err().to_string().contains("beyond the limit 4"));
+        assert!(assign(&[Key::Explicit(1), Key::Explicit(1)], 4).unwrap_err().to_string().contains("given to two endpoints"));
+        assert!(assign(&[Key::Address(a[0]), Key::Address(a[0])], 4).unwrap_err().to_string().contains("appears twice"));
     }
 
     #[test]
     fn more_endpoints_than_the_limit_are_refused() {
         let keys: Vec<Key> = addrs(33, 3).into_iter().map(Key::Address).collect();
-        let e = assign(&keys, 32).unwrap_err();
+        let e = assign(&keys, 32).unwrap_err().to_string();
         assert!(e.starts_with("33 endpoints are more than the service's endpoint limit of 32"), "{e}");
         assert!(assign(&keys[..32], 32).is_ok(), "exactly the limit fits");
     }

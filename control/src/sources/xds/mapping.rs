@@ -345,6 +345,142 @@ pub struct Refusal {
     pub message: String,
 }
 
+/// Why a value of a cluster or of an endpoint is refused. Each message is
+/// part of what the NACK's `error_detail` says (after the resource and the
+/// field that carries the value), so its text stays as it is.
+#[derive(Debug, thiserror::Error)]
+pub enum MappingError {
+    /// A metadata number that is not a whole number.
+    #[error("{key}: {value} is not a whole number in {lo}..={hi}")]
+    NotWhole {
+        /// The metadata key.
+        key: String,
+        /// The number given.
+        value: f64,
+        /// The least accepted.
+        lo: u64,
+        /// The largest accepted.
+        hi: u64,
+    },
+    /// A metadata string that is not a whole number.
+    #[error("{key}: {value:?} is not a whole number in {lo}..={hi}")]
+    NotWholeText {
+        /// The metadata key.
+        key: String,
+        /// The string given.
+        value: String,
+        /// The least accepted.
+        lo: u64,
+        /// The largest accepted.
+        hi: u64,
+    },
+    /// A metadata value that should be a number.
+    #[error("{key}: expected a number, found {found}")]
+    NotNumber {
+        /// The metadata key.
+        key: String,
+        /// What kind of value came.
+        found: &'static str,
+    },
+    /// A whole number outside its range.
+    #[error("{key}: {value} is out of range {lo}..={hi}")]
+    OutOfRange {
+        /// The metadata key.
+        key: String,
+        /// The number given.
+        value: u64,
+        /// The least accepted.
+        lo: u64,
+        /// The largest accepted.
+        hi: u64,
+    },
+    /// A metadata value that should be a string.
+    #[error("{key}: expected a string, found {found}")]
+    NotString {
+        /// The metadata key.
+        key: String,
+        /// What kind of value came.
+        found: &'static str,
+    },
+    /// A metadata value that should be true or false.
+    #[error("{key}: expected true or false, found {found}")]
+    NotBool {
+        /// The metadata key.
+        key: String,
+        /// What kind of value came.
+        found: &'static str,
+    },
+    /// A VIP written as an IPv4-mapped IPv6 address (the message says so).
+    #[error("vip: {0}")]
+    VipMappedV4(String),
+    /// A VIP that is not an IP address.
+    #[error("vip: {0:?} is not an IP address")]
+    VipNotAddress(String),
+    /// A VIP with a prefix length that makes it more than one address.
+    #[error("vip: {0:?} is not a single address (a VIP is one address, or a /32 or /128)")]
+    VipNotSingle(String),
+    /// A protocol other than TCP, UDP and SCTP.
+    #[error("protocol: unknown protocol {0:?} (expected TCP, UDP or SCTP)")]
+    UnknownProtocol(String),
+    /// A delivery mode that is not one.
+    #[error("delivery: {0}")]
+    Delivery(<DeliveryMode as std::str::FromStr>::Err),
+    /// A metadata key that is not known (the message, with a close one if any).
+    #[error("{0}")]
+    UnknownKey(String),
+    /// A Maglev table size above [`limits::TABLE_SIZE_MAX`].
+    #[error("Maglev table size {0} is above the largest, {max}", max = limits::TABLE_SIZE_MAX)]
+    TableTooLarge(u64),
+    /// A Maglev table size that is not a prime.
+    #[error("Maglev table size {size} is not a prime (the next prime is {next})")]
+    TableNotPrime {
+        /// The size given.
+        size: u32,
+        /// The next prime above it.
+        next: u32,
+    },
+    /// A Maglev load-balancing policy extension that does not decode.
+    #[error("load_balancing_policy: Maglev: {0}")]
+    MaglevPolicy(prost::DecodeError),
+    /// An endpoint given by name.
+    #[error("named endpoint {0:?} is not supported")]
+    NamedEndpoint(String),
+    /// An `lb_endpoints[]` entry without an endpoint.
+    #[error("no endpoint")]
+    NoEndpoint,
+    /// An endpoint on a pipe.
+    #[error("a pipe is not an endpoint address")]
+    Pipe,
+    /// An endpoint on an Envoy internal address.
+    #[error("an Envoy internal address is not an endpoint address")]
+    InternalAddress,
+    /// An endpoint without an address.
+    #[error("no address")]
+    NoAddress,
+    /// An endpoint address written as an IPv4-mapped IPv6 address (the
+    /// message says so).
+    #[error("{0}")]
+    MappedV4(String),
+    /// An endpoint address that is not an IP address.
+    #[error("{0:?} is not an IP address (host names are not resolved)")]
+    NotAddress(String),
+    /// An endpoint port above 65535.
+    #[error("port {0} is out of range 0..=65535")]
+    PortOutOfRange(u32),
+    /// An endpoint port given by name.
+    #[error("named port {0:?} is not supported")]
+    NamedPort(String),
+    /// An endpoint weight above [`limits::WEIGHT_MAX`].
+    #[error("load_balancing_weight {0} is above the largest, {max}", max = limits::WEIGHT_MAX)]
+    WeightTooLarge(u32),
+    /// A `health_status` this version of the protocol does not have.
+    #[error("unknown health_status {0}")]
+    UnknownHealth(i32),
+    /// The problems of an endpoint's [`METADATA_KEY`] struct.
+    #[error("{}", .0.join("; "))]
+    EndpointMetadata(Vec<String>),
+}
+
 /// A `google.protobuf.Value`'s kind, for messages.
 fn kind(v: &Value) -> &'static str {
     match &v.kind {
@@ -358,7 +494,7 @@ fn kind(v: &Value) -> &'static str {
 }
 
 /// A whole number within `lo..=hi`, written as a number or a string of digits.
-fn int(v: &Value, key: &str, lo: u64, hi: u64) -> Result<u64, String> {
+fn int(v: &Value, key: &str, lo: u64, hi: u64) -> Result<u64, MappingError> {
     let n = match &v.kind {
         Some(Kind::NumberValue(f)) if f.fract() == 0.0 && *f >= 0.0 && *f <= 9.007_199_254_740_992e15 => {
             // Whole and below 2^53: exact.
@@ -366,57 +502,57 @@ fn int(v: &Value, key: &str, lo: u64, hi: u64) -> Result<u64, String> {
             let n = *f as u64;
             n
         }
-        Some(Kind::NumberValue(f)) => return Err(format!("{key}: {f} is not a whole number in {lo}..={hi}")),
+        Some(Kind::NumberValue(f)) => return Err(MappingError::NotWhole { key: key.to_owned(), value: *f, lo, hi }),
         Some(Kind::StringValue(s)) => {
-            s.trim().parse::<u64>().map_err(|_| format!("{key}: {s:?} is not a whole number in {lo}..={hi}"))?
+            s.trim().parse::<u64>().map_err(|_| MappingError::NotWholeText { key: key.to_owned(), value: s.clone(), lo, hi })?
         }
-        _ => return Err(format!("{key}: expected a number, found {}", kind(v))),
+        _ => return Err(MappingError::NotNumber { key: key.to_owned(), found: kind(v) }),
     };
     if !(lo..=hi).contains(&n) {
-        return Err(format!("{key}: {n} is out of range {lo}..={hi}"));
+        return Err(MappingError::OutOfRange { key: key.to_owned(), value: n, lo, hi });
     }
     Ok(n)
 }
 
-fn string<'a>(v: &'a Value, key: &str) -> Result<&'a str, String> {
+fn string<'a>(v: &'a Value, key: &str) -> Result<&'a str, MappingError> {
     match &v.kind {
         Some(Kind::StringValue(s)) => Ok(s),
-        _ => Err(format!("{key}: expected a string, found {}", kind(v))),
+        _ => Err(MappingError::NotString { key: key.to_owned(), found: kind(v) }),
     }
 }
 
-fn boolean(v: &Value, key: &str) -> Result<bool, String> {
+fn boolean(v: &Value, key: &str) -> Result<bool, MappingError> {
     match &v.kind {
         Some(Kind::BoolValue(b)) => Ok(*b),
         Some(Kind::StringValue(s)) if s == "true" || s == "false" => Ok(s == "true"),
-        _ => Err(format!("{key}: expected true or false, found {}", kind(v))),
+        _ => Err(MappingError::NotBool { key: key.to_owned(), found: kind(v) }),
     }
 }
 
 /// The VIP: one address, optionally as a /32 or /128.
-pub fn vip(s: &str) -> Result<Addr, String> {
+pub fn vip(s: &str) -> Result<Addr, MappingError> {
     let s = s.trim();
     if let Some(why) = mapped_v4(s) {
-        return Err(format!("vip: {why}"));
+        return Err(MappingError::VipMappedV4(why));
     }
     let (a, len) = match s.split_once('/') {
         Some((a, l)) => (a, Some(l)),
         None => (s, None),
     };
-    let addr: Addr = a.parse().map_err(|_| format!("vip: {s:?} is not an IP address"))?;
+    let addr: Addr = a.parse().map_err(|_| MappingError::VipNotAddress(s.to_owned()))?;
     match len {
         None => Ok(addr),
         Some(l) if l == if addr.is_v4() { "32" } else { "128" } => Ok(addr),
-        Some(_) => Err(format!("vip: {s:?} is not a single address (a VIP is one address, or a /32 or /128)")),
+        Some(_) => Err(MappingError::VipNotSingle(s.to_owned())),
     }
 }
 
-fn protocol(s: &str) -> Result<u8, String> {
+fn protocol(s: &str) -> Result<u8, MappingError> {
     match s.trim().to_ascii_uppercase().as_str() {
         "TCP" => Ok(proto::TCP),
         "UDP" => Ok(proto::UDP),
         "SCTP" => Ok(proto::SCTP),
-        _ => Err(format!("protocol: unknown protocol {s:?} (expected TCP, UDP or SCTP)")),
+        _ => Err(MappingError::UnknownProtocol(s.to_owned())),
     }
 }
 
@@ -450,39 +586,63 @@ fn l4_metadata<'a>(m: Option<&'a Metadata>, errors: &mut Vec<String>) -> Option<
     m.filter_metadata.get(METADATA_KEY)
 }
 
+/// The values of a cluster's [`METADATA_KEY`] struct, each `None` when
+/// absent or refused.
+#[derive(Debug, Default)]
+struct ClusterKeys {
+    /// `vip`.
+    vip: Option<Addr>,
+    /// `port`.
+    port: Option<u16>,
+    /// `protocol`, as its number.
+    protocol: Option<u8>,
+    /// `endpointLimit`.
+    limit: Option<u32>,
+    /// `flowTable`.
+    flow_table: Option<bool>,
+    /// `delivery`.
+    delivery: Option<DeliveryMode>,
+}
+
+/// The values of the cluster's [`METADATA_KEY`] struct `md`, key by key in
+/// name order (so that its problems come in the same order on every
+/// appliance); the problems of each key, then the required keys missing,
+/// are added to `errors`.
+fn cluster_keys(md: &Struct, errors: &mut Vec<String>) -> ClusterKeys {
+    let mut out = ClusterKeys::default();
+    let mut keys: Vec<&String> = md.fields.keys().collect();
+    keys.sort();
+    for k in keys {
+        let v = &md.fields[k];
+        let r: Result<(), MappingError> = match k.as_str() {
+            "vip" => string(v, k).and_then(vip).map(|a| out.vip = Some(a)),
+            "port" => int(v, k, 1, 65535).map(|p| out.port = u16::try_from(p).ok()),
+            "protocol" => string(v, k).and_then(protocol).map(|p| out.protocol = Some(p)),
+            "endpointLimit" => int(v, k, u64::from(limits::ENDPOINT_LIMIT_MIN), u64::from(limits::ENDPOINT_LIMIT_MAX))
+                .map(|l| out.limit = u32::try_from(l).ok()),
+            "flowTable" => boolean(v, k).map(|b| out.flow_table = Some(b)),
+            "delivery" => string(v, k).and_then(|s| s.parse::<DeliveryMode>().map_err(MappingError::Delivery)).map(|d| out.delivery = Some(d)),
+            other => Err(MappingError::UnknownKey(unknown_key(other, CLUSTER_KEYS))),
+        };
+        if let Err(e) = r {
+            errors.push(format!("{METADATA_KEY}.{e}"));
+        }
+    }
+    for (key, missing) in [("vip", out.vip.is_none()), ("port", out.port.is_none()), ("protocol", out.protocol.is_none())] {
+        if missing && !md.fields.contains_key(key) {
+            errors.push(format!("{METADATA_KEY}: missing key {key:?}"));
+        }
+    }
+    out
+}
+
 /// The cluster as an L4 service; `Ok(None)` when it is not one.
 pub fn decode_cluster(c: &Cluster) -> Result<Option<L4Cluster>, Vec<String>> {
     let mut errors = Vec::new();
     let Some(md) = l4_metadata(c.metadata.as_ref(), &mut errors) else {
         return if errors.is_empty() { Ok(None) } else { Err(errors) };
     };
-    let mut vip_v = None;
-    let mut port = None;
-    let mut proto_v = None;
-    let (mut limit, mut flow_table, mut delivery) = (None, None, None);
-    let mut keys: Vec<&String> = md.fields.keys().collect();
-    keys.sort();
-    for k in keys {
-        let v = &md.fields[k];
-        let r: Result<(), String> = match k.as_str() {
-            "vip" => string(v, k).and_then(vip).map(|a| vip_v = Some(a)),
-            "port" => int(v, k, 1, 65535).map(|p| port = u16::try_from(p).ok()),
-            "protocol" => string(v, k).and_then(protocol).map(|p| proto_v = Some(p)),
-            "endpointLimit" => int(v, k, u64::from(limits::ENDPOINT_LIMIT_MIN), u64::from(limits::ENDPOINT_LIMIT_MAX))
-                .map(|l| limit = u32::try_from(l).ok()),
-            "flowTable" => boolean(v, k).map(|b| flow_table = Some(b)),
-            "delivery" => string(v, k).and_then(|s| s.parse::<DeliveryMode>().map_err(|e| format!("delivery: {e}"))).map(|d| delivery = Some(d)),
-            other => Err(unknown_key(other, CLUSTER_KEYS)),
-        };
-        if let Err(e) = r {
-            errors.push(format!("{METADATA_KEY}.{e}"));
-        }
-    }
-    for (key, missing) in [("vip", vip_v.is_none()), ("port", port.is_none()), ("protocol", proto_v.is_none())] {
-        if missing && !md.fields.contains_key(key) {
-            errors.push(format!("{METADATA_KEY}: missing key {key:?}"));
-        }
-    }
+    let keys = cluster_keys(md, &mut errors);
     if !valid_name(&c.name) {
         errors.push(format!(
             "{:?} is not a usable service name (printable ASCII without spaces or quotes, 1 to {} characters)",
@@ -493,11 +653,37 @@ pub fn decode_cluster(c: &Cluster) -> Result<Option<L4Cluster>, Vec<String>> {
     let (algorithm, table_size) = match lb_policy(c) {
         Ok(x) => x,
         Err(e) => {
-            errors.push(e);
+            errors.push(e.to_string());
             (None, None)
         }
     };
-    let endpoints = match c.cluster_discovery_type {
+    let endpoints = cluster_endpoints(c, &mut errors);
+    if !errors.is_empty() {
+        return Err(errors);
+    }
+    match (keys.vip, keys.port, keys.protocol, endpoints) {
+        (Some(vip), Some(port), Some(protocol), Some(endpoints)) => Ok(Some(L4Cluster {
+            name: c.name.clone(),
+            endpoints,
+            vip,
+            port,
+            protocol,
+            algorithm,
+            table_size,
+            limit: keys.limit,
+            flow_table: keys.flow_table,
+            delivery: keys.delivery,
+        })),
+        _ => Err(vec!["incomplete io.cilium.l4lb metadata".into()]),
+    }
+}
+
+/// Where the endpoints of L4 cluster `c` come from, by its type: EDS, or
+/// its own assignment when it is static. `None`, with the problem added to
+/// `errors`, for a type an L4 service cannot have or an inline assignment
+/// that is refused.
+fn cluster_endpoints(c: &Cluster, errors: &mut Vec<String>) -> Option<EndpointsFrom> {
+    match c.cluster_discovery_type {
         Some(ClusterDiscoveryType::Type(t)) if t == DiscoveryType::Eds as i32 => eds_name(c).map(EndpointsFrom::Eds),
         None | Some(ClusterDiscoveryType::Type(0)) => match c.load_assignment.as_ref().map(decode_cla).transpose() {
             Ok(cla) => Some(EndpointsFrom::Inline(cla.unwrap_or_default())),
@@ -515,39 +701,21 @@ pub fn decode_cluster(c: &Cluster) -> Result<Option<L4Cluster>, Vec<String>> {
             errors.push(format!("custom cluster type {:?} is not supported for an L4 service: use EDS or STATIC", ct.name));
             None
         }
-    };
-    if !errors.is_empty() {
-        return Err(errors);
-    }
-    match (vip_v, port, proto_v, endpoints) {
-        (Some(vip), Some(port), Some(protocol), Some(endpoints)) => Ok(Some(L4Cluster {
-            name: c.name.clone(),
-            endpoints,
-            vip,
-            port,
-            protocol,
-            algorithm,
-            table_size,
-            limit,
-            flow_table,
-            delivery,
-        })),
-        _ => Err(vec!["incomplete io.cilium.l4lb metadata".into()]),
     }
 }
 
-fn table_size(n: u64) -> Result<u32, String> {
+fn table_size(n: u64) -> Result<u32, MappingError> {
     let Some(m) = u32::try_from(n).ok().filter(|m| *m <= limits::TABLE_SIZE_MAX) else {
-        return Err(format!("Maglev table size {n} is above the largest, {}", limits::TABLE_SIZE_MAX));
+        return Err(MappingError::TableTooLarge(n));
     };
     if !is_prime(m) {
-        return Err(format!("Maglev table size {m} is not a prime (the next prime is {})", next_prime(m)));
+        return Err(MappingError::TableNotPrime { size: m, next: next_prime(m) });
     }
     Ok(m)
 }
 
 /// The algorithm and table size the cluster asks for.
-fn lb_policy(c: &Cluster) -> Result<(Option<Algorithm>, Option<u32>), String> {
+fn lb_policy(c: &Cluster) -> Result<(Option<Algorithm>, Option<u32>), MappingError> {
     let legacy_size = match &c.lb_config {
         Some(LbConfig::MaglevLbConfig(m)) => m.table_size.map(|t| table_size(t.value)).transpose()?,
         _ => None,
@@ -556,7 +724,7 @@ fn lb_policy(c: &Cluster) -> Result<(Option<Algorithm>, Option<u32>), String> {
         for p in &policy.policies {
             let Some(any) = p.typed_extension_config.as_ref().and_then(|t| t.typed_config.as_ref()) else { continue };
             if any.type_url == Maglev::type_url() {
-                let m = Maglev::decode(any.value.as_slice()).map_err(|e| format!("load_balancing_policy: Maglev: {e}"))?;
+                let m = Maglev::decode(any.value.as_slice()).map_err(MappingError::MaglevPolicy)?;
                 let size = m.table_size.map(|t| table_size(t.value)).transpose()?;
                 return Ok((Some(Algorithm::Maglev), size.or(legacy_size)));
             }
@@ -609,38 +777,38 @@ fn lb_endpoint(
     e: &envoy_types::pb::envoy::config::endpoint::v3::LbEndpoint,
     priority: u32,
     at: (u32, u32),
-) -> Result<LbEndpoint, String> {
+) -> Result<LbEndpoint, MappingError> {
     let endpoint = match &e.host_identifier {
         Some(HostIdentifier::Endpoint(ep)) => ep,
-        Some(HostIdentifier::EndpointName(n)) => return Err(format!("named endpoint {n:?} is not supported")),
-        None => return Err("no endpoint".into()),
+        Some(HostIdentifier::EndpointName(n)) => return Err(MappingError::NamedEndpoint(n.clone())),
+        None => return Err(MappingError::NoEndpoint),
     };
     let sa = match endpoint.address.as_ref().and_then(|a| a.address.as_ref()) {
         Some(address::Address::SocketAddress(sa)) => sa,
-        Some(address::Address::Pipe(_)) => return Err("a pipe is not an endpoint address".into()),
-        Some(address::Address::EnvoyInternalAddress(_)) => return Err("an Envoy internal address is not an endpoint address".into()),
-        None => return Err("no address".into()),
+        Some(address::Address::Pipe(_)) => return Err(MappingError::Pipe),
+        Some(address::Address::EnvoyInternalAddress(_)) => return Err(MappingError::InternalAddress),
+        None => return Err(MappingError::NoAddress),
     };
     if let Some(why) = mapped_v4(&sa.address) {
-        return Err(why);
+        return Err(MappingError::MappedV4(why));
     }
-    let address: Addr = sa.address.trim().parse().map_err(|_| format!("{:?} is not an IP address (host names are not resolved)", sa.address))?;
+    let address: Addr = sa.address.trim().parse().map_err(|_| MappingError::NotAddress(sa.address.clone()))?;
     let port = match &sa.port_specifier {
         Some(PortSpecifier::PortValue(p)) if *p <= 65535 => *p,
-        Some(PortSpecifier::PortValue(p)) => return Err(format!("port {p} is out of range 0..=65535")),
-        Some(PortSpecifier::NamedPort(n)) => return Err(format!("named port {n:?} is not supported")),
+        Some(PortSpecifier::PortValue(p)) => return Err(MappingError::PortOutOfRange(*p)),
+        Some(PortSpecifier::NamedPort(n)) => return Err(MappingError::NamedPort(n.clone())),
         None => 0,
     };
     let weight = e.load_balancing_weight.map_or(1, |w| w.value);
     if weight > limits::WEIGHT_MAX {
-        return Err(format!("load_balancing_weight {weight} is above the largest, {}", limits::WEIGHT_MAX));
+        return Err(MappingError::WeightTooLarge(weight));
     }
     let health = match HealthStatus::try_from(e.health_status) {
         Ok(HealthStatus::Healthy | HealthStatus::Unknown) => Health::Serving,
         Ok(HealthStatus::Degraded) => Health::Degraded,
         Ok(HealthStatus::Draining) => Health::Draining,
         Ok(HealthStatus::Unhealthy | HealthStatus::Timeout) => Health::Out,
-        Err(_) => return Err(format!("unknown health_status {}", e.health_status)),
+        Err(_) => return Err(MappingError::UnknownHealth(e.health_status)),
     };
     let mut errors = Vec::new();
     let mut id = None;
@@ -656,7 +824,7 @@ fn lb_endpoint(
         }
     }
     if !errors.is_empty() {
-        return Err(errors.join("; "));
+        return Err(MappingError::EndpointMetadata(errors));
     }
     Ok(LbEndpoint { address, port, weight, health, priority, id, at })
 }
@@ -669,13 +837,10 @@ fn origin(path: String) -> Origin {
     Origin { file: Arc::clone(&ORIGIN_FILE), pos: None, path: path.into() }
 }
 
-/// The service of cluster `c` with the endpoints of `cla`.
-pub fn map_service(c: &L4Cluster, cla: &Cla, defaults: &Defaults) -> Result<MappedService, Vec<String>> {
-    let limit = c.limit.unwrap_or(defaults.limit);
-    let cla_name = match &c.endpoints {
-        EndpointsFrom::Eds(n) => format!("ClusterLoadAssignment {n:?}"),
-        EndpointsFrom::Inline(_) => format!("Cluster {:?} load_assignment", c.name),
-    };
+/// The problems of the endpoints of `cla` (named `cla_name` in messages)
+/// as endpoints of cluster `c`: a port other than the service's (Sluice
+/// does not translate ports), then two endpoints on one address.
+fn endpoint_problems(c: &L4Cluster, cla: &Cla, cla_name: &str) -> Vec<String> {
     let mut errors = Vec::new();
     for e in &cla.endpoints {
         if e.port != 0 && e.port != u32::from(c.port) {
@@ -691,6 +856,17 @@ pub fn map_service(c: &L4Cluster, cla: &Cla, defaults: &Defaults) -> Result<Mapp
             errors.push(format!("{cla_name}: {}: address {} is also at {first}: one endpoint per address", e.path(), e.address));
         }
     }
+    errors
+}
+
+/// The service of cluster `c` with the endpoints of `cla`.
+pub fn map_service(c: &L4Cluster, cla: &Cla, defaults: &Defaults) -> Result<MappedService, Vec<String>> {
+    let limit = c.limit.unwrap_or(defaults.limit);
+    let cla_name = match &c.endpoints {
+        EndpointsFrom::Eds(n) => format!("ClusterLoadAssignment {n:?}"),
+        EndpointsFrom::Inline(_) => format!("Cluster {:?} load_assignment", c.name),
+    };
+    let errors = endpoint_problems(c, cla, &cla_name);
     if !errors.is_empty() {
         return Err(errors);
     }
@@ -794,150 +970,214 @@ pub fn update<'a>(
     clas: &OrdMap<String, ClaState>,
     defaults: &Defaults,
 ) -> Result<Built, Vec<String>> {
-    // Field by field: `..prev.clone()` would also copy the previous
-    // state's list of changed names (10,000 after a bulk load), only to
-    // drop it, in the first change after it.
-    let mut out = Built {
-        services: prev.services.clone(),
-        warming: prev.warming.clone(),
-        mapped: 0,
-        changed: Vec::new(),
-        claims: prev.claims.clone(),
-        claimed: prev.claimed.clone(),
-        owners: prev.owners.clone(),
-        refused: prev.refused.clone(),
-        endpoints: prev.endpoints,
-    };
+    let mut out = Built::carried_from(prev);
     // The claims first: a cluster that takes or leaves a VIP, port and
     // protocol may change which of its other claimants is served.
-    let mut todo: BTreeSet<String> = BTreeSet::new();
-    let mut touched: BTreeSet<(Addr, u16, u8)> = BTreeSet::new();
-    for name in names {
-        let now = cluster(name).map(|c| (c.vip, c.port, c.protocol));
-        let was = out.claimed.get(name).copied();
-        if now != was {
-            if let Some(k) = was {
-                let mut set = out.claims.get(&k).cloned().unwrap_or_default();
-                set.remove(name);
-                if set.is_empty() {
-                    out.claims.remove(&k);
-                } else {
-                    out.claims.insert(k, set);
-                }
-                touched.insert(k);
-            }
-            match now {
-                Some(k) => {
-                    let mut set = out.claims.get(&k).cloned().unwrap_or_default();
-                    set.insert(name.clone());
-                    out.claims.insert(k, set);
-                    out.claimed.insert(name.clone(), k);
-                    touched.insert(k);
-                }
-                None => {
-                    out.claimed.remove(name);
-                }
-            }
-        }
-        todo.insert(name.clone());
-    }
-    for k in &touched {
-        if let Some(set) = out.claims.get(k) {
-            todo.extend(set.iter().cloned());
-        }
-        if let Some(n) = out.owners.get(k) {
-            todo.insert(n.clone());
-        }
-    }
+    let todo = out.claim(names, &cluster);
     let mut errors = Vec::new();
-    let empty = Cla::default();
-    let mut now: Vec<(String, Option<Applied>)> = Vec::with_capacity(todo.len());
-    for name in todo {
-        let Some(c) = cluster(&name) else {
-            out.warming.remove(&name);
-            out.refused.remove(&name);
-            now.push((name, None));
-            continue;
-        };
-        let key = (c.vip, c.port, c.protocol);
-        if let Some(first) = out.claims.get(&key).and_then(|set| set.get_min()).filter(|first| **first != name) {
-            let (vip, port, p) = key;
-            let why = format!(
-                "Cluster {name:?}: {vip}:{port}/{} is already claimed by cluster {first:?} (of the clusters that share a VIP, port and protocol, the first by name is served)",
-                proto_name(p)
-            );
-            out.refused.insert(name.clone(), Refusal { by: first.clone(), message: why });
-            out.warming.remove(&name);
-            now.push((name, None));
-            continue;
-        }
-        out.refused.remove(&name);
-        let cla = match &c.endpoints {
-            EndpointsFrom::Inline(cla) => Some((cla, None)),
-            EndpointsFrom::Eds(n) => match clas.get(n) {
-                Some(ClaState::Known(cla)) => Some((&**cla, Some(cla))),
-                Some(ClaState::Absent) => Some((&empty, None)),
-                None => None,
-            },
-        };
-        let old = prev.services.get(&name);
-        match cla {
-            Some((_, shared)) if old.is_some_and(|a| a.mapped_from(c, shared, defaults)) => {
-                out.warming.remove(&name);
-            }
-            Some((cla, shared)) => {
-                out.warming.remove(&name);
-                match map_service(c, cla, defaults) {
-                    Ok(s) => {
-                        out.mapped += 1;
-                        let a = Applied { mapped: Arc::new(s), cluster: Arc::clone(c), cla: shared.cloned(), defaults: *defaults };
-                        now.push((name, Some(a)));
-                    }
-                    Err(es) => errors.extend(es.into_iter().map(|e| format!("Cluster {name:?}: {e}"))),
-                }
-            }
-            None => {
-                // Warming: a served one keeps its previous definition,
-                // unless that is on a VIP, port and protocol another
-                // cluster now claims.
-                if old.is_some_and(|a| a.key != key && out.claims.contains_key(&a.key)) {
-                    now.push((name.clone(), None));
-                }
-                out.warming.insert(name);
-            }
-        }
-    }
-    // Which services change. A service mapped again equal to the one
-    // served is no change (it is still taken, so that nothing keeps the
-    // inputs it replaces).
-    for (name, a) in now {
-        let differs = prev.services.get(&name) != a.as_ref();
-        if differs {
-            if let Some(old) = prev.services.get(&name) {
-                out.endpoints -= old.endpoints.len();
-                if out.owners.get(&old.key) == Some(&name) {
-                    out.owners.remove(&old.key);
-                }
-            }
-            out.changed.push(name.clone());
-        }
-        match a {
-            Some(a) => {
-                if differs {
-                    out.endpoints += a.endpoints.len();
-                    out.owners.insert(a.key, name.clone());
-                }
-                out.services.insert(name, a);
-            }
-            None => {
-                out.services.remove(&name);
-            }
-        }
-    }
+    let now = out.place(prev, todo, &cluster, clas, defaults, &mut errors);
+    out.commit(prev, now);
     if errors.is_empty() {
         Ok(out)
     } else {
         Err(errors)
+    }
+}
+
+/// What each cluster looked at by [`update`] serves now, by name (`None`:
+/// nothing), in name order.
+type Placed = Vec<(String, Option<Applied>)>;
+
+impl Built {
+    /// `prev` as the start of the state [`update`] makes from it: all of it
+    /// but its count of services mapped and its list of changed names.
+    fn carried_from(prev: &Built) -> Built {
+        // Field by field: `..prev.clone()` would also copy the previous
+        // state's list of changed names (10,000 after a bulk load), only to
+        // drop it, in the first change after it.
+        Built {
+            services: prev.services.clone(),
+            warming: prev.warming.clone(),
+            mapped: 0,
+            changed: Vec::new(),
+            claims: prev.claims.clone(),
+            claimed: prev.claimed.clone(),
+            owners: prev.owners.clone(),
+            refused: prev.refused.clone(),
+            endpoints: prev.endpoints,
+        }
+    }
+
+    /// Moves the claim of each cluster of `names` to the VIP, port and
+    /// protocol it claims now (`cluster`; none when it is gone). Returns the
+    /// clusters to look at again: those named, and every claimant and the
+    /// owner of each claim that changed (which of them is served may have
+    /// changed).
+    fn claim<'a>(&mut self, names: impl IntoIterator<Item = &'a String>, cluster: &impl Fn(&str) -> Option<&'a Arc<L4Cluster>>) -> BTreeSet<String> {
+        let mut todo: BTreeSet<String> = BTreeSet::new();
+        let mut touched: BTreeSet<(Addr, u16, u8)> = BTreeSet::new();
+        for name in names {
+            let now = cluster(name).map(|c| (c.vip, c.port, c.protocol));
+            let was = self.claimed.get(name).copied();
+            if now != was {
+                if let Some(k) = was {
+                    let mut set = self.claims.get(&k).cloned().unwrap_or_default();
+                    set.remove(name);
+                    if set.is_empty() {
+                        self.claims.remove(&k);
+                    } else {
+                        self.claims.insert(k, set);
+                    }
+                    touched.insert(k);
+                }
+                match now {
+                    Some(k) => {
+                        let mut set = self.claims.get(&k).cloned().unwrap_or_default();
+                        set.insert(name.clone());
+                        self.claims.insert(k, set);
+                        self.claimed.insert(name.clone(), k);
+                        touched.insert(k);
+                    }
+                    None => {
+                        self.claimed.remove(name);
+                    }
+                }
+            }
+            todo.insert(name.clone());
+        }
+        for k in &touched {
+            if let Some(set) = self.claims.get(k) {
+                todo.extend(set.iter().cloned());
+            }
+            if let Some(n) = self.owners.get(k) {
+                todo.insert(n.clone());
+            }
+        }
+        todo
+    }
+
+    /// Why cluster `name`, which claims `key`, is refused: another cluster,
+    /// first by name, claims it too. `None` when `name` is the first.
+    fn claimed_by_another(&self, name: &str, key: (Addr, u16, u8)) -> Option<Refusal> {
+        let first = self.claims.get(&key).and_then(|set| set.get_min()).filter(|first| **first != name)?;
+        let (vip, port, p) = key;
+        let why = format!(
+            "Cluster {name:?}: {vip}:{port}/{} is already claimed by cluster {first:?} (of the clusters that share a VIP, port and protocol, the first by name is served)",
+            proto_name(p)
+        );
+        Some(Refusal { by: first.clone(), message: why })
+    }
+
+    /// Serves, refuses or keeps warming each cluster of `todo` (see
+    /// [`update`]): a service whose cluster and assignment did not change
+    /// is reused, the others are mapped again. Returns what each name now
+    /// serves, to be taken by [`Built::commit`]; the clusters that cannot
+    /// be mapped go to `errors`.
+    fn place<'a>(
+        &mut self,
+        prev: &Built,
+        todo: BTreeSet<String>,
+        cluster: &impl Fn(&str) -> Option<&'a Arc<L4Cluster>>,
+        clas: &OrdMap<String, ClaState>,
+        defaults: &Defaults,
+        errors: &mut Vec<String>,
+    ) -> Placed {
+        let empty = Cla::default();
+        let mut now: Placed = Vec::with_capacity(todo.len());
+        for name in todo {
+            let Some(c) = cluster(&name) else {
+                self.warming.remove(&name);
+                self.refused.remove(&name);
+                now.push((name, None));
+                continue;
+            };
+            let key = (c.vip, c.port, c.protocol);
+            if let Some(refusal) = self.claimed_by_another(&name, key) {
+                self.refused.insert(name.clone(), refusal);
+                self.warming.remove(&name);
+                now.push((name, None));
+                continue;
+            }
+            self.refused.remove(&name);
+            let old = prev.services.get(&name);
+            match assignment(c, clas, &empty) {
+                Some((_, shared)) if old.is_some_and(|a| a.mapped_from(c, shared, defaults)) => {
+                    self.warming.remove(&name);
+                }
+                Some((cla, shared)) => {
+                    self.warming.remove(&name);
+                    match map_service(c, cla, defaults) {
+                        Ok(s) => {
+                            self.mapped += 1;
+                            let a = Applied { mapped: Arc::new(s), cluster: Arc::clone(c), cla: shared.cloned(), defaults: *defaults };
+                            now.push((name, Some(a)));
+                        }
+                        Err(es) => errors.extend(es.into_iter().map(|e| format!("Cluster {name:?}: {e}"))),
+                    }
+                }
+                None => {
+                    // Warming: a served one keeps its previous definition,
+                    // unless that is on a VIP, port and protocol another
+                    // cluster now claims.
+                    if old.is_some_and(|a| a.key != key && self.claims.contains_key(&a.key)) {
+                        now.push((name.clone(), None));
+                    }
+                    self.warming.insert(name);
+                }
+            }
+        }
+        now
+    }
+
+    /// Takes what each cluster now serves (`now`, from [`Built::place`])
+    /// into the state, keeping the endpoint count, the owners of the claims
+    /// and the names that changed (from `prev`) up to date. A service mapped
+    /// again equal to the one served is no change (it is still taken, so
+    /// that nothing keeps the inputs it replaces).
+    fn commit(&mut self, prev: &Built, now: Placed) {
+        for (name, a) in now {
+            let differs = prev.services.get(&name) != a.as_ref();
+            if differs {
+                if let Some(old) = prev.services.get(&name) {
+                    self.endpoints -= old.endpoints.len();
+                    if self.owners.get(&old.key) == Some(&name) {
+                        self.owners.remove(&old.key);
+                    }
+                }
+                self.changed.push(name.clone());
+            }
+            match a {
+                Some(a) => {
+                    if differs {
+                        self.endpoints += a.endpoints.len();
+                        self.owners.insert(a.key, name.clone());
+                    }
+                    self.services.insert(name, a);
+                }
+                None => {
+                    self.services.remove(&name);
+                }
+            }
+        }
+    }
+}
+
+/// An assignment as mapping takes it, and the shared allocation it is when
+/// it came over EDS (what [`Applied`] remembers it was mapped from).
+type Assignment<'c> = (&'c Cla, Option<&'c Arc<Cla>>);
+
+/// The assignment of cluster `c`: its own for a static cluster, the one
+/// received, or `empty` for one the server says does not exist (or that
+/// did not come in time); `None` while it is awaited (the cluster is
+/// warming).
+fn assignment<'c>(c: &'c L4Cluster, clas: &'c OrdMap<String, ClaState>, empty: &'c Cla) -> Option<Assignment<'c>> {
+    match &c.endpoints {
+        EndpointsFrom::Inline(cla) => Some((cla, None)),
+        EndpointsFrom::Eds(n) => match clas.get(n) {
+            Some(ClaState::Known(cla)) => Some((&**cla, Some(cla))),
+            Some(ClaState::Absent) => Some((empty, None)),
+            None => None,
+        },
     }
 }
 
