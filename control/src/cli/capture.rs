@@ -15,7 +15,6 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context, Result};
@@ -25,9 +24,9 @@ use serde::Serialize;
 use sluice_dataplane::addr::Addr;
 use sluice_dataplane::io::Burst;
 use sluice_dataplane::parse::{parse, parse_ip, proto, Frame};
-use sluice_ffi::Eal;
+use sluice_ffi::{Eal, RxQueue};
 
-use super::gen::{eal_args, start_ports, EalFlags};
+use super::gen::{eal_args, start_ports, stop_on_signals, EalFlags};
 
 /// Write what a port receives to a pcap file.
 ///
@@ -114,6 +113,33 @@ pub fn run(args: &CaptureArgs) -> Result<ExitCode> {
     let eal = Eal::init(&eal_args(&args.dpdk, &ports, "capture"))?;
     let (pool, mut ports) = start_ports(&eal, &args.dpdk, &ports, "capture_pool")?;
     let mut rxq = ports[0].take_rx_queue(0).context("rx queue 0")?;
+    let mut w = pcap_writer(args)?;
+
+    let stop = stop_on_signals()?;
+    let hz = u128::from(eal.tsc_hz().max(1));
+    let counts = poll(args, &vips, &mut rxq, &mut w, &ports[0].info().name, hz, &stop)?;
+    let mut out = w.into_writer();
+    out.flush().with_context(|| format!("writing {}", args.out.display()))?;
+    drop(out);
+    let stats = ports[0].stats()?;
+    drop(rxq);
+    ports.clear();
+    let summary = Summary {
+        file: args.out.display().to_string(),
+        written: counts.written,
+        filtered_out: counts.filtered,
+        received: counts.received,
+        port_rx_missed: stats.imissed,
+        port_rx_nombuf: stats.rx_nombuf,
+        seconds: counts.start.elapsed().as_secs_f64(),
+        mbufs_in_use_after: pool.in_use(),
+    };
+    report(&summary, args.json)
+}
+
+/// Creates `--out` and writes the pcap header: Ethernet frames, nanosecond
+/// timestamps, this machine's byte order, `--snaplen`.
+fn pcap_writer(args: &CaptureArgs) -> Result<PcapWriter<BufWriter<File>>> {
     let file = File::create(&args.out).with_context(|| format!("creating {}", args.out.display()))?;
     let header = PcapHeader {
         snaplen: args.snaplen,
@@ -122,20 +148,37 @@ pub fn run(args: &CaptureArgs) -> Result<ExitCode> {
         endianness: Endianness::native(),
         ..PcapHeader::default()
     };
-    let mut w = PcapWriter::with_header(BufWriter::new(file), header).context("writing the pcap header")?;
+    PcapWriter::with_header(BufWriter::new(file), header).context("writing the pcap header")
+}
 
-    let stop = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register(sig, Arc::clone(&stop)).context("installing signal handlers")?;
-    }
-    let hz = u128::from(eal.tsc_hz().max(1));
+/// What the poll loop counted, and when it began.
+struct Counts {
+    written: u64,
+    filtered: u64,
+    received: u64,
+    start: Instant,
+}
+
+/// Polls `rxq` until `--count` frames are written, `--duration` passes or
+/// `stop` is set, writing each frame `keep` accepts to `w`. Timestamps are
+/// the wall clock at the start plus the TSC ticks since (at `hz`), which is
+/// cheaper per burst than reading the wall clock. Every mbuf is freed.
+fn poll(
+    args: &CaptureArgs,
+    vips: &[Addr],
+    rxq: &mut RxQueue,
+    w: &mut PcapWriter<BufWriter<File>>,
+    port: &str,
+    hz: u128,
+    stop: &AtomicBool,
+) -> Result<Counts> {
     let wall0 = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
     let (tsc0, start) = (sluice_ffi::tsc(), Instant::now());
     let end = args.duration.map(|d| start + Duration::from_secs_f64(d.max(0.0)));
     let snap = usize::try_from(args.snaplen).unwrap_or(usize::MAX);
     let (mut written, mut filtered, mut received) = (0u64, 0u64, 0u64);
     let mut burst = Burst::new();
-    tracing::info!(port = %ports[0].info().name, file = %args.out.display(), count = args.count, "capturing; SIGINT or SIGTERM stops");
+    tracing::info!(port = %port, file = %args.out.display(), count = args.count, "capturing; SIGINT or SIGTERM stops");
     'poll: while !stop.load(Ordering::Relaxed) && end.is_none_or(|e| Instant::now() < e) {
         if rxq.rx_burst(&mut burst) == 0 {
             // Nothing: a short nap (the receive ring holds what comes meanwhile).
@@ -150,7 +193,7 @@ pub fn run(args: &CaptureArgs) -> Result<ExitCode> {
             if args.count != 0 && written >= args.count {
                 continue;
             }
-            if !keep(data, &vips) {
+            if !keep(data, vips) {
                 filtered += 1;
                 continue;
             }
@@ -163,24 +206,14 @@ pub fn run(args: &CaptureArgs) -> Result<ExitCode> {
             break 'poll;
         }
     }
-    let mut out = w.into_writer();
-    out.flush().with_context(|| format!("writing {}", args.out.display()))?;
-    drop(out);
-    let stats = ports[0].stats()?;
-    drop(rxq);
-    ports.clear();
-    let summary = Summary {
-        file: args.out.display().to_string(),
-        written,
-        filtered_out: filtered,
-        received,
-        port_rx_missed: stats.imissed,
-        port_rx_nombuf: stats.rx_nombuf,
-        seconds: start.elapsed().as_secs_f64(),
-        mbufs_in_use_after: pool.in_use(),
-    };
-    if args.json {
-        println!("{}", serde_json::to_string(&summary)?);
+    Ok(Counts { written, filtered, received, start })
+}
+
+/// Prints `summary` (JSON on stdout with `json`, a line on stderr
+/// otherwise); the exit code is 1 when mbufs leaked.
+fn report(summary: &Summary, json: bool) -> Result<ExitCode> {
+    if json {
+        println!("{}", serde_json::to_string(summary)?);
     } else {
         eprintln!(
             "capture: {} frames written to {} ({} received, {} filtered out; port missed {}, no mbuf {})",

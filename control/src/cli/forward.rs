@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
 use sluice_dataplane::io::Burst;
-use sluice_ffi::{Eal, Mempool, Port, PortConfig, PortId, RxQueue, TxQueue, DEFAULT_DATA_ROOM};
+use sluice_ffi::{Eal, LcoreId, LcoreTask, Mempool, Port, PortConfig, PortId, RxQueue, TxQueue, DEFAULT_DATA_ROOM};
+
+use super::gen::stop_on_signals;
 
 /// Forward every packet between two ports unchanged (io mode).
 ///
@@ -144,43 +146,11 @@ pub fn run(args: &ForwardArgs) -> Result<ExitCode> {
     for p in &ports {
         tracing::info!(port = %p.id(), name = %p.info().name, driver = %p.info().driver, mac = %p.mac()?, "port started");
     }
-    let take = |p: &mut Port| -> Result<(RxQueue, TxQueue)> {
-        Ok((p.take_rx_queue(0).context("rx queue 0")?, p.take_tx_queue(0).context("tx queue 0")?))
-    };
-    let (arx, atx) = take(&mut ports[0])?;
-    let (brx, btx) = take(&mut ports[1])?;
-    let lanes = [Lane { rx: arx, tx: btx }, Lane { rx: brx, tx: atx }];
+    let lanes = crossed_lanes(&mut ports)?;
 
-    let stop = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register(sig, Arc::clone(&stop)).context("installing signal handlers")?;
-    }
+    let stop = stop_on_signals()?;
     let dropped = Arc::new(AtomicU64::new(0));
-    let worker = eal.worker_lcores().first().copied();
-    let lcore;
-    let task = match worker {
-        Some(l) => {
-            lcore = l;
-            let dropped = Arc::clone(&dropped);
-            Some(eal.launch(l, Arc::clone(&stop), move |stop| {
-                forward_loop(lanes, stop, &dropped);
-                0
-            })?)
-        }
-        None => {
-            lcore = eal.main_lcore();
-            tracing::warn!("no worker lcore (-l lists one core): forwarding on the main lcore");
-            let (stop2, dropped2) = (Arc::clone(&stop), Arc::clone(&dropped));
-            // The timer below runs on a helper thread instead.
-            std::thread::spawn({
-                let stop = Arc::clone(&stop);
-                let (warmup, duration) = (args.warmup, args.duration);
-                move || timer(&stop, warmup, duration)
-            });
-            forward_loop(lanes, &stop2, &dropped2);
-            None
-        }
-    };
+    let (lcore, task) = launch(&eal, args, lanes, &stop, &dropped)?;
     tracing::info!(%lcore, ports = %format!("{a}<->{b}"), "forwarding; SIGINT or SIGTERM stops");
 
     let (t0, c0, t1, c1) = if task.is_some() {
@@ -202,7 +172,63 @@ pub fn run(args: &ForwardArgs) -> Result<ExitCode> {
     }
     let seconds = (t1 - t0).as_secs_f64();
     let packets = c1 - c0;
-    let port_reports = ports
+    let port_reports = port_reports(&ports)?;
+    drop(ports);
+    let report = Report {
+        packets,
+        seconds,
+        mpps: if seconds > 0.0 { packets as f64 / seconds / 1e6 } else { 0.0 },
+        tx_dropped: dropped.load(Ordering::Relaxed),
+        lcore: lcore.0,
+        mbufs_in_use_after: pool.in_use(),
+        ports: port_reports,
+    };
+    print_report(&report, args.json)
+}
+
+/// Takes queue 0 of both ports and crosses them: what `ports[0]` receives
+/// goes out of `ports[1]`, and the other way.
+fn crossed_lanes(ports: &mut [Port; 2]) -> Result<[Lane; 2]> {
+    let take = |p: &mut Port| -> Result<(RxQueue, TxQueue)> {
+        Ok((p.take_rx_queue(0).context("rx queue 0")?, p.take_tx_queue(0).context("tx queue 0")?))
+    };
+    let (arx, atx) = take(&mut ports[0])?;
+    let (brx, btx) = take(&mut ports[1])?;
+    Ok([Lane { rx: arx, tx: btx }, Lane { rx: brx, tx: atx }])
+}
+
+/// Starts forwarding `lanes` on the first worker lcore and returns that
+/// lcore and its task; with no worker, forwards on the main lcore to the
+/// end (a helper thread ends it at `--duration`) and returns no task.
+fn launch(eal: &Eal, args: &ForwardArgs, lanes: [Lane; 2], stop: &Arc<AtomicBool>, dropped: &Arc<AtomicU64>) -> Result<(LcoreId, Option<LcoreTask>)> {
+    match eal.worker_lcores().first().copied() {
+        Some(l) => {
+            let dropped = Arc::clone(dropped);
+            let task = eal.launch(l, Arc::clone(stop), move |stop| {
+                forward_loop(lanes, stop, &dropped);
+                0
+            })?;
+            Ok((l, Some(task)))
+        }
+        None => {
+            let lcore = eal.main_lcore();
+            tracing::warn!("no worker lcore (-l lists one core): forwarding on the main lcore");
+            let (stop2, dropped2) = (Arc::clone(stop), Arc::clone(dropped));
+            // The timer below runs on a helper thread instead.
+            std::thread::spawn({
+                let stop = Arc::clone(stop);
+                let (warmup, duration) = (args.warmup, args.duration);
+                move || timer(&stop, warmup, duration)
+            });
+            forward_loop(lanes, &stop2, &dropped2);
+            Ok((lcore, None))
+        }
+    }
+}
+
+/// Each port's counters at the end of the run.
+fn port_reports(ports: &[Port; 2]) -> Result<Vec<PortReport>> {
+    ports
         .iter()
         .map(|p| {
             let s = p.stats()?;
@@ -214,19 +240,14 @@ pub fn run(args: &ForwardArgs) -> Result<ExitCode> {
                 rx_nombuf: s.rx_nombuf,
             })
         })
-        .collect::<Result<Vec<_>>>()?;
-    drop(ports);
-    let report = Report {
-        packets,
-        seconds,
-        mpps: if seconds > 0.0 { packets as f64 / seconds / 1e6 } else { 0.0 },
-        tx_dropped: dropped.load(Ordering::Relaxed),
-        lcore: lcore.0,
-        mbufs_in_use_after: pool.in_use(),
-        ports: port_reports,
-    };
-    if args.json {
-        println!("{}", serde_json::to_string(&report)?);
+        .collect::<Result<Vec<_>>>()
+}
+
+/// Prints `report` (one JSON object with `json`, lines otherwise) on
+/// stdout; the exit code is 1 when mbufs leaked.
+fn print_report(report: &Report, json: bool) -> Result<ExitCode> {
+    if json {
+        println!("{}", serde_json::to_string(report)?);
     } else {
         println!(
             "forwarded {} packets in {:.3} s: {:.2} Mpps on lcore {} ({} dropped at tx)",

@@ -14,7 +14,7 @@
 use std::fs::File;
 use std::io::{BufReader, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -24,7 +24,7 @@ use anyhow::{bail, Context, Result};
 use serde::Serialize;
 use sluice_dataplane::gen::mix::{self, Datagram, MAX_FRAME};
 use sluice_dataplane::gen::{self as core, Control, EndpointBy, Generator, Kind, Lanes, MixSpec, Pacer, Receiver, Schedule, Timing};
-use sluice_ffi::{Eal, GenQueues, Mempool, Port, PortConfig, QueueIo, DEFAULT_DATA_ROOM};
+use sluice_ffi::{Eal, GenQueues, LcoreId, Mempool, Port, PortConfig, QueueIo, DEFAULT_DATA_ROOM};
 
 use crate::appliance::eal::{device_args, memory_arg};
 
@@ -468,71 +468,149 @@ pub fn run(args: &GenArgs) -> Result<ExitCode> {
     let hz = eal.tsc_hz();
     let target_pps = target_pps(rate, recorded.is_some() && args.pcap_timing, &ports[0], mean)?;
 
-    let stop_signal = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register(sig, Arc::clone(&stop_signal)).context("installing signal handlers")?;
-    }
-    let ready_by = Instant::now() + Duration::from_secs_f64(args.wait_link.max(0.0));
-    wait_links(&ports, args.wait_link, &stop_signal)?;
-    if let Some(addr) = &args.wait_ready {
-        wait_ready(addr, ready_by, &stop_signal)?;
-    }
-    for p in &ports {
-        p.reset_stats()?;
-    }
+    let stop_signal = stop_on_signals()?;
+    wait_until_ready(args, &ports, &stop_signal)?;
 
-    let mut io = QueueIo::default();
-    for p in &mut ports {
-        io.rx.push(p.take_rx_queue(0).context("rx queue 0")?);
-    }
-    io.tx.push(ports[0].take_tx_queue(0).context("tx queue 0")?);
-    let mut io = GenQueues { io, pool: Arc::clone(&pool) };
+    let io = gen_queues(&mut ports, &pool)?;
     let inputs = ports.len();
     let receiver = Receiver::new(flows, hz, by).context("latency histogram")?;
     let drain = args.drain_ms.saturating_mul(hz) / 1000;
     let ctl = Arc::new(Control::default());
-    let result: Arc<Mutex<Option<(Generator, Receiver, f64)>>> = Arc::new(Mutex::new(None));
-    let limit = args.count;
-
-    let body = {
-        let ctl = Arc::clone(&ctl);
-        let result = Arc::clone(&result);
-        move |datagrams: Vec<Datagram>, recorded: Option<Vec<u64>>| {
-            let start = sluice_ffi::tsc();
-            let timing = match (recorded, target_pps) {
-                (Some(at), None) => {
-                    let ticks: Vec<u64> =
-                        at.iter().map(|ns| u64::try_from(u128::from(*ns) * u128::from(hz) / 1_000_000_000).unwrap_or(u64::MAX)).collect();
-                    // One pass lasts as long as the capture plus its mean gap.
-                    let last = ticks.last().copied().unwrap_or(0);
-                    let gap = last / (ticks.len() as u64).max(1);
-                    Timing::Recorded(Schedule::new(ticks, last + gap.max(1), start))
-                }
-                (_, pps) => Timing::Rate(Pacer::new(hz, pps.unwrap_or(0), start, 4096)),
-            };
-            let mut gen = Generator::new(datagrams, flows, timing, limit);
-            let mut rx = receiver;
-            core::run(&mut io, Lanes { out: 0, inputs, drain }, &mut gen, &mut rx, &ctl, sluice_ffi::tsc);
-            // Sending lasted from `start` to the drain's start.
-            #[allow(clippy::cast_precision_loss)]
-            let secs = (sluice_ffi::tsc().saturating_sub(start).saturating_sub(drain)) as f64 / hz as f64;
-            drop(io);
-            *result.lock().unwrap_or_else(PoisonError::into_inner) = Some((gen, rx, secs));
-        }
+    let result: Arc<Mutex<Option<Outcome>>> = Arc::new(Mutex::new(None));
+    let job = Job {
+        io,
+        receiver,
+        ctl: Arc::clone(&ctl),
+        result: Arc::clone(&result),
+        datagrams,
+        recorded,
+        hz,
+        target_pps,
+        flows,
+        limit: args.count,
+        lanes: Lanes { out: 0, inputs, drain },
     };
+    let lcore = drive(&eal, args, job, &ctl, &stop_signal)?;
 
+    let Some(outcome) = result.lock().unwrap_or_else(PoisonError::into_inner).take() else {
+        bail!("the generator ended without a result");
+    };
+    let port_reports = port_reports(&ports)?;
+    drop(ports);
+    let plan = Plan { stamped: args.pcap.is_none(), flows, target_pps, mean, lcore };
+    let report = build_report(outcome, &plan, port_reports, &pool);
+    write_report(&report, args.json.as_deref())
+}
+
+/// A flag that SIGINT and SIGTERM set, so that a command polling it ends
+/// its loop and closes its ports (and counts its mbufs) instead of dying.
+pub(crate) fn stop_on_signals() -> Result<Arc<AtomicBool>> {
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, Arc::clone(&stop)).context("installing signal handlers")?;
+    }
+    Ok(stop)
+}
+
+/// Waits for every link (within `--wait-link`) and, with `--wait-ready`,
+/// for the appliance to serve, so that nothing is sent into the void; then
+/// zeroes the ports' counters so that the report counts this run only.
+fn wait_until_ready(args: &GenArgs, ports: &[Port], stop_signal: &AtomicBool) -> Result<()> {
+    let ready_by = Instant::now() + Duration::from_secs_f64(args.wait_link.max(0.0));
+    wait_links(ports, args.wait_link, stop_signal)?;
+    if let Some(addr) = &args.wait_ready {
+        wait_ready(addr, ready_by, stop_signal)?;
+    }
+    for p in ports {
+        p.reset_stats()?;
+    }
+    Ok(())
+}
+
+/// Takes queue 0 of every port for receiving and of the first for sending,
+/// with `pool` for the frames the generator allocates.
+fn gen_queues(ports: &mut [Port], pool: &Arc<Mempool>) -> Result<GenQueues> {
+    let mut io = QueueIo::default();
+    for p in ports.iter_mut() {
+        io.rx.push(p.take_rx_queue(0).context("rx queue 0")?);
+    }
+    io.tx.push(ports[0].take_tx_queue(0).context("tx queue 0")?);
+    Ok(GenQueues { io, pool: Arc::clone(pool) })
+}
+
+/// What the loop leaves behind: the generator, the receiver, and the
+/// seconds sending lasted.
+type Outcome = (Generator, Receiver, f64);
+
+/// Everything the generator loop owns, moved to the lcore it runs on.
+struct Job {
+    io: GenQueues,
+    receiver: Receiver,
+    ctl: Arc<Control>,
+    /// Where the loop leaves its [`Outcome`] for the main lcore.
+    result: Arc<Mutex<Option<Outcome>>>,
+    datagrams: Vec<Datagram>,
+    /// From a capture: when each frame was recorded (nanoseconds).
+    recorded: Option<Vec<u64>>,
+    hz: u64,
+    target_pps: Option<u64>,
+    flows: u32,
+    limit: Option<u64>,
+    lanes: Lanes,
+}
+
+impl Job {
+    /// Sends and receives until sending ends and the drain passes, then
+    /// closes the queues (so that their mbufs are back in the pool) and
+    /// leaves the outcome in `result`.
+    fn run(self) {
+        let Job { mut io, receiver, ctl, result, datagrams, recorded, hz, target_pps, flows, limit, lanes } = self;
+        let start = sluice_ffi::tsc();
+        let timing = timing_for(recorded, target_pps, hz, start);
+        let mut gen = Generator::new(datagrams, flows, timing, limit);
+        let mut rx = receiver;
+        core::run(&mut io, lanes, &mut gen, &mut rx, &ctl, sluice_ffi::tsc);
+        // Sending lasted from `start` to the drain's start.
+        #[allow(clippy::cast_precision_loss)]
+        let secs = (sluice_ffi::tsc().saturating_sub(start).saturating_sub(lanes.drain)) as f64 / hz as f64;
+        drop(io);
+        *result.lock().unwrap_or_else(PoisonError::into_inner) = Some((gen, rx, secs));
+    }
+}
+
+/// When frames are due from TSC tick `start`: at the capture's own pace
+/// when `recorded` is given and there is no target rate (one pass lasting
+/// the capture plus its mean gap), else at `target_pps` (0: no pacing).
+fn timing_for(recorded: Option<Vec<u64>>, target_pps: Option<u64>, hz: u64, start: u64) -> Timing {
+    match (recorded, target_pps) {
+        (Some(at), None) => {
+            let ticks: Vec<u64> =
+                at.iter().map(|ns| u64::try_from(u128::from(*ns) * u128::from(hz) / 1_000_000_000).unwrap_or(u64::MAX)).collect();
+            // One pass lasts as long as the capture plus its mean gap.
+            let last = ticks.last().copied().unwrap_or(0);
+            let gap = last / (ticks.len() as u64).max(1);
+            Timing::Recorded(Schedule::new(ticks, last + gap.max(1), start))
+        }
+        (_, pps) => Timing::Rate(Pacer::new(hz, pps.unwrap_or(0), start, 4096)),
+    }
+}
+
+/// Runs `job` on the first worker lcore while this thread watches it (or,
+/// with no worker, on the main lcore while a thread watches), and returns
+/// the lcore it ran on. Watching sleeps; waiting for an lcore spins.
+fn drive(eal: &Eal, args: &GenArgs, job: Job, ctl: &Arc<Control>, stop_signal: &Arc<AtomicBool>) -> Result<LcoreId> {
     let worker = eal.worker_lcores().first().copied();
     let lcore = worker.unwrap_or_else(|| eal.main_lcore());
-    tracing::info!(%lcore, flows, datagrams = datagrams.len(), target_pps = ?target_pps, "generating");
+    tracing::info!(%lcore, flows = job.flows, datagrams = job.datagrams.len(), target_pps = ?job.target_pps, "generating");
     let (duration, quiet) = (args.duration, args.quiet);
     match worker {
         Some(l) => {
             let task = eal.launch(l, Arc::new(AtomicBool::new(false)), move |_| {
-                body(datagrams, recorded);
+                job.run();
                 0
             })?;
             // Watch from here, sleeping: waiting for the lcore spins.
-            watch(&ctl, &stop_signal, duration, quiet);
+            watch(ctl, stop_signal, duration, quiet);
             let rc = task.wait()?;
             if rc != 0 {
                 bail!("the generator task on lcore {l} failed ({rc})");
@@ -540,18 +618,19 @@ pub fn run(args: &GenArgs) -> Result<ExitCode> {
         }
         None => {
             let watcher = {
-                let (ctl, stop_signal) = (Arc::clone(&ctl), Arc::clone(&stop_signal));
+                let (ctl, stop_signal) = (Arc::clone(ctl), Arc::clone(stop_signal));
                 std::thread::spawn(move || watch(&ctl, &stop_signal, duration, quiet))
             };
-            body(datagrams, recorded);
+            job.run();
             let _ = watcher.join();
         }
     }
+    Ok(lcore)
+}
 
-    let Some((gen, rx, secs)) = result.lock().unwrap_or_else(PoisonError::into_inner).take() else {
-        bail!("the generator ended without a result");
-    };
-    let port_reports = ports
+/// Each port's counters at the end of the run.
+fn port_reports(ports: &[Port]) -> Result<Vec<PortReport>> {
+    ports
         .iter()
         .map(|p| {
             let s = p.stats()?;
@@ -566,10 +645,26 @@ pub fn run(args: &GenArgs) -> Result<ExitCode> {
                 tx_errors: s.oerrors,
             })
         })
-        .collect::<Result<Vec<_>>>()?;
-    drop(ports);
+        .collect::<Result<Vec<_>>>()
+}
+
+/// How the run was set up, as the report repeats it.
+#[derive(Debug)]
+struct Plan {
+    /// A flow mix (frames carry stamps), not a pcap.
+    stamped: bool,
+    flows: u32,
+    target_pps: Option<u64>,
+    mean: f64,
+    lcore: LcoreId,
+}
+
+/// The report of a finished run from the loop's `outcome` and the ports'
+/// counters; `pool` is read last, with the ports closed, for leaked mbufs.
+fn build_report(outcome: Outcome, plan: &Plan, port_reports: Vec<PortReport>, pool: &Mempool) -> Report {
+    let (gen, rx, secs) = outcome;
     let c = gen.counters;
-    let stamped = args.pcap.is_none();
+    let stamped = plan.stamped;
     let received = if stamped { rx.received } else { rx.received + rx.unstamped };
     let lost = c.sent.saturating_sub(received);
     #[allow(clippy::cast_precision_loss)]
@@ -580,11 +675,11 @@ pub fn run(args: &GenArgs) -> Result<ExitCode> {
         .into_iter()
         .map(|(e, n)| EndpointShare { endpoint: e.to_string(), packets: n, share: ratio(n, rx.received) })
         .collect();
-    let report = Report {
+    Report {
         mode: if stamped { "mix" } else { "pcap" },
-        flows,
-        target_pps,
-        mean_frame_bytes: mean,
+        flows: plan.flows,
+        target_pps: plan.target_pps,
+        mean_frame_bytes: plan.mean,
         seconds: secs,
         sent: c.sent,
         sent_bytes: c.sent_bytes,
@@ -607,11 +702,16 @@ pub fn run(args: &GenArgs) -> Result<ExitCode> {
         endpoints,
         endpoint_overflow: rx.endpoint_overflow(),
         ports: port_reports,
-        lcore: lcore.0,
+        lcore: plan.lcore.0,
         mbufs_in_use_after: pool.in_use(),
-    };
-    let json = serde_json::to_string_pretty(&report)?;
-    match &args.json {
+    }
+}
+
+/// Writes `report` as JSON to `path` (or stdout); the exit code is 1 when
+/// mbufs leaked.
+fn write_report(report: &Report, path: Option<&Path>) -> Result<ExitCode> {
+    let json = serde_json::to_string_pretty(report)?;
+    match path {
         Some(path) => std::fs::write(path, json + "\n").with_context(|| format!("writing {}", path.display()))?,
         None => {
             let mut out = std::io::stdout().lock();
