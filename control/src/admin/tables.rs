@@ -279,15 +279,11 @@ fn counter_slots(snap: &Snapshot) -> (usize, usize) {
     })
 }
 
-/// Explains what the workers do with the first packet of a new flow of
-/// `protocol` from `src` to `dst`. The packet is built and put through the
-/// workers' own pipeline ([`Pipeline::process`], on fresh tables of its
-/// own), as arriving on port 0: the verdict is theirs; the route, table
-/// slot and endpoint are read from the same snapshot to say why. Fails when
-/// the two addresses are not of one family.
-pub fn explain(snap: &Snapshot, protocol: u8, src: SocketAddr, dst: SocketAddr) -> Result<Explanation, MixedFamilies> {
-    let frame = first_packet(snap, protocol, src, dst)?;
-    let mut x = Explanation {
+/// The explanation of the flow before its packet is put through the
+/// pipeline: the flow in words, nothing decided yet, and the note on what
+/// byte matches see of a packet without payload.
+fn unexplained(protocol: u8, src: SocketAddr, dst: SocketAddr) -> Explanation {
+    Explanation {
         flow: format!(
             "{} {} port {} -> {} port {}",
             match protocol {
@@ -314,7 +310,18 @@ pub fn explain(snap: &Snapshot, protocol: u8, src: SocketAddr, dst: SocketAddr) 
             _ => "the packet explained carries no payload: byte matches are evaluated on its header",
         }
         .into()],
-    };
+    }
+}
+
+/// Explains what the workers do with the first packet of a new flow of
+/// `protocol` from `src` to `dst`. The packet is built and put through the
+/// workers' own pipeline ([`Pipeline::process`], on fresh tables of its
+/// own), as arriving on port 0: the verdict is theirs; the route, table
+/// slot and endpoint are read from the same snapshot to say why. Fails when
+/// the two addresses are not of one family.
+pub fn explain(snap: &Snapshot, protocol: u8, src: SocketAddr, dst: SocketAddr) -> Result<Explanation, MixedFamilies> {
+    let frame = first_packet(snap, protocol, src, dst)?;
+    let mut x = unexplained(protocol, src, dst);
     let (services, endpoints) = counter_slots(snap);
     let ctr = WorkerCounters::new(services, endpoints);
     let cfg = PipelineConfig { flow_entries: 64, frag_entries: 16, ..PipelineConfig::default() };

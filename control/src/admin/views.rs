@@ -33,18 +33,33 @@ impl Default for StatusQuery {
     }
 }
 
+/// Why a `/status` query string is refused; each message says what is
+/// accepted instead.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum StatusQueryError {
+    /// `service=` without a name.
+    #[error("service is a service's name")]
+    EmptyService,
+    /// `endpoints=` with this value, neither a number nor `all`.
+    #[error("endpoints is a number or all, not {0:?}")]
+    BadEndpoints(String),
+    /// A parameter `/status` does not take.
+    #[error("unknown parameter {0:?}: /status takes service=NAME and endpoints=N|all")]
+    UnknownParameter(String),
+}
+
 impl StatusQuery {
     /// From the query string's parameters; an unknown one or a bad value
     /// is an error that says what is accepted.
-    pub fn from_params<'a>(params: impl IntoIterator<Item = (&'a str, &'a str)>) -> Result<StatusQuery, String> {
+    pub fn from_params<'a>(params: impl IntoIterator<Item = (&'a str, &'a str)>) -> Result<StatusQuery, StatusQueryError> {
         let mut q = StatusQuery::default();
         for (k, v) in params {
             match k {
                 "service" if !v.is_empty() => q.service = Some(v.to_owned()),
-                "service" => return Err("service is a service's name".into()),
+                "service" => return Err(StatusQueryError::EmptyService),
                 "endpoints" if v == "all" => q.endpoints = None,
-                "endpoints" => q.endpoints = Some(v.parse().map_err(|_| format!("endpoints is a number or all, not {v:?}"))?),
-                other => return Err(format!("unknown parameter {other:?}: /status takes service=NAME and endpoints=N|all")),
+                "endpoints" => q.endpoints = Some(v.parse().map_err(|_| StatusQueryError::BadEndpoints(v.to_owned()))?),
+                other => return Err(StatusQueryError::UnknownParameter(other.to_owned())),
             }
         }
         Ok(q)
@@ -99,21 +114,12 @@ type StatusView<'a> = api::Status<ServicesOf<'a>, Vec<api::Route<'a>>, Endpoints
 #[derive(Debug)]
 pub struct NoService(pub String);
 
-/// The `/status` document, listing what `query` asks for.
-pub fn status(sh: &Shared, query: &StatusQuery) -> Result<String, NoService> {
-    let now = Instant::now();
-    let not_healthy = health::unhealthy(sh, now);
-    let not_ready = health::unready(sh, now);
-    let drops = DropReason::ALL
-        .iter()
-        .map(|r| (r.name().to_owned(), sh.workers.iter().map(|w| w.counters.drops[r.index()].get()).sum::<u64>()))
-        .filter(|(_, n)| *n > 0)
-        .collect();
-    let ports = sh.ports.iter().map(convert::port).collect();
+/// Each worker's counters and recent load, as `/status` shows them.
+fn worker_views(sh: &Shared) -> Vec<api::Worker> {
     let live = lock(&sh.liveness).clone();
     #[allow(clippy::cast_precision_loss)] // rates and shares
     let ratio = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
-    let workers = sh
+    sh
         .workers
         .iter()
         .zip(&live)
@@ -141,7 +147,21 @@ pub fn status(sh: &Shared, query: &StatusQuery) -> Result<String, NoService> {
                 generation: c.generation.get(),
             }
         })
+        .collect()
+}
+
+/// The `/status` document, listing what `query` asks for.
+pub fn status(sh: &Shared, query: &StatusQuery) -> Result<String, NoService> {
+    let now = Instant::now();
+    let not_healthy = health::unhealthy(sh, now);
+    let not_ready = health::unready(sh, now);
+    let drops = DropReason::ALL
+        .iter()
+        .map(|r| (r.name().to_owned(), sh.workers.iter().map(|w| w.counters.drops[r.index()].get()).sum::<u64>()))
+        .filter(|(_, n)| *n > 0)
         .collect();
+    let ports = sh.ports.iter().map(convert::port).collect();
+    let workers = worker_views(sh);
     let xds = sh.xds().map(convert::xds);
     let bird = sh.bird().map(convert::bird);
     let kubernetes = sh.kube().map(convert::kubernetes);
@@ -405,7 +425,7 @@ mod tests {
             StatusQuery::from_params([("service", "web"), ("endpoints", "all")]),
             Ok(StatusQuery { service: Some("web".into()), endpoints: None })
         );
-        let err = |p: &[(&str, &str)]| StatusQuery::from_params(p.iter().copied()).unwrap_err();
+        let err = |p: &[(&str, &str)]| StatusQuery::from_params(p.iter().copied()).unwrap_err().to_string();
         assert_eq!(err(&[("endpoints", "many")]), "endpoints is a number or all, not \"many\"");
         assert_eq!(err(&[("endpoints", "-1")]), "endpoints is a number or all, not \"-1\"");
         assert!(err(&[("service", "")]).contains("service's name"));

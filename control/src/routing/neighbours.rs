@@ -326,6 +326,10 @@ struct View {
     resyncs: u64,
 }
 
+/// Per family (v4, v6) whose neighbour table is full in a pass: how many
+/// entries it took in that pass, and how many it did not.
+type TableFull = [Option<(usize, usize)>; 2];
+
 /// Why a session ended.
 enum Exit {
     /// The handle was dropped.
@@ -645,12 +649,10 @@ impl Task {
         v.index.iter().position(|&i| i == Some(ifindex)).and_then(|p| self.names.get(p)).map_or("?", String::as_str)
     }
 
-    /// One pass: adds and deletes what differs (unless `full` is false),
-    /// then publishes. `Ok` carries the pass's outcome; `Err` means the
-    /// connection is unusable.
-    async fn reconcile(&mut self, h: &Handle, v: &mut View, full: bool) -> Result<Result<(), RoutingError>, Exit> {
-        let wanted = self.wanted.borrow_and_update().clone();
-        for &(port, addr) in &wanted {
+    /// Warns, once per port, that the wanted next hops of a port whose
+    /// kernel interface does not exist cannot be resolved.
+    fn report_missing_interfaces(&self, wanted: &HashSet<(u8, Addr)>, v: &mut View) {
+        for &(port, addr) in wanted {
             let known = self.names.get(usize::from(port)).filter(|n| !n.is_empty());
             if let Some(name) = known {
                 if v.index[usize::from(port)].is_none() && v.missing_reported.insert(port) {
@@ -658,42 +660,79 @@ impl Task {
                 }
             }
         }
+    }
+
+    /// Adds the entries `add`, [`IN_FLIGHT`] requests at a time, and pushes
+    /// each failure on `errors`. Returns the entries added and, per family
+    /// whose table is full, how many entries it took and how many it did not.
+    async fn add_entries(&self, h: &Handle, v: &View, add: Vec<Key>, errors: &mut Vec<RoutingError>) -> (TableFull, Vec<Key>) {
+        let mut table_full: TableFull = [None, None];
+        let mut added = [0usize; 2];
+        let mut adds = futures_util::stream::iter(add)
+            .map(|key| {
+                let h = h.clone();
+                async move { (key, Self::add(&h, key).await) }
+            })
+            .buffer_unordered(IN_FLIGHT);
+        let mut done = Vec::new();
+        while let Some((key, result)) = adds.next().await {
+            let fam = usize::from(!key.1.is_v4());
+            let op = format!("adding managed neighbour {}", key.1);
+            match result {
+                Ok(()) => {
+                    added[fam] += 1;
+                    done.push(key);
+                }
+                Err(e) => {
+                    if errno(&e) == Some(libc::ENOBUFS) {
+                        table_full[fam].get_or_insert((0, 0)).1 += 1;
+                    }
+                    errors.push(RoutingError::netlink(self.iface(v, key.0), op, e));
+                }
+            }
+        }
+        drop(adds);
+        for (fam, full) in table_full.iter_mut().enumerate() {
+            if let Some(f) = full {
+                f.0 = added[fam];
+            }
+        }
+        (table_full, done)
+    }
+
+    /// Deletes the entries `del`, [`IN_FLIGHT`] requests at a time: an
+    /// entry deleted or already gone is forgotten, any other failure is
+    /// pushed on `errors`.
+    async fn delete_entries(&self, h: &Handle, v: &mut View, del: Vec<Key>, errors: &mut Vec<RoutingError>) {
+        let mut dels = futures_util::stream::iter(del)
+            .map(|key| {
+                let h = h.clone();
+                async move { (key, h.neighbours().del(key_message(key)).execute().await) }
+            })
+            .buffer_unordered(IN_FLIGHT);
+        while let Some((key, result)) = dels.next().await {
+            match result {
+                Err(e) if errno(&e) != Some(libc::ENOENT) => {
+                    errors.push(RoutingError::netlink(self.iface(v, key.0), format!("deleting managed neighbour {}", key.1), e));
+                }
+                _ => {
+                    v.observed.remove(&key);
+                }
+            }
+        }
+        drop(dels);
+    }
+
+    /// One pass: adds and deletes what differs (unless `full` is false),
+    /// then publishes. `Ok` carries the pass's outcome; `Err` means the
+    /// connection is unusable.
+    async fn reconcile(&mut self, h: &Handle, v: &mut View, full: bool) -> Result<Result<(), RoutingError>, Exit> {
+        let wanted = self.wanted.borrow_and_update().clone();
+        self.report_missing_interfaces(&wanted, v);
         let mut errors = Vec::new();
         if full {
             let p = plan(&wanted, &v.index, &v.observed);
-            // Families whose table is full: how many entries it took in
-            // this pass, and how many it did not.
-            let mut table_full: [Option<(usize, usize)>; 2] = [None, None];
-            let mut added = [0usize; 2];
-            let mut adds = futures_util::stream::iter(p.add)
-                .map(|key| {
-                    let h = h.clone();
-                    async move { (key, Self::add(&h, key).await) }
-                })
-                .buffer_unordered(IN_FLIGHT);
-            let mut done = Vec::new();
-            while let Some((key, result)) = adds.next().await {
-                let fam = usize::from(!key.1.is_v4());
-                let op = format!("adding managed neighbour {}", key.1);
-                match result {
-                    Ok(()) => {
-                        added[fam] += 1;
-                        done.push(key);
-                    }
-                    Err(e) => {
-                        if errno(&e) == Some(libc::ENOBUFS) {
-                            table_full[fam].get_or_insert((0, 0)).1 += 1;
-                        }
-                        errors.push(RoutingError::netlink(self.iface(v, key.0), op, e));
-                    }
-                }
-            }
-            drop(adds);
-            for (fam, full) in table_full.iter_mut().enumerate() {
-                if let Some(f) = full {
-                    f.0 = added[fam];
-                }
-            }
+            let (table_full, done) = self.add_entries(h, v, p.add, &mut errors).await;
             self.refresh(h, v, done.clone()).await?;
             for key in done {
                 if !v.observed.get(&key).is_some_and(|e| e.managed && e.learned) {
@@ -704,23 +743,7 @@ impl Task {
                     });
                 }
             }
-            let mut dels = futures_util::stream::iter(p.del)
-                .map(|key| {
-                    let h = h.clone();
-                    async move { (key, h.neighbours().del(key_message(key)).execute().await) }
-                })
-                .buffer_unordered(IN_FLIGHT);
-            while let Some((key, result)) = dels.next().await {
-                match result {
-                    Err(e) if errno(&e) != Some(libc::ENOENT) => {
-                        errors.push(RoutingError::netlink(self.iface(v, key.0), format!("deleting managed neighbour {}", key.1), e));
-                    }
-                    _ => {
-                        v.observed.remove(&key);
-                    }
-                }
-            }
-            drop(dels);
+            self.delete_entries(h, v, p.del, &mut errors).await;
             self.report(&wanted, v, &table_full, &errors);
             if errors.is_empty() {
                 v.retry = None;

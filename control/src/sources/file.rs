@@ -15,6 +15,7 @@ use tracing::{debug, warn};
 
 use super::{read, FileState, SourceMsg, FILE_SOURCE};
 use crate::config::manifests;
+use crate::problem::Problem;
 
 /// How long to wait for more events after the first one of a burst (an
 /// editor's save is several events).
@@ -51,7 +52,7 @@ pub fn fingerprint(path: &Path, manifests_dir: Option<&Path>) -> Fingerprint {
                 buf.hash(&mut h);
                 len.hash(&mut h);
             }
-            Err(e) => e.hash(&mut h),
+            Err(e) => e.to_string().hash(&mut h),
         }
     }
     Fingerprint(h.finish())
@@ -107,6 +108,86 @@ pub async fn run(path: PathBuf, initial: FileState, tx: mpsc::Sender<SourceMsg>,
     run_counting(path, initial, tx, hup, cancel, &std::sync::atomic::AtomicU64::new(0)).await;
 }
 
+/// The directory watches of the file source: the watcher (none when the
+/// platform gave none; the slow poll then sees every change) and the
+/// directories it watches now, so that they can be moved when the manifests
+/// directory changes.
+struct Watches {
+    /// The watcher, sending the paths of each event.
+    watcher: Option<notify::RecommendedWatcher>,
+    /// The directories being watched.
+    watching: Vec<PathBuf>,
+}
+
+impl Watches {
+    /// Starts a watcher that sends on `ev_tx` the paths of each event that
+    /// is not a mere access, and an empty list when events were lost (so
+    /// that the source looks again whatever changed). It watches nothing yet.
+    fn start(ev_tx: mpsc::UnboundedSender<Vec<PathBuf>>) -> Self {
+        let watcher = match notify::recommended_watcher(move |res: notify::Result<notify::Event>| match res {
+            Ok(e) if !e.kind.is_access() => {
+                let _ = ev_tx.send(e.paths);
+            }
+            Ok(_) => {}
+            Err(e) => {
+                // Lost events (queue overflow) and the like: look again.
+                warn!(error = %e, "watching the configuration failed; reading it again");
+                let _ = ev_tx.send(Vec::new());
+            }
+        }) {
+            Ok(w) => Some(w),
+            Err(e) => {
+                warn!(error = %e, "cannot watch the configuration for changes; polling every {}s", POLL.as_secs());
+                None
+            }
+        };
+        Self { watcher, watching: Vec::new() }
+    }
+
+    /// Watches `dirs` instead of what was watched so far; a directory that
+    /// cannot be watched is left to the slow poll.
+    fn rewatch(&mut self, dirs: Vec<PathBuf>) {
+        let Some(w) = self.watcher.as_mut() else { return };
+        for d in self.watching.drain(..) {
+            let _ = w.unwatch(&d);
+        }
+        for d in dirs {
+            match w.watch(&d, RecursiveMode::NonRecursive) {
+                Ok(()) => self.watching.push(d),
+                Err(e) => warn!(dir = %d.display(), error = %e, "cannot watch; changes there are seen by the slow poll only"),
+            }
+        }
+    }
+}
+
+/// Reads the configuration and its manifests on a blocking thread (it is
+/// disk work); none when that thread failed, which is logged.
+async fn read_blocking(path: &Path) -> Option<Result<FileState, Vec<Problem>>> {
+    let p = path.to_owned();
+    match tokio::task::spawn_blocking(move || read(&p)).await {
+        Ok(o) => Some(o),
+        Err(e) => {
+            warn!(error = %e, "reading the configuration failed");
+            None
+        }
+    }
+}
+
+/// The message that tells the reconciler what a read of the files gave,
+/// and what it says, to notice a read that says the same as the last one.
+fn message(outcome: Result<FileState, Vec<Problem>>, trigger: &str) -> (SourceMsg, Sent) {
+    match outcome {
+        Ok(state) => {
+            let now = Sent::State(Box::new(state.clone()));
+            (SourceMsg::File { state: Box::new(state), trigger: trigger.to_owned() }, now)
+        }
+        Err(problems) => {
+            let now = Sent::Problems(problems.iter().map(ToString::to_string).collect());
+            (SourceMsg::Rejected { source: FILE_SOURCE.to_owned(), problems, trigger: trigger.to_owned() }, now)
+        }
+    }
+}
+
 /// [`run`], counting in `wakes` the times a change of the files woke it.
 async fn run_counting(
     path: PathBuf,
@@ -118,38 +199,9 @@ async fn run_counting(
 ) {
     // The paths an event is about; none: look again whatever changed.
     let (ev_tx, mut ev_rx) = mpsc::unbounded_channel::<Vec<PathBuf>>();
-    let mut watcher = match notify::recommended_watcher(move |res: notify::Result<notify::Event>| match res {
-        Ok(e) if !e.kind.is_access() => {
-            let _ = ev_tx.send(e.paths);
-        }
-        Ok(_) => {}
-        Err(e) => {
-            // Lost events (queue overflow) and the like: look again.
-            warn!(error = %e, "watching the configuration failed; reading it again");
-            let _ = ev_tx.send(Vec::new());
-        }
-    }) {
-        Ok(w) => Some(w),
-        Err(e) => {
-            warn!(error = %e, "cannot watch the configuration for changes; polling every {}s", POLL.as_secs());
-            None
-        }
-    };
+    let mut watches = Watches::start(ev_tx);
     let mut manifests_dir = initial.config.manifests.as_ref().map(|m| m.directory.clone());
-    let mut watching: Vec<PathBuf> = Vec::new();
-    let rewatch = |w: &mut Option<notify::RecommendedWatcher>, dirs: Vec<PathBuf>, watching: &mut Vec<PathBuf>| {
-        let Some(w) = w.as_mut() else { return };
-        for d in watching.drain(..) {
-            let _ = w.unwatch(&d);
-        }
-        for d in dirs {
-            match w.watch(&d, RecursiveMode::NonRecursive) {
-                Ok(()) => watching.push(d),
-                Err(e) => warn!(dir = %d.display(), error = %e, "cannot watch; changes there are seen by the slow poll only"),
-            }
-        }
-    };
-    rewatch(&mut watcher, watched_dirs(&path, manifests_dir.as_deref()), &mut watching);
+    watches.rewatch(watched_dirs(&path, manifests_dir.as_deref()));
 
     let mut fp = fingerprint(&path, manifests_dir.as_deref());
     let mut last = Sent::State(Box::new(initial));
@@ -182,30 +234,16 @@ async fn run_counting(
             continue;
         }
         fp = now_fp;
-        let p = path.clone();
-        let outcome = match tokio::task::spawn_blocking(move || read(&p)).await {
-            Ok(o) => o,
-            Err(e) => {
-                warn!(error = %e, "reading the configuration failed");
-                continue;
+        let Some(outcome) = read_blocking(&path).await else { continue };
+        if let Ok(state) = &outcome {
+            let dir = state.config.manifests.as_ref().map(|m| m.directory.clone());
+            if dir != manifests_dir {
+                manifests_dir = dir;
+                watches.rewatch(watched_dirs(&path, manifests_dir.as_deref()));
+                fp = fingerprint(&path, manifests_dir.as_deref());
             }
-        };
-        let (msg, now) = match outcome {
-            Ok(state) => {
-                let dir = state.config.manifests.as_ref().map(|m| m.directory.clone());
-                if dir != manifests_dir {
-                    manifests_dir = dir;
-                    rewatch(&mut watcher, watched_dirs(&path, manifests_dir.as_deref()), &mut watching);
-                    fp = fingerprint(&path, manifests_dir.as_deref());
-                }
-                let now = Sent::State(Box::new(state.clone()));
-                (SourceMsg::File { state: Box::new(state), trigger: trigger.to_owned() }, now)
-            }
-            Err(problems) => {
-                let now = Sent::Problems(problems.iter().map(ToString::to_string).collect());
-                (SourceMsg::Rejected { source: FILE_SOURCE.to_owned(), problems, trigger: trigger.to_owned() }, now)
-            }
-        };
+        }
+        let (msg, now) = message(outcome, trigger);
         // Every change is sent, even when it reads the same as before: only
         // the reconciler knows whether that state was accepted (it skips an
         // unchanged accepted state and refuses a refused one again, so each

@@ -24,7 +24,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use super::client::Client;
+use super::client::{BfdSession, Client, Protocol};
 use super::render::render;
 use super::supervisor::Supervisor;
 use super::{BirdError, BirdStatus, SessionStatus};
@@ -425,71 +425,26 @@ impl Driver {
     /// Reads sessions and BFD from BIRD into the status.
     async fn refresh(&mut self, routing: &RoutingConfig) {
         self.last_refresh = Some(Instant::now());
-        let mut gateways = None;
-        let mut exported = BTreeMap::new();
-        let (protocols, bfd) = match self.client.as_mut() {
-            Some(c) => {
-                gateways = learned_gateways(c, routing).await.ok();
-                let p = c.protocols().await;
-                let b = match &p {
-                    Ok(_) => c.bfd_sessions().await,
-                    Err(_) => Ok(Vec::new()),
-                };
-                let mut x = Ok(());
-                if let Ok(p) = &p {
-                    for p in p.iter().filter(|p| p.proto == "BGP" && p.bgp_state() == "Established") {
-                        match c.exported(&p.name).await {
-                            Ok(v) => {
-                                exported.insert(p.name.clone(), v);
-                            }
-                            Err(e) => {
-                                x = Err(e);
-                                break;
-                            }
-                        }
-                    }
-                }
-                match (p, b, x) {
-                    (Ok(p), Ok(b), Ok(())) => (p, b),
-                    (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
-                        if matches!(e, BirdError::Refused { .. }) {
-                            self.status.refused_commands += 1;
-                            error!(error = %e, "BIRD refused a command");
-                        } else {
-                            warn!(error = %e, "cannot read BIRD's sessions");
-                        }
-                        self.client = None;
-                        (Vec::new(), Vec::new())
-                    }
-                }
-            }
-            None => (Vec::new(), Vec::new()),
+        let read = match self.client.as_mut() {
+            Some(c) => read_sessions(c, routing).await,
+            None => SessionsRead { gateways: None, exported: BTreeMap::new(), sessions: Ok((Vec::new(), Vec::new())) },
         };
-        self.exported = exported;
-        let sessions = routing
-            .routers
-            .iter()
-            .map(|r| {
-                let name = protocol_name(&r.router.name);
-                let p = protocols.iter().find(|p| p.name == name);
-                let bfd_state = bfd
-                    .iter()
-                    .find(|b| b.address == r.router.address && r.router.bgp.bfd.switch)
-                    .map(|b| b.state.clone());
-                SessionStatus {
-                    router: r.router.name.clone(),
-                    protocol: name,
-                    neighbor: r.router.address.to_string(),
-                    interface: r.kernel_interface.clone(),
-                    state: p.map(|p| p.state.clone()).unwrap_or_default(),
-                    bgp_state: p.map_or_else(|| "Unknown".to_owned(), |p| p.bgp_state().to_owned()),
-                    info: p.map(|p| p.info.clone()).unwrap_or_default(),
-                    since: p.map(|p| p.since.clone()).unwrap_or_default(),
-                    bfd: r.router.bgp.bfd.switch,
-                    bfd_state,
+        let gateways = read.gateways;
+        let (protocols, bfd) = match read.sessions {
+            Ok(pb) => pb,
+            Err(e) => {
+                if matches!(e, BirdError::Refused { .. }) {
+                    self.status.refused_commands += 1;
+                    error!(error = %e, "BIRD refused a command");
+                } else {
+                    warn!(error = %e, "cannot read BIRD's sessions");
                 }
-            })
-            .collect::<Vec<_>>();
+                self.client = None;
+                (Vec::new(), Vec::new())
+            }
+        };
+        self.exported = read.exported;
+        let sessions = session_statuses(routing, &protocols, &bfd);
         let st = &mut self.status;
         for s in &sessions {
             if let Some(old) = st.sessions.iter().find(|o| o.router == s.router) {
@@ -516,6 +471,80 @@ impl Driver {
             }
         }
     }
+}
+
+/// What one read of BIRD's sessions gave ([`read_sessions`]).
+struct SessionsRead {
+    /// The return-path gateways BIRD learned; none when they could not be read.
+    gateways: Option<Vec<GatewayConfig>>,
+    /// Per BGP protocol with an Established session, the VIPs BIRD exports
+    /// on it, as far as they were read before a command failed.
+    exported: BTreeMap<String, Vec<IpAddr>>,
+    /// The protocols and BFD sessions, or the first error of the protocols,
+    /// BFD and export commands, in that order.
+    sessions: Result<(Vec<Protocol>, Vec<BfdSession>), BirdError>,
+}
+
+/// Asks BIRD through `c` for the learned gateways, then the protocols, then
+/// (when the protocols were read) the BFD sessions and what each Established
+/// BGP session exports, up to the first export that fails. Failing to learn
+/// the gateways does not fail the read: they are kept as they were.
+async fn read_sessions(c: &mut Client, routing: &RoutingConfig) -> SessionsRead {
+    let gateways = learned_gateways(c, routing).await.ok();
+    let mut exported = BTreeMap::new();
+    let p = c.protocols().await;
+    let b = match &p {
+        Ok(_) => c.bfd_sessions().await,
+        Err(_) => Ok(Vec::new()),
+    };
+    let mut x = Ok(());
+    if let Ok(p) = &p {
+        for p in p.iter().filter(|p| p.proto == "BGP" && p.bgp_state() == "Established") {
+            match c.exported(&p.name).await {
+                Ok(v) => {
+                    exported.insert(p.name.clone(), v);
+                }
+                Err(e) => {
+                    x = Err(e);
+                    break;
+                }
+            }
+        }
+    }
+    let sessions = match (p, b, x) {
+        (Ok(p), Ok(b), Ok(())) => Ok((p, b)),
+        (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => Err(e),
+    };
+    SessionsRead { gateways, exported, sessions }
+}
+
+/// The status of the BGP session to each gateway router, from the
+/// protocols and BFD sessions BIRD reported (unknown when it reported none).
+fn session_statuses(routing: &RoutingConfig, protocols: &[Protocol], bfd: &[BfdSession]) -> Vec<SessionStatus> {
+    routing
+        .routers
+        .iter()
+        .map(|r| {
+            let name = protocol_name(&r.router.name);
+            let p = protocols.iter().find(|p| p.name == name);
+            let bfd_state = bfd
+                .iter()
+                .find(|b| b.address == r.router.address && r.router.bgp.bfd.switch)
+                .map(|b| b.state.clone());
+            SessionStatus {
+                router: r.router.name.clone(),
+                protocol: name,
+                neighbor: r.router.address.to_string(),
+                interface: r.kernel_interface.clone(),
+                state: p.map(|p| p.state.clone()).unwrap_or_default(),
+                bgp_state: p.map_or_else(|| "Unknown".to_owned(), |p| p.bgp_state().to_owned()),
+                info: p.map(|p| p.info.clone()).unwrap_or_default(),
+                since: p.map(|p| p.since.clone()).unwrap_or_default(),
+                bfd: r.router.bgp.bfd.switch,
+                bfd_state,
+            }
+        })
+        .collect()
 }
 
 /// Each family's best default route, as a gateway on the port its
