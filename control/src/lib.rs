@@ -6,6 +6,8 @@
 //! the model ([`model`]), compiles a snapshot ([`compile`]) and publishes
 //! it to the workers; nothing calls back up that chain.
 #![forbid(unsafe_code)]
+// No function over 80 lines (clippy.toml's threshold), tests aside.
+#![cfg_attr(not(test), deny(clippy::too_many_lines))]
 
 /// The layers shared with the controller, from `sluice-core`: the ground
 /// floor, the model and the configuration.

@@ -31,6 +31,10 @@
 //! [`COND_ENDPOINTS`]), under its own field manager, so the two writers
 //! never undo each other.
 
+#![forbid(unsafe_code)]
+// No function over 80 lines (clippy.toml's threshold), tests aside.
+#![cfg_attr(not(test), deny(clippy::too_many_lines))]
+
 pub mod cli;
 pub mod client;
 pub mod dryrun;

@@ -1,6 +1,8 @@
 //! `sluice-controller`: the Controller-Manager of the Gateways of a
 //! GatewayClass (see `--help` and [`sluice_controller`]).
 #![forbid(unsafe_code)]
+// No function over 80 lines (clippy.toml's threshold), tests aside.
+#![cfg_attr(not(test), deny(clippy::too_many_lines))]
 
 use clap::Parser;
 use sluice_controller::cli::{self, ControllerArgs};
