@@ -597,6 +597,7 @@ pub fn from_manifests(dir: &Path, gateway: &str, p: &mut Problems) -> Vec<(Gatew
 /// What the routing tests (here and, in the appliance, BIRD's renderer)
 /// start from.
 #[doc(hidden)]
+#[allow(clippy::unwrap_used)] // a fixture that does not parse is a broken test
 pub mod testing {
     use super::*;
     use crate::config::yaml::{document, Budget};
