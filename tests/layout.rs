@@ -55,7 +55,7 @@ const WITHOUT_DPDK: &[&str] = &["sluice-core", "sluice-controller"];
 /// beside the config's. In the controller, the decisions (identifiers,
 /// slices, Deployments) stand below what runs them (a directory or an API
 /// server).
-const LAYERS: &[(&str, &[(&str, &[&str])])] = &[
+const LAYERS: &[(&str, Layers)] = &[
     (
         "sluice-core",
         &[("ground", &["ground", "problem", "logging"]), ("model", &["model"]), ("config", &["config", "crd"])],
