@@ -20,12 +20,14 @@ use syn::visit::Visit;
 /// the data plane's packet I/O trait over DPDK's queues, so it stands above
 /// the pure-Rust data plane; the benchmarks reuse the tests' helpers. The
 /// admin API's types depend on none of ours: the server and `sluice status`
-/// both use them. `sluice-core` holds the layers the appliance and the
+/// both use them. The lab tools' generator stands on the data plane and its
+/// DPDK queues. `sluice-core` holds the layers the appliance and the
 /// controller share; the controller stands on it alone.)
 const CRATES: &[&str] = &[
     "sluice-admin-api",
     "sluice-dataplane",
     "sluice-ffi",
+    "sluice-lab",
     "sluice-core",
     "sluice-controller",
     "sluice",

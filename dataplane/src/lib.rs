@@ -12,7 +12,6 @@ pub mod counters;
 pub mod craft;
 pub mod flow;
 pub mod fragment;
-pub mod gen;
 pub mod hash;
 pub mod icmp;
 pub mod io;

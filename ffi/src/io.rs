@@ -1,11 +1,10 @@
 //! [`PacketIo`] over DPDK queues: a worker's receive queues are its inputs,
 //! its transmit queues its outputs, in the order given, and new frames
-//! (fragments) come from its pool. [`GenQueues`] adds a pool to allocate
-//! from, for the traffic generator.
+//! (fragments) come from its pool. (The traffic generator's queues, with a
+//! pool to allocate from, are the lab crate's.)
 
 use std::sync::Arc;
 
-use sluice_dataplane::gen::GenIo;
 use sluice_dataplane::io::{Burst, PacketIo, Waited};
 
 use crate::mempool::Mempool;
@@ -111,45 +110,5 @@ impl PacketIo for QueueIo {
     #[inline(always)]
     fn prefetch(&self, addr: *const u8) {
         crate::mbuf::prefetch(addr);
-    }
-}
-
-/// The generator's queues: [`QueueIo`] and the pool its frames come from.
-#[derive(Debug)]
-pub struct GenQueues {
-    /// The queues.
-    pub io: QueueIo,
-    /// The pool new frames are allocated from.
-    pub pool: Arc<Mempool>,
-}
-
-impl PacketIo for GenQueues {
-    type Buf = Mbuf;
-
-    #[inline]
-    fn rx(&mut self, input: usize, burst: &mut Burst<Mbuf>) -> usize {
-        self.io.rx(input, burst)
-    }
-
-    #[inline]
-    fn tx(&mut self, output: usize, burst: &mut Burst<Mbuf>) -> usize {
-        self.io.tx(output, burst)
-    }
-
-    #[inline]
-    fn free(&mut self, burst: &mut Burst<Mbuf>) {
-        free_burst(burst);
-    }
-}
-
-impl GenIo for GenQueues {
-    #[inline]
-    fn alloc(&mut self, burst: &mut Burst<Mbuf>, n: usize) -> usize {
-        self.pool.alloc_bulk(burst, n)
-    }
-
-    #[inline]
-    fn set_len(&self, buf: &mut Mbuf, len: usize) -> bool {
-        buf.set_len(len)
     }
 }

@@ -43,7 +43,7 @@ pub mod sys;
 pub use eal::{current_lcore, dpdk_version, tsc, Eal, LcoreTask};
 pub use error::{Error, Result};
 pub use ids::{LcoreId, PortId, QueueId};
-pub use io::{GenQueues, QueueIo};
+pub use io::QueueIo;
 pub use keep::Holders;
 pub use mbuf::{free_burst, Mbuf};
 pub use mempool::{Mempool, DEFAULT_DATA_ROOM, MBUF_HEADROOM};

@@ -97,7 +97,7 @@ pub fn sluice_bin() -> PathBuf {
 /// changed after `built`, if any.
 fn newer_source(built: std::time::SystemTime) -> Option<PathBuf> {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent()?.to_path_buf();
-    let mut dirs: Vec<PathBuf> = ["control/src", "core/src", "dataplane/src", "ffi/src", "ffi/csrc"].iter().map(|d| root.join(d)).collect();
+    let mut dirs: Vec<PathBuf> = ["control/src", "core/src", "lab/src", "dataplane/src", "ffi/src", "ffi/csrc"].iter().map(|d| root.join(d)).collect();
     while let Some(dir) = dirs.pop() {
         for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
             let path = e.path();

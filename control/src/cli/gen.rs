@@ -6,8 +6,8 @@
 //! latency (timestamps carried in the frames). A progress line goes to
 //! stderr once a second; the report is JSON on stdout (or in a file).
 //!
-//! The per-packet work is `sluice_dataplane::gen` over
-//! `sluice_ffi::GenQueues`; this module sets up the EAL and ports (the
+//! The per-packet work is `sluice_lab`'s generator over
+//! `sluice_lab::GenQueues`; this module sets up the EAL and ports (the
 //! same `Port::start` as `sluice run`), runs the loop on a worker lcore
 //! (or the main one), watches, and writes the report.
 
@@ -22,9 +22,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
-use sluice_dataplane::gen::mix::{self, Datagram, MAX_FRAME};
-use sluice_dataplane::gen::{self as core, Control, EndpointBy, Generator, Kind, Lanes, MixSpec, Pacer, Receiver, Schedule, Timing};
-use sluice_ffi::{Eal, GenQueues, LcoreId, Mempool, Port, PortConfig, QueueIo, DEFAULT_DATA_ROOM};
+use sluice_ffi::{Eal, LcoreId, Mempool, Port, PortConfig, QueueIo, DEFAULT_DATA_ROOM};
+use sluice_lab::mix::{self, Datagram, MAX_FRAME};
+use sluice_lab::{self as core, Control, EndpointBy, GenQueues, Generator, Kind, Lanes, MixSpec, Pacer, Receiver, Schedule, Timing};
 
 use crate::appliance::eal::{device_args, memory_arg};
 

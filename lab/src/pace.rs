@@ -11,7 +11,7 @@
 //! per round. A [`Schedule`] does the same for recorded times (a
 //! pcap replayed at its own timing, looped).
 
-use crate::io::BURST;
+use sluice_dataplane::io::BURST;
 
 /// Frames are released once this much time's worth of them is due.
 pub const BATCH_NS: u64 = 20_000;

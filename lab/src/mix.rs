@@ -12,9 +12,9 @@
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use crate::craft;
-use crate::gen::stamp::{self, STAMP_LEN};
-use crate::parse::{ethertype, proto, v4, ETH_LEN};
+use sluice_dataplane::craft;
+use crate::stamp::{self, STAMP_LEN};
+use sluice_dataplane::parse::{ethertype, proto, v4, ETH_LEN};
 
 /// Bytes of the Ethernet frame check sequence, which frame sizes include
 /// and DPDK adds.
@@ -360,7 +360,7 @@ pub fn mean_frame_size(datagrams: &[Datagram]) -> f64 {
 #[allow(clippy::cast_possible_truncation)] // small test numbers
 mod tests {
     use super::*;
-    use crate::parse::{parse, Fragment, Frame, Parsed};
+    use sluice_dataplane::parse::{parse, Fragment, Frame, Parsed};
 
     fn ip(b: &[u8]) -> Parsed {
         match parse(b) {

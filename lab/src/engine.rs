@@ -10,12 +10,12 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use crate::checksum::update16;
-use crate::gen::mix::{Datagram, IpId};
-use crate::gen::pace::{Pacer, Schedule};
-use crate::gen::rx::Receiver;
-use crate::gen::stamp;
-use crate::io::{Burst, PacketBuf, PacketIo, BURST};
+use sluice_dataplane::checksum::update16;
+use crate::mix::{Datagram, IpId};
+use crate::pace::{Pacer, Schedule};
+use crate::rx::Receiver;
+use crate::stamp;
+use sluice_dataplane::io::{Burst, PacketBuf, PacketIo, BURST};
 
 /// Packet I/O that can also hand out empty buffers to fill.
 pub trait GenIo: PacketIo {

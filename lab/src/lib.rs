@@ -1,5 +1,6 @@
-//! `sluice gen`'s core: a traffic generator that sends a flow mix (or
-//! replayed frames) at a rate and accounts for what comes back.
+//! Sluice's lab tools, out of the data plane and its DPDK door: the core of
+//! `sluice gen`, a traffic generator that sends a flow mix (or replayed
+//! frames) at a rate and accounts for what comes back.
 //!
 //! - [`mix`]: the flow mix, built once into frame templates.
 //! - [`stamp`]: the sequence number, flow id and timestamp each generated
@@ -8,18 +9,20 @@
 //! - [`rx`]: what came back: received, reordered, duplicates, per endpoint,
 //!   latency.
 //! - [`engine`]: the loop over a [`engine::GenIo`] (DPDK queues in
-//!   `sluice-ffi`, memory in tests).
+//!   [`queues`], memory in tests).
 //!
-//! Like the rest of the crate: no I/O of its own, and nothing per packet
-//! allocates, locks or logs.
+//! Like the data plane: nothing per packet allocates, locks or logs.
+#![forbid(unsafe_code)]
 
 pub mod engine;
 pub mod mix;
 pub mod pace;
+pub mod queues;
 pub mod rx;
 pub mod stamp;
 
 pub use engine::{run, Control, GenIo, Generator, Lanes, Timing, TxCounters};
+pub use queues::GenQueues;
 pub use mix::{build, Datagram, Kind, MixError, MixSpec};
 pub use pace::{Pacer, Schedule};
 pub use rx::{Endpoint, EndpointBy, Receiver};
@@ -32,10 +35,10 @@ mod tests {
     use std::sync::atomic::Ordering;
 
     use super::*;
-    use crate::checksum;
-    use crate::io::{Burst, PacketBuf, PacketIo};
-    use crate::memio::MemBuf;
-    use crate::parse::{parse, Frame};
+    use sluice_dataplane::checksum;
+    use sluice_dataplane::io::{Burst, PacketBuf, PacketIo};
+    use sluice_dataplane::memio::MemBuf;
+    use sluice_dataplane::parse::{parse, Frame};
 
     /// Output 0 loops back to input 0, losing every `drop_every`-th frame
     /// and swapping each pair of frames when `swap`; allocation fails
@@ -179,9 +182,9 @@ mod tests {
             if !p.v6 {
                 assert_eq!(checksum::sum(&ip[..20]), 0xffff, "IPv4 header checksum");
             }
-            if p.frag == crate::parse::Fragment::No {
+            if p.frag == sluice_dataplane::parse::Fragment::No {
                 let l4 = usize::from(p.l4 - p.l3);
-                assert_eq!(crate::craft::with_l4_checksum(ip.to_vec(), l4), ip, "transport checksum");
+                assert_eq!(sluice_dataplane::craft::with_l4_checksum(ip.to_vec(), l4), ip, "transport checksum");
                 checked += 1;
             }
         }
@@ -191,7 +194,7 @@ mod tests {
             .seen
             .iter()
             .filter_map(|f| match parse(f) {
-                Ok(Frame::Ip(p)) if p.frag != crate::parse::Fragment::No && p.flow.src.to_string() == "fd00:30::2" => {
+                Ok(Frame::Ip(p)) if p.frag != sluice_dataplane::parse::Fragment::No && p.flow.src.to_string() == "fd00:30::2" => {
                     Some(p.frag_id)
                 }
                 _ => None,

@@ -11,7 +11,7 @@
 //! time the varying part is written and checksums are updated
 //! incrementally ([`varying_sum`], [`add_to_checksum`]).
 
-use crate::checksum::fold;
+use sluice_dataplane::checksum::fold;
 
 /// Bytes of the stamp.
 pub const STAMP_LEN: usize = 20;
@@ -87,7 +87,7 @@ pub fn add_to_checksum(check: u16, added: u64) -> u16 {
 #[allow(clippy::cast_possible_truncation)] // small test numbers
 mod tests {
     use super::*;
-    use crate::checksum::checksum;
+    use sluice_dataplane::checksum::checksum;
 
     #[test]
     fn round_trip_and_magic() {

@@ -15,8 +15,8 @@ use std::net::IpAddr;
 
 use hdrhistogram::Histogram;
 
-use crate::gen::stamp::{self, STAMP_LEN};
-use crate::parse::{ethertype, proto, ETH_LEN};
+use crate::stamp::{self, STAMP_LEN};
+use sluice_dataplane::parse::{ethertype, proto, ETH_LEN};
 
 /// Endpoints told apart; more are counted together as overflow.
 pub const MAX_ENDPOINTS: usize = 4096;
@@ -255,7 +255,7 @@ impl Receiver {
 #[allow(clippy::cast_possible_truncation)] // small test numbers
 mod tests {
     use super::*;
-    use crate::craft;
+    use sluice_dataplane::craft;
 
     fn framed(flow: u32, seq: u32, tsc: u64, dst_mac: u8) -> Vec<u8> {
         let mut payload = [0u8; 8 + STAMP_LEN];
