@@ -94,7 +94,7 @@ impl Appliance {
             gateways: vec![],
         };
         let (settings_tx, _settings_rx) = watch::channel(Settings::of(&state.config));
-        let mut r = Reconciler::new(state, topo, Publisher::new(DpSnapshot::default()), Vec::new(), settings_tx);
+        let mut r = Reconciler::new(sluice::sources::Loaded::of(state).unwrap(), topo, Publisher::new(DpSnapshot::default()), Vec::new(), settings_tx);
         shared.reconciled.set(Reconciled { published: r.publications(), status: r.status() }).unwrap();
         r.start().unwrap();
         let (_neigh_tx, neigh_rx) = watch::channel(NeighMap::new());

@@ -34,7 +34,7 @@ use crate::compile::{CompileError, Compiled, Compiler, EndpointState, Neighbors,
 use crate::config::{ApplianceConfig, GatewayConfig};
 use crate::model::{Defaults, Desired, EndpointDef, Model, Resolved};
 use crate::problem::Problem;
-use crate::sources::{FileState, SourceMsg, FILE_SOURCE, MANIFESTS_SOURCE};
+use crate::sources::{FileState, Loaded, SourceMsg, FILE_SOURCE, MANIFESTS_SOURCE};
 
 pub use crate::compile::NeighMap;
 
@@ -338,23 +338,22 @@ fn placed(problems: Refusal, cfg: &ApplianceConfig) -> Refusal {
 type Refusal = Vec<Problem>;
 
 impl Reconciler {
-    /// A reconciler for the appliance started with `initial`, publishing
-    /// through `publisher` to workers counting into `counters`. Nothing is
+    /// A reconciler for the appliance started with `initial` (read and
+    /// resolved by [`crate::sources::load`]), publishing through
+    /// `publisher` to workers counting into `counters`. Nothing is
     /// published until [`Reconciler::start`].
     pub fn new(
-        initial: FileState,
+        initial: Loaded,
         topo: Topology,
         publisher: Publisher<Snapshot>,
         counters: Vec<Arc<WorkerCounters>>,
         settings: watch::Sender<Settings>,
     ) -> Reconciler {
-        let mut model = Model::default();
-        initial.set_into(&mut model);
-        let file = initial.clone();
-        let cfg = initial.config;
+        let Loaded { file, model, resolved } = initial;
+        let cfg = file.config.clone();
         Reconciler {
             model,
-            resolved: Resolved::default(),
+            resolved,
             defaults: cfg.defaults,
             compiler: Compiler::new(cfg.max_services, cfg.max_endpoints),
             topo,
@@ -375,10 +374,9 @@ impl Reconciler {
         }
     }
 
-    /// Resolves and publishes the initial state; an error here stops the start.
+    /// Publishes the initial state, resolved when it was loaded; an error
+    /// here stops the start.
     pub fn start(&mut self) -> Result<(), Refusal> {
-        let resolved = self.model.resolve(&self.defaults)?;
-        self.resolved = resolved;
         let rebuilt = self.publish("start").map_err(|e| vec![compile_problem(&e)])?;
         self.record(FILE_SOURCE, "start", Ok(rebuilt));
         Ok(())
@@ -963,7 +961,7 @@ mod tests {
             gateways: vec![],
         };
         let (settings, _) = watch::channel(Settings::of(&state.config));
-        let mut r = Reconciler::new(state, topo, Publisher::new(Snapshot::default()), Vec::new(), settings);
+        let mut r = Reconciler::new(Loaded::of(state).unwrap(), topo, Publisher::new(Snapshot::default()), Vec::new(), settings);
         r.start().unwrap();
         let (status, published) = (r.status(), r.publications());
         (r, status, published)
@@ -1231,7 +1229,7 @@ mod tests {
             gateways: vec![],
         };
         let (settings, _) = watch::channel(Settings::of(&state.config));
-        let mut r = Reconciler::new(state, topo, Publisher::new(Snapshot::default()), Vec::new(), settings);
+        let mut r = Reconciler::new(Loaded::of(state).unwrap(), topo, Publisher::new(Snapshot::default()), Vec::new(), settings);
         r.start().unwrap();
         let status = r.status();
         (r, status, reread)

@@ -47,9 +47,9 @@ use crate::admin::state::{PoolProbe, PortEntry, PortLoss, PortMeta, PortProbe, R
 use crate::admin::Limits;
 use crate::compile::{TopoPort, Topology};
 use crate::problem::Problem;
-use crate::model::Model;
+use crate::model::{Model, Resolved};
 use crate::reconcile::{Reconciler, Settings};
-use crate::sources::{self, FileState};
+use crate::sources::{self, FileState, Loaded};
 pub use eal::{count_lcores, eal_args};
 use bringup::Machine;
 use plan::{Plan, Queue};
@@ -202,6 +202,8 @@ struct Appliance {
     config_path: PathBuf,
     /// The configuration as read at start.
     initial: FileState,
+    /// Its model and what it resolved to, until the reconciler takes them.
+    first: Option<(Model, Resolved)>,
     nworkers: usize,
     /// When every worker's clock reads 0 (the sync task's deadlines are
     /// in that clock).
@@ -238,12 +240,7 @@ const STEPS: &[Step<Appliance>] = &[
 
 /// Runs the appliance.
 pub fn run(args: &RunArgs) -> Result<ExitCode> {
-    let initial = sources::read(&args.config).map_err(|ps| problems_error(&ps, &args.config))?;
-    {
-        let mut m = Model::default();
-        initial.set_into(&mut m);
-        m.resolve(&initial.config.defaults).map_err(|ps| problems_error(&ps, &args.config))?;
-    }
+    let Loaded { file: initial, model, resolved } = sources::load(&args.config).map_err(|ps| problems_error(&ps, &args.config))?;
     let lcores = count_lcores(&initial.config.dpdk.lcores);
     if lcores == 0 {
         bail!("dpdk.lcores lists no core");
@@ -267,6 +264,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
         eal: None,
         config_path: args.config.clone(),
         initial,
+        first: Some((model, resolved)),
         // One core: it runs the worker, the control runtime shares it.
         nworkers: lcores.saturating_sub(1).max(1),
         epoch: Instant::now(),
@@ -500,7 +498,9 @@ impl Appliance {
         };
         let (settings_tx, settings_rx) = watch::channel(Settings::of(&self.initial.config));
         let counters = shared.workers.iter().map(|w| Arc::clone(&w.counters)).collect();
-        let mut reconciler = Reconciler::new(self.initial.clone(), topo, publisher, counters, settings_tx);
+        let (model, resolved) = self.first.take().ok_or_else(|| anyhow!("the configuration read at start was handed on already"))?;
+        let loaded = Loaded { file: self.initial.clone(), model, resolved };
+        let mut reconciler = Reconciler::new(loaded, topo, publisher, counters, settings_tx);
         let reconciled = Reconciled { published: reconciler.publications(), status: reconciler.status() };
         // Set once: the shared state was made just above.
         let _ = shared.reconciled.set(reconciled);

@@ -52,7 +52,7 @@ fn placement_topology(cfg: &crate::config::ApplianceConfig) -> Topology {
 /// as a reload of an appliance started with that configuration.
 pub fn problems(path: &std::path::Path, started_with: Option<&std::path::Path>) -> Result<sources::Loaded, Vec<Problem>> {
     let loaded = sources::load(path)?;
-    let cfg = &loaded.config;
+    let cfg = &loaded.file.config;
     if let Some(running) = started_with {
         let restart = cfg.start_only_changes(&crate::config::load(running)?);
         if !restart.is_empty() {
@@ -93,8 +93,8 @@ pub fn problems(path: &std::path::Path, started_with: Option<&std::path::Path>) 
 /// announced), when gateway routers are configured and Sluice runs `bird`.
 fn bird_problems(l: &sources::Loaded) -> Vec<Problem> {
     use crate::config::router::BirdMode;
-    let r = &l.config.routing;
-    let file = l.config.path.display().to_string();
+    let r = &l.file.config.routing;
+    let file = l.file.config.path.display().to_string();
     let (Some(id), false) = (r.router_id, r.routers.is_empty()) else { return Vec::new() };
     if r.bird.mode == BirdMode::External {
         return Vec::new();
@@ -127,10 +127,10 @@ pub fn run(args: &CheckArgs) -> ExitCode {
                 l.resolved.routes.len(),
                 l.resolved.services.len(),
                 l.resolved.endpoint_count(),
-                l.config.ports.len(),
-                if l.config.manifests.is_some() { ", manifests included" } else { "" }
+                l.file.config.ports.len(),
+                if l.file.config.manifests.is_some() { ", manifests included" } else { "" }
             );
-            if let Some(x) = &l.config.xds {
+            if let Some(x) = &l.file.config.xds {
                 println!(
                     "{}: xDS: services also from {} ({}, {}, node {:?}), not contacted by check",
                     args.config.display(),
@@ -144,7 +144,7 @@ pub fn run(args: &CheckArgs) -> ExitCode {
                     x.node_id
                 );
             }
-            let r = &l.config.routing;
+            let r = &l.file.config.routing;
             if !r.routers.is_empty() {
                 let names: Vec<String> = r.routers.iter().map(|x| format!("{} ({} via {}{})", x.router.name, x.router.address, x.kernel_interface, if x.router.bgp.bfd.switch { ", BFD" } else { "" })).collect();
                 println!(
@@ -157,7 +157,7 @@ pub fn run(args: &CheckArgs) -> ExitCode {
                     r.bird.socket.display()
                 );
             }
-            if let Some(k) = &l.config.kubernetes {
+            if let Some(k) = &l.file.config.kubernetes {
                 println!(
                     "{}: Kubernetes: services also from Gateway {}/{} (class {}, {}), not contacted by check",
                     args.config.display(),
@@ -167,7 +167,7 @@ pub fn run(args: &CheckArgs) -> ExitCode {
                     k.kubeconfig.as_ref().map_or_else(|| "in-cluster".to_owned(), |p| format!("kubeconfig {}", p.display()))
                 );
             }
-            if let Some(s) = &l.config.siblings {
+            if let Some(s) = &l.file.config.siblings {
                 let mut from: Vec<String> = s.peers.iter().map(ToString::to_string).collect();
                 if s.kubernetes_pods {
                     from.push("the other pods of the Gateway's Deployment".to_owned());

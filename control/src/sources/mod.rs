@@ -100,8 +100,8 @@ pub fn read(path: &Path) -> Result<FileState, Vec<Problem>> {
 /// and the first start).
 #[derive(Debug)]
 pub struct Loaded {
-    /// The file.
-    pub config: ApplianceConfig,
+    /// The file and its manifests.
+    pub file: FileState,
     /// Its sources.
     pub model: Model,
     /// The merged result.
@@ -121,13 +121,19 @@ impl FileState {
     }
 }
 
+impl Loaded {
+    /// The model of a file's state, checked as a whole.
+    pub fn of(file: FileState) -> Result<Loaded, Vec<Problem>> {
+        let mut model = Model::default();
+        file.set_into(&mut model);
+        let resolved = model.resolve(&file.config.defaults)?;
+        Ok(Loaded { file, model, resolved })
+    }
+}
+
 /// Loads the file at `path`, its manifests, and checks the whole.
 pub fn load(path: &Path) -> Result<Loaded, Vec<Problem>> {
-    let state = read(path)?;
-    let mut model = Model::default();
-    state.set_into(&mut model);
-    let resolved = model.resolve(&state.config.defaults)?;
-    Ok(Loaded { config: state.config, model, resolved })
+    Loaded::of(read(path)?)
 }
 
 #[cfg(test)]

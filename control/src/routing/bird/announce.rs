@@ -615,7 +615,7 @@ mod tests {
             gateways: vec![],
         };
         let (settings, _) = watch::channel(Settings::of(&state.config));
-        let mut r = Reconciler::new(state, topo, Publisher::new(Snapshot::default()), Vec::new(), settings);
+        let mut r = Reconciler::new(crate::sources::Loaded::of(state).unwrap(), topo, Publisher::new(Snapshot::default()), Vec::new(), settings);
         r.start().unwrap();
         r
     }
