@@ -2,7 +2,8 @@
 //! code appears only in `ffi/`, the workspace's crates depend on each other
 //! downwards only, and the control side's modules import only layers below
 //! their own (ARCHITECTURE.md's order), with no cycle; the controller and
-//! what it shares with the appliance do not depend on DPDK's bindings.
+//! what it shares with the appliance do not depend on DPDK's bindings; the
+//! control side's crates deny `unreachable_pub`.
 //!
 //! The crates come from the workspace's members (`cargo metadata`), so a
 //! new crate is checked without editing this file; a crate or a control-side
@@ -42,6 +43,11 @@ const UNSAFE_CRATE: &str = "sluice-ffi";
 /// the controller runs in a pod without DPDK, and what it shares with the
 /// appliance sits below both.
 const WITHOUT_DPDK: &[&str] = &["sluice-core", "sluice-controller"];
+
+/// The crates whose `pub` is a decision: an item is `pub` only when another
+/// crate uses it, and every root denies `unreachable_pub`, so a `pub` item
+/// in a private module does not compile.
+const PUB_DECIDED: &[&str] = &["sluice-admin-api", "sluice-lab", "sluice-core", "sluice-controller", "sluice"];
 
 /// The control side's crates and their layers, bottom first
 /// (ARCHITECTURE.md): a module may import its own top-level module and
@@ -248,6 +254,28 @@ fn the_controller_side_stands_without_dpdk() {
         }
         assert!(!seen.contains(UNSAFE_CRATE), "{krate} depends on {UNSAFE_CRATE} (through {seen:?})");
     }
+}
+
+#[test]
+fn control_side_roots_deny_unreachable_pub() {
+    let members = members(&repo_root().join("Cargo.toml"));
+    let mut problems = Vec::new();
+    for krate in PUB_DECIDED {
+        let m = members.iter().find(|m| m.name == *krate).unwrap_or_else(|| panic!("{krate} is a member"));
+        assert!(!m.roots.is_empty(), "{krate} has a root");
+        for (_, root) in &m.roots {
+            let file = syn::parse_file(&std::fs::read_to_string(root).unwrap()).unwrap();
+            let denied = file.attrs.iter().any(|a| {
+                a.path().is_ident("deny")
+                    && a.parse_args_with(syn::punctuated::Punctuated::<syn::Path, syn::Token![,]>::parse_terminated)
+                        .is_ok_and(|lints| lints.iter().any(|l| l.is_ident("unreachable_pub")))
+            });
+            if !denied {
+                problems.push(format!("{} does not deny unreachable_pub", root.display()));
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
 
 // ---------------------------------------------------------------------------

@@ -53,7 +53,7 @@ impl Topology {
     }
 
     /// The port whose subnet holds `a`, and the appliance's address there.
-    pub fn on_link(&self, a: Addr) -> Option<(u8, Addr)> {
+    pub(crate) fn on_link(&self, a: Addr) -> Option<(u8, Addr)> {
         self.ports.iter().enumerate().find_map(|(i, p)| {
             let ifa = p.addresses.iter().find(|x| x.addr.is_v4() == a.is_v4() && x.network().contains(a))?;
             Some((u8::try_from(i).ok()?, ifa.addr))
@@ -90,7 +90,7 @@ impl Neighbors for HashMap<(u8, Addr), [u8; 6]> {
 
 /// Why an endpoint does or does not take traffic.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum EndpointState {
+pub(crate) enum EndpointState {
     /// In the table.
     Ready,
     /// Established flows only.
@@ -104,7 +104,7 @@ pub enum EndpointState {
 
 impl EndpointState {
     /// Short name for status and metrics.
-    pub fn name(&self) -> &'static str {
+    pub(crate) fn name(&self) -> &'static str {
         match self {
             EndpointState::Ready => "ready",
             EndpointState::Draining => "draining",
@@ -125,37 +125,37 @@ pub struct EndpointStatus {
     /// Address.
     pub address: Addr,
     /// Weight.
-    pub weight: u32,
+    pub(crate) weight: u32,
     /// Next-hop MAC, when known.
-    pub mac: Option<[u8; 6]>,
+    pub(crate) mac: Option<[u8; 6]>,
     /// Output port, by index (as the topology lists them).
-    pub port: Option<u8>,
+    pub(crate) port: Option<u8>,
     /// State.
-    pub state: EndpointState,
+    pub(crate) state: EndpointState,
     /// Counter slot.
-    pub counter: u32,
+    pub(crate) counter: u32,
     /// The next hop whose MAC the kernel resolves for it; none when the
     /// configuration gives the MAC or it cannot be reached.
-    pub hop: Option<LookedUp>,
+    pub(crate) hop: Option<LookedUp>,
 }
 
 /// A next hop looked up in the neighbour table, (port, address), in 18
 /// bytes with byte alignment: an `Option<(u8, Addr)>` takes 48, a third of
 /// every endpoint's status (100,000 endpoints: 3 MiB more).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct LookedUp {
+pub(crate) struct LookedUp {
     port: u8,
     address: [u8; 16],
 }
 
 impl LookedUp {
     /// The next hop `address` on port `port`.
-    pub fn new((port, address): (u8, Addr)) -> LookedUp {
+    pub(crate) fn new((port, address): (u8, Addr)) -> LookedUp {
         LookedUp { port, address: address.0.to_ne_bytes() }
     }
 
     /// (port, address).
-    pub fn get(self) -> (u8, Addr) {
+    pub(crate) fn get(self) -> (u8, Addr) {
         (self.port, Addr(u128::from_ne_bytes(self.address)))
     }
 }
@@ -175,19 +175,19 @@ pub struct Compiled {
     pub endpoints: Statuses,
     /// Services by counter slot: (slot, name), in name order (shared with
     /// the compiler, which finds changed services in it).
-    pub service_slots: Arc<Vec<(u32, String)>>,
+    pub(crate) service_slots: Arc<Vec<(u32, String)>>,
     /// Counter slots handed out by this compilation (their counters start over).
-    pub new_slots: NewSlots,
+    pub(crate) new_slots: NewSlots,
     /// Next hops whose MAC is missing: (port, address).
-    pub unresolved: Vec<(u8, Addr)>,
+    pub(crate) unresolved: Vec<(u8, Addr)>,
     /// Every next hop in use (resolved or not): (port, address). The same
     /// list (shared) as the last compilation's while it did not change.
-    pub next_hops: Arc<Vec<(u8, Addr)>>,
+    pub(crate) next_hops: Arc<Vec<(u8, Addr)>>,
 }
 
 impl Compiled {
     /// Every endpoint's status, service by service.
-    pub fn endpoint_statuses(&self) -> impl Iterator<Item = &EndpointStatus> {
+    pub(crate) fn endpoint_statuses(&self) -> impl Iterator<Item = &EndpointStatus> {
         self.endpoints.iter().flat_map(|s| s.iter())
     }
 }
@@ -197,15 +197,15 @@ impl Compiled {
 /// replacing a few services' copies their chunks only (as a plain `Vec`,
 /// each compilation would take and later drop a reference to every
 /// service's statuses, 10,000 scattered reference counts twice).
-pub type Statuses = Chunked<Arc<[EndpointStatus]>>;
+pub(crate) type Statuses = Chunked<Arc<[EndpointStatus]>>;
 
 /// Counter slots given out for the first time (or again) by a compilation.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct NewSlots {
+pub(crate) struct NewSlots {
     /// Service slots.
-    pub services: Vec<u32>,
+    pub(crate) services: Vec<u32>,
     /// Endpoint slots.
-    pub endpoints: Vec<u32>,
+    pub(crate) endpoints: Vec<u32>,
 }
 
 /// Small integers (counter slots), reused first-freed-first.
@@ -429,7 +429,7 @@ pub enum CompileError {
 
 impl CompileError {
     /// The configuration key that raises the capacity this error ran out of.
-    pub fn capacity_key(&self) -> Option<&'static str> {
+    pub(crate) fn capacity_key(&self) -> Option<&'static str> {
         match self {
             CompileError::Services(_) => Some("capacity.services"),
             CompileError::Endpoints(_) => Some("capacity.endpoints"),
@@ -528,18 +528,18 @@ impl Compiler {
 
     /// Abandons any compilation once `stop` is cancelled (checked between
     /// two services, and before a finished one is committed).
-    pub fn abandon_when(&mut self, stop: CancellationToken) {
+    pub(crate) fn abandon_when(&mut self, stop: CancellationToken) {
         self.stop = Some(stop);
     }
 
     /// True once the token given to [`Compiler::abandon_when`] is cancelled.
-    pub fn stopping(&self) -> bool {
+    pub(crate) fn stopping(&self) -> bool {
         self.stop.as_ref().is_some_and(CancellationToken::is_cancelled)
     }
 
     /// Numbers the next snapshot compiled `generation` (and those after it
     /// from there), for a caller whose publisher numbers what it publishes.
-    pub fn number_next(&mut self, generation: u64) {
+    pub(crate) fn number_next(&mut self, generation: u64) {
         self.generation = generation.saturating_sub(1);
     }
 

@@ -6,6 +6,7 @@
 //! the model ([`model`]), compiles a snapshot ([`compile`]) and publishes
 //! it to the workers; nothing calls back up that chain.
 #![forbid(unsafe_code)]
+#![deny(unreachable_pub)]
 // No function over 80 lines (clippy.toml's threshold), tests aside.
 #![cfg_attr(not(test), deny(clippy::too_many_lines))]
 
@@ -20,4 +21,4 @@ pub mod compile;
 pub mod reconcile;
 pub mod routing;
 pub mod sources;
-pub mod sync;
+mod sync;

@@ -8,6 +8,7 @@
 //! CRDs of L34Route and GatewayRouter). The controller-manager is a binary
 //! of its own, `sluice-controller`, that does not link DPDK.
 #![forbid(unsafe_code)]
+#![deny(unreachable_pub)]
 // No function over 80 lines (clippy.toml's threshold), tests aside.
 #![cfg_attr(not(test), deny(clippy::too_many_lines))]
 

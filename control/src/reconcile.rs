@@ -41,19 +41,19 @@ pub use crate::compile::NeighMap;
 /// A service of the published model, as the admin endpoint lists it
 /// (whether it is ready is the snapshot's to say: [`Published::ready`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ServiceSummary {
+pub(crate) struct ServiceSummary {
     /// Name.
-    pub name: String,
+    pub(crate) name: String,
     /// Counter slot.
-    pub slot: u32,
+    pub(crate) slot: u32,
     /// Algorithm.
-    pub algorithm: &'static str,
+    pub(crate) algorithm: &'static str,
     /// Flow table.
-    pub flow_table: bool,
+    pub(crate) flow_table: bool,
     /// Endpoint limit.
-    pub limit: u32,
+    pub(crate) limit: u32,
     /// Table size.
-    pub table_size: u32,
+    pub(crate) table_size: u32,
 }
 
 /// A route as status shows it.
@@ -62,9 +62,9 @@ pub struct RouteMeta {
     /// Name.
     pub name: String,
     /// Service.
-    pub service: String,
+    pub(crate) service: String,
     /// Priority.
-    pub priority: i32,
+    pub(crate) priority: i32,
     /// VIPs (one allocation per route, not one more per VIP as text).
     pub vips: Vec<std::net::IpAddr>,
 }
@@ -73,21 +73,21 @@ pub struct RouteMeta {
 /// again by a publication of the whole model, shared unchanged by one after
 /// a change to some services' endpoints (which changes none of it).
 #[derive(Debug, Default, PartialEq, Eq)]
-pub struct Summary {
+pub(crate) struct Summary {
     /// Every service, in name order (the snapshot's order).
-    pub services: Vec<ServiceSummary>,
+    pub(crate) services: Vec<ServiceSummary>,
     /// Every route.
-    pub routes: Arc<Vec<RouteMeta>>,
+    pub(crate) routes: Arc<Vec<RouteMeta>>,
 }
 
 /// Counter values of the slots a publication (re)assigned, at the time it
 /// did: (packets, bytes). A slot that had counted nothing has no entry.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Baselines {
+pub(crate) struct Baselines {
     /// Service slots.
-    pub services: HashMap<u32, (u64, u64)>,
+    pub(crate) services: HashMap<u32, (u64, u64)>,
     /// Endpoint slots.
-    pub endpoints: HashMap<u32, (u64, u64)>,
+    pub(crate) endpoints: HashMap<u32, (u64, u64)>,
 }
 
 /// One publication: the snapshot and its model summary. The reconciler
@@ -97,38 +97,38 @@ pub struct Baselines {
 #[derive(Debug, Default)]
 pub struct Published {
     /// The publisher's generation (0: nothing published yet).
-    pub generation: u64,
+    pub(crate) generation: u64,
     /// The snapshot the workers were given.
-    pub snapshot: Arc<Snapshot>,
+    pub(crate) snapshot: Arc<Snapshot>,
     /// When it was published.
-    pub at: Option<Instant>,
+    pub(crate) at: Option<Instant>,
     /// Seconds its compilation and publication took.
-    pub seconds: f64,
+    pub(crate) seconds: f64,
     /// Publications so far.
-    pub count: u64,
+    pub(crate) count: u64,
     /// The model it was compiled from.
-    pub summary: Arc<Summary>,
+    pub(crate) summary: Arc<Summary>,
     /// Services by counter slot, in name order (the snapshot's order).
-    pub service_slots: Arc<Vec<(u32, String)>>,
+    pub(crate) service_slots: Arc<Vec<(u32, String)>>,
     /// After a change to the endpoints of these services only (and nothing
     /// else since generation - 1); `None` after a publication of the whole
     /// model.
-    pub changed: Option<Arc<[String]>>,
+    pub(crate) changed: Option<Arc<[String]>>,
     /// Every endpoint's status, service by service.
-    pub endpoints: Statuses,
+    pub(crate) endpoints: Statuses,
     /// Next hops whose MAC is missing.
-    pub unresolved: usize,
+    pub(crate) unresolved: usize,
     /// Every next hop the snapshot forwards to: the neighbour follower keeps
     /// these resolved. The same list (shared) while none came or went.
-    pub next_hops: Arc<Vec<(u8, Addr)>>,
+    pub(crate) next_hops: Arc<Vec<(u8, Addr)>>,
     /// Starting values of the counter slots in use.
-    pub baselines: Arc<Baselines>,
+    pub(crate) baselines: Arc<Baselines>,
 }
 
 impl Published {
     /// Whether service `name` has an endpoint that takes new flows in this
     /// snapshot.
-    pub fn ready(&self, name: &str) -> bool {
+    pub(crate) fn ready(&self, name: &str) -> bool {
         self.service_slots
             .binary_search_by(|(_, s)| s.as_str().cmp(name))
             .ok()
@@ -145,37 +145,37 @@ pub const REBUILT_SHOWN: usize = 64;
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct SourceStatus {
     /// The source's last state is the one being served.
-    pub accepted: bool,
+    pub(crate) accepted: bool,
     /// When it was last heard from (seconds since the epoch).
-    pub at: u64,
+    pub(crate) at: u64,
     /// What made it send (file change, SIGHUP, start, ...).
-    pub trigger: String,
+    pub(crate) trigger: String,
     /// Why its last state was refused (empty when accepted).
-    pub problems: Vec<String>,
+    pub(crate) problems: Vec<String>,
     /// Services whose tables its last accepted change rebuilt (the first
     /// [`REBUILT_SHOWN`] of them, in name order).
-    pub rebuilt: Vec<String>,
+    pub(crate) rebuilt: Vec<String>,
     /// How many services that change rebuilt.
-    pub rebuilt_count: usize,
+    pub(crate) rebuilt_count: usize,
     /// States accepted.
     pub accepted_total: u64,
     /// States refused.
-    pub rejected_total: u64,
+    pub(crate) rejected_total: u64,
 }
 
 /// The reconciler's status: what became of each source's last state.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ReconcilerStatus {
     /// Each source, by name.
-    pub sources: BTreeMap<String, SourceStatus>,
+    pub(crate) sources: BTreeMap<String, SourceStatus>,
     /// Snapshots replaced but not yet freed.
-    pub snapshots_pending: usize,
+    pub(crate) snapshots_pending: usize,
 }
 
 /// Held by a publication from its last check of the stop to its send, and
 /// by the stop while it cancels: nothing is published once the appliance
 /// said it stops.
-pub type StopGate = Arc<Mutex<()>>;
+pub(crate) type StopGate = Arc<Mutex<()>>;
 
 /// How often replaced snapshots are looked at for freeing.
 const RECLAIM_EVERY: Duration = Duration::from_millis(50);
@@ -292,13 +292,13 @@ pub struct Reconciler {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Settings {
     /// Service defaults.
-    pub defaults: Defaults,
+    pub(crate) defaults: Defaults,
     /// The xDS management server, when enabled.
-    pub xds: Option<crate::sources::xds::XdsConfig>,
+    pub(crate) xds: Option<crate::sources::xds::XdsConfig>,
     /// BIRD and the gateway routers (the BIRD driver follows them).
     pub routing: crate::config::router::RoutingConfig,
     /// The Kubernetes API, when enabled (`kubernetes:`).
-    pub kube: Option<crate::sources::kube::KubeConfig>,
+    pub(crate) kube: Option<crate::sources::kube::KubeConfig>,
 }
 
 impl Settings {
@@ -393,18 +393,18 @@ impl Reconciler {
     }
 
     /// What the stop holds while it cancels the reconciler (see [`StopGate`]).
-    pub fn stop_gate(&self) -> StopGate {
+    pub(crate) fn stop_gate(&self) -> StopGate {
         Arc::clone(&self.gate)
     }
 
     /// Follows the gateways BIRD learns (default routes over BGP): each is
     /// used for return traffic of a family the file names no gateway for.
-    pub fn follow_learned_gateways(&mut self, rx: watch::Receiver<Vec<GatewayConfig>>) {
+    pub(crate) fn follow_learned_gateways(&mut self, rx: watch::Receiver<Vec<GatewayConfig>>) {
         self.learned_rx = Some(rx);
     }
 
     /// New gateways learned over BGP: republish if the effective ones change.
-    pub fn learned_gateways(&mut self, learned: Vec<GatewayConfig>) {
+    pub(crate) fn learned_gateways(&mut self, learned: Vec<GatewayConfig>) {
         self.learned = learned;
         let next = with_learned(&self.file.config.gateways, &self.learned);
         if next == self.topo.gateways {
@@ -420,13 +420,14 @@ impl Reconciler {
         }
     }
 
-    /// The publisher (for readers and tests).
-    pub fn publisher(&self) -> &Publisher<Snapshot> {
+    /// The publisher.
+    #[cfg(test)]
+    pub(crate) fn publisher(&self) -> &Publisher<Snapshot> {
         &self.publisher
     }
 
     /// Applies one message from a source.
-    pub fn apply(&mut self, msg: SourceMsg) {
+    pub(crate) fn apply(&mut self, msg: SourceMsg) {
         match msg {
             SourceMsg::File { state, trigger } => {
                 let accepted = self.status.borrow().sources.get(FILE_SOURCE).is_some_and(|s| s.accepted);
@@ -772,7 +773,7 @@ impl Reconciler {
     }
 
     /// The kernel resolved new MACs: republish if they differ.
-    pub fn neighbours(&mut self, macs: NeighMap) {
+    pub(crate) fn neighbours(&mut self, macs: NeighMap) {
         if macs == self.macs.map {
             return;
         }
@@ -788,7 +789,7 @@ impl Reconciler {
     }
 
     /// Frees replaced snapshots no worker can hold any more.
-    pub fn reclaim(&mut self) {
+    pub(crate) fn reclaim(&mut self) {
         self.publisher.reclaim();
         let pending = self.publisher.pending();
         self.status.send_if_modified(|s| std::mem::replace(&mut s.snapshots_pending, pending) != pending);

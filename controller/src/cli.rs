@@ -49,42 +49,42 @@ pub struct ControllerArgs {
     pub log: Option<String>,
     /// Print the EndpointSlices for the manifests of DIR, contact nothing.
     #[arg(long, value_name = "DIR")]
-    pub dry_run: Option<PathBuf>,
+    pub(crate) dry_run: Option<PathBuf>,
     /// With --dry-run: print the SLLBR Deployments too.
     #[arg(long, requires = "dry_run")]
-    pub deployments: bool,
+    pub(crate) deployments: bool,
     /// A kubeconfig (the in-cluster service account when unset).
     #[arg(long, value_name = "FILE")]
-    pub kubeconfig: Option<PathBuf>,
+    pub(crate) kubeconfig: Option<PathBuf>,
     /// Watch only this namespace (every namespace when unset; with
     /// --dry-run, the namespace of objects that name none).
     #[arg(long, value_name = "NS")]
-    pub namespace: Option<String>,
+    pub(crate) namespace: Option<String>,
     /// The GatewayClass whose Gateways are handled.
     #[arg(long, value_name = "NAME", default_value = DEFAULT_GATEWAY_CLASS)]
-    pub gateway_class: String,
+    pub(crate) gateway_class: String,
     /// Endpoint limit of a Service without sluice.io/endpoint-limit.
     #[arg(long, value_name = "N", default_value_t = DEFAULT_LIMIT)]
-    pub default_endpoint_limit: u32,
+    pub(crate) default_endpoint_limit: u32,
     /// The Resource Template of the SLLBR Deployment (a Deployment; strings
     /// may say ${GATEWAY} and ${NAMESPACE}); the built-in one when unset.
     #[arg(long, value_name = "FILE")]
-    pub template: Option<PathBuf>,
+    pub(crate) template: Option<PathBuf>,
     /// The Lease's namespace (default: $POD_NAMESPACE, else "default").
     #[arg(long, value_name = "NS")]
-    pub lease_namespace: Option<String>,
+    pub(crate) lease_namespace: Option<String>,
     /// The Lease's name.
     #[arg(long, value_name = "NAME", default_value = "sluice-controller")]
-    pub lease_name: String,
+    pub(crate) lease_name: String,
     /// This replica's identity (default: $POD_NAME or the host name, and the pid).
     #[arg(long, value_name = "ID")]
-    pub identity: Option<String>,
+    pub(crate) identity: Option<String>,
     /// Seconds a Lease not renewed stays its holder's.
     #[arg(long, value_name = "SECONDS", default_value_t = 15.0)]
-    pub lease_duration: f64,
+    pub(crate) lease_duration: f64,
     /// Seconds between reads and renewals of the Lease.
     #[arg(long, value_name = "SECONDS", default_value_t = 2.0)]
-    pub lease_retry: f64,
+    pub(crate) lease_retry: f64,
 }
 
 fn seconds(v: f64, what: &str) -> Result<Duration> {
@@ -92,7 +92,7 @@ fn seconds(v: f64, what: &str) -> Result<Duration> {
 }
 
 /// The settings the flags give.
-pub fn settings(args: &ControllerArgs) -> Result<Settings> {
+pub(crate) fn settings(args: &ControllerArgs) -> Result<Settings> {
     let (lo, hi) = (limits::ENDPOINT_LIMIT_MIN, limits::ENDPOINT_LIMIT_MAX);
     if !(lo..=hi).contains(&args.default_endpoint_limit) {
         return Err(anyhow!("--default-endpoint-limit {} is out of range {lo}..={hi}", args.default_endpoint_limit));

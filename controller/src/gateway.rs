@@ -21,17 +21,17 @@ use sluice_core::config::yaml;
 
 pub use sluice_core::config::manifests::GATEWAY_LABEL;
 /// The managed-by label of the Deployments.
-pub const APP_MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
+pub(crate) const APP_MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 /// The key of the parametersRef ConfigMap holding the configuration.
-pub const CONFIG_KEY: &str = "config.conf";
+pub(crate) const CONFIG_KEY: &str = "config.conf";
 /// The container that gets `sllb.resources`.
-pub const SLLB_CONTAINER: &str = "stateless-load-balancer";
+pub(crate) const SLLB_CONTAINER: &str = "stateless-load-balancer";
 /// The container that gets `router.resources`.
-pub const ROUTER_CONTAINER: &str = "router";
+pub(crate) const ROUTER_CONTAINER: &str = "router";
 /// The default Resource Template.
 pub const DEFAULT_TEMPLATE: &str = include_str!("../../configs/k8s/controller/sllbr-template.yaml");
 /// Most replicas a configuration may ask for.
-pub const MAX_REPLICAS: i64 = 1000;
+pub(crate) const MAX_REPLICAS: i64 = 1000;
 
 /// Why a Resource Template cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -61,7 +61,7 @@ pub enum TemplateError {
 /// Why a Gateway's `SLLBRConfig` (its parametersRef ConfigMap's text)
 /// cannot be read.
 #[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
+pub(crate) enum ConfigError {
     /// The text is not YAML (the parser's position and message).
     #[error("{0}")]
     Yaml(String),
@@ -109,7 +109,7 @@ pub enum ConfigError {
 /// Why the configuration a Gateway names through its parametersRef cannot
 /// be had.
 #[derive(Debug, thiserror::Error)]
-pub enum ParametersError {
+pub(crate) enum ParametersError {
     /// It names something other than a core ConfigMap (its kind and group).
     #[error("parametersRef names a {0} (group {1:?}): only a ConfigMap (core group) is read")]
     NotAConfigMap(String, String),
@@ -130,7 +130,7 @@ pub struct Template(Json);
 
 impl Template {
     /// Reads a template from YAML text (one Deployment).
-    pub fn parse(text: &str) -> Result<Template, TemplateError> {
+    pub(crate) fn parse(text: &str) -> Result<Template, TemplateError> {
         let v = yaml::document(text, &mut yaml::Budget::default()).map_err(|e| TemplateError::Yaml(yaml_error(&e)))?.to_json();
         if v["kind"] != "Deployment" || v["apiVersion"] != "apps/v1" {
             return Err(TemplateError::NotADeployment { kind: v["kind"].clone(), api_version: v["apiVersion"].clone() });
@@ -145,12 +145,12 @@ impl Template {
     }
 
     /// The default template.
-    pub fn default_template() -> Result<Template, TemplateError> {
+    pub(crate) fn default_template() -> Result<Template, TemplateError> {
         Template::parse(DEFAULT_TEMPLATE).map_err(|e| TemplateError::BuiltIn(Box::new(e)))
     }
 
     /// The Deployment's name for Gateway `gw` in `ns`.
-    pub fn name_for(&self, gw: &str, ns: &str) -> String {
+    pub(crate) fn name_for(&self, gw: &str, ns: &str) -> String {
         substitute(&self.0["metadata"]["name"], gw, ns).as_str().unwrap_or_default().to_owned()
     }
 }
@@ -173,17 +173,17 @@ fn substitute(v: &Json, gw: &str, ns: &str) -> Json {
 
 /// What a Gateway's parametersRef configuration says.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct SllbrConfig {
+pub(crate) struct SllbrConfig {
     /// Replicas.
-    pub replicas: Option<i64>,
+    pub(crate) replicas: Option<i64>,
     /// Resources of the load-balancer container.
-    pub sllb_resources: Option<Json>,
+    pub(crate) sllb_resources: Option<Json>,
     /// Resources of the router container.
-    pub router_resources: Option<Json>,
+    pub(crate) router_resources: Option<Json>,
     /// Node selector of the pods.
-    pub node_selector: Option<Json>,
+    pub(crate) node_selector: Option<Json>,
     /// Affinity of the pods.
-    pub affinity: Option<Json>,
+    pub(crate) affinity: Option<Json>,
 }
 
 fn resources(v: &Json, at: &str) -> Result<Json, ConfigError> {
@@ -209,7 +209,7 @@ fn resources(v: &Json, at: &str) -> Result<Json, ConfigError> {
 }
 
 /// Reads an `SLLBRConfig` (YAML text).
-pub fn parse_config(text: &str) -> Result<SllbrConfig, ConfigError> {
+pub(crate) fn parse_config(text: &str) -> Result<SllbrConfig, ConfigError> {
     let v = yaml::document(text, &mut yaml::Budget::default()).map_err(|e| ConfigError::Yaml(yaml_error(&e)))?.to_json();
     let Some(m) = v.as_object() else { return Err(ConfigError::NotAMapping) };
     let mut c = SllbrConfig::default();
@@ -248,7 +248,7 @@ pub fn parse_config(text: &str) -> Result<SllbrConfig, ConfigError> {
 
 /// The configuration `gw` names through `spec.infrastructure.parametersRef`
 /// (none when it names none), or why it cannot be had.
-pub fn gateway_config(store: &Store, gw: &Json) -> Result<Option<SllbrConfig>, ParametersError> {
+pub(crate) fn gateway_config(store: &Store, gw: &Json) -> Result<Option<SllbrConfig>, ParametersError> {
     let Some(r) = gw.pointer("/spec/infrastructure/parametersRef") else { return Ok(None) };
     let ns = gw.pointer("/metadata/namespace").and_then(Json::as_str).unwrap_or("default");
     let kind = r.get("kind").and_then(Json::as_str).unwrap_or("");
@@ -278,7 +278,7 @@ fn merge_into(target: &mut Json, path: &[&str], add: &Map<String, Json>) {
 }
 
 /// The Deployment of Gateway `gw` from `template` and its configuration.
-pub fn deployment(template: &Template, gw: &Json, config: Option<&SllbrConfig>) -> Json {
+pub(crate) fn deployment(template: &Template, gw: &Json, config: Option<&SllbrConfig>) -> Json {
     let name = gw.pointer("/metadata/name").and_then(Json::as_str).unwrap_or_default();
     let ns = gw.pointer("/metadata/namespace").and_then(Json::as_str).unwrap_or("default");
     let mut d = substitute(&template.0, name, ns);

@@ -18,20 +18,20 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 /// The identifiers a Service's slices hold: address → identifier.
-pub type Previous = BTreeMap<IpAddr, u32>;
+pub(crate) type Previous = BTreeMap<IpAddr, u32>;
 
 /// The outcome for one Service.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Allocation {
+pub(crate) struct Allocation {
     /// Address → identifier, for every candidate admitted.
-    pub ids: BTreeMap<IpAddr, u32>,
+    pub(crate) ids: BTreeMap<IpAddr, u32>,
     /// Candidates left out because every identifier below the limit is held.
-    pub full: Vec<IpAddr>,
+    pub(crate) full: Vec<IpAddr>,
 }
 
 /// Allocates identifiers in `0..limit` to `candidates` (in the order they
 /// are to be admitted), keeping those of `previous`.
-pub fn allocate(previous: &Previous, limit: u32, candidates: &[IpAddr]) -> Allocation {
+pub(crate) fn allocate(previous: &Previous, limit: u32, candidates: &[IpAddr]) -> Allocation {
     let mut out = Allocation::default();
     let mut held: BTreeSet<u32> = BTreeSet::new();
     let mut fresh: Vec<IpAddr> = Vec::new();

@@ -27,11 +27,11 @@ use tracing::{info, warn};
 #[derive(Clone, Debug)]
 pub struct LeaseConfig {
     /// The Lease's namespace.
-    pub namespace: String,
+    pub(crate) namespace: String,
     /// Its name.
-    pub name: String,
+    pub(crate) name: String,
     /// This candidate (unique among the replicas: pod name and pid).
-    pub identity: String,
+    pub(crate) identity: String,
     /// How long a Lease not renewed stays its holder's.
     pub duration: Duration,
     /// How long a leader keeps leading without a successful renewal.
@@ -73,7 +73,7 @@ fn secs(d: Duration) -> i32 {
 
 /// Takes part in the election until `cancel`; `leader` says whether this
 /// candidate leads. Releases the Lease on the way out if it held it.
-pub async fn run(client: Client, cfg: LeaseConfig, leader: watch::Sender<bool>, cancel: CancellationToken) {
+pub(crate) async fn run(client: Client, cfg: LeaseConfig, leader: watch::Sender<bool>, cancel: CancellationToken) {
     let api: Api<Lease> = Api::namespaced(client, &cfg.namespace);
     let mut observed: Option<Observed> = None;
     let mut renewed: Option<Instant> = None;

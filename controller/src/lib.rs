@@ -32,6 +32,7 @@
 //! never undo each other.
 
 #![forbid(unsafe_code)]
+#![deny(unreachable_pub)]
 // No function over 80 lines (clippy.toml's threshold), tests aside.
 #![cfg_attr(not(test), deny(clippy::too_many_lines))]
 
@@ -39,9 +40,9 @@ pub mod cli;
 pub mod client;
 pub mod dryrun;
 pub mod gateway;
-pub mod ids;
+mod ids;
 pub mod lease;
-pub mod slices;
+mod slices;
 
 use std::collections::{BTreeMap, BTreeSet};
 

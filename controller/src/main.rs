@@ -1,6 +1,7 @@
 //! `sluice-controller`: the Controller-Manager of the Gateways of a
 //! GatewayClass (see `--help` and [`sluice_controller`]).
 #![forbid(unsafe_code)]
+#![deny(unreachable_pub)]
 // No function over 80 lines (clippy.toml's threshold), tests aside.
 #![cfg_attr(not(test), deny(clippy::too_many_lines))]
 

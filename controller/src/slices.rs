@@ -31,40 +31,40 @@ use sluice_core::config::manifests::{ENDPOINT_IDS, PROXY_NAME_LABEL, SERVICE_NAM
 use sluice_core::model::limits;
 
 /// Multus's annotation on a pod: its attachments and their addresses.
-pub const NETWORK_STATUS: &str = "k8s.v1.cni.cncf.io/network-status";
+pub(crate) const NETWORK_STATUS: &str = "k8s.v1.cni.cncf.io/network-status";
 /// The Gateway's networks towards the endpoints (JSON list of `{name, interface}`).
-pub const GATEWAY_NETWORKS: &str = "meridio-experiment/networks";
+pub(crate) const GATEWAY_NETWORKS: &str = "meridio-experiment/networks";
 /// The Gateway's subnets the endpoint addresses are in (JSON list of CIDRs).
-pub const GATEWAY_SUBNETS: &str = "meridio-experiment/network-subnets";
+pub(crate) const GATEWAY_SUBNETS: &str = "meridio-experiment/network-subnets";
 /// The selector label the design uses to keep Kubernetes' own EndpointSlice
 /// controller away; it is not matched.
-pub const DUMMY_SELECTOR: &str = "meridio-experiment/dummy-service-selector";
+pub(crate) const DUMMY_SELECTOR: &str = "meridio-experiment/dummy-service-selector";
 /// The Service annotation giving its endpoint limit.
-pub const ENDPOINT_LIMIT: &str = "sluice.io/endpoint-limit";
+pub(crate) const ENDPOINT_LIMIT: &str = "sluice.io/endpoint-limit";
 /// Most endpoints in one slice (the API's own bound).
-pub const MAX_ENDPOINTS: u32 = 1000;
+pub(crate) const MAX_ENDPOINTS: u32 = 1000;
 
 /// A network the Gateway names.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Network {
+pub(crate) struct Network {
     /// `namespace/name` of the NetworkAttachmentDefinition.
-    pub name: String,
+    pub(crate) name: String,
     /// The interface in the pod, when the Gateway names one.
-    pub interface: Option<String>,
+    pub(crate) interface: Option<String>,
 }
 
 /// The networks and subnets of a Gateway, from its infrastructure annotations.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Networks {
+pub(crate) struct Networks {
     /// The networks (none: the Gateway names none, no pod is an endpoint).
-    pub networks: Vec<Network>,
+    pub(crate) networks: Vec<Network>,
     /// The subnets (none: any address on those networks).
-    pub subnets: Vec<Cidr>,
+    pub(crate) subnets: Vec<Cidr>,
 }
 
 /// Why a text is not a CIDR (each variant carries the text).
 #[derive(Debug, thiserror::Error)]
-pub enum CidrError {
+pub(crate) enum CidrError {
     /// There is no `/length`.
     #[error("{0:?} is not a CIDR (address/length)")]
     NoLength(String),
@@ -81,7 +81,7 @@ pub enum CidrError {
 
 /// What is wrong with a Gateway's networks or subnets annotations.
 #[derive(Debug, thiserror::Error)]
-pub enum NetworksError {
+pub(crate) enum NetworksError {
     /// [`GATEWAY_NETWORKS`] is not JSON.
     #[error("{GATEWAY_NETWORKS}: not JSON: {0}")]
     NetworksNotJson(serde_json::Error),
@@ -105,20 +105,20 @@ pub enum NetworksError {
 /// Why a Service's [`ENDPOINT_LIMIT`] annotation is wrong (carries its text).
 #[derive(Debug, thiserror::Error)]
 #[error("{ENDPOINT_LIMIT}: {0:?} is not a number in {min}..={max}", min = limits::ENDPOINT_LIMIT_MIN, max = limits::ENDPOINT_LIMIT_MAX)]
-pub struct LimitError(String);
+pub(crate) struct LimitError(String);
 
 /// A prefix.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Cidr {
+pub(crate) struct Cidr {
     /// Its address.
-    pub addr: IpAddr,
+    pub(crate) addr: IpAddr,
     /// Its length.
-    pub len: u8,
+    pub(crate) len: u8,
 }
 
 impl Cidr {
     /// Parses `a.b.c.d/n` or `x::y/n`.
-    pub fn parse(s: &str) -> Result<Cidr, CidrError> {
+    pub(crate) fn parse(s: &str) -> Result<Cidr, CidrError> {
         let (a, l) = s.split_once('/').ok_or_else(|| CidrError::NoLength(s.to_owned()))?;
         let addr: IpAddr = a.parse().map_err(|e| CidrError::Address(s.to_owned(), e))?;
         let len: u8 = l.parse().map_err(|e| CidrError::Length(s.to_owned(), e))?;
@@ -130,7 +130,7 @@ impl Cidr {
     }
 
     /// Whether `ip` is inside.
-    pub fn contains(&self, ip: IpAddr) -> bool {
+    pub(crate) fn contains(&self, ip: IpAddr) -> bool {
         match (self.addr, ip) {
             (IpAddr::V4(n), IpAddr::V4(a)) => {
                 let mask = if self.len == 0 { 0 } else { u32::MAX << (32 - u32::from(self.len)) };
@@ -162,12 +162,12 @@ fn qualified(name: &str, namespace: &str) -> String {
 }
 
 /// The infrastructure annotation `key` of a Gateway.
-pub fn infra_annotation<'a>(gw: &'a Json, key: &str) -> Option<&'a str> {
+pub(crate) fn infra_annotation<'a>(gw: &'a Json, key: &str) -> Option<&'a str> {
     gw.pointer("/spec/infrastructure/annotations").and_then(|a| a.get(key)).and_then(Json::as_str)
 }
 
 /// The networks and subnets a Gateway names; an error says what is wrong.
-pub fn gateway_networks(gw: &Json) -> Result<Networks, NetworksError> {
+pub(crate) fn gateway_networks(gw: &Json) -> Result<Networks, NetworksError> {
     let ns = gw.pointer("/metadata/namespace").and_then(Json::as_str).unwrap_or("default");
     let mut out = Networks::default();
     if let Some(text) = infra_annotation(gw, GATEWAY_NETWORKS) {
@@ -203,19 +203,19 @@ pub fn gateway_networks(gw: &Json) -> Result<Networks, NetworksError> {
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct Ignored {
     /// `namespace/service`.
-    pub service: String,
+    pub(crate) service: String,
     /// The pod's name.
-    pub pod: String,
+    pub(crate) pod: String,
     /// A short reason (`NoNetworkStatus`, `NotOnNetwork`, `OutsideSubnets`,
     /// `ServiceFull`, `Finished`).
-    pub reason: &'static str,
+    pub(crate) reason: &'static str,
     /// Why, in words.
-    pub message: String,
+    pub(crate) message: String,
 }
 
 /// The addresses of `pod` on `nets`, one per family (the first in the
 /// annotation's order), or why there is none.
-pub fn pod_addresses(pod: &Json, nets: &Networks) -> Result<Vec<IpAddr>, (&'static str, String)> {
+pub(crate) fn pod_addresses(pod: &Json, nets: &Networks) -> Result<Vec<IpAddr>, (&'static str, String)> {
     let ns = pod.pointer("/metadata/namespace").and_then(Json::as_str).unwrap_or("default");
     let Some(text) = pod.pointer("/metadata/annotations").and_then(|a| a.get(NETWORK_STATUS)).and_then(Json::as_str) else {
         return Err(("NoNetworkStatus", format!("no {NETWORK_STATUS} annotation (not attached by Multus yet)")));
@@ -259,7 +259,7 @@ pub fn pod_addresses(pod: &Json, nets: &Networks) -> Result<Vec<IpAddr>, (&'stat
 
 /// Whether `pod`'s labels match `svc`'s selector (without the dummy label;
 /// an empty selector selects nothing, as in Kubernetes).
-pub fn selects(svc: &Json, pod: &Json) -> bool {
+pub(crate) fn selects(svc: &Json, pod: &Json) -> bool {
     let Some(sel) = svc.pointer("/spec/selector").and_then(Json::as_object) else { return false };
     let sel: Vec<(&String, &Json)> = sel.iter().filter(|(k, _)| k.as_str() != DUMMY_SELECTOR).collect();
     if sel.is_empty() {
@@ -271,7 +271,7 @@ pub fn selects(svc: &Json, pod: &Json) -> bool {
 
 /// The endpoint limit of `svc` (its annotation, else `default`), or why
 /// the annotation is wrong.
-pub fn limit_of(svc: &Json, default: u32) -> Result<u32, LimitError> {
+pub(crate) fn limit_of(svc: &Json, default: u32) -> Result<u32, LimitError> {
     match svc.pointer("/metadata/annotations").and_then(|a| a.get(ENDPOINT_LIMIT)).and_then(Json::as_str) {
         None => Ok(default),
         Some(s) => match s.trim().parse::<u32>() {
@@ -286,7 +286,7 @@ pub fn limit_of(svc: &Json, default: u32) -> Result<u32, LimitError> {
 /// a Gateway deleted and re-created, or its class changed and changed
 /// back, finds them there), then as the slices this controller wrote for
 /// it hold them.
-pub fn previous_ids(store: &Store, svc: &Key) -> Previous {
+pub(crate) fn previous_ids(store: &Store, svc: &Key) -> Previous {
     let mut out = Previous::new();
     let kept = store.get("Service", &svc.0, &svc.1).into_iter();
     for s in kept.chain(owned_slices(store, svc)) {
@@ -302,7 +302,7 @@ pub fn previous_ids(store: &Store, svc: &Key) -> Previous {
 }
 
 /// The slices of `svc` this controller manages.
-pub fn owned_slices<'a>(store: &'a Store, svc: &'a Key) -> impl Iterator<Item = &'a Json> + 'a {
+pub(crate) fn owned_slices<'a>(store: &'a Store, svc: &'a Key) -> impl Iterator<Item = &'a Json> + 'a {
     store.of("EndpointSlice").filter(move |(k, s)| {
         k.0 == svc.0
             && s.pointer("/metadata/labels").and_then(|l| l.get(SERVICE_NAME_LABEL)).and_then(Json::as_str) == Some(svc.1.as_str())
@@ -319,19 +319,19 @@ struct Endpoint<'a> {
 
 /// What [`service_slices`] decided for one Service.
 #[derive(Clone, Debug, Default)]
-pub struct ServiceSlices {
+pub(crate) struct ServiceSlices {
     /// The slices to hold, by name.
-    pub slices: BTreeMap<String, Json>,
+    pub(crate) slices: BTreeMap<String, Json>,
     /// Pods left out, and why.
-    pub ignored: Vec<Ignored>,
+    pub(crate) ignored: Vec<Ignored>,
     /// The limit, when the Service is full (some endpoint left out).
-    pub full: Option<u32>,
+    pub(crate) full: Option<u32>,
     /// The Service's own problem (a bad limit annotation): nothing is
     /// written for it.
-    pub invalid: Option<String>,
+    pub(crate) invalid: Option<String>,
     /// Every admitted endpoint's identifier, as the Service keeps them
     /// (its [`ENDPOINT_IDS`] annotation: address → identifier, JSON).
-    pub ids: String,
+    pub(crate) ids: String,
 }
 
 /// Pods in the order endpoints are admitted: oldest first, then by name.
@@ -352,7 +352,7 @@ fn condition_true(pod: &Json, t: &str) -> bool {
 }
 
 /// The slices of Service `svc` (key `key`) of a Gateway with networks `nets`.
-pub fn service_slices(store: &Store, key: &Key, svc: &Json, nets: &Networks, default_limit: u32) -> ServiceSlices {
+pub(crate) fn service_slices(store: &Store, key: &Key, svc: &Json, nets: &Networks, default_limit: u32) -> ServiceSlices {
     let mut out = ServiceSlices::default();
     let limit = match limit_of(svc, default_limit) {
         Ok(l) => l,
@@ -421,7 +421,7 @@ pub fn service_slices(store: &Store, key: &Key, svc: &Json, nets: &Networks, def
 }
 
 /// The name of a Service's slice for a family and identifier chunk.
-pub fn slice_name(service: &str, v4: bool, chunk: u32) -> String {
+pub(crate) fn slice_name(service: &str, v4: bool, chunk: u32) -> String {
     let fam = if v4 { "v4" } else { "v6" };
     if chunk == 0 {
         format!("{service}-sluice-{fam}")

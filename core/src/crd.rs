@@ -21,10 +21,12 @@ use kube::{CustomResource, CustomResourceExt};
 use schemars::{json_schema, JsonSchema, Schema, SchemaGenerator};
 use serde::{Deserialize, Serialize};
 
-/// The API group of the custom resources.
-pub const GROUP: &str = "meridio.experiment.gateway.api.poc";
+/// The API group of the custom resources (the derives below spell it out).
+#[cfg(test)]
+const GROUP: &str = "meridio.experiment.gateway.api.poc";
 /// Their version.
-pub const VERSION: &str = "v1alpha1";
+#[cfg(test)]
+const VERSION: &str = "v1alpha1";
 
 /// One IPv4 octet (0-255), for the patterns below.
 const OCTET: &str = "(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])";
@@ -33,21 +35,21 @@ const PORT: &str = "(6553[0-5]|655[0-2][0-9]|65[0-4][0-9][0-9]|6[0-4][0-9][0-9][
 
 /// `a.b.c.d/32` or an IPv6 address `/128` (the format `cidr` makes the
 /// API server check that the IPv6 part is an address).
-pub fn host_cidr_pattern() -> String {
+pub(crate) fn host_cidr_pattern() -> String {
     format!("^({OCTET}\\.){{3}}{OCTET}/32$|^[0-9a-fA-F:.]*:[0-9a-fA-F:.]*/128$")
 }
 
 /// A port, a range `lo-hi`, or `any`.
-pub fn port_range_pattern() -> String {
+pub(crate) fn port_range_pattern() -> String {
     format!("^({PORT}(-{PORT})?|any)$")
 }
 
 /// `proto[offset:length] & mask = value`, as the appliance reads it.
-pub const BYTE_MATCH_PATTERN: &str =
+pub(crate) const BYTE_MATCH_PATTERN: &str =
     r"^(tcp|udp|sctp) *\[ *(0x[0-9a-fA-F]+|[0-9]+) *: *(1|2|4) *\]( *& *(0x[0-9a-fA-F]+|[0-9]+))? *= *(0x[0-9a-fA-F]+|[0-9]+) *$";
 
 /// A duration as Go writes it (`24s`, `300ms`, `1m30s`).
-pub const DURATION_PATTERN: &str = r"^([0-9]+(\.[0-9]+)?(ns|us|ms|s|m|h))+$";
+pub(crate) const DURATION_PATTERN: &str = r"^([0-9]+(\.[0-9]+)?(ns|us|ms|s|m|h))+$";
 
 macro_rules! string_type {
     ($(#[$doc:meta])* $name:ident, $schema:expr) => {
@@ -103,7 +105,7 @@ string_type!(
 
 /// A transport protocol.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-pub enum Protocol {
+pub(crate) enum Protocol {
     /// TCP.
     #[serde(rename = "TCP")]
     Tcp,
@@ -117,31 +119,31 @@ pub enum Protocol {
 
 /// The Gateway a route is configured in.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-pub struct ParentReference {
+pub(crate) struct ParentReference {
     /// Group of the parent (`gateway.networking.k8s.io`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub group: Option<String>,
+    pub(crate) group: Option<String>,
     /// Kind of the parent (`Gateway`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub kind: Option<String>,
+    pub(crate) kind: Option<String>,
     /// Name of the Gateway.
     #[schemars(length(min = 1, max = 253))]
-    pub name: String,
+    pub(crate) name: String,
     /// Namespace of the Gateway (the route's own when unset).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub namespace: Option<String>,
+    pub(crate) namespace: Option<String>,
 }
 
 /// The Service a route sends to.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-pub struct BackendReference {
+pub(crate) struct BackendReference {
     /// Name of the Service.
     #[schemars(length(min = 1, max = 253))]
-    pub name: String,
+    pub(crate) name: String,
     /// Must be set, is ignored (Gateway API requires it for Services).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 65535))]
-    pub port: Option<i32>,
+    pub(crate) port: Option<i32>,
 }
 
 /// Steers Layer 3 and 4 traffic to a Service of a Gateway.
@@ -161,37 +163,37 @@ pub struct BackendReference {
 pub struct L34RouteSpec {
     /// The Gateway the route is configured in: exactly one.
     #[schemars(length(min = 1, max = 1))]
-    pub parent_refs: Vec<ParentReference>,
+    pub(crate) parent_refs: Vec<ParentReference>,
     /// The Service traffic is sent to: exactly one.
     #[schemars(length(min = 1, max = 1))]
-    pub backend_refs: Vec<BackendReference>,
+    pub(crate) backend_refs: Vec<BackendReference>,
     /// Higher wins among routes matching the same traffic.
     #[serde(default)]
     pub priority: i32,
     /// The VIPs: single addresses only (`/32`, `/128`).
     #[serde(rename = "destinationCIDRs")]
     #[schemars(length(min = 1, max = 64))]
-    pub destination_cidrs: Vec<HostCidr>,
+    pub(crate) destination_cidrs: Vec<HostCidr>,
     /// Source prefixes (any when unset).
     #[serde(default, rename = "sourceCIDRs", skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 64))]
-    pub source_cidrs: Option<Vec<SourceCidr>>,
+    pub(crate) source_cidrs: Option<Vec<SourceCidr>>,
     /// Source ports and ranges (any when unset).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 64))]
-    pub source_ports: Option<Vec<PortRange>>,
+    pub(crate) source_ports: Option<Vec<PortRange>>,
     /// Destination ports and ranges (any when unset).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 64))]
-    pub destination_ports: Option<Vec<PortRange>>,
+    pub(crate) destination_ports: Option<Vec<PortRange>>,
     /// Transport protocols (any when unset).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 3))]
-    pub protocols: Option<Vec<Protocol>>,
+    pub(crate) protocols: Option<Vec<Protocol>>,
     /// Matches on bytes of the transport header, all of which must hold.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 16))]
-    pub byte_matches: Option<Vec<ByteMatch>>,
+    pub(crate) byte_matches: Option<Vec<ByteMatch>>,
 }
 
 /// What a Gateway's implementation says of a route.
@@ -201,22 +203,22 @@ pub struct L34RouteStatus {
     /// One entry per parent Gateway whose implementation looked at it.
     #[serde(default)]
     #[schemars(length(max = 32))]
-    pub parents: Vec<RouteParentStatus>,
+    pub(crate) parents: Vec<RouteParentStatus>,
 }
 
 /// What one Gateway's implementation says of a route (as Gateway API's
 /// `RouteParentStatus`).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
-pub struct RouteParentStatus {
+pub(crate) struct RouteParentStatus {
     /// The parent.
-    pub parent_ref: ParentReference,
+    pub(crate) parent_ref: ParentReference,
     /// The controller that wrote this entry.
-    pub controller_name: String,
+    pub(crate) controller_name: String,
     /// `Accepted`, and why not.
     #[serde(default)]
     #[schemars(length(max = 8))]
-    pub conditions: Vec<Condition>,
+    pub(crate) conditions: Vec<Condition>,
 }
 
 /// How a Gateway reaches an external router (a DC gateway): its address,
@@ -289,7 +291,7 @@ pub struct BfdSpec {
 }
 
 /// The CRDs, each with the file name it is kept under.
-pub fn crds() -> Vec<(&'static str, CustomResourceDefinition)> {
+pub(crate) fn crds() -> Vec<(&'static str, CustomResourceDefinition)> {
     vec![("l34routes.yaml", L34Route::crd()), ("gatewayrouters.yaml", GatewayRouter::crd())]
 }
 

@@ -7,6 +7,7 @@
 //! The layers point down: ground, model, config; [`crd`] uses the config's
 //! readers in its tests only.
 #![forbid(unsafe_code)]
+#![deny(unreachable_pub)]
 // No function over 80 lines (clippy.toml's threshold), tests aside.
 #![cfg_attr(not(test), deny(clippy::too_many_lines))]
 

@@ -35,28 +35,28 @@ pub mod limits {
     pub const WEIGHT_MAX: u32 = 1 << 20;
     /// Default budget of all services' lookup tables together, in MiB
     /// (`capacity.tableMemoryMB`).
-    pub const TABLE_MEMORY_MB_DEFAULT: u32 = 512;
+    pub(crate) const TABLE_MEMORY_MB_DEFAULT: u32 = 512;
     /// Smallest `capacity.tableMemoryMB`.
-    pub const TABLE_MEMORY_MB_MIN: u32 = 1;
+    pub(crate) const TABLE_MEMORY_MB_MIN: u32 = 1;
     /// Largest `capacity.tableMemoryMB`.
-    pub const TABLE_MEMORY_MB_MAX: u32 = 65536;
+    pub(crate) const TABLE_MEMORY_MB_MAX: u32 = 65536;
     /// Longest name (services, routes, ports), as a DNS name.
     pub const NAME_MAX_LEN: usize = 253;
     /// Smallest port MTU (IPv4's minimum datagram size).
-    pub const MTU_MIN: u16 = 576;
+    pub(crate) const MTU_MIN: u16 = 576;
     /// Smallest MTU of a port with an IPv6 address (RFC 8200).
-    pub const MTU_MIN_IPV6: u16 = 1280;
+    pub(crate) const MTU_MIN_IPV6: u16 = 1280;
     /// Largest port MTU (jumbo frames).
-    pub const MTU_MAX: u16 = 9600;
+    pub(crate) const MTU_MAX: u16 = 9600;
     /// A byte match reads bytes before this offset of the transport header
     /// (`offset + length`): none beyond the largest MTU.
-    pub const BYTE_MATCH_END_MAX: u32 = MTU_MAX as u32;
+    pub(crate) const BYTE_MATCH_END_MAX: u32 = MTU_MAX as u32;
 
     /// Bytes of a lookup table of `size` entries for a service of at most
     /// `limit` endpoints: the most the dataplane's `maglev::Entries` take
     /// (fewer endpoints may take fewer bits an entry), so the budget holds
     /// whatever endpoints come.
-    pub fn table_bytes(limit: u32, size: u32) -> u64 {
+    pub(crate) fn table_bytes(limit: u32, size: u32) -> u64 {
         sluice_dataplane::maglev::entries_bytes(limit, size)
     }
 }
@@ -72,7 +72,7 @@ pub fn valid_name(s: &str) -> bool {
 
 /// A name as the configuration file writes it: ASCII letters, digits, `-`,
 /// `_`, `.`; 1 to [`limits::NAME_MAX_LEN`] long.
-pub fn simple_name(s: &str) -> bool {
+pub(crate) fn simple_name(s: &str) -> bool {
     !s.is_empty() && s.len() <= limits::NAME_MAX_LEN && s.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
 }
 
@@ -239,7 +239,7 @@ impl Endpoints {
     }
 
     /// The runs.
-    pub fn runs(&self) -> &[Arc<[EndpointDef]>] {
+    pub(crate) fn runs(&self) -> &[Arc<[EndpointDef]>] {
         &self.runs
     }
 
@@ -264,7 +264,7 @@ impl Endpoints {
     }
 
     /// Adds `run` (nothing when it is empty).
-    pub fn push_run(&mut self, run: Vec<EndpointDef>) {
+    pub(crate) fn push_run(&mut self, run: Vec<EndpointDef>) {
         if !run.is_empty() {
             self.len += run.len();
             self.runs.push(run.into());
@@ -764,7 +764,7 @@ fn check_endpoints(name: &str, eps: &mut [EndpointDef], addrs: &mut Vec<(Addr, u
 
 /// Why a route's match cannot be served.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum MatchError {
+pub(crate) enum MatchError {
     /// A port range whose first port is above its last.
     #[error("port range {0}-{1} is reversed")]
     ReversedPorts(u16, u16),

@@ -36,7 +36,7 @@ impl Problem {
     }
 
     /// A problem at `pos`.
-    pub fn at(file: impl Into<String>, pos: Option<Pos>, path: impl Into<String>, message: impl Into<String>) -> Problem {
+    pub(crate) fn at(file: impl Into<String>, pos: Option<Pos>, path: impl Into<String>, message: impl Into<String>) -> Problem {
         Problem { file: file.into(), pos, path: path.into(), message: message.into() }
     }
 }
@@ -57,15 +57,15 @@ impl fmt::Display for Problem {
 }
 
 /// Most problems listed; past it one more says that there are more.
-pub const MAX_PROBLEMS: usize = 1000;
+pub(crate) const MAX_PROBLEMS: usize = 1000;
 
 /// Collects problems while walking.
 #[derive(Debug, Default)]
-pub struct Problems(pub Vec<Problem>);
+pub(crate) struct Problems(pub Vec<Problem>);
 
 impl Problems {
     /// Adds one (past [`MAX_PROBLEMS`], only a note that there are more).
-    pub fn push(&mut self, problem: Problem) {
+    pub(crate) fn push(&mut self, problem: Problem) {
         match self.0.len() {
             n if n < MAX_PROBLEMS => self.0.push(problem),
             MAX_PROBLEMS => self.0.push(Problem::new(
@@ -78,12 +78,12 @@ impl Problems {
     }
 
     /// Adds one made of its parts.
-    pub fn add(&mut self, file: &str, pos: Option<Pos>, path: &str, message: impl Into<String>) {
+    pub(crate) fn add(&mut self, file: &str, pos: Option<Pos>, path: &str, message: impl Into<String>) {
         self.push(Problem::at(file, pos, path, message));
     }
 
     /// True when none were found.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
 }

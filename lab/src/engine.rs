@@ -78,7 +78,7 @@ impl Generator {
     }
 
     /// The datagram limit is reached (or there is nothing to send).
-    pub fn done(&self) -> bool {
+    pub(crate) fn done(&self) -> bool {
         self.datagrams.is_empty() || self.limit.is_some_and(|l| self.counters.datagrams >= l)
     }
 
@@ -92,7 +92,7 @@ impl Generator {
 
     /// Builds and sends the frames due at `now` on output `out`.
     #[inline]
-    pub fn send<I: GenIo>(&mut self, io: &mut I, out: usize, now: u64, burst: &mut Burst<I::Buf>) {
+    pub(crate) fn send<I: GenIo>(&mut self, io: &mut I, out: usize, now: u64, burst: &mut Burst<I::Buf>) {
         let due = match &mut self.timing {
             Timing::Rate(p) => p.due(now),
             Timing::Recorded(s) => s.due(now),
@@ -201,7 +201,7 @@ pub struct Control {
     /// Stop sending (then drain).
     pub stop_tx: AtomicBool,
     /// Stop at once.
-    pub stop: AtomicBool,
+    pub(crate) stop: AtomicBool,
     /// Sending has ended (limit reached or told to stop).
     pub tx_done: AtomicBool,
     /// The loop has returned.

@@ -13,13 +13,14 @@
 //!
 //! Like the data plane: nothing per packet allocates, locks or logs.
 #![forbid(unsafe_code)]
+#![deny(unreachable_pub)]
 
-pub mod engine;
+mod engine;
 pub mod mix;
-pub mod pace;
-pub mod queues;
-pub mod rx;
-pub mod stamp;
+mod pace;
+mod queues;
+mod rx;
+mod stamp;
 
 pub use engine::{run, Control, GenIo, Generator, Lanes, Timing, TxCounters};
 pub use queues::GenQueues;

@@ -18,9 +18,9 @@ use sluice_dataplane::parse::{ethertype, proto, v4, ETH_LEN};
 
 /// Bytes of the Ethernet frame check sequence, which frame sizes include
 /// and DPDK adds.
-pub const FCS_LEN: usize = 4;
+pub(crate) const FCS_LEN: usize = 4;
 /// Smallest frame size (with FCS).
-pub const MIN_FRAME: u16 = 64;
+pub(crate) const MIN_FRAME: u16 = 64;
 /// Largest frame size (with FCS): an untagged 1500-byte IP packet.
 pub const MAX_FRAME: u16 = 1518;
 
@@ -35,16 +35,6 @@ pub enum Kind {
     Udp,
 }
 
-impl Kind {
-    /// Its name on the command line.
-    pub fn name(self) -> &'static str {
-        match self {
-            Kind::TcpSyn => "tcp-syn",
-            Kind::TcpData => "tcp-data",
-            Kind::Udp => "udp",
-        }
-    }
-}
 
 /// What to generate.
 #[derive(Clone, Debug)]
@@ -89,11 +79,11 @@ pub enum MixError {
 }
 
 /// Most flows a mix may have (templates are built for each).
-pub const MAX_FLOWS: u32 = 4_000_000;
+pub(crate) const MAX_FLOWS: u32 = 4_000_000;
 
 /// Where the per-packet IP identification goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum IpId {
+pub(crate) enum IpId {
     /// IPv4 identification at this offset; the header checksum at the other.
     V4 {
         /// Offset of the 16-bit identification.
@@ -107,16 +97,16 @@ pub enum IpId {
 
 /// One frame of a datagram.
 #[derive(Clone, PartialEq, Eq)]
-pub struct FrameTemplate {
+pub(crate) struct FrameTemplate {
     /// The frame, without FCS, stamp zeroed.
-    pub bytes: Vec<u8>,
+    pub(crate) bytes: Vec<u8>,
     /// Offset of its stamp (none: a frame replayed unchanged).
-    pub stamp: Option<usize>,
+    pub(crate) stamp: Option<usize>,
     /// Whether the stamp sits at an odd offset from the start of what the
     /// transport checksum covers.
-    pub stamp_odd: bool,
+    pub(crate) stamp_odd: bool,
     /// Where the datagram's identification goes (fragments only).
-    pub ip_id: Option<IpId>,
+    pub(crate) ip_id: Option<IpId>,
 }
 
 impl fmt::Debug for FrameTemplate {
@@ -127,11 +117,11 @@ impl fmt::Debug for FrameTemplate {
 
 /// The transport checksum a datagram's stamps update.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct L4Check {
+pub(crate) struct L4Check {
     /// Offset of the checksum field in the first frame.
-    pub offset: usize,
+    pub(crate) offset: usize,
     /// UDP: a zero result is sent as 0xffff.
-    pub udp: bool,
+    pub(crate) udp: bool,
 }
 
 /// What one send of a flow puts on the wire: one frame, or the fragments
@@ -139,11 +129,11 @@ pub struct L4Check {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Datagram {
     /// The flow id carried in the stamps.
-    pub flow: u32,
+    pub(crate) flow: u32,
     /// Its frames, in order.
-    pub frames: Vec<FrameTemplate>,
+    pub(crate) frames: Vec<FrameTemplate>,
     /// The transport checksum to keep right, if any.
-    pub l4_check: Option<L4Check>,
+    pub(crate) l4_check: Option<L4Check>,
 }
 
 fn nth_v4(base: Ipv4Addr, i: u32) -> [u8; 4] {

@@ -14,7 +14,7 @@
 use sluice_dataplane::io::BURST;
 
 /// Frames are released once this much time's worth of them is due.
-pub const BATCH_NS: u64 = 20_000;
+pub(crate) const BATCH_NS: u64 = 20_000;
 
 /// Frames per second against a clock.
 #[derive(Clone, Debug)]
@@ -26,7 +26,7 @@ pub struct Pacer {
     max_backlog: u64,
     batch: u64,
     /// Frames skipped because the sender fell behind by more than the backlog.
-    pub skipped: u64,
+    pub(crate) skipped: u64,
 }
 
 impl Pacer {
@@ -48,7 +48,7 @@ impl Pacer {
 
     /// Frames due at tick `now` and not yet issued, at most [`BURST`].
     #[inline]
-    pub fn due(&mut self, now: u64) -> usize {
+    pub(crate) fn due(&mut self, now: u64) -> usize {
         if self.pps == 0 {
             return BURST;
         }
@@ -69,7 +69,7 @@ impl Pacer {
     /// Records that `n` frames went out (a datagram's fragments may take
     /// the count past what was due; the next calls make up for it).
     #[inline]
-    pub fn issued(&mut self, n: usize) {
+    pub(crate) fn issued(&mut self, n: usize) {
         self.issued += n as u64;
     }
 }
@@ -97,7 +97,7 @@ impl Schedule {
 
     /// Frames due at `now` and not yet issued, at most [`BURST`]; marks them issued.
     #[inline]
-    pub fn due(&mut self, now: u64) -> usize {
+    pub(crate) fn due(&mut self, now: u64) -> usize {
         let len = self.offsets.len() as u64;
         if len == 0 {
             return 0;

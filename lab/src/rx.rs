@@ -19,10 +19,10 @@ use crate::stamp::{self, STAMP_LEN};
 use sluice_dataplane::parse::{ethertype, proto, ETH_LEN};
 
 /// Endpoints told apart; more are counted together as overflow.
-pub const MAX_ENDPOINTS: usize = 4096;
+pub(crate) const MAX_ENDPOINTS: usize = 4096;
 const TABLE: usize = MAX_ENDPOINTS * 2;
 /// Highest latency the histogram holds (ns); above it, recorded as this.
-pub const MAX_LATENCY_NS: u64 = 60_000_000_000;
+pub(crate) const MAX_LATENCY_NS: u64 = 60_000_000_000;
 
 /// How the endpoint a frame went to is told.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -58,7 +58,7 @@ impl std::fmt::Display for Endpoint {
 
 /// Where the stamp of a frame is and which endpoint it went to.
 #[inline]
-pub fn locate(frame: &[u8], by: EndpointBy) -> Option<(usize, Endpoint)> {
+pub(crate) fn locate(frame: &[u8], by: EndpointBy) -> Option<(usize, Endpoint)> {
     if frame.len() < ETH_LEN {
         return None;
     }
@@ -206,7 +206,7 @@ impl Receiver {
 
     /// Accounts for one received frame at clock tick `now`.
     #[inline]
-    pub fn on_frame(&mut self, frame: &[u8], now: u64) {
+    pub(crate) fn on_frame(&mut self, frame: &[u8], now: u64) {
         let Some((at, ep)) = locate(frame, self.by) else {
             self.unstamped += 1;
             return;

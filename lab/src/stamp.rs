@@ -14,26 +14,26 @@
 use sluice_dataplane::checksum::fold;
 
 /// Bytes of the stamp.
-pub const STAMP_LEN: usize = 20;
+pub(crate) const STAMP_LEN: usize = 20;
 /// First four bytes of every stamp ("SLG1").
-pub const MAGIC: u32 = 0x534c_4731;
+pub(crate) const MAGIC: u32 = 0x534c_4731;
 /// Offset of the part written per packet (sequence number, timestamp).
-pub const VARYING: usize = 8;
+pub(crate) const VARYING: usize = 8;
 
 /// What a stamp says.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Stamp {
+pub(crate) struct Stamp {
     /// The flow the frame belongs to.
-    pub flow: u32,
+    pub(crate) flow: u32,
     /// Its number within the flow.
-    pub seq: u32,
+    pub(crate) seq: u32,
     /// When it was sent, in the generator's TSC ticks.
-    pub tsc: u64,
+    pub(crate) tsc: u64,
 }
 
 /// Writes the constant part (magic, flow id) and zeroes the rest.
 /// `buf` must hold at least [`STAMP_LEN`] bytes.
-pub fn write_template(buf: &mut [u8], flow: u32) {
+pub(crate) fn write_template(buf: &mut [u8], flow: u32) {
     buf[..4].copy_from_slice(&MAGIC.to_be_bytes());
     buf[4..8].copy_from_slice(&flow.to_be_bytes());
     buf[VARYING..STAMP_LEN].fill(0);
@@ -41,14 +41,14 @@ pub fn write_template(buf: &mut [u8], flow: u32) {
 
 /// Writes the sequence number and timestamp.
 #[inline(always)]
-pub fn write_varying(buf: &mut [u8], seq: u32, tsc: u64) {
+pub(crate) fn write_varying(buf: &mut [u8], seq: u32, tsc: u64) {
     buf[VARYING..VARYING + 4].copy_from_slice(&seq.to_be_bytes());
     buf[VARYING + 4..STAMP_LEN].copy_from_slice(&tsc.to_be_bytes());
 }
 
 /// Reads a stamp; `None` when the magic does not match.
 #[inline]
-pub fn read(buf: &[u8]) -> Option<Stamp> {
+pub(crate) fn read(buf: &[u8]) -> Option<Stamp> {
     let b: &[u8; STAMP_LEN] = buf.get(..STAMP_LEN)?.try_into().ok()?;
     if u32::from_be_bytes([b[0], b[1], b[2], b[3]]) != MAGIC {
         return None;
@@ -65,7 +65,7 @@ pub fn read(buf: &[u8]) -> Option<Stamp> {
 /// offset from the start of what the checksum covers (RFC 1071: the sum of
 /// byte-swapped data is the byte-swapped sum).
 #[inline(always)]
-pub fn varying_sum(seq: u32, tsc: u64, odd: bool) -> u64 {
+pub(crate) fn varying_sum(seq: u32, tsc: u64, odd: bool) -> u64 {
     let words = u64::from(seq >> 16)
         + u64::from(seq & 0xffff)
         + (tsc >> 48)
@@ -79,7 +79,7 @@ pub fn varying_sum(seq: u32, tsc: u64, odd: bool) -> u64 {
 /// Checksum field `check` after `added` (a one's-complement sum of words
 /// that went from zero to their new value) joined what it covers.
 #[inline(always)]
-pub fn add_to_checksum(check: u16, added: u64) -> u16 {
+pub(crate) fn add_to_checksum(check: u16, added: u64) -> u16 {
     !fold(u64::from(!check) + added)
 }
 

@@ -14,13 +14,13 @@ use crate::ground::lock;
 
 /// How long a worker may go without polling, or without picking up a new
 /// snapshot, before the appliance is unhealthy.
-pub const STALL: Duration = Duration::from_secs(1);
+pub(crate) const STALL: Duration = Duration::from_secs(1);
 
 /// How often the sampler runs.
-pub const SAMPLE_EVERY: Duration = Duration::from_millis(200);
+pub(crate) const SAMPLE_EVERY: Duration = Duration::from_millis(200);
 
 /// Records what each worker did since the last sample.
-pub fn sample(sh: &Shared, now: Instant) {
+pub(crate) fn sample(sh: &Shared, now: Instant) {
     let published = sh.control().generation; // released at once: one lock at a time
     let mut live = lock(&sh.liveness);
     for (l, w) in live.iter_mut().zip(&sh.workers) {
@@ -51,7 +51,7 @@ pub fn sample(sh: &Shared, now: Instant) {
 /// Counts every worker's silence from `now`, the moment the workers were
 /// launched: the bring-up before it (which may take seconds) is no silence
 /// of theirs.
-pub fn workers_launched(sh: &Shared, now: Instant) {
+pub(crate) fn workers_launched(sh: &Shared, now: Instant) {
     for l in lock(&sh.liveness).iter_mut() {
         l.progressed = now;
     }
@@ -59,12 +59,12 @@ pub fn workers_launched(sh: &Shared, now: Instant) {
 
 /// For each worker, how long it has gone without polling, as of the last
 /// sample (zero for one that polls).
-pub fn silent_for(sh: &Shared, now: Instant) -> Vec<Duration> {
+pub(crate) fn silent_for(sh: &Shared, now: Instant) -> Vec<Duration> {
     lock(&sh.liveness).iter().map(|l| now.saturating_duration_since(l.progressed)).collect()
 }
 
 /// Why the appliance is not healthy (empty when it is).
-pub fn unhealthy(sh: &Shared, now: Instant) -> Vec<String> {
+pub(crate) fn unhealthy(sh: &Shared, now: Instant) -> Vec<String> {
     // One lock at a time: the reconciler and the sampler take them too.
     let published = sh.control().generation;
     let live = lock(&sh.liveness).clone();
@@ -92,7 +92,7 @@ pub fn unhealthy(sh: &Shared, now: Instant) -> Vec<String> {
 
 /// Why the appliance does not serve its current configuration (empty when
 /// it does).
-pub fn unready(sh: &Shared, now: Instant) -> Vec<String> {
+pub(crate) fn unready(sh: &Shared, now: Instant) -> Vec<String> {
     let mut why = unhealthy(sh, now);
     // Read before the state lock: one lock at a time.
     if let Some(b) = sh.bird() {

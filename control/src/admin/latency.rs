@@ -10,19 +10,19 @@ use super::state::Shared;
 
 /// Percentiles of one histogram, in microseconds.
 #[derive(Debug, Serialize, PartialEq)]
-pub struct Percentiles {
+pub(super) struct Percentiles {
     /// Packets counted.
-    pub packets: u64,
+    pub(crate) packets: u64,
     /// Median.
-    pub p50: f64,
+    pub(crate) p50: f64,
     /// 90th percentile.
-    pub p90: f64,
+    pub(crate) p90: f64,
     /// 99th percentile.
-    pub p99: f64,
+    pub(crate) p99: f64,
     /// 99.9th percentile.
-    pub p999: f64,
+    pub(crate) p999: f64,
     /// Longest.
-    pub max: f64,
+    pub(crate) max: f64,
 }
 
 impl Percentiles {
@@ -41,27 +41,27 @@ impl Percentiles {
 
 /// One worker's figures.
 #[derive(Debug, Serialize)]
-pub struct WorkerLatency {
+pub(super) struct WorkerLatency {
     /// Its lcore.
-    pub lcore: u32,
+    pub(crate) lcore: u32,
     /// Its percentiles.
     #[serde(flatten)]
-    pub percentiles: Percentiles,
+    pub(crate) percentiles: Percentiles,
 }
 
 /// The document `/latency` serves.
 #[derive(Debug, Serialize)]
-pub struct LatencyView {
+pub(super) struct LatencyView {
     /// What is measured.
-    pub measures: &'static str,
+    pub(crate) measures: &'static str,
     /// Every worker's packets together.
-    pub all: Percentiles,
+    pub(crate) all: Percentiles,
     /// Per worker.
-    pub workers: Vec<WorkerLatency>,
+    pub(crate) workers: Vec<WorkerLatency>,
 }
 
 /// The view, or `None` when the workers do not record.
-pub fn view(sh: &Shared) -> Option<LatencyView> {
+pub(super) fn view(sh: &Shared) -> Option<LatencyView> {
     let ticks_per_us = (sh.cycles_hz.max(1) as f64) / 1e6;
     let mut all = histogram();
     let mut workers = Vec::new();

@@ -26,7 +26,7 @@ use crate::compile::EndpointStatus;
 type Labels = Vec<(&'static str, Cow<'static, str>)>;
 
 /// Reads everything at scrape time.
-pub struct SluiceCollector {
+pub(super) struct SluiceCollector {
     shared: Arc<Shared>,
     admin: Arc<AdminCounters>,
 }
@@ -38,14 +38,14 @@ impl fmt::Debug for SluiceCollector {
 }
 
 /// A registry with the collector.
-pub fn registry(shared: Arc<Shared>, admin: Arc<AdminCounters>) -> Registry {
+pub(super) fn registry(shared: Arc<Shared>, admin: Arc<AdminCounters>) -> Registry {
     let mut r = Registry::default();
     r.register_collector(Box::new(SluiceCollector { shared, admin }));
     r
 }
 
 /// The text exposition of `r`.
-pub fn render(r: &Registry) -> String {
+pub(super) fn render(r: &Registry) -> String {
     let mut s = String::new();
     // Writing into a String cannot fail.
     let _ = prometheus_client::encoding::text::encode(&mut s, r);

@@ -10,11 +10,11 @@
 
 mod api;
 pub mod health;
-pub mod latency;
-pub mod metrics;
+mod latency;
+mod metrics;
 pub mod state;
-pub mod tables;
-pub mod views;
+mod tables;
+mod views;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -38,17 +38,17 @@ pub use state::Shared;
 
 /// Bounds on what one client can make the endpoint hold.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Limits {
+pub(crate) struct Limits {
     /// Open connections at most; more are closed at once.
-    pub max_connections: usize,
+    pub(crate) max_connections: usize,
     /// Bytes of request line and headers at most (a larger request gets 431).
-    pub max_header_bytes: usize,
+    pub(crate) max_header_bytes: usize,
     /// The headers must arrive within this time.
-    pub header_timeout: Duration,
+    pub(crate) header_timeout: Duration,
     /// A request must be answered within this time.
-    pub request_timeout: Duration,
+    pub(crate) request_timeout: Duration,
     /// A connection is closed after this long, whatever it does.
-    pub connection_lifetime: Duration,
+    pub(crate) connection_lifetime: Duration,
 }
 
 impl Default for Limits {
@@ -65,13 +65,13 @@ impl Default for Limits {
 
 /// Counts of what the endpoint refused.
 #[derive(Debug, Default)]
-pub struct AdminCounters {
+pub(crate) struct AdminCounters {
     /// Connections closed because the cap was reached.
-    pub over_cap: AtomicU64,
+    pub(crate) over_cap: AtomicU64,
     /// Connections that ended in a protocol error or a timeout.
-    pub failed: AtomicU64,
+    pub(crate) failed: AtomicU64,
     /// Requests served.
-    pub requests: AtomicU64,
+    pub(crate) requests: AtomicU64,
 }
 
 #[derive(Clone)]
@@ -306,7 +306,7 @@ async fn readyz(State(app): State<App>) -> Response {
 
 /// Binds the admin address, saying so in the log (and warning when it is
 /// reachable from outside the machine).
-pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+pub(crate) async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     let l = TcpListener::bind(addr).await?;
     if addr.ip().is_loopback() {
         info!(listen = %addr, "admin endpoint: /metrics /status /healthz /readyz");
@@ -322,7 +322,7 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
 /// Connections accepted beyond the cap to answer `/healthz` and `/readyz`
 /// (one request each; anything else gets 503): a liveness probe is
 /// answered whatever the other clients hold.
-pub const PROBE_SLOTS: usize = 4;
+pub(crate) const PROBE_SLOTS: usize = 4;
 
 /// How long a connection that arrives at the cap waits for the slot of a
 /// connection closed for it.
@@ -499,7 +499,7 @@ async fn serve_connection(stream: tokio::net::TcpStream, peer: SocketAddr, route
 /// and takes its slot; when none can be closed, it is served in one of
 /// [`PROBE_SLOTS`] for `/healthz` and `/readyz` only (where room is made
 /// the same way); failing that, it is closed at once and counted.
-pub async fn serve(listener: TcpListener, shared: Arc<Shared>, limits: Limits, counters: Arc<AdminCounters>, cancel: CancellationToken) {
+pub(crate) async fn serve(listener: TcpListener, shared: Arc<Shared>, limits: Limits, counters: Arc<AdminCounters>, cancel: CancellationToken) {
     let registry = Arc::new(metrics::registry(Arc::clone(&shared), Arc::clone(&counters)));
     let app = App { shared, registry, counters: Arc::clone(&counters), digests: Arc::default(), limits };
     let service = router(app.clone(), limits);

@@ -29,13 +29,11 @@ pub use crate::reconcile::{RouteMeta, SourceStatus, REBUILT_SHOWN};
 pub use sluice_ffi::PortStats;
 
 /// A port's counters and link, read at scrape time.
-pub trait PortProbe: Send + Sync + fmt::Debug {
+pub(crate) trait PortProbe: Send + Sync + fmt::Debug {
     /// DPDK's basic counters.
     fn stats(&self) -> Option<PortStats>;
     /// Link up or down.
     fn link_up(&self) -> Option<bool>;
-    /// The driver's extended counters.
-    fn xstats(&self) -> Vec<(String, u64)>;
 }
 
 /// The packet pool's occupancy.
@@ -49,7 +47,7 @@ pub trait PoolProbe: Send + Sync + fmt::Debug {
 /// A pool that is never used, for tests of what reads the shared state.
 #[cfg(test)]
 #[derive(Debug)]
-pub struct IdlePool;
+pub(crate) struct IdlePool;
 
 #[cfg(test)]
 impl PoolProbe for IdlePool {
@@ -63,60 +61,60 @@ impl PoolProbe for IdlePool {
 
 /// A port as status shows it.
 #[derive(Clone, Debug, Serialize)]
-pub struct PortMeta {
+pub(crate) struct PortMeta {
     /// Config name.
-    pub name: String,
+    pub(crate) name: String,
     /// DPDK device.
-    pub device: String,
+    pub(crate) device: String,
     /// Driver.
-    pub driver: String,
+    pub(crate) driver: String,
     /// Kernel interface of its exception path ("" for none).
-    pub kernel_interface: String,
+    pub(crate) kernel_interface: String,
     /// MAC.
-    pub mac: String,
+    pub(crate) mac: String,
     /// IP MTU applied to the device.
-    pub mtu: u16,
+    pub(crate) mtu: u16,
 }
 
 /// What a port lost before DPDK saw it (frames the kernel or the NIC
 /// received and dropped for want of room), and where that figure comes from.
 #[derive(Clone, Debug, Default, Serialize)]
-pub struct PortLoss {
+pub(crate) struct PortLoss {
     /// Frames lost below DPDK since start.
-    pub below_dpdk: u64,
+    pub(crate) below_dpdk: u64,
     /// Where the figure comes from: `imissed` (DPDK), a driver xstat name,
     /// `kernel:<iface>` (the kernel interface's receive counter minus what
     /// DPDK received), or `none` when nothing can tell.
-    pub source: String,
+    pub(crate) source: String,
     /// True when `below_dpdk` counts every frame lost up to the last
     /// sample; false before the first sample and while frames arrive at a
     /// kernel interface, when it is a lower bound (frames counted by the
     /// kernel may still be on their way to DPDK). See `appliance::loss`.
-    pub exact: bool,
+    pub(crate) exact: bool,
 }
 
 /// A port and its exception tap.
 #[derive(Debug)]
 pub struct PortEntry {
     /// What it is.
-    pub meta: PortMeta,
+    pub(crate) meta: PortMeta,
     /// The port.
-    pub port: Arc<dyn PortProbe>,
+    pub(crate) port: Arc<dyn PortProbe>,
     /// Its exception tap.
-    pub tap: Option<Arc<dyn PortProbe>>,
+    pub(crate) tap: Option<Arc<dyn PortProbe>>,
     /// Loss below DPDK, refreshed by the loss sampler.
-    pub loss: Mutex<PortLoss>,
+    pub(crate) loss: Mutex<PortLoss>,
 }
 
 /// A worker and its counters.
 #[derive(Debug)]
 pub struct WorkerEntry {
     /// Its lcore.
-    pub lcore: u32,
+    pub(crate) lcore: u32,
     /// Its counters.
-    pub counters: Arc<WorkerCounters>,
+    pub(crate) counters: Arc<WorkerCounters>,
     /// Its latency histogram, when it records one (`dpdk.latencyHistogram`).
-    pub latency: Option<Arc<sluice_dataplane::latency::SharedLatency>>,
+    pub(crate) latency: Option<Arc<sluice_dataplane::latency::SharedLatency>>,
 }
 
 /// A service as status shows it.
@@ -126,17 +124,17 @@ pub struct ServiceMeta {
     pub name: String,
     /// Counter slot.
     #[serde(skip)]
-    pub slot: u32,
+    pub(crate) slot: u32,
     /// Algorithm.
     pub algorithm: &'static str,
     /// Flow table.
-    pub flow_table: bool,
+    pub(crate) flow_table: bool,
     /// Endpoint limit.
-    pub limit: u32,
+    pub(crate) limit: u32,
     /// Table size.
-    pub table_size: u32,
+    pub(crate) table_size: u32,
     /// At least one endpoint takes new flows.
-    pub ready: bool,
+    pub(crate) ready: bool,
 }
 
 /// The admin endpoint's view of what the reconciler published and decided
@@ -144,11 +142,11 @@ pub struct ServiceMeta {
 #[derive(Debug, Default)]
 pub struct ControlState {
     /// Generation published last.
-    pub generation: u64,
+    pub(crate) generation: u64,
     /// When it was published.
-    pub published_at: Option<Instant>,
+    pub(crate) published_at: Option<Instant>,
     /// Seconds the last compile-and-publish took.
-    pub publish_seconds: f64,
+    pub(crate) publish_seconds: f64,
     /// Publications.
     pub publishes: u64,
     /// Each source, by name.
@@ -158,15 +156,15 @@ pub struct ControlState {
     /// Routes.
     pub routes: Arc<Vec<RouteMeta>>,
     /// Endpoints, service by service (see [`ControlState::all_endpoints`]).
-    pub endpoints: crate::compile::Statuses,
+    pub(crate) endpoints: crate::compile::Statuses,
     /// Counter values at the time a slot was (re)assigned: (packets, bytes).
-    pub base: Arc<Baselines>,
+    pub(crate) base: Arc<Baselines>,
     /// Snapshots replaced but not yet freed.
-    pub snapshots_pending: usize,
+    pub(crate) snapshots_pending: usize,
     /// Next hops the kernel has not resolved yet.
-    pub unresolved: usize,
+    pub(crate) unresolved: usize,
     /// Control tasks that ended before shutdown (a panic, a lost channel).
-    pub faults: Vec<String>,
+    pub(crate) faults: Vec<String>,
     /// The publication the view was last brought up to: its generation and
     /// model summary.
     seen: Option<(u64, Arc<Summary>)>,
@@ -179,7 +177,7 @@ impl ControlState {
     }
 
     /// Reloads accepted and rejected, over all sources.
-    pub fn reload_totals(&self) -> (u64, u64) {
+    pub(crate) fn reload_totals(&self) -> (u64, u64) {
         self.sources.values().fold((0, 0), |(a, r), s| (a + s.accepted_total, r + s.rejected_total))
     }
 
@@ -240,56 +238,56 @@ pub struct Reconciled {
 
 /// Liveness of one worker, as the health sampler saw it.
 #[derive(Clone, Copy, Debug)]
-pub struct WorkerLiveness {
+pub(crate) struct WorkerLiveness {
     /// Poll rounds counted at the last sample.
-    pub polls: u64,
+    pub(crate) polls: u64,
     /// When the poll count last moved.
-    pub progressed: Instant,
+    pub(crate) progressed: Instant,
     /// Generation the worker used at the last sample.
-    pub generation: u64,
+    pub(crate) generation: u64,
     /// Since when it has lagged behind the published generation (None: it has not).
-    pub lagging_since: Option<Instant>,
+    pub(crate) lagging_since: Option<Instant>,
     /// Busy and idle cycles at the last sample.
-    pub cycles: (u64, u64),
+    pub(crate) cycles: (u64, u64),
     /// Share of time spent on packets, recently (moving average over about a second).
-    pub busy_share: f64,
+    pub(crate) busy_share: f64,
 }
 
 /// Where the admin endpoint finds the status channel of a source that
 /// comes and goes with its section of the configuration (None while the
 /// section is absent).
-pub type StatusSlot<S> = Mutex<Option<watch::Receiver<S>>>;
+pub(crate) type StatusSlot<S> = Mutex<Option<watch::Receiver<S>>>;
 
 /// Everything the admin endpoint and the samplers read.
 #[derive(Debug)]
 pub struct Shared {
     /// Start time.
-    pub started: Instant,
+    pub(crate) started: Instant,
     /// The configuration file.
-    pub config_path: String,
+    pub(crate) config_path: String,
     /// Ports.
-    pub ports: Vec<PortEntry>,
+    pub(crate) ports: Vec<PortEntry>,
     /// The packet pool.
-    pub pool: Arc<dyn PoolProbe>,
+    pub(crate) pool: Arc<dyn PoolProbe>,
     /// Workers.
-    pub workers: Vec<WorkerEntry>,
+    pub(crate) workers: Vec<WorkerEntry>,
     /// Ticks per second of the workers' cycle counter.
-    pub cycles_hz: u64,
+    pub(crate) cycles_hz: u64,
     /// The admin endpoint's view of the reconciler's publications and
     /// status: read it through [`Shared::control`].
-    pub state: Mutex<ControlState>,
+    pub(crate) state: Mutex<ControlState>,
     /// The reconciler's channels (set once, before the admin endpoint serves).
     pub reconciled: std::sync::OnceLock<Reconciled>,
     /// Per worker, what the health sampler saw last.
-    pub liveness: Mutex<Vec<WorkerLiveness>>,
+    pub(crate) liveness: Mutex<Vec<WorkerLiveness>>,
     /// The xDS source's status channel, while it runs.
-    pub xds: StatusSlot<crate::sources::xds::XdsStatus>,
+    pub(crate) xds: StatusSlot<crate::sources::xds::XdsStatus>,
     /// The BIRD driver's status channel (set once, when the driver starts).
-    pub bird: std::sync::OnceLock<crate::routing::bird::StatusRx>,
+    pub(crate) bird: std::sync::OnceLock<crate::routing::bird::StatusRx>,
     /// The Kubernetes source's status channel, while it runs.
-    pub kube: StatusSlot<crate::sources::kube::KubeStatus>,
+    pub(crate) kube: StatusSlot<crate::sources::kube::KubeStatus>,
     /// The sibling sync task's status channel (set once, with a `siblings:` section).
-    pub sync: std::sync::OnceLock<watch::Receiver<crate::sync::SyncStatus>>,
+    pub(crate) sync: std::sync::OnceLock<watch::Receiver<crate::sync::SyncStatus>>,
 }
 
 impl Shared {
@@ -339,33 +337,33 @@ impl Shared {
     }
 
     /// The snapshot published last (for table dumps and explanations).
-    pub fn snapshot(&self) -> Option<Arc<sluice_dataplane::snapshot::Snapshot>> {
+    pub(crate) fn snapshot(&self) -> Option<Arc<sluice_dataplane::snapshot::Snapshot>> {
         let p = self.reconciled.get()?.published.borrow();
         p.at.map(|_| Arc::clone(&p.snapshot))
     }
 
     /// The xDS source's last status, while it runs.
-    pub fn xds(&self) -> Option<crate::sources::xds::XdsStatus> {
+    pub(crate) fn xds(&self) -> Option<crate::sources::xds::XdsStatus> {
         lock(&self.xds).as_ref().map(|rx| rx.borrow().clone())
     }
 
     /// The Kubernetes source's last status, while it runs.
-    pub fn kube(&self) -> Option<crate::sources::kube::KubeStatus> {
+    pub(crate) fn kube(&self) -> Option<crate::sources::kube::KubeStatus> {
         lock(&self.kube).as_ref().map(|rx| rx.borrow().clone())
     }
 
     /// The sibling sync task's last status, with a `siblings:` section.
-    pub fn sync(&self) -> Option<crate::sync::SyncStatus> {
+    pub(crate) fn sync(&self) -> Option<crate::sync::SyncStatus> {
         self.sync.get().map(|rx| rx.borrow().clone())
     }
 
     /// The BIRD driver's last status, while gateway routers are configured.
-    pub fn bird(&self) -> Option<crate::routing::bird::BirdStatus> {
+    pub(crate) fn bird(&self) -> Option<crate::routing::bird::BirdStatus> {
         self.bird.get().and_then(|rx| rx.borrow().clone())
     }
 
     /// Sum over workers of (packets, bytes) of a service slot.
-    pub fn service_totals(&self, slot: u32) -> (u64, u64) {
+    pub(crate) fn service_totals(&self, slot: u32) -> (u64, u64) {
         self.workers.iter().fold((0, 0), |(p, b), w| match w.counters.services.get(slot as usize) {
             Some(c) => (p + c.packets.get(), b + c.bytes.get()),
             None => (p, b),
@@ -373,7 +371,7 @@ impl Shared {
     }
 
     /// Sum over workers of (packets, bytes) of an endpoint slot.
-    pub fn endpoint_totals(&self, slot: u32) -> (u64, u64) {
+    pub(crate) fn endpoint_totals(&self, slot: u32) -> (u64, u64) {
         self.workers.iter().fold((0, 0), |(p, b), w| match w.counters.endpoints.get(slot as usize) {
             Some(c) => (p + c.packets.get(), b + c.bytes.get()),
             None => (p, b),
@@ -381,14 +379,14 @@ impl Shared {
     }
 
     /// Packets and bytes of a service since its slot was assigned.
-    pub fn service_count(&self, st: &ControlState, slot: u32) -> (u64, u64) {
+    pub(crate) fn service_count(&self, st: &ControlState, slot: u32) -> (u64, u64) {
         let (p, b) = self.service_totals(slot);
         let (bp, bb) = st.base.services.get(&slot).copied().unwrap_or((0, 0));
         (p.saturating_sub(bp), b.saturating_sub(bb))
     }
 
     /// Packets and bytes of an endpoint since its slot was assigned.
-    pub fn endpoint_count(&self, st: &ControlState, slot: u32) -> (u64, u64) {
+    pub(crate) fn endpoint_count(&self, st: &ControlState, slot: u32) -> (u64, u64) {
         let (p, b) = self.endpoint_totals(slot);
         let (bp, bb) = st.base.endpoints.get(&slot).copied().unwrap_or((0, 0));
         (p.saturating_sub(bp), b.saturating_sub(bb))

@@ -24,29 +24,31 @@ use sluice_dataplane::verdict::Verdict;
 
 /// One service's table, summed up.
 #[derive(Debug, Serialize, PartialEq, Eq)]
-pub struct TableSummary {
+pub(super) struct TableSummary {
     /// Service.
-    pub service: String,
+    pub(crate) service: String,
     /// Algorithm for new flows.
-    pub algorithm: String,
+    pub(crate) algorithm: String,
     /// Flows remembered per worker.
-    pub flow_table: bool,
+    pub(crate) flow_table: bool,
     /// Slots (0 when no endpoint takes new flows).
-    pub size: u32,
+    pub(crate) size: u32,
     /// Endpoints taking new flows: (identifier, address, slots).
-    pub endpoints: Vec<(u16, String, u32)>,
+    pub(crate) endpoints: Vec<(u16, String, u32)>,
     /// SHA-256 of the endpoint address of every slot, in order.
-    pub digest: String,
+    pub(crate) digest: String,
 }
 
-/// A table in full: runs of consecutive slots with the same endpoint.
+/// A table in full: runs of consecutive slots with the same endpoint (the
+/// whole value that [`write_dump`]'s stream is checked against).
+#[cfg(test)]
 #[derive(Debug, Serialize)]
-pub struct TableDump {
+pub(super) struct TableDump {
     /// The summary.
     #[serde(flatten)]
-    pub summary: TableSummary,
+    pub(crate) summary: TableSummary,
     /// (endpoint address, consecutive slots), from slot 0.
-    pub runs: Vec<(String, u32)>,
+    pub(crate) runs: Vec<(String, u32)>,
 }
 
 /// The endpoint address of every slot, in order.
@@ -75,7 +77,7 @@ fn digest(slots: impl Iterator<Item = Option<Addr>>) -> String {
 /// each, 100 KiB at the default size for 32 endpoints) would take most of
 /// a poll's time.
 #[derive(Debug, Default)]
-pub struct Digests(Mutex<VecDeque<(Weak<Service>, String)>>);
+pub(super) struct Digests(Mutex<VecDeque<(Weak<Service>, String)>>);
 
 /// How many digests are kept: the services summed up last.
 const DIGESTS_KEPT: usize = 64;
@@ -125,12 +127,14 @@ fn named<'a>(snap: &'a Snapshot, service: &str) -> Option<&'a Arc<Service>> {
 
 /// One service's table summed up, without its slots (cheap enough to poll:
 /// its digest is taken once, then kept in `digests`).
-pub fn summary_for(snap: &Snapshot, service: &str, digests: &Digests) -> Option<TableSummary> {
+pub(super) fn summary_for(snap: &Snapshot, service: &str, digests: &Digests) -> Option<TableSummary> {
     named(snap, service).map(|s| summary_of(s, digests.of(s)))
 }
 
-/// Every service's table, by service name.
-pub fn summaries(snap: &Snapshot) -> Vec<TableSummary> {
+/// Every service's table, by service name (the whole value that
+/// [`write_summaries`]' stream is checked against).
+#[cfg(test)]
+pub(super) fn summaries(snap: &Snapshot) -> Vec<TableSummary> {
     let mut v: Vec<TableSummary> = snap.services.iter().map(|s| summary(s)).collect();
     v.sort_by(|a, b| a.service.cmp(&b.service));
     v
@@ -151,13 +155,14 @@ fn runs(s: &Service) -> impl Iterator<Item = (String, u32)> + '_ {
 }
 
 /// One service's table in full.
-pub fn dump(snap: &Snapshot, service: &str) -> Option<TableDump> {
+#[cfg(test)]
+pub(super) fn dump(snap: &Snapshot, service: &str) -> Option<TableDump> {
     let s = named(snap, service)?;
     Some(TableDump { summary: summary(s), runs: runs(s).collect() })
 }
 
 /// The service named `service`, if the snapshot has it.
-pub fn find(snap: &Arc<Snapshot>, service: &str) -> Option<Arc<Service>> {
+pub(super) fn find(snap: &Arc<Snapshot>, service: &str) -> Option<Arc<Service>> {
     named(snap, service).cloned()
 }
 
@@ -166,7 +171,7 @@ pub fn find(snap: &Arc<Snapshot>, service: &str) -> Option<Arc<Service>> {
 /// 16,777,213 slots has millions), so what it holds does not grow with the
 /// table. An error of `w` (the client went away, the request's time is
 /// up) stops it.
-pub fn write_dump(s: &Arc<Service>, digests: &Digests, w: impl std::io::Write) -> std::io::Result<()> {
+pub(super) fn write_dump(s: &Arc<Service>, digests: &Digests, w: impl std::io::Write) -> std::io::Result<()> {
     /// The runs, serialized as a list while they are computed.
     struct Runs<'a>(&'a Service);
     impl Serialize for Runs<'_> {
@@ -192,7 +197,7 @@ pub fn write_dump(s: &Arc<Service>, digests: &Digests, w: impl std::io::Write) -
 const KEEP_DIGESTS_FROM: u32 = 1 << 20;
 
 /// Writes [`summaries`]' JSON to `w` one service at a time.
-pub fn write_summaries(snap: &Snapshot, digests: &Digests, w: impl std::io::Write) -> std::io::Result<()> {
+pub(super) fn write_summaries(snap: &Snapshot, digests: &Digests, w: impl std::io::Write) -> std::io::Result<()> {
     /// The services' summaries by name, each made as it is written.
     struct All<'a>(&'a Snapshot, &'a Digests);
     impl Serialize for All<'_> {
@@ -210,31 +215,31 @@ pub fn write_summaries(snap: &Snapshot, digests: &Digests, w: impl std::io::Writ
 
 /// The endpoint a flow gets, and why.
 #[derive(Debug, Serialize)]
-pub struct Explanation {
+pub(super) struct Explanation {
     /// The flow, as understood.
-    pub flow: String,
+    pub(crate) flow: String,
     /// What happens to it, in one sentence.
-    pub verdict: String,
+    pub(crate) verdict: String,
     /// The winning route.
-    pub route: Option<String>,
+    pub(crate) route: Option<String>,
     /// Its priority.
-    pub priority: Option<i32>,
+    pub(crate) priority: Option<i32>,
     /// The route's service.
-    pub service: Option<String>,
+    pub(crate) service: Option<String>,
     /// The service's algorithm.
-    pub algorithm: Option<String>,
+    pub(crate) algorithm: Option<String>,
     /// The flow hash and the table slot it selects (Maglev).
-    pub slot: Option<(String, u32)>,
+    pub(crate) slot: Option<(String, u32)>,
     /// The endpoint: (identifier, address).
-    pub endpoint: Option<(u16, String)>,
+    pub(crate) endpoint: Option<(u16, String)>,
     /// How the packet reaches it.
-    pub delivery: Option<String>,
+    pub(crate) delivery: Option<String>,
     /// What the explanation could not take into account.
-    pub notes: Vec<String>,
+    pub(crate) notes: Vec<String>,
 }
 
 /// Parses `tcp|udp|sctp`.
-pub fn protocol(s: &str) -> Option<u8> {
+pub(super) fn protocol(s: &str) -> Option<u8> {
     match s.to_ascii_lowercase().as_str() {
         "tcp" => Some(proto::TCP),
         "udp" => Some(proto::UDP),
@@ -249,7 +254,7 @@ const EXPLAIN_PORT: u8 = 0;
 /// Why a flow cannot be explained: its two addresses are of two families.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("src and dst must both be IPv4 or both IPv6")]
-pub struct MixedFamilies;
+pub(super) struct MixedFamilies;
 
 /// The first packet of a new flow from `src` to `dst`: a TCP SYN, or a UDP
 /// or SCTP packet without payload, addressed at layer 2 to the port it
@@ -319,7 +324,7 @@ fn unexplained(protocol: u8, src: SocketAddr, dst: SocketAddr) -> Explanation {
 /// own), as arriving on port 0: the verdict is theirs; the route, table
 /// slot and endpoint are read from the same snapshot to say why. Fails when
 /// the two addresses are not of one family.
-pub fn explain(snap: &Snapshot, protocol: u8, src: SocketAddr, dst: SocketAddr) -> Result<Explanation, MixedFamilies> {
+pub(super) fn explain(snap: &Snapshot, protocol: u8, src: SocketAddr, dst: SocketAddr) -> Result<Explanation, MixedFamilies> {
     let frame = first_packet(snap, protocol, src, dst)?;
     let mut x = unexplained(protocol, src, dst);
     let (services, endpoints) = counter_slots(snap);

@@ -14,17 +14,17 @@ use crate::ground::lock;
 /// Endpoints `/status` lists unless asked for more (`?endpoints=all`):
 /// 100,000 of them make a 30 MB document that `sluice status` would print
 /// as 100,000 rows.
-pub const ENDPOINTS_LISTED: usize = 1000;
+pub(super) const ENDPOINTS_LISTED: usize = 1000;
 
 /// What `/status` lists: every service or one (`?service=NAME`), and up to
 /// how many endpoints (`?endpoints=N`, `all`; [`ENDPOINTS_LISTED`] unless
 /// said).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct StatusQuery {
+pub(super) struct StatusQuery {
     /// Only this service, its routes and its endpoints.
-    pub service: Option<String>,
+    pub(crate) service: Option<String>,
     /// Most endpoints listed; `None` lists all.
-    pub endpoints: Option<usize>,
+    pub(crate) endpoints: Option<usize>,
 }
 
 impl Default for StatusQuery {
@@ -36,7 +36,7 @@ impl Default for StatusQuery {
 /// Why a `/status` query string is refused; each message says what is
 /// accepted instead.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum StatusQueryError {
+pub(super) enum StatusQueryError {
     /// `service=` without a name.
     #[error("service is a service's name")]
     EmptyService,
@@ -51,7 +51,7 @@ pub enum StatusQueryError {
 impl StatusQuery {
     /// From the query string's parameters; an unknown one or a bad value
     /// is an error that says what is accepted.
-    pub fn from_params<'a>(params: impl IntoIterator<Item = (&'a str, &'a str)>) -> Result<StatusQuery, StatusQueryError> {
+    pub(super) fn from_params<'a>(params: impl IntoIterator<Item = (&'a str, &'a str)>) -> Result<StatusQuery, StatusQueryError> {
         let mut q = StatusQuery::default();
         for (k, v) in params {
             match k {
@@ -112,7 +112,7 @@ type StatusView<'a> = api::Status<ServicesOf<'a>, Vec<api::Route<'a>>, Endpoints
 
 /// The service asked for is not served.
 #[derive(Debug)]
-pub struct NoService(pub String);
+pub(super) struct NoService(pub String);
 
 /// Each worker's counters and recent load, as `/status` shows them.
 fn worker_views(sh: &Shared) -> Vec<api::Worker> {
@@ -151,7 +151,7 @@ fn worker_views(sh: &Shared) -> Vec<api::Worker> {
 }
 
 /// The `/status` document, listing what `query` asks for.
-pub fn status(sh: &Shared, query: &StatusQuery) -> Result<String, NoService> {
+pub(super) fn status(sh: &Shared, query: &StatusQuery) -> Result<String, NoService> {
     let now = Instant::now();
     let not_healthy = health::unhealthy(sh, now);
     let not_ready = health::unready(sh, now);
@@ -227,9 +227,6 @@ mod tests {
         }
         fn link_up(&self) -> Option<bool> {
             None
-        }
-        fn xstats(&self) -> Vec<(String, u64)> {
-            Vec::new()
         }
     }
 

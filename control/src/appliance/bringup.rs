@@ -13,28 +13,28 @@ use crate::config::{ApplianceConfig, PortConfig};
 
 /// A started port and its exception tap.
 #[derive(Debug)]
-pub struct PortUp {
+pub(super) struct PortUp {
     /// Its configuration.
-    pub cfg: PortConfig,
+    pub(crate) cfg: PortConfig,
     /// The port.
-    pub port: Port,
+    pub(crate) port: Port,
     /// Its exception tap, when it has a kernel interface.
-    pub tap: Option<Port>,
+    pub(crate) tap: Option<Port>,
     /// Its MAC.
-    pub mac: [u8; 6],
+    pub(crate) mac: [u8; 6],
 }
 
 /// The packet pool and every port, started.
 #[derive(Debug)]
-pub struct Machine {
+pub(super) struct Machine {
     /// The pool every port receives into.
-    pub pool: Arc<Mempool>,
+    pub(crate) pool: Arc<Mempool>,
     /// Ports, in configuration order.
-    pub ports: Vec<PortUp>,
+    pub(crate) ports: Vec<PortUp>,
 }
 
 /// Starts the pool, the ports and their taps, each with one queue per worker.
-pub fn start(eal: &Eal, cfg: &ApplianceConfig, workers: u16) -> Result<Machine> {
+pub(super) fn start(eal: &Eal, cfg: &ApplianceConfig, workers: u16) -> Result<Machine> {
     let cache = if cfg.dpdk.mbufs >= 4096 { 256 } else { 0 };
     // Without hugepages no device reads the pool by physical address, and
     // mbufs packed across pages are what net_af_xdp needs (Mempool::packed).

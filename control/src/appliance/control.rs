@@ -40,44 +40,44 @@ use super::stall::{StallWatch, EXIT_STALLED};
 
 /// What the control runtime needs.
 #[derive(Debug)]
-pub struct Parts {
+pub(super) struct Parts {
     /// Shared with the admin endpoint.
-    pub shared: Arc<Shared>,
+    pub(crate) shared: Arc<Shared>,
     /// Owner of the model and the publisher (already started; the admin
     /// endpoint already follows its channels).
-    pub reconciler: Reconciler,
+    pub(crate) reconciler: Reconciler,
     /// The accepted file's settings (the xDS and Kubernetes sources follow them).
-    pub settings: watch::Receiver<Settings>,
+    pub(crate) settings: watch::Receiver<Settings>,
     /// The configuration file.
-    pub config_path: PathBuf,
+    pub(crate) config_path: PathBuf,
     /// Its state at start.
-    pub initial: FileState,
+    pub(crate) initial: FileState,
     /// Admin address and limits.
-    pub admin: (SocketAddr, Limits),
+    pub(crate) admin: (SocketAddr, Limits),
     /// Kernel interface of each port ("" for none).
-    pub ifaces: Vec<String>,
+    pub(crate) ifaces: Vec<String>,
     /// Loss accounting below DPDK.
-    pub loss: LossSampler,
+    pub(crate) loss: LossSampler,
     /// How long a worker may go without polling before the process exits
     /// (`dpdk.stallExitSeconds`).
-    pub stall_exit: Duration,
+    pub(crate) stall_exit: Duration,
     /// Where the BIRD driver tells the reconciler the gateways it learned.
     pub learned: watch::Sender<Vec<crate::config::GatewayConfig>>,
     /// Sibling sync, with a `siblings:` section.
-    pub sync: Option<SyncParts>,
+    pub(crate) sync: Option<SyncParts>,
 }
 
 /// What the sibling sync task needs.
 #[derive(Debug)]
-pub struct SyncParts {
+pub(super) struct SyncParts {
     /// The `siblings:` section.
     pub cfg: crate::config::siblings::SiblingsConfig,
     /// Each worker's ring of exported pins.
-    pub rings: Vec<Arc<sluice_dataplane::sync::SyncRing>>,
+    pub(crate) rings: Vec<Arc<sluice_dataplane::sync::SyncRing>>,
     /// The publisher of the pins received, which the workers read.
-    pub publisher: sluice_dataplane::rcu::Publisher<sluice_dataplane::sync::SyncedPins>,
+    pub(crate) publisher: sluice_dataplane::rcu::Publisher<sluice_dataplane::sync::SyncedPins>,
     /// When the workers' clock reads 0.
-    pub epoch: Instant,
+    pub(crate) epoch: Instant,
     /// The Gateway whose Deployment's other pods are siblings too
     /// (`siblings.kubernetesPods`).
     pub pods: Option<crate::config::kubernetes::KubeConfig>,
@@ -85,7 +85,7 @@ pub struct SyncParts {
 
 /// Runs until SIGINT or SIGTERM (or `stop` is cancelled), then shuts the
 /// control side down in order ([`Group`]).
-pub async fn run(p: Parts, stop: CancellationToken) -> Result<()> {
+pub(super) async fn run(p: Parts, stop: CancellationToken) -> Result<()> {
     let Parts { shared, reconciler, settings, config_path, initial, admin: (admin_addr, limits), ifaces, loss, learned, stall_exit, sync } = p;
     let listener = admin::bind(admin_addr)
         .await
@@ -431,7 +431,7 @@ const STOP_CONTROL: Duration = Duration::from_millis(3500);
 const CLEAR_AT_LEAST: Duration = Duration::from_millis(250);
 /// The process has ended this long after `bird.withdrawWaitMs` (from the
 /// stop signal), however it gets there.
-pub const STOP_BOUND: Duration = Duration::from_secs(5);
+pub(super) const STOP_BOUND: Duration = Duration::from_secs(5);
 
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)

@@ -17,7 +17,7 @@ pub fn count_lcores(list: &str) -> usize {
 
 /// The EAL arguments that open `device`: `-a ADDR` for a PCI device,
 /// `--vdev=DEVICE` for a virtual one.
-pub fn device_args(device: &str) -> Vec<String> {
+pub(crate) fn device_args(device: &str) -> Vec<String> {
     if crate::config::is_pci_device(device) {
         vec!["-a".to_owned(), device.to_owned()]
     } else {
@@ -26,7 +26,7 @@ pub fn device_args(device: &str) -> Vec<String> {
 }
 
 /// Name of the tap device of port `i`'s exception path.
-pub fn tap_device(i: usize) -> String {
+pub(crate) fn tap_device(i: usize) -> String {
     format!("net_tap{i}")
 }
 
@@ -39,7 +39,7 @@ pub fn tap_device(i: usize) -> String {
 /// the `given` EAL arguments already say how hugepage files are kept
 /// (`--huge-unlink=...`, `--in-memory`). It rules out secondary
 /// processes, which Sluice does not use.
-pub fn memory_arg(hugepages: bool, given: &[String]) -> Option<&'static str> {
+pub(crate) fn memory_arg(hugepages: bool, given: &[String]) -> Option<&'static str> {
     if !hugepages {
         return Some("--no-huge");
     }
@@ -54,14 +54,14 @@ pub fn memory_arg(hugepages: bool, given: &[String]) -> Option<&'static str> {
 /// frame holds `AF_PACKET_FRAME - 66` bytes of Ethernet frame (the kernel's
 /// frame header and alignment take the rest): IP datagrams of up to 9,136
 /// bytes. DPDK's own default (2,048) cuts reassembled datagrams short.
-pub const AF_PACKET_FRAME: u32 = 9216;
+pub(crate) const AF_PACKET_FRAME: u32 = 9216;
 /// Frames per ring block: the kernel allocates each block in a power of
 /// two of pages, and 28 frames (63 pages) fill a 64-page block to 98 %.
 /// The driver finds frame `i` at `i * framesz`, so blocks hold whole frames.
-pub const AF_PACKET_FRAMES_PER_BLOCK: u32 = 28;
+pub(crate) const AF_PACKET_FRAMES_PER_BLOCK: u32 = 28;
 /// Frames per ring (18 blocks), about DPDK's default of 512: each ring of
 /// each queue takes 4.5 MiB of kernel memory.
-pub const AF_PACKET_FRAMES: u32 = 18 * AF_PACKET_FRAMES_PER_BLOCK;
+pub(crate) const AF_PACKET_FRAMES: u32 = 18 * AF_PACKET_FRAMES_PER_BLOCK;
 /// DPDK's af_packet frame size when the device arguments give none.
 const AF_PACKET_DPDK_FRAME: u32 = 2048;
 /// Bytes of an af_packet ring frame before the packet that the driver
@@ -71,7 +71,7 @@ const AF_PACKET_FRAME_OVERHEAD: u32 = 32;
 /// The ring arguments added to an af_packet device that gives none of
 /// `framesz`, `blocksz`, `framecnt` (a device that gives one gives them all
 /// as it wants them).
-pub fn af_packet_ring_args(device: &str) -> Option<String> {
+pub(crate) fn af_packet_ring_args(device: &str) -> Option<String> {
     let given = device.split(',').skip(1).any(|kv| {
         let k = kv.split('=').next().unwrap_or("").trim();
         matches!(k, "framesz" | "blocksz" | "framecnt")
@@ -87,7 +87,7 @@ pub fn af_packet_ring_args(device: &str) -> Option<String> {
 /// The mbuf data room (headroom included) that receives every frame of
 /// `ports`: the driver of an af_packet port refuses a pool whose mbufs
 /// cannot hold a whole ring frame.
-pub fn data_room(ports: &[PortConfig]) -> u16 {
+pub(crate) fn data_room(ports: &[PortConfig]) -> u16 {
     let need = ports
         .iter()
         .filter(|p| p.device_name().starts_with("net_af_packet"))

@@ -40,7 +40,7 @@ const SETTLE: Duration = Duration::from_millis(20);
 
 /// The kernel interface a virtual device reads from (`iface=` argument of
 /// net_af_packet and net_af_xdp).
-pub fn kernel_iface(p: &PortConfig) -> Option<String> {
+pub(super) fn kernel_iface(p: &PortConfig) -> Option<String> {
     let name = p.device_name();
     if !(name.starts_with("net_af_packet") || name.starts_with("net_af_xdp")) {
         return None;
@@ -116,7 +116,7 @@ impl Tracked {
 
 /// Refreshes every port's [`PortLoss`] in the shared state.
 #[derive(Debug)]
-pub struct LossSampler {
+pub(super) struct LossSampler {
     shared: Arc<Shared>,
     ports: Vec<Tracked>,
     netlink: rtnetlink::Handle,
@@ -125,7 +125,7 @@ pub struct LossSampler {
 impl LossSampler {
     /// A sampler for `ports` (in the order of `shared.ports`), each with
     /// `queues` receive queues of `descriptors` descriptors.
-    pub fn new(shared: Arc<Shared>, ports: &[PortConfig], queues: u16, descriptors: u16, netlink: rtnetlink::Handle) -> LossSampler {
+    pub(super) fn new(shared: Arc<Shared>, ports: &[PortConfig], queues: u16, descriptors: u16, netlink: rtnetlink::Handle) -> LossSampler {
         let (backlog, cpus) = backlog_and_cpus();
         let ports = ports
             .iter()
@@ -135,7 +135,7 @@ impl LossSampler {
     }
 
     /// Takes one sample of every port.
-    pub async fn sample(&mut self) {
+    pub(super) async fn sample(&mut self) {
         let mut kernel = Vec::with_capacity(self.ports.len());
         for t in &self.ports {
             let k = match &t.iface {

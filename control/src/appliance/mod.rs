@@ -14,14 +14,14 @@
 //! (stopped before they are waited for), the ports, the check that every
 //! mbuf is back in the pool, DPDK.
 
-pub mod bringup;
-pub mod control;
+mod bringup;
+mod control;
 pub mod eal;
-pub mod loss;
-pub mod plan;
-pub mod stall;
-pub mod steps;
-pub mod workers;
+mod loss;
+mod plan;
+mod stall;
+mod steps;
+mod workers;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -96,7 +96,7 @@ fn stall_hook() -> Option<Arc<AtomicBool>> {
 pub struct RunArgs {
     /// The appliance configuration (YAML; see configs/).
     #[arg(long, short, value_name = "FILE")]
-    pub config: PathBuf,
+    pub(crate) config: PathBuf,
 }
 
 fn problems_error(ps: &[Problem], path: &std::path::Path) -> anyhow::Error {
@@ -117,9 +117,6 @@ impl PortProbe for DpdkPort {
     }
     fn link_up(&self) -> Option<bool> {
         self.0.link().ok().map(|l| l.up)
-    }
-    fn xstats(&self) -> Vec<(String, u64)> {
-        self.0.xstats().unwrap_or_default()
     }
 }
 

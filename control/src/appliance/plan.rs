@@ -12,7 +12,7 @@ use sluice_dataplane::worker::Input;
 
 /// A device queue, by the index of its port in the configuration.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Queue {
+pub(super) enum Queue {
     /// The port's own queue.
     Port(usize),
     /// The queue of the port's exception tap.
@@ -21,18 +21,18 @@ pub enum Queue {
 
 /// The plan for all workers (each uses queue number = its own index).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Plan {
+pub(super) struct Plan {
     /// Receive queues, by input index.
-    pub rx: Vec<Queue>,
+    pub(crate) rx: Vec<Queue>,
     /// Transmit queues, by output index.
-    pub tx: Vec<Queue>,
+    pub(crate) tx: Vec<Queue>,
     /// What the worker does with each input.
-    pub inputs: Vec<Input>,
+    pub(crate) inputs: Vec<Input>,
 }
 
 impl Plan {
     /// The plan for ports of which those with `has_tap[i]` have an exception tap.
-    pub fn new(has_tap: &[bool]) -> Plan {
+    pub(super) fn new(has_tap: &[bool]) -> Plan {
         let ports = has_tap.len();
         let mut tx: Vec<Queue> = (0..ports).map(Queue::Port).collect();
         let mut tap_output = vec![None; ports];
@@ -52,7 +52,7 @@ impl Plan {
     }
 
     /// Number of outputs.
-    pub fn outputs(&self) -> usize {
+    pub(super) fn outputs(&self) -> usize {
         self.tx.len()
     }
 }

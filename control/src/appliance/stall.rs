@@ -20,25 +20,25 @@ use crate::admin::health;
 use crate::admin::state::Shared;
 
 /// The exit status of a process ended by a stalled worker.
-pub const EXIT_STALLED: i32 = 3;
+pub(super) const EXIT_STALLED: i32 = 3;
 
 /// What the watch remembers between samples.
 #[derive(Debug)]
-pub struct StallWatch {
+pub(super) struct StallWatch {
     exit_after: Duration,
     reported: Vec<bool>,
 }
 
 impl StallWatch {
     /// A watch over `workers` workers that gives up after `exit_after`.
-    pub fn new(workers: usize, exit_after: Duration) -> StallWatch {
+    pub(super) fn new(workers: usize, exit_after: Duration) -> StallWatch {
         StallWatch { exit_after, reported: vec![false; workers] }
     }
 
     /// Logs each worker that stalled or polls again since the last check;
     /// returns why the process must exit, if a worker has been silent for
     /// the exit time.
-    pub fn check(&mut self, sh: &Shared, now: Instant) -> Option<String> {
+    pub(super) fn check(&mut self, sh: &Shared, now: Instant) -> Option<String> {
         let silent = health::silent_for(sh, now);
         let mut exit = None;
         for ((w, d), reported) in sh.workers.iter().zip(silent).zip(self.reported.iter_mut()) {

@@ -7,14 +7,14 @@ use anyhow::{Context, Result};
 use tracing::{debug, info};
 
 /// One step of a bring-up over the state `S`.
-pub struct Step<S> {
+pub(super) struct Step<S> {
     /// What it brings up, for the log and errors ("starting {name}").
-    pub name: &'static str,
+    pub(crate) name: &'static str,
     /// Brings it up.
-    pub up: fn(&mut S) -> Result<()>,
+    pub(crate) up: fn(&mut S) -> Result<()>,
     /// Undoes it. Runs only after `up` succeeded, and must not fail: it
     /// reports what went wrong in the state it is given.
-    pub down: fn(&mut S),
+    pub(crate) down: fn(&mut S),
 }
 
 impl<S> std::fmt::Debug for Step<S> {
@@ -25,11 +25,11 @@ impl<S> std::fmt::Debug for Step<S> {
 
 /// An undo with nothing to do: what the step changed goes away with a
 /// later step's undo, or needs none.
-pub fn nothing<S>(_: &mut S) {}
+pub(super) fn nothing<S>(_: &mut S) {}
 
 /// Brings up `steps` in order. If one fails, the ones before it are undone
 /// in reverse order and its error is returned, naming the step.
-pub fn up<S>(steps: &[Step<S>], state: &mut S) -> Result<()> {
+pub(super) fn up<S>(steps: &[Step<S>], state: &mut S) -> Result<()> {
     for (k, step) in steps.iter().enumerate() {
         debug!(step = step.name, "starting");
         if let Err(e) = (step.up)(state) {
@@ -42,7 +42,7 @@ pub fn up<S>(steps: &[Step<S>], state: &mut S) -> Result<()> {
 }
 
 /// Undoes `steps`, the last one first.
-pub fn undo<S>(steps: &[Step<S>], state: &mut S) {
+pub(super) fn undo<S>(steps: &[Step<S>], state: &mut S) {
     for step in steps.iter().rev() {
         debug!(step = step.name, "undoing");
         (step.down)(state);

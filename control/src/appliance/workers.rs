@@ -14,35 +14,30 @@ use tracing::error;
 
 /// Launched workers and their stop flag.
 #[derive(Debug)]
-pub struct Workers {
+pub(super) struct Workers {
     stop: Arc<AtomicBool>,
     tasks: Vec<LcoreTask>,
 }
 
 impl Workers {
     /// No workers yet; `stop` is the flag they poll.
-    pub fn new(stop: Arc<AtomicBool>) -> Workers {
+    pub(super) fn new(stop: Arc<AtomicBool>) -> Workers {
         Workers { stop, tasks: Vec::new() }
     }
 
     /// Runs `task` on `lcore`; the task polls the stop flag it is given.
-    pub fn launch(&mut self, eal: &Eal, lcore: LcoreId, task: impl FnOnce(&AtomicBool) -> i32 + Send + 'static) -> Result<()> {
+    pub(super) fn launch(&mut self, eal: &Eal, lcore: LcoreId, task: impl FnOnce(&AtomicBool) -> i32 + Send + 'static) -> Result<()> {
         self.tasks.push(eal.launch(lcore, Arc::clone(&self.stop), task)?);
         Ok(())
     }
 
     /// How many run.
-    pub fn len(&self) -> usize {
+    pub(super) fn len(&self) -> usize {
         self.tasks.len()
     }
 
-    /// True when none was launched.
-    pub fn is_empty(&self) -> bool {
-        self.tasks.is_empty()
-    }
-
     /// Stops every worker and waits for each; returns false if one failed.
-    pub fn stop(mut self) -> bool {
+    pub(super) fn stop(mut self) -> bool {
         self.stop_and_wait()
     }
 

@@ -75,7 +75,7 @@ pub struct CaptureArgs {
 
 /// True when `frame` is IP to or from one of `vips` (outer header, or the
 /// inner one of IPIP / IPv6-in-IP), or `vips` is empty.
-pub fn keep(frame: &[u8], vips: &[Addr]) -> bool {
+pub(crate) fn keep(frame: &[u8], vips: &[Addr]) -> bool {
     if vips.is_empty() {
         return true;
     }

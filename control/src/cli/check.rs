@@ -18,12 +18,12 @@ use crate::sources;
 pub struct CheckArgs {
     /// The appliance configuration (YAML).
     #[arg(long, short, value_name = "FILE")]
-    pub config: PathBuf,
+    pub(crate) config: PathBuf,
     /// The configuration the running appliance was started with: also
     /// report the settings that only a restart applies and that differ (a
     /// reload refuses them, at the same positions).
     #[arg(long, value_name = "FILE")]
-    pub started_with: Option<PathBuf>,
+    pub(crate) started_with: Option<PathBuf>,
 }
 
 /// Every next hop "resolves": check looks at placement, not at the network.
@@ -50,7 +50,7 @@ fn placement_topology(cfg: &crate::config::ApplianceConfig) -> Topology {
 
 /// Everything wrong with the configuration at `path`; with `started_with`,
 /// as a reload of an appliance started with that configuration.
-pub fn problems(path: &std::path::Path, started_with: Option<&std::path::Path>) -> Result<sources::Loaded, Vec<Problem>> {
+pub(crate) fn problems(path: &std::path::Path, started_with: Option<&std::path::Path>) -> Result<sources::Loaded, Vec<Problem>> {
     let loaded = sources::load(path)?;
     let cfg = &loaded.file.config;
     if let Some(running) = started_with {

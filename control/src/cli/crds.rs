@@ -18,10 +18,10 @@ use crate::sources::kube::crd;
 pub struct CrdsArgs {
     /// Directory to write `l34routes.yaml` and `gatewayrouters.yaml` into.
     #[arg(long, value_name = "DIR")]
-    pub out: Option<PathBuf>,
+    pub(crate) out: Option<PathBuf>,
     /// Compare with the files in `--out` instead of writing them.
     #[arg(long, requires = "out")]
-    pub check: bool,
+    pub(crate) check: bool,
 }
 
 /// Runs `sluice crds`.

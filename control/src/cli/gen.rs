@@ -170,32 +170,32 @@ pub struct EalFlags {
     /// EAL cores (-l). The loop runs on the second core listed, or on the
     /// only one.
     #[arg(long, default_value = "0,1", value_name = "LIST")]
-    pub lcores: String,
+    pub(crate) lcores: String,
 
     /// EAL memory in MB (-m).
     #[arg(long, default_value_t = 1024, value_name = "MB")]
-    pub memory_mb: u32,
+    pub(crate) memory_mb: u32,
 
     /// Use hugepages (default: --no-huge). DPDK unlinks their files once
     /// mapped (--huge-unlink), so the pages are freed when the command ends.
     #[arg(long)]
-    pub hugepages: bool,
+    pub(crate) hugepages: bool,
 
     /// EAL --file-prefix. Default: sluice-<command>-<pid>.
     #[arg(long, value_name = "NAME")]
-    pub file_prefix: Option<String>,
+    pub(crate) file_prefix: Option<String>,
 
     /// Mbufs in the packet pool.
     #[arg(long, default_value_t = 16383)]
-    pub mbufs: u32,
+    pub(crate) mbufs: u32,
 
     /// Receive and transmit descriptors per queue.
     #[arg(long, default_value_t = 1024)]
-    pub descriptors: u16,
+    pub(crate) descriptors: u16,
 
     /// More EAL arguments (after `--`), as they are.
     #[arg(last = true, value_name = "EAL_ARGS")]
-    pub eal: Vec<String>,
+    pub(crate) eal: Vec<String>,
 }
 
 /// Parses a rate: a number with an optional k/M/G suffix.
@@ -269,7 +269,7 @@ pub fn eal_args(d: &EalFlags, ports: &[String], what: &str) -> Vec<String> {
 
 /// Starts every port of `devices` with one queue each, receiving into a
 /// new pool of `d.mbufs`.
-pub fn start_ports(eal: &Eal, d: &EalFlags, devices: &[String], pool_name: &str) -> Result<(Arc<Mempool>, Vec<Port>)> {
+pub(crate) fn start_ports(eal: &Eal, d: &EalFlags, devices: &[String], pool_name: &str) -> Result<(Arc<Mempool>, Vec<Port>)> {
     let cache = if d.mbufs >= 4096 { 256 } else { 0 };
     let pool = Mempool::new(eal, pool_name, d.mbufs, cache, DEFAULT_DATA_ROOM)
         .context("creating the packet pool (lower --mbufs, or raise --memory-mb)")?;

@@ -19,16 +19,16 @@ use sluice_admin_api as api;
 pub struct StatusArgs {
     /// Admin endpoint of the appliance (admin.listen in its configuration).
     #[arg(long, default_value = "127.0.0.1:9091")]
-    pub admin: SocketAddr,
+    pub(crate) admin: SocketAddr,
     /// Print the raw JSON instead of tables.
     #[arg(long)]
-    pub json: bool,
+    pub(crate) json: bool,
     /// Only this service: its routes and its endpoints.
     #[arg(long, value_name = "NAME")]
-    pub service: Option<String>,
+    pub(crate) service: Option<String>,
     /// Most endpoints listed, or `all` (default: 1000, or all of --service's).
     #[arg(long, value_name = "N|all")]
-    pub endpoints: Option<String>,
+    pub(crate) endpoints: Option<String>,
 }
 
 impl StatusArgs {
@@ -48,7 +48,7 @@ impl StatusArgs {
 }
 
 /// GETs `path` from `addr` (HTTP/1.0) and returns the body.
-pub fn http_get(addr: SocketAddr, path: &str) -> Result<String> {
+pub(crate) fn http_get(addr: SocketAddr, path: &str) -> Result<String> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))
         .with_context(|| format!("cannot reach the admin endpoint at {addr}: is `sluice run` running there?"))?;
     s.set_read_timeout(Some(Duration::from_secs(5)))?;
@@ -123,7 +123,7 @@ fn bird(o: &mut String, b: &api::bird::Bird) {
 }
 
 /// Renders a `/status` document.
-pub fn render(st: &api::Status) -> String {
+pub(crate) fn render(st: &api::Status) -> String {
     let mut o = String::new();
     let _ = writeln!(
         o,

@@ -20,13 +20,13 @@ use super::status::http_get;
 pub struct TablesArgs {
     /// Admin endpoint of the appliance.
     #[arg(long, default_value = "127.0.0.1:9091")]
-    pub admin: SocketAddr,
+    pub(crate) admin: SocketAddr,
     /// One service's table in full.
     #[arg(long, value_name = "NAME")]
-    pub service: Option<String>,
+    pub(crate) service: Option<String>,
     /// Print the raw JSON.
     #[arg(long)]
-    pub json: bool,
+    pub(crate) json: bool,
 }
 
 /// Explain which route, service and endpoint a new flow gets, and why.
@@ -36,17 +36,17 @@ pub struct TablesArgs {
 #[command(verbatim_doc_comment)]
 pub struct ExplainArgs {
     /// tcp, udp or sctp.
-    pub proto: String,
+    pub(crate) proto: String,
     /// Client address and port (IPv6 as [addr]:port).
-    pub src: SocketAddr,
+    pub(crate) src: SocketAddr,
     /// VIP and port.
-    pub dst: SocketAddr,
+    pub(crate) dst: SocketAddr,
     /// Admin endpoint of the appliance.
     #[arg(long, default_value = "127.0.0.1:9091")]
-    pub admin: SocketAddr,
+    pub(crate) admin: SocketAddr,
     /// Print the raw JSON.
     #[arg(long)]
-    pub json: bool,
+    pub(crate) json: bool,
 }
 
 /// Percent-encodes what a query value needs (IPv6 brackets and colons are fine as they are).

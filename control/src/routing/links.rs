@@ -57,21 +57,21 @@ pub struct LinkCounters {
     /// Bytes received.
     pub rx_bytes: u64,
     /// Received frames dropped by the kernel (no buffer, unknown protocol...).
-    pub rx_dropped: u64,
+    pub(crate) rx_dropped: u64,
     /// Bad frames received.
-    pub rx_errors: u64,
+    pub(crate) rx_errors: u64,
     /// Frames the device missed (receive ring full).
-    pub rx_missed_errors: u64,
+    pub(crate) rx_missed_errors: u64,
     /// Receive ring overflows.
-    pub rx_over_errors: u64,
+    pub(crate) rx_over_errors: u64,
     /// Frames sent.
     pub tx_packets: u64,
     /// Bytes sent.
     pub tx_bytes: u64,
     /// Frames dropped on transmit.
-    pub tx_dropped: u64,
+    pub(crate) tx_dropped: u64,
     /// Transmit errors.
-    pub tx_errors: u64,
+    pub(crate) tx_errors: u64,
 }
 
 impl From<&Stats64> for LinkCounters {

@@ -15,8 +15,8 @@
 //! lives in one namespace, so that is the same one).
 
 pub mod bird;
-pub mod links;
-pub mod neighbours;
+mod links;
+mod neighbours;
 
 use std::net::IpAddr;
 
@@ -103,7 +103,7 @@ impl RoutingError {
     }
 
     /// The errno the kernel answered with, if this is a kernel refusal.
-    pub fn errno(&self) -> Option<i32> {
+    pub(crate) fn errno(&self) -> Option<i32> {
         match self {
             RoutingError::Netlink { source, .. } => errno(source),
             _ => None,

@@ -96,12 +96,12 @@ const NOTIFY_BUFFER: usize = 32 << 20;
 /// The host's limit on neighbour entries of `v4`'s family
 /// (`net.ipv{4,6}.neigh.default.gc_thresh3`), when this network namespace
 /// can read it (the kernel shows it in the initial namespace only).
-pub fn table_limit(v4: bool) -> Option<u64> {
+pub(super) fn table_limit(v4: bool) -> Option<u64> {
     std::fs::read_to_string(limit_sysctl(v4).1).ok()?.trim().parse().ok()
 }
 
 /// The sysctl that limits the neighbour table of `v4`'s family, by name and path.
-pub fn limit_sysctl(v4: bool) -> (&'static str, &'static str) {
+pub(super) fn limit_sysctl(v4: bool) -> (&'static str, &'static str) {
     if v4 {
         ("net.ipv4.neigh.default.gc_thresh3", "/proc/sys/net/ipv4/neigh/default/gc_thresh3")
     } else {
@@ -113,14 +113,14 @@ pub fn limit_sysctl(v4: bool) -> (&'static str, &'static str) {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Entry {
     /// Link-layer address, if the entry has a 6-byte one.
-    pub mac: Option<[u8; 6]>,
+    pub(crate) mac: Option<[u8; 6]>,
     /// NUD state.
-    pub state: NeighbourState,
+    pub(crate) state: NeighbourState,
     /// `NTF_EXT_MANAGED` is set.
-    pub managed: bool,
+    pub(crate) managed: bool,
     /// `NTF_EXT_LEARNED` is set (the entry is outside the kernel's
     /// garbage collection and its `gc_thresh3` count).
-    pub learned: bool,
+    pub(crate) learned: bool,
 }
 
 impl Entry {
@@ -181,9 +181,9 @@ fn wanted_keys(wanted: &HashSet<(u8, Addr)>, index: &[Option<u32>]) -> HashSet<K
 #[derive(Debug, Default, PartialEq, Eq)]
 pub(crate) struct Plan {
     /// Entries to make managed and externally learned.
-    pub add: Vec<Key>,
+    pub(crate) add: Vec<Key>,
     /// Managed entries to delete.
-    pub del: Vec<Key>,
+    pub(crate) del: Vec<Key>,
 }
 
 /// The difference between the wanted pairs and the kernel's entries on the

@@ -28,10 +28,10 @@ const POLL: Duration = Duration::from_secs(2);
 /// keeps the length and lands within the filesystem's timestamp tick, and
 /// the trailing events of one save do not read it twice.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub struct Fingerprint(u64);
+pub(crate) struct Fingerprint(u64);
 
 /// The fingerprint of the configuration file and its manifests.
-pub fn fingerprint(path: &Path, manifests_dir: Option<&Path>) -> Fingerprint {
+pub(crate) fn fingerprint(path: &Path, manifests_dir: Option<&Path>) -> Fingerprint {
     use std::hash::{Hash, Hasher};
     let mut files = vec![path.to_owned()];
     if let Some(d) = manifests_dir {

@@ -19,9 +19,9 @@ use crate::config::{self, manifests, ApplianceConfig};
 use crate::model::{Desired, Model, Resolved};
 
 /// Source name of the configuration file's inline definitions.
-pub const FILE_SOURCE: &str = "file";
+pub(crate) const FILE_SOURCE: &str = "file";
 /// Source name of the manifests directory.
-pub const MANIFESTS_SOURCE: &str = "manifests";
+pub(crate) const MANIFESTS_SOURCE: &str = "manifests";
 
 /// What a source tells the reconciler.
 #[derive(Debug)]
@@ -74,7 +74,7 @@ pub enum SourceMsg {
 /// Whether a source's state is being served: `Err` lists why it was refused
 /// (the previous state keeps serving), each problem with the origin of the
 /// object it is about, so a source can tell which of its objects failed.
-pub type Applied = Result<(), Vec<Problem>>;
+pub(crate) type Applied = Result<(), Vec<Problem>>;
 
 /// The configuration file's content and the manifests it points to.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -82,7 +82,7 @@ pub struct FileState {
     /// The file.
     pub config: ApplianceConfig,
     /// The manifests, when the file names a directory.
-    pub manifests: Option<Desired>,
+    pub(crate) manifests: Option<Desired>,
 }
 
 /// Reads the file at `path` and its manifests, each checked on its own.
@@ -101,16 +101,16 @@ pub fn read(path: &Path) -> Result<FileState, Vec<Problem>> {
 #[derive(Debug)]
 pub struct Loaded {
     /// The file and its manifests.
-    pub file: FileState,
+    pub(crate) file: FileState,
     /// Its sources.
-    pub model: Model,
+    pub(crate) model: Model,
     /// The merged result.
-    pub resolved: Resolved,
+    pub(crate) resolved: Resolved,
 }
 
 impl FileState {
     /// Puts the file's definitions into `model` under their source names.
-    pub fn set_into(&self, model: &mut Model) {
+    pub(crate) fn set_into(&self, model: &mut Model) {
         model.set(FILE_SOURCE, self.config.inline.clone());
         match &self.manifests {
             Some(d) => {
@@ -132,7 +132,7 @@ impl Loaded {
 }
 
 /// Loads the file at `path`, its manifests, and checks the whole.
-pub fn load(path: &Path) -> Result<Loaded, Vec<Problem>> {
+pub(crate) fn load(path: &Path) -> Result<Loaded, Vec<Problem>> {
     Loaded::of(read(path)?)
 }
 

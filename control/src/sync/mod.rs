@@ -40,7 +40,7 @@
 //!   once the discovery (if any) listed its peers and every reachable peer
 //!   sent its "in sync" marker, or `startupWaitMs` passed.
 
-pub mod wire;
+mod wire;
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -68,13 +68,13 @@ use crate::reconcile::Published;
 use wire::{Kind, WireError, MAX_RECORDS_PER_FRAME};
 
 /// How often the rings are drained.
-pub const ROUND: Duration = Duration::from_millis(5);
+pub(crate) const ROUND: Duration = Duration::from_millis(5);
 /// Records taken from one ring per round at most.
-pub const DRAIN_PER_ROUND: usize = 4096;
+pub(crate) const DRAIN_PER_ROUND: usize = 4096;
 /// The synced pins are rebuilt at most this often.
-pub const REBUILD_EVERY: Duration = Duration::from_millis(10);
+pub(crate) const REBUILD_EVERY: Duration = Duration::from_millis(10);
 /// Records queued for one sibling at most.
-pub const MAX_QUEUED: usize = 1 << 20;
+pub(crate) const MAX_QUEUED: usize = 1 << 20;
 /// A sender with nothing to send says so this often; a dialer that hears
 /// nothing for [`SILENCE`] connects again.
 const KEEPALIVE: Duration = Duration::from_secs(1);
@@ -87,7 +87,7 @@ const STATUS_EVERY: Duration = Duration::from_millis(250);
 const EXPIRE_EVERY: Duration = Duration::from_secs(1);
 
 /// The wire's name of a service: 32 bits of SHA-256 of its name.
-pub fn service_tag(name: &str) -> u32 {
+pub(crate) fn service_tag(name: &str) -> u32 {
     let d = Sha256::new().chain_update(b"sluice-service\0").chain_update(name.as_bytes()).finalize();
     u32::from_be_bytes([d[0], d[1], d[2], d[3]])
 }
@@ -95,7 +95,7 @@ pub fn service_tag(name: &str) -> u32 {
 /// What a record on the wire holds in place of the incarnation: 16 bits of
 /// SHA-256 of the endpoint's address (an identifier given to another
 /// address on one sibling does not match).
-pub fn address_tag(a: Addr) -> u16 {
+pub(crate) fn address_tag(a: Addr) -> u16 {
     let d = Sha256::new().chain_update(b"sluice-endpoint\0").chain_update(a.0.to_be_bytes()).finalize();
     u16::from_be_bytes([d[0], d[1]])
 }
@@ -110,11 +110,11 @@ fn map_key(k: &FlowKey) -> MapKey {
 }
 
 /// One sibling, as the status shows it.
-pub type PeerStatus = sluice_admin_api::sync::Peer;
+pub(crate) type PeerStatus = sluice_admin_api::sync::Peer;
 
 /// What the sync task did, published on its own channel: the `/status`
 /// document's `sync`, filled here.
-pub type SyncStatus = sluice_admin_api::sync::Sync;
+pub(crate) type SyncStatus = sluice_admin_api::sync::Sync;
 
 #[derive(Debug, Default)]
 struct Counters {
@@ -209,10 +209,10 @@ struct Inbox {
 
 /// The peers a discovery gives, as it changes: `None` until it first
 /// listed them.
-pub type Discovered = watch::Receiver<Option<Vec<SocketAddr>>>;
+pub(crate) type Discovered = watch::Receiver<Option<Vec<SocketAddr>>>;
 
 /// What `not_heard` says of a discovery that never listed its peers.
-pub const NOT_LISTED: &str = "the discovered siblings (never listed)";
+pub(crate) const NOT_LISTED: &str = "the discovered siblings (never listed)";
 
 /// One peer's state.
 #[derive(Debug, Default)]
@@ -299,7 +299,7 @@ impl State {
 
 /// The sync task, built; [`SyncTask::run`] runs it.
 #[derive(Debug)]
-pub struct SyncTask {
+pub(crate) struct SyncTask {
     state: Arc<State>,
     listener: TcpListener,
     rings: Vec<Arc<SyncRing>>,
@@ -313,7 +313,7 @@ impl SyncTask {
     /// Listens on `cfg.listen`; will drain `rings`, publish through
     /// `publisher` and translate with the snapshots `published` gives.
     /// `epoch` is when the workers' clock reads 0.
-    pub async fn bind(
+    pub(crate) async fn bind(
         cfg: SiblingsConfig,
         rings: Vec<Arc<SyncRing>>,
         publisher: Publisher<SyncedPins>,
@@ -336,23 +336,24 @@ impl SyncTask {
 
     /// Takes peers from `discovered` too, beside the configured ones.
     #[must_use]
-    pub fn follow(mut self, discovered: Discovered) -> SyncTask {
+    pub(crate) fn follow(mut self, discovered: Discovered) -> SyncTask {
         self.discovered = Some(discovered);
         self
     }
 
     /// The address it listens on.
-    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+    #[cfg(test)]
+    pub(crate) fn local_addr(&self) -> std::io::Result<SocketAddr> {
         self.listener.local_addr()
     }
 
     /// Its status, as it changes.
-    pub fn status(&self) -> watch::Receiver<SyncStatus> {
+    pub(crate) fn status(&self) -> watch::Receiver<SyncStatus> {
         self.status.subscribe()
     }
 
     /// Runs until `stop` is cancelled.
-    pub async fn run(self, stop: CancellationToken) {
+    pub(crate) async fn run(self, stop: CancellationToken) {
         let SyncTask { state, listener, rings, mut publisher, mut published, status, mut discovered } = self;
         let mut tasks = JoinSet::new();
         {

@@ -32,20 +32,20 @@ use sluice_dataplane::sync::RECORD_LEN;
 type HmacSha256 = Hmac<Sha256>;
 
 /// The protocol's first bytes.
-pub const MAGIC: [u8; 4] = *b"SLSY";
+pub(super) const MAGIC: [u8; 4] = *b"SLSY";
 /// Its version.
-pub const VERSION: u8 = 1;
+pub(super) const VERSION: u8 = 1;
 /// Bytes of a nonce.
-pub const NONCE_LEN: usize = 32;
+pub(super) const NONCE_LEN: usize = 32;
 /// Bytes of a MAC.
-pub const MAC_LEN: usize = 32;
+pub(super) const MAC_LEN: usize = 32;
 /// Most records in one frame.
-pub const MAX_RECORDS_PER_FRAME: usize = 256;
+pub(super) const MAX_RECORDS_PER_FRAME: usize = 256;
 
 /// What a frame carries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
-pub enum Kind {
+pub(super) enum Kind {
     /// Pin records.
     Records = 1,
     /// Every pin held when the connection opened has been sent.
@@ -56,7 +56,7 @@ pub enum Kind {
 
 /// Why a connection ends.
 #[derive(Debug, thiserror::Error)]
-pub enum WireError {
+pub(super) enum WireError {
     /// The connection failed.
     #[error("{0}")]
     Io(#[from] std::io::Error),
@@ -106,7 +106,7 @@ fn nonce() -> std::io::Result<[u8; NONCE_LEN]> {
 /// One direction of an authenticated connection: the frames' key and the
 /// next sequence number.
 #[derive(Debug)]
-pub struct Session {
+pub(super) struct Session {
     pub(crate) key: [u8; MAC_LEN],
     pub(crate) seq: u64,
 }
@@ -119,7 +119,7 @@ impl Session {
 
 /// The dialer's handshake: proves it holds `key` and checks that the
 /// listener does; `name` is its own listen address.
-pub async fn dial<S: AsyncRead + AsyncWrite + Unpin>(s: &mut S, key: &[u8], name: &str) -> Result<Session, WireError> {
+pub(super) async fn dial<S: AsyncRead + AsyncWrite + Unpin>(s: &mut S, key: &[u8], name: &str) -> Result<Session, WireError> {
     let nd = nonce()?;
     let name = &name.as_bytes()[..name.len().min(255)];
     let mut hello = Vec::with_capacity(6 + NONCE_LEN + name.len());
@@ -142,7 +142,7 @@ pub async fn dial<S: AsyncRead + AsyncWrite + Unpin>(s: &mut S, key: &[u8], name
 
 /// The listener's handshake: checks that the dialer holds `key` (and
 /// proves it does); returns the frames' session and the dialer's name.
-pub async fn accept<S: AsyncRead + AsyncWrite + Unpin>(s: &mut S, key: &[u8]) -> Result<(Session, String), WireError> {
+pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(s: &mut S, key: &[u8]) -> Result<(Session, String), WireError> {
     let mut head = [0u8; 5 + NONCE_LEN + 1];
     s.read_exact(&mut head).await?;
     if head[..4] != MAGIC || head[4] != VERSION {
@@ -167,7 +167,7 @@ pub async fn accept<S: AsyncRead + AsyncWrite + Unpin>(s: &mut S, key: &[u8]) ->
 
 /// Sends one frame of `kind` with `records` (whole encoded records, at
 /// most [`MAX_RECORDS_PER_FRAME`]).
-pub async fn write_frame<W: AsyncWrite + Unpin>(w: &mut W, s: &mut Session, kind: Kind, records: &[u8]) -> Result<(), WireError> {
+pub(super) async fn write_frame<W: AsyncWrite + Unpin>(w: &mut W, s: &mut Session, kind: Kind, records: &[u8]) -> Result<(), WireError> {
     let count = records.len() / RECORD_LEN;
     let [hi, lo] = u16::try_from(count).unwrap_or(u16::MAX).to_be_bytes();
     let head = [kind as u8, hi, lo];
@@ -183,7 +183,7 @@ pub async fn write_frame<W: AsyncWrite + Unpin>(w: &mut W, s: &mut Session, kind
 
 /// Reads one frame into `records` (its encoded records, replaced);
 /// refuses a frame whose MAC is wrong.
-pub async fn read_frame<R: AsyncRead + Unpin>(r: &mut R, s: &mut Session, records: &mut Vec<u8>) -> Result<Kind, WireError> {
+pub(super) async fn read_frame<R: AsyncRead + Unpin>(r: &mut R, s: &mut Session, records: &mut Vec<u8>) -> Result<Kind, WireError> {
     let mut head = [0u8; 3];
     r.read_exact(&mut head).await?;
     let count = usize::from(u16::from_be_bytes([head[1], head[2]]));

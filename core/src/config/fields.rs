@@ -33,7 +33,7 @@ pub fn mapped_v4(text: &str) -> Option<String> {
 }
 
 /// An IP address (not IPv4-mapped IPv6).
-pub fn addr(n: Node<'_>, p: &mut Problems) -> Option<Addr> {
+pub(crate) fn addr(n: Node<'_>, p: &mut Problems) -> Option<Addr> {
     let s = n.string(p)?;
     if let Some(why) = mapped_v4(&s) {
         n.bad(p, why);
@@ -50,7 +50,7 @@ pub fn addr(n: Node<'_>, p: &mut Problems) -> Option<Addr> {
 
 /// A destination that must be a single address (a VIP): `a.b.c.d`,
 /// `a.b.c.d/32`, `x::y` or `x::y/128`.
-pub fn vip(n: Node<'_>, p: &mut Problems) -> Option<Addr> {
+pub(crate) fn vip(n: Node<'_>, p: &mut Problems) -> Option<Addr> {
     let s = n.string(p)?;
     let s = s.trim();
     if let Some(why) = mapped_v4(s) {
@@ -82,7 +82,7 @@ pub fn vip(n: Node<'_>, p: &mut Problems) -> Option<Addr> {
 }
 
 /// A prefix like `10.0.0.0/8` (not IPv4-mapped IPv6).
-pub fn cidr(n: Node<'_>, p: &mut Problems) -> Option<Cidr> {
+pub(crate) fn cidr(n: Node<'_>, p: &mut Problems) -> Option<Cidr> {
     let s = n.string(p)?;
     if let Some(why) = mapped_v4(&s) {
         n.bad(p, why);
@@ -92,7 +92,7 @@ pub fn cidr(n: Node<'_>, p: &mut Problems) -> Option<Cidr> {
 }
 
 /// `80`, `8000-8080` or `any`.
-pub fn port_range(n: Node<'_>, p: &mut Problems) -> Option<PortRange> {
+pub(crate) fn port_range(n: Node<'_>, p: &mut Problems) -> Option<PortRange> {
     let s = n.string(p)?;
     let s = s.trim();
     if s == "any" {
@@ -123,7 +123,7 @@ pub fn port_range(n: Node<'_>, p: &mut Problems) -> Option<PortRange> {
 }
 
 /// TCP, UDP or SCTP (any case).
-pub fn protocol(n: Node<'_>, p: &mut Problems) -> Option<u8> {
+pub(crate) fn protocol(n: Node<'_>, p: &mut Problems) -> Option<u8> {
     let s = n.string(p)?;
     match s.to_ascii_uppercase().as_str() {
         "TCP" => Some(proto::TCP),
@@ -156,7 +156,7 @@ fn number(t: &str) -> Option<u32> {
 
 /// `proto[offset:len] & mask = value` (tcpdump-like, as in Meridio and
 /// nfqlb): `len` is 1, 2 or 4 bytes, the mask is optional.
-pub fn byte_match(n: Node<'_>, p: &mut Problems) -> Option<ByteMatch> {
+pub(crate) fn byte_match(n: Node<'_>, p: &mut Problems) -> Option<ByteMatch> {
     let s = n.string(p)?;
     let fail = |p: &mut Problems, why: &str| {
         n.bad(p, format!("byte match {s:?}: {why} (format: tcp[13:1] & 0x02 = 0x02)"));
@@ -200,7 +200,7 @@ pub fn byte_match(n: Node<'_>, p: &mut Problems) -> Option<ByteMatch> {
 }
 
 /// A service's endpoint limit (identifiers are `0..limit`).
-pub fn endpoint_limit(n: Node<'_>, p: &mut Problems) -> Option<u32> {
+pub(crate) fn endpoint_limit(n: Node<'_>, p: &mut Problems) -> Option<u32> {
     let (lo, hi) = (limits::ENDPOINT_LIMIT_MIN, limits::ENDPOINT_LIMIT_MAX);
     n.int(p, i64::from(lo), i64::from(hi)).map(|v| v as u32)
 }
@@ -208,7 +208,7 @@ pub fn endpoint_limit(n: Node<'_>, p: &mut Problems) -> Option<u32> {
 /// A lookup-table size: a prime, at most [`limits::TABLE_SIZE_MAX`] (that
 /// it is not below the endpoint limit is checked when the service is
 /// resolved, as the limit may come from the defaults).
-pub fn table_size(n: Node<'_>, p: &mut Problems) -> Option<u32> {
+pub(crate) fn table_size(n: Node<'_>, p: &mut Problems) -> Option<u32> {
     let m = n.int(p, 1, i64::from(limits::TABLE_SIZE_MAX))? as u32;
     if !is_prime(m) {
         n.bad(p, format!("table size {m} is not a prime (the next prime is {})", next_prime(m)));
@@ -234,7 +234,7 @@ pub fn not_unicast(m: [u8; 6]) -> Option<&'static str> {
 
 /// A unicast MAC address `aa:bb:cc:dd:ee:ff` (an endpoint's or a
 /// gateway's).
-pub fn mac(n: Node<'_>, p: &mut Problems) -> Option<[u8; 6]> {
+pub(crate) fn mac(n: Node<'_>, p: &mut Problems) -> Option<[u8; 6]> {
     let s = n.string(p)?;
     let parts: Vec<&str> = s.trim().split(':').collect();
     let mut m = [0u8; 6];
@@ -250,7 +250,7 @@ pub fn mac(n: Node<'_>, p: &mut Problems) -> Option<[u8; 6]> {
 }
 
 /// A name usable as an identifier: letters, digits, `-`, `_`, `.`.
-pub fn name(n: Node<'_>, p: &mut Problems) -> Option<String> {
+pub(crate) fn name(n: Node<'_>, p: &mut Problems) -> Option<String> {
     let s = n.string(p)?;
     if !simple_name(&s) {
         n.bad(p, format!("{s:?} is not a valid name (letters, digits, '-', '_', '.'; at most {})", limits::NAME_MAX_LEN));

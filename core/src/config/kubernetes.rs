@@ -72,7 +72,7 @@ pub struct KubeConfig {
 }
 
 /// Checks the section; `path` is the configuration file's.
-pub fn parse(n: Node<'_>, p: &mut Problems, path: &Path) -> Option<KubeConfig> {
+pub(crate) fn parse(n: Node<'_>, p: &mut Problems, path: &Path) -> Option<KubeConfig> {
     n.mapping(p, &["gateway", "namespace", "kubeconfig", "gatewayClass", "algorithmConfiguration", "allowAlgorithmChange"]);
     let gateway = n.required(p, "gateway", fields::name).flatten();
     let namespace = n.required(p, "namespace", |n, p| {

@@ -43,16 +43,16 @@ pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 /// controller sets it; an appliance finds its siblings' pods by it).
 pub const GATEWAY_LABEL: &str = "sluice.io/gateway";
 /// Sluice's per-service algorithm annotation.
-pub const SLUICE_ALGORITHM: &str = "sluice.io/lb-algorithm";
+pub(crate) const SLUICE_ALGORITHM: &str = "sluice.io/lb-algorithm";
 /// Cilium's per-service algorithm annotation (wins over Sluice's).
-pub const CILIUM_ALGORITHM: &str = "service.cilium.io/lb-algorithm";
+pub(crate) const CILIUM_ALGORITHM: &str = "service.cilium.io/lb-algorithm";
 /// Annotation mapping endpoint addresses to identifiers (a JSON object).
 pub const ENDPOINT_IDS: &str = "sluice.io/endpoint-ids";
 /// Most manifest files in the directory.
-pub const MAX_FILES: usize = 1000;
+pub(crate) const MAX_FILES: usize = 1000;
 /// Most bytes in all the files together (each is also at most
 /// [`yaml::MAX_FILE_BYTES`]).
-pub const MAX_TOTAL_BYTES: u64 = 64 << 20;
+pub(crate) const MAX_TOTAL_BYTES: u64 = 64 << 20;
 
 /// The manifest files of `dir` (`.yaml`, `.yml`), sorted; at most
 /// [`MAX_FILES`].
@@ -86,10 +86,10 @@ pub struct Object {
     /// Where it came from: the file, or `kubernetes: Kind/namespace/name`
     /// for an API object (unique per object: problems carry it, so a
     /// source can tell which of its objects a refusal is about).
-    pub file: String,
+    pub(crate) file: String,
     /// Its path in that origin (`[doc 2] Service/web`; empty for an API
     /// object).
-    pub path: String,
+    pub(crate) path: String,
     /// The object.
     pub value: Value,
 }
@@ -284,11 +284,11 @@ pub struct Mapped {
     /// Its origin ([`Object::file`]).
     pub origin: String,
     /// Its creation time as the API wrote it (empty in files).
-    pub created: String,
+    pub(crate) created: String,
     /// The Service it belongs to (a slice) or sends to (a route).
     pub service: Option<String>,
     /// What it defines.
-    pub desired: Desired,
+    pub(crate) desired: Desired,
     /// Why it is left out, if it is.
     pub refusal: Option<Refusal>,
 }
@@ -307,7 +307,7 @@ impl Mapping {
     /// Everything or nothing (a manifests directory): the objects'
     /// definitions when no object has a problem of its own, else every
     /// problem.
-    pub fn into_result(self) -> Result<Desired, Vec<Problem>> {
+    pub(crate) fn into_result(self) -> Result<Desired, Vec<Problem>> {
         let mut problems = self.whole.clone();
         for m in &self.objects {
             if let Some(r) = &m.refusal {
@@ -337,11 +337,6 @@ impl Mapping {
     /// The object from `origin`.
     pub fn get(&self, origin: &str) -> Option<&Mapped> {
         self.objects.iter().find(|m| m.origin == origin)
-    }
-
-    /// The object from `origin`, to change.
-    pub fn get_mut(&mut self, origin: &str) -> Option<&mut Mapped> {
-        self.objects.iter_mut().find(|m| m.origin == origin)
     }
 }
 
@@ -645,7 +640,7 @@ fn conflicts(out: &mut Mapping) {
 }
 
 /// True when some packet could match both.
-pub fn overlap(a: &RouteMatch, b: &RouteMatch) -> bool {
+pub(crate) fn overlap(a: &RouteMatch, b: &RouteMatch) -> bool {
     fn any_or<T>(x: &[T], y: &[T], f: impl Fn(&T, &T) -> bool) -> bool {
         x.is_empty() || y.is_empty() || x.iter().any(|p| y.iter().any(|q| f(p, q)))
     }

@@ -38,34 +38,34 @@ use yaml::Value;
 /// Bounds of the numbers only the configuration file sets.
 pub mod bounds {
     /// DPDK memory (`dpdk.memoryMB`).
-    pub const MEMORY_MB: (i64, i64) = (64, 1 << 20);
+    pub(crate) const MEMORY_MB: (i64, i64) = (64, 1 << 20);
     /// Packet buffers (`dpdk.mbufs`).
-    pub const MBUFS: (i64, i64) = (1023, 1 << 24);
+    pub(crate) const MBUFS: (i64, i64) = (1023, 1 << 24);
     /// Bytes of memory one packet buffer takes at least: the mbuf header
     /// (128), its data room (2048 + 128 headroom) and the mempool's
     /// per-object header (64).
-    pub const MBUF_BYTES: u64 = 128 + 2048 + 128 + 64;
+    pub(crate) const MBUF_BYTES: u64 = 128 + 2048 + 128 + 64;
     /// Descriptors per queue (`dpdk.descriptors`).
-    pub const DESCRIPTORS: (i64, i64) = (64, 16384);
+    pub(crate) const DESCRIPTORS: (i64, i64) = (64, 16384);
     /// A worker's longest pause when idle, in microseconds
     /// (`dpdk.idlePauseMaxMicros`): far below the liveness check's second.
-    pub const IDLE_PAUSE_MAX_MICROS: (i64, i64) = (1, 100_000);
+    pub(crate) const IDLE_PAUSE_MAX_MICROS: (i64, i64) = (1, 100_000);
     /// Seconds a worker may go without polling before the process exits
     /// (`dpdk.stallExitSeconds`): above the second after which it is
     /// reported, and short enough for a supervisor to restart it soon.
-    pub const STALL_EXIT_SECONDS: (i64, i64) = (2, 600);
+    pub(crate) const STALL_EXIT_SECONDS: (i64, i64) = (2, 600);
     /// Flow-table entries per worker (`flowTable.entries`); an entry takes
     /// 72 bytes (8 in its bucket, 64 for its key), so at most 1.125 GiB per
     /// worker.
-    pub const FLOW_ENTRIES: (i64, i64) = (16, 1 << 24);
+    pub(crate) const FLOW_ENTRIES: (i64, i64) = (16, 1 << 24);
     /// Seconds a flow is remembered without traffic, per protocol state
     /// (`flowTable.tcpEstablishedSeconds` and the others): up to the flow
     /// table's longest timeout.
-    pub const FLOW_TIMEOUT_SECONDS: (i64, i64) = (1, sluice_dataplane::flow::MAX_TIMEOUT as i64);
+    pub(crate) const FLOW_TIMEOUT_SECONDS: (i64, i64) = (1, sluice_dataplane::flow::MAX_TIMEOUT as i64);
     /// Service counter slots (`capacity.services`): 16 bytes each per worker.
-    pub const SERVICES: (i64, i64) = (1, 1 << 20);
+    pub(crate) const SERVICES: (i64, i64) = (1, 1 << 20);
     /// Endpoint counter slots (`capacity.endpoints`): 16 bytes each per worker.
-    pub const ENDPOINTS: (i64, i64) = (1, 1 << 22);
+    pub(crate) const ENDPOINTS: (i64, i64) = (1, 1 << 22);
     /// Devices (ports and their exception taps) DPDK supports: its
     /// `RTE_MAX_ETHPORTS` (Debian's DPDK 22.11; the appliance's tests check
     /// that the linked DPDK agrees).
@@ -73,9 +73,9 @@ pub mod bounds {
     /// Cores DPDK numbers: its `RTE_MAX_LCORE` (checked as above).
     pub const DPDK_CORES: u32 = 128;
     /// Simultaneous admin connections (`admin.maxConnections`).
-    pub const ADMIN_CONNECTIONS: (i64, i64) = (1, 1024);
+    pub(crate) const ADMIN_CONNECTIONS: (i64, i64) = (1, 1024);
     /// Seconds an admin request may take (`admin.requestTimeoutSeconds`).
-    pub const ADMIN_TIMEOUT_SECONDS: (i64, i64) = (1, 300);
+    pub(crate) const ADMIN_TIMEOUT_SECONDS: (i64, i64) = (1, 300);
 }
 
 /// DPDK EAL settings.
@@ -214,8 +214,8 @@ pub struct ApplianceConfig {
     pub flow_entries: usize,
     /// Seconds a flow is remembered without traffic, per protocol state.
     pub flow_timeouts: FlowTimeouts,
-    /// Admin HTTP listen address (loopback by default; see
-    /// [`ApplianceConfig::admin_is_loopback`]).
+    /// Admin HTTP listen address (loopback by default: anything else
+    /// exposes `/metrics` and `/status` to the network).
     pub admin: SocketAddr,
     /// Most admin connections served at once (`admin.maxConnections`).
     pub admin_max_connections: u32,
@@ -241,7 +241,7 @@ pub struct ApplianceConfig {
     /// The sibling appliances to share flow pins with (`siblings:`), if any.
     pub siblings: Option<siblings::SiblingsConfig>,
     /// Where the settings only a restart applies are written.
-    pub keys: KeyPositions,
+    pub(crate) keys: KeyPositions,
 }
 
 /// The sections whose settings only a restart applies.
@@ -252,7 +252,7 @@ const START_ONLY: &[&str] = &["dpdk", "ports", "admin", "flowTable", "capacity",
 /// Positions are not part of what the configuration says: two files that
 /// differ only in layout compare equal.
 #[derive(Clone, Debug, Default)]
-pub struct KeyPositions(std::sync::Arc<Vec<(String, Pos)>>);
+pub(crate) struct KeyPositions(std::sync::Arc<Vec<(String, Pos)>>);
 
 impl PartialEq for KeyPositions {
     fn eq(&self, _: &KeyPositions) -> bool {
@@ -279,7 +279,7 @@ impl KeyPositions {
 
     /// Where `path` is written; when it is not, where its section is, else
     /// the start of the file.
-    pub fn at(&self, path: &str) -> Option<Pos> {
+    pub(crate) fn at(&self, path: &str) -> Option<Pos> {
         let find = |p: &str| self.0.iter().find(|(k, _)| k == p).map(|(_, at)| *at);
         let section = path.split(['.', '[']).next().unwrap_or("");
         find(path).or_else(|| find(section)).or_else(|| find(""))
@@ -366,14 +366,6 @@ impl ApplianceConfig {
     }
 }
 
-impl ApplianceConfig {
-    /// True when the admin endpoint listens on a loopback address only;
-    /// anything else exposes `/metrics` and `/status` to the network.
-    pub fn admin_is_loopback(&self) -> bool {
-        self.admin.ip().is_loopback()
-    }
-}
-
 const TOP: &[&str] = &[
     "dpdk", "ports", "gateways", "defaults", "flowTable", "admin", "capacity", "services", "routes", "manifests",
     "xds-control-plane", "bird", "gatewayRouters", "kubernetes", "siblings",
@@ -394,7 +386,7 @@ pub fn parse_str(text: &str, path: &Path) -> Result<ApplianceConfig, Vec<Problem
 }
 
 /// Checks a parsed document read from `path`.
-pub fn parse(v: &Value, path: &Path) -> Result<ApplianceConfig, Vec<Problem>> {
+pub(crate) fn parse(v: &Value, path: &Path) -> Result<ApplianceConfig, Vec<Problem>> {
     let file = path.display().to_string();
     let root = Node::root(v, &file);
     let mut p = Problems::default();
@@ -670,7 +662,7 @@ fn cores(s: &str) -> Result<Vec<u32>, CoresError> {
 
 /// Why a core list (`dpdk.lcores`) cannot be used.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum CoresError {
+pub(crate) enum CoresError {
     /// It is not a list of cores and core ranges.
     #[error("{0:?} is not a core list (like 0,1 or 0-3)")]
     NotAList(String),
@@ -1023,17 +1015,17 @@ gateways:
     #[test]
     fn admin_and_capacity() {
         let c = parse_str(MACHINE, Path::new("c.yaml")).unwrap();
-        assert!(c.admin_is_loopback(), "loopback by default");
+        assert!(c.admin.ip().is_loopback(), "loopback by default");
         assert_eq!((c.admin_max_connections, c.admin_request_timeout_secs), (16, 10));
         assert_eq!(c.defaults.table_memory_mb, limits::TABLE_MEMORY_MB_DEFAULT);
         let text = format!(
             "{MACHINE}admin: {{listen: \"0.0.0.0:9091\", maxConnections: 4, requestTimeoutSeconds: 30}}\ncapacity: {{tableMemoryMB: 64}}\n"
         );
         let c = parse_str(&text, Path::new("c.yaml")).unwrap();
-        assert!(!c.admin_is_loopback());
+        assert!(!c.admin.ip().is_loopback());
         assert_eq!((c.admin_max_connections, c.admin_request_timeout_secs, c.defaults.table_memory_mb), (4, 30, 64));
         let ipv6 = format!("{MACHINE}admin: {{listen: \"[::1]:9091\"}}\n");
-        assert!(parse_str(&ipv6, Path::new("c.yaml")).unwrap().admin_is_loopback());
+        assert!(parse_str(&ipv6, Path::new("c.yaml")).unwrap().admin.ip().is_loopback());
         let bad = format!(
             "{MACHINE}admin: {{maxConnections: 0, requestTimeoutSeconds: 301}}\ncapacity: {{tableMemoryMB: 65537, endpoints: 4194305}}\nflowTable: {{entries: 16777217}}\n"
         );

@@ -10,42 +10,42 @@ use crate::problem::{Pos, Problems};
 
 /// A YAML value with its file and path.
 #[derive(Clone, Copy, Debug)]
-pub struct Node<'a> {
+pub(crate) struct Node<'a> {
     /// The value.
-    pub v: &'a Value,
+    pub(crate) v: &'a Value,
     file: &'a str,
     path: &'a str,
 }
 
 impl<'a> Node<'a> {
     /// The document root.
-    pub fn root(v: &'a Value, file: &'a str) -> Node<'a> {
+    pub(crate) fn root(v: &'a Value, file: &'a str) -> Node<'a> {
         Node { v, file, path: "" }
     }
 
     /// A value whose path starts with `path`.
-    pub fn at(v: &'a Value, file: &'a str, path: &'a str) -> Node<'a> {
+    pub(crate) fn at(v: &'a Value, file: &'a str, path: &'a str) -> Node<'a> {
         Node { v, file, path }
     }
 
     /// Its path.
-    pub fn path(&self) -> &str {
+    pub(crate) fn path(&self) -> &str {
         self.path
     }
 
     /// Its file.
-    pub fn file(&self) -> &'a str {
+    pub(crate) fn file(&self) -> &'a str {
         self.file
     }
 
     /// Where it starts, when it was read from text (an object from the
     /// Kubernetes API has no position).
-    pub fn pos(&self) -> Option<Pos> {
+    pub(crate) fn pos(&self) -> Option<Pos> {
         self.v.at()
     }
 
     /// Reports a problem at this node.
-    pub fn bad(&self, p: &mut Problems, message: impl Into<String>) {
+    pub(crate) fn bad(&self, p: &mut Problems, message: impl Into<String>) {
         p.add(self.file, self.v.at(), self.path, message);
     }
 
@@ -58,7 +58,7 @@ impl<'a> Node<'a> {
     }
 
     /// Calls `f` with the field `key` when present (and not null).
-    pub fn field<R>(&self, key: &str, f: impl FnOnce(Node<'_>) -> R) -> Option<R> {
+    pub(crate) fn field<R>(&self, key: &str, f: impl FnOnce(Node<'_>) -> R) -> Option<R> {
         let v = self.v.get(key)?;
         if v.is_null() {
             return None;
@@ -69,7 +69,7 @@ impl<'a> Node<'a> {
 
     /// Like [`Node::field`], reporting the field as missing (at this
     /// mapping) when absent.
-    pub fn required<R>(&self, p: &mut Problems, key: &str, f: impl FnOnce(Node<'_>, &mut Problems) -> R) -> Option<R> {
+    pub(crate) fn required<R>(&self, p: &mut Problems, key: &str, f: impl FnOnce(Node<'_>, &mut Problems) -> R) -> Option<R> {
         if self.v.get(key).is_none_or(Value::is_null) {
             self.bad(p, format!("missing field {key:?}"));
             return None;
@@ -78,7 +78,7 @@ impl<'a> Node<'a> {
     }
 
     /// Checks that it is a mapping whose keys are all in `known`.
-    pub fn mapping(&self, p: &mut Problems, known: &[&str]) -> bool {
+    pub(crate) fn mapping(&self, p: &mut Problems, known: &[&str]) -> bool {
         let Some(m) = self.v.as_map() else {
             self.bad(p, format!("expected a mapping, found {}", self.v.kind()));
             return false;
@@ -103,7 +103,7 @@ impl<'a> Node<'a> {
 
     /// Calls `f` for each element of a list (a single value counts as a
     /// list of one).
-    pub fn each(&self, p: &mut Problems, mut f: impl FnMut(Node<'_>, &mut Problems)) {
+    pub(crate) fn each(&self, p: &mut Problems, mut f: impl FnMut(Node<'_>, &mut Problems)) {
         match self.v.data() {
             Data::Seq(items) => {
                 for (i, v) in items.iter().enumerate() {
@@ -116,7 +116,7 @@ impl<'a> Node<'a> {
     }
 
     /// A string (numbers are taken as their text).
-    pub fn string(&self, p: &mut Problems) -> Option<String> {
+    pub(crate) fn string(&self, p: &mut Problems) -> Option<String> {
         match self.v.data() {
             Data::Str(s) | Data::Number(s) => Some(s.clone()),
             Data::Int(n) => Some(n.to_string()),
@@ -128,7 +128,7 @@ impl<'a> Node<'a> {
     }
 
     /// A boolean.
-    pub fn boolean(&self, p: &mut Problems) -> Option<bool> {
+    pub(crate) fn boolean(&self, p: &mut Problems) -> Option<bool> {
         match self.v.data() {
             Data::Bool(b) => Some(*b),
             Data::Str(s) if s == "true" || s == "false" => Some(s == "true"),
@@ -145,7 +145,7 @@ impl<'a> Node<'a> {
 
     /// An integer within `lo..=hi`; strings of digits count (annotations
     /// are strings).
-    pub fn int(&self, p: &mut Problems, lo: i64, hi: i64) -> Option<i64> {
+    pub(crate) fn int(&self, p: &mut Problems, lo: i64, hi: i64) -> Option<i64> {
         let text = match self.v.data() {
             Data::Int(n) => n.to_string(),
             Data::Number(s) | Data::Str(s) => s.trim().to_owned(),
@@ -170,7 +170,7 @@ impl<'a> Node<'a> {
 
     /// A value parsed from its string form, with `what` naming the
     /// expected kind in the error.
-    pub fn parse<T: FromStr>(&self, p: &mut Problems, what: &str) -> Option<T>
+    pub(crate) fn parse<T: FromStr>(&self, p: &mut Problems, what: &str) -> Option<T>
     where
         T::Err: fmt::Display,
     {

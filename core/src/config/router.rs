@@ -41,7 +41,7 @@ pub struct Interval {
 
 impl Interval {
     /// `ms` milliseconds.
-    pub const fn ms(ms: u64) -> Interval {
+    pub(crate) const fn ms(ms: u64) -> Interval {
         Interval { ms }
     }
 
@@ -164,7 +164,7 @@ pub struct GatewayRouter {
     /// The gateway's address; its family chooses the BGP channel.
     pub address: IpAddr,
     /// The port (or its kernel interface) the gateway is reached on.
-    pub interface: String,
+    pub(crate) interface: String,
     /// BGP settings.
     pub bgp: Bgp,
 }
@@ -192,21 +192,21 @@ impl RouterConfig {
 }
 
 /// Bounds of the numbers a GatewayRouter sets.
-pub mod bounds {
+mod bounds {
     /// AS numbers (0 is reserved).
-    pub const ASN: (i64, i64) = (1, 4_294_967_295);
+    pub(super) const ASN: (i64, i64) = (1, 4_294_967_295);
     /// TCP ports.
-    pub const PORT: (i64, i64) = (1, 65535);
+    pub(super) const PORT: (i64, i64) = (1, 65535);
     /// Hold time in milliseconds (BGP: 0 or at least 3 s; BIRD: at most 65535 s).
-    pub const HOLD_MS: (u64, u64) = (3000, 65_535_000);
+    pub(super) const HOLD_MS: (u64, u64) = (3000, 65_535_000);
     /// BFD intervals in milliseconds.
-    pub const BFD_INTERVAL_MS: (u64, u64) = (10, 60_000);
+    pub(super) const BFD_INTERVAL_MS: (u64, u64) = (10, 60_000);
     /// BFD detection multiplier.
-    pub const MULTIPLIER: (i64, i64) = (1, 255);
+    pub(super) const MULTIPLIER: (i64, i64) = (1, 255);
     /// Milliseconds to wait after withdrawing every VIP before stopping.
-    pub const WITHDRAW_WAIT_MS: (i64, i64) = (0, 60_000);
+    pub(super) const WITHDRAW_WAIT_MS: (i64, i64) = (0, 60_000);
     /// GatewayRouters at most.
-    pub const ROUTERS: usize = 64;
+    pub(super) const ROUTERS: usize = 64;
 }
 
 /// How BIRD is run.
@@ -232,7 +232,7 @@ pub struct BirdConfig {
     /// The configuration file Sluice writes.
     pub config_file: PathBuf,
     /// BGP router ID (default: the first IPv4 address of a port).
-    pub router_id: Option<Ipv4Addr>,
+    pub(crate) router_id: Option<Ipv4Addr>,
     /// How long to wait after withdrawing every VIP, before the workers
     /// stop, for the withdrawal to reach the routers.
     pub withdraw_wait_ms: u64,
@@ -241,7 +241,7 @@ pub struct BirdConfig {
 impl BirdConfig {
     /// Defaults for an appliance whose DPDK file prefix is `prefix`: files
     /// under `/run/sluice-PREFIX/`, so two appliances on a host do not meet.
-    pub fn defaults(prefix: &str) -> BirdConfig {
+    pub(crate) fn defaults(prefix: &str) -> BirdConfig {
         let dir = PathBuf::from(format!("/run/sluice-{prefix}"));
         BirdConfig {
             mode: BirdMode::Supervised,
@@ -311,7 +311,7 @@ fn bgp(n: Node<'_>, p: &mut Problems) -> Option<Bgp> {
 }
 
 /// The fields of a GatewayRouter (its `spec` in a manifest), named `name`.
-pub fn router_spec(n: Node<'_>, p: &mut Problems, name: String) -> Option<GatewayRouter> {
+pub(crate) fn router_spec(n: Node<'_>, p: &mut Problems, name: String) -> Option<GatewayRouter> {
     n.mapping(p, &["address", "interface", "bgp"]);
     router_spec_fields(n, p, name)
 }
@@ -334,7 +334,7 @@ fn router_spec_fields(n: Node<'_>, p: &mut Problems, name: String) -> Option<Gat
 }
 
 /// The `gatewayRouters:` list of the configuration file.
-pub fn parse_list(n: Node<'_>, p: &mut Problems) -> Vec<(GatewayRouter, Origin)> {
+pub(crate) fn parse_list(n: Node<'_>, p: &mut Problems) -> Vec<(GatewayRouter, Origin)> {
     let mut out = Vec::new();
     n.each(p, |n, p| out.extend(router_inline(n, p)));
     out
@@ -342,7 +342,7 @@ pub fn parse_list(n: Node<'_>, p: &mut Problems) -> Vec<(GatewayRouter, Origin)>
 
 /// The `bird:` section of `root`; `prefix` is the DPDK file prefix (for
 /// default paths), `base` the directory relative paths start from.
-pub fn parse_bird(root: &Node<'_>, p: &mut Problems, prefix: &str, base: &Path) -> BirdConfig {
+pub(crate) fn parse_bird(root: &Node<'_>, p: &mut Problems, prefix: &str, base: &Path) -> BirdConfig {
     let mut b = BirdConfig::defaults(prefix);
     root.field("bird", |n| bird_fields(n, p, base, &mut b));
     b
@@ -412,7 +412,7 @@ pub fn add_manifest_routers(config: &mut crate::config::ApplianceConfig) -> Resu
 
 /// The longest symbol (protocol name) BIRD 2 accepts: longer ones are
 /// refused with "Symbol too long".
-pub const BIRD_SYMBOL_MAX: usize = 64;
+pub(crate) const BIRD_SYMBOL_MAX: usize = 64;
 
 /// The BIRD protocol name of a router: `gw_` and its name with every
 /// character but letters and digits as `_`. A name that does not fit in
@@ -517,7 +517,7 @@ fn tie<'p>(r: &GatewayRouter, o: &Origin, ports: &'p [PortConfig], out: &[Router
 
 /// Ties routers to ports and checks them together; `router_id` is the one
 /// written in the `bird:` section, if any.
-pub fn resolve(
+pub(crate) fn resolve(
     routers: Vec<(GatewayRouter, Origin)>,
     ports: &[PortConfig],
     router_id: Option<Ipv4Addr>,
@@ -549,7 +549,7 @@ pub fn resolve(
 
 /// The GatewayRouters of the manifests in `dir` that belong to `gateway`
 /// (label `service.kubernetes.io/service-proxy-name`), with their origins.
-pub fn from_manifests(dir: &Path, gateway: &str, p: &mut Problems) -> Vec<(GatewayRouter, Origin)> {
+pub(crate) fn from_manifests(dir: &Path, gateway: &str, p: &mut Problems) -> Vec<(GatewayRouter, Origin)> {
     use crate::config::{manifests, yaml};
     let mut out = Vec::new();
     let files = match manifests::files(dir) {
@@ -605,7 +605,7 @@ pub mod testing {
 
     /// Two ports: `front` on the DC gateways' VLAN, with both families,
     /// and `back`.
-    pub fn ports() -> Vec<PortConfig> {
+    pub(crate) fn ports() -> Vec<PortConfig> {
         let a = |s: &str, l| IfAddr { addr: s.parse().unwrap(), prefix: l };
         let port = |name: &str, device: &str, addresses, kernel_interface: &str| PortConfig {
             name: name.into(),
@@ -628,7 +628,7 @@ pub mod testing {
     }
 
     /// As [`check`], on `ports`.
-    pub fn check_on(text: &str, ports: &[PortConfig]) -> Result<(Option<Ipv4Addr>, Vec<RouterConfig>), Vec<String>> {
+    pub(crate) fn check_on(text: &str, ports: &[PortConfig]) -> Result<(Option<Ipv4Addr>, Vec<RouterConfig>), Vec<String>> {
         let v = document(text, &mut Budget::default()).unwrap();
         let mut p = Problems::default();
         let list = Node::root(&v, "c.yaml").field("gatewayRouters", |n| parse_list(n, &mut p)).unwrap_or_default();

@@ -35,15 +35,15 @@ use super::node::Node;
 use crate::problem::Problems;
 
 /// Fewest bytes of a shared key (HMAC-SHA256's block of security).
-pub const MIN_KEY_BYTES: usize = 32;
+pub(crate) const MIN_KEY_BYTES: usize = 32;
 /// Most bytes of a key file read.
-pub const MAX_KEY_BYTES: u64 = 4096;
+pub(crate) const MAX_KEY_BYTES: u64 = 4096;
 /// Bounds of `startupWaitMs`: a start is never held longer than a minute.
-pub const STARTUP_WAIT_MS: (i64, i64) = (0, 60_000);
+pub(crate) const STARTUP_WAIT_MS: (i64, i64) = (0, 60_000);
 /// Bounds of `maxRecordsPerSecond`.
-pub const RECORDS_PER_SECOND: (i64, i64) = (100, 10_000_000);
+pub(crate) const RECORDS_PER_SECOND: (i64, i64) = (100, 10_000_000);
 /// Most peers.
-pub const MAX_PEERS: usize = 64;
+pub(crate) const MAX_PEERS: usize = 64;
 
 /// The shared key; its bytes are never printed.
 #[derive(Clone, PartialEq, Eq)]
@@ -90,7 +90,7 @@ fn address(n: Node<'_>, p: &mut Problems) -> Option<SocketAddr> {
 
 /// Why the key file cannot be used.
 #[derive(Debug, thiserror::Error)]
-pub enum KeyError {
+pub(crate) enum KeyError {
     /// It cannot be opened or read.
     #[error("cannot read the key file {path}: {source}")]
     Read {
@@ -118,7 +118,7 @@ pub enum KeyError {
 
 /// Reads the key file, checked: readable, at most [`MAX_KEY_BYTES`], at
 /// least [`MIN_KEY_BYTES`] once a trailing newline is taken off.
-pub fn read_key(path: &Path) -> Result<SharedKey, KeyError> {
+pub(crate) fn read_key(path: &Path) -> Result<SharedKey, KeyError> {
     use std::io::Read;
     let unreadable = |source| KeyError::Read { path: path.to_owned(), source };
     let f = std::fs::File::open(path).map_err(unreadable)?;
@@ -137,7 +137,7 @@ pub fn read_key(path: &Path) -> Result<SharedKey, KeyError> {
 }
 
 /// Checks the section; `path` is the configuration file's.
-pub fn parse(n: Node<'_>, p: &mut Problems, path: &Path) -> Option<SiblingsConfig> {
+pub(crate) fn parse(n: Node<'_>, p: &mut Problems, path: &Path) -> Option<SiblingsConfig> {
     n.mapping(p, &["listen", "peers", "kubernetesPods", "keyFile", "startupWaitMs", "maxRecordsPerSecond"]);
     let listen = n.required(p, "listen", address).flatten();
     let kubernetes_pods = n.field("kubernetesPods", |n| n.boolean(p)).flatten().unwrap_or(false);

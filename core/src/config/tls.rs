@@ -67,7 +67,7 @@ pub enum TlsError {
 impl TlsError {
     /// True when the problem is the key file's (to report it at its key in
     /// the configuration).
-    pub fn is_about_key(&self) -> bool {
+    pub(crate) fn is_about_key(&self) -> bool {
         match self {
             TlsError::Read { what, .. } | TlsError::TooLarge { what, .. } => *what == "client key",
             TlsError::BadKey { .. } => true,

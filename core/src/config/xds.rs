@@ -195,18 +195,18 @@ pub struct XdsConfig {
 }
 
 /// The keys of the section.
-pub const KEYS: &[&str] =
+pub(crate) const KEYS: &[&str] =
     &["enabled", "server-address", "client-cert-path", "client-key-path", "ca-cert-path", "node-id", "node-cluster", "mode"];
 
 /// Default `node-cluster`.
-pub const DEFAULT_NODE_CLUSTER: &str = "sluice";
+pub(crate) const DEFAULT_NODE_CLUSTER: &str = "sluice";
 
 /// Longest `node-id` or `node-cluster`.
-pub const NODE_NAME_MAX: usize = 253;
+pub(crate) const NODE_NAME_MAX: usize = 253;
 
 /// This machine's host name, the default `node-id` (`sluice` when it
 /// cannot be read).
-pub fn default_node_id() -> String {
+pub(crate) fn default_node_id() -> String {
     ["/proc/sys/kernel/hostname", "/etc/hostname"]
         .iter()
         .find_map(|p| std::fs::read_to_string(p).ok().map(|s| s.trim().to_owned()).filter(|s| node_name(s)))
@@ -232,7 +232,7 @@ fn node_field(c: Node<'_>, p: &mut Problems, what: &str) -> Option<String> {
 /// Parses the section at `n`; `base` is the configuration file's
 /// directory (relative paths are from there). `None` when the section is
 /// disabled or has problems (which are in `p`).
-pub fn parse(n: Node<'_>, p: &mut Problems, base: &Path) -> Option<XdsConfig> {
+pub(crate) fn parse(n: Node<'_>, p: &mut Problems, base: &Path) -> Option<XdsConfig> {
     if !n.mapping(p, KEYS) {
         return None;
     }

@@ -27,15 +27,15 @@ use saphyr_parser::{Event, Marker, Parser, ScalarStyle, Span, Tag};
 use crate::problem::Pos;
 
 /// Largest file read (configuration or manifest), in bytes.
-pub const MAX_FILE_BYTES: u64 = 16 << 20;
+pub(crate) const MAX_FILE_BYTES: u64 = 16 << 20;
 /// Deepest nesting of lists and mappings.
-pub const MAX_DEPTH: usize = 64;
+pub(crate) const MAX_DEPTH: usize = 64;
 /// Most values in one load (a configuration file, or a manifests directory).
-pub const MAX_VALUES: usize = 1 << 20;
+pub(crate) const MAX_VALUES: usize = 1 << 20;
 /// Most values that aliases may expand to in one load.
-pub const MAX_ALIAS_VALUES: usize = 1 << 16;
+pub(crate) const MAX_ALIAS_VALUES: usize = 1 << 16;
 /// Most YAML documents in one load.
-pub const MAX_DOCUMENTS: usize = 10_000;
+pub(crate) const MAX_DOCUMENTS: usize = 10_000;
 
 /// A YAML value and where it starts.
 #[derive(Clone, Debug)]
@@ -72,12 +72,12 @@ impl Value {
 
     /// Where it starts (line 0 for a value that comes from no text, see
     /// [`Value::from_json`]).
-    pub fn pos(&self) -> Pos {
+    pub(crate) fn pos(&self) -> Pos {
         self.pos
     }
 
     /// Where it starts, when it was read from text.
-    pub fn at(&self) -> Option<Pos> {
+    pub(crate) fn at(&self) -> Option<Pos> {
         (self.pos.line != 0).then_some(self.pos)
     }
 
@@ -85,7 +85,7 @@ impl Value {
     /// no position, so problems about it name only its origin and path.
     /// Depth is bounded by [`MAX_DEPTH`]: deeper values become null (what
     /// reads them then reports a missing or wrong field).
-    pub fn from_json(v: &serde_json::Value) -> Value {
+    pub(crate) fn from_json(v: &serde_json::Value) -> Value {
         Self::from_json_at(v, 0)
     }
 
@@ -147,7 +147,7 @@ impl Value {
     }
 
     /// True for null.
-    pub fn is_null(&self) -> bool {
+    pub(crate) fn is_null(&self) -> bool {
         matches!(*self.data, Data::Null)
     }
 
@@ -160,7 +160,7 @@ impl Value {
     }
 
     /// The boolean, if it is one.
-    pub fn as_bool(&self) -> Option<bool> {
+    pub(crate) fn as_bool(&self) -> Option<bool> {
         match *self.data {
             Data::Bool(b) => Some(b),
             _ => None,
@@ -168,7 +168,7 @@ impl Value {
     }
 
     /// The pairs, if it is a mapping.
-    pub fn as_map(&self) -> Option<&[(Value, Value)]> {
+    pub(crate) fn as_map(&self) -> Option<&[(Value, Value)]> {
         match &*self.data {
             Data::Map(m) => Some(m),
             _ => None,
@@ -181,7 +181,7 @@ impl Value {
     }
 
     /// What kind of value it is, for messages ("a list").
-    pub fn kind(&self) -> &'static str {
+    pub(crate) fn kind(&self) -> &'static str {
         match &*self.data {
             Data::Null => "nothing",
             Data::Bool(_) => "a boolean",
@@ -203,7 +203,7 @@ pub struct YamlError {
     pub message: String,
     /// True when a limit stopped reading (rather than a mistake in the
     /// text): reading more of the same load would be refused too.
-    pub limit: bool,
+    pub(crate) limit: bool,
 }
 
 /// What one load may still use; shared by every file of a load.
@@ -226,7 +226,7 @@ impl Default for Budget {
 impl Budget {
     /// A budget of `values` values, of which aliases may expand to
     /// `alias_values`, in `documents` documents.
-    pub fn new(values: usize, alias_values: usize, documents: usize) -> Budget {
+    pub(crate) fn new(values: usize, alias_values: usize, documents: usize) -> Budget {
         Budget { max_values: values, max_alias_values: alias_values, max_documents: documents, values: 0, alias_values: 0, documents: 0 }
     }
 }
@@ -295,7 +295,7 @@ pub enum ReadError {
 
 /// Reads a text file of at most `max` bytes; it must be a regular file
 /// ([`open_regular`]).
-pub fn read(path: &Path, max: u64) -> Result<String, ReadError> {
+pub(crate) fn read(path: &Path, max: u64) -> Result<String, ReadError> {
     let mut f = open_regular(path)?;
     let too_large = || ReadError::TooLarge(max >> 20);
     if f.metadata().is_ok_and(|m| m.is_file() && m.len() > max) {

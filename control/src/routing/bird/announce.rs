@@ -41,7 +41,7 @@ pub struct Servable(pub BTreeMap<IpAddr, Vec<(String, bool)>>);
 impl Servable {
     /// What the publication `p` can serve: its routes' VIPs, each with its
     /// services and whether `p`'s snapshot has a ready endpoint for each.
-    pub fn of(p: &Published) -> Servable {
+    pub(crate) fn of(p: &Published) -> Servable {
         let mut vips: BTreeMap<IpAddr, Vec<(String, bool)>> = BTreeMap::new();
         for r in p.summary.routes.iter() {
             let ready = p.ready(&r.service);
@@ -60,19 +60,19 @@ impl Servable {
 
 /// Why the workers do not forward (empty while they do), as the health
 /// sampler last saw it.
-pub type Forwarding = watch::Receiver<Vec<String>>;
+pub(crate) type Forwarding = watch::Receiver<Vec<String>>;
 
 /// A VIP, announced or not, and why.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct VipState {
     /// The VIP.
-    pub vip: IpAddr,
+    pub(crate) vip: IpAddr,
     /// Exported to the gateways.
-    pub announced: bool,
+    pub(crate) announced: bool,
     /// Why (or why not).
-    pub reason: String,
+    pub(crate) reason: String,
     /// Since when it has been so (seconds since the epoch; 0 from [`decide`]).
-    pub since: u64,
+    pub(crate) since: u64,
 }
 
 /// Decides each VIP: `not_forwarding` lists why the workers do not forward
@@ -119,7 +119,7 @@ impl DriverHandle {
     /// Withdraws every VIP and waits until BIRD has applied that. `Ok(true)`
     /// when something was being announced through a BGP session (so the
     /// caller should give the withdrawal time to propagate).
-    pub async fn withdraw_all(&self) -> Result<bool, WithdrawError> {
+    pub(crate) async fn withdraw_all(&self) -> Result<bool, WithdrawError> {
         let (tx, rx) = oneshot::channel();
         self.tx.send(tx).await.map_err(|_| WithdrawError::Stopped)?;
         rx.await.map_err(|_| WithdrawError::Stopped)?
@@ -161,7 +161,7 @@ impl Driver {
     /// A driver following `settings`, the reconciler's `publications` and
     /// whether the workers forward (`forwarding`); its status goes out on
     /// [`Driver::status`].
-    pub fn new(settings: watch::Receiver<Settings>, publications: watch::Receiver<Published>, forwarding: Forwarding) -> (Driver, DriverHandle) {
+    pub(crate) fn new(settings: watch::Receiver<Settings>, publications: watch::Receiver<Published>, forwarding: Forwarding) -> (Driver, DriverHandle) {
         let (tx, cmds) = mpsc::channel(1);
         let d = Driver {
             settings,
@@ -185,13 +185,13 @@ impl Driver {
 
     /// The driver's status: what BIRD confirmed, after every pass; `None`
     /// while no gateway router is configured.
-    pub fn status(&self) -> watch::Receiver<Option<BirdStatus>> {
+    pub(crate) fn status(&self) -> watch::Receiver<Option<BirdStatus>> {
         self.published.subscribe()
     }
 
     /// Tells `learned` the gateways BIRD learned (each family's best
     /// default route) as they change.
-    pub fn learn_gateways_to(&mut self, learned: watch::Sender<Vec<GatewayConfig>>) {
+    pub(crate) fn learn_gateways_to(&mut self, learned: watch::Sender<Vec<GatewayConfig>>) {
         self.learned = Some(learned);
     }
 
@@ -566,7 +566,7 @@ async fn learned_gateways(c: &mut Client, routing: &RoutingConfig) -> Result<Vec
 
 /// Writes `text` to `path` through a temporary file and a rename, so BIRD
 /// never reads half a file.
-pub fn write_atomic(path: &Path, text: &str) -> Result<(), BirdError> {
+pub(crate) fn write_atomic(path: &Path, text: &str) -> Result<(), BirdError> {
     let err = |e| BirdError::Write { path: path.display().to_string(), source: e };
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).map_err(err)?;

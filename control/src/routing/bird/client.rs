@@ -21,7 +21,7 @@ use tokio::net::UnixStream;
 use super::BirdError;
 
 /// How long one command may take.
-pub const TIMEOUT: Duration = Duration::from_secs(5);
+pub(super) const TIMEOUT: Duration = Duration::from_secs(5);
 /// Most lines in one reply.
 const MAX_LINES: usize = 100_000;
 /// Most bytes in one line.
@@ -29,32 +29,32 @@ const MAX_LINE: usize = 64 * 1024;
 
 /// One line of a reply: its code and text.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Line {
+pub(crate) struct Line {
     /// The code (that of the previous line for a continuation).
-    pub code: u16,
+    pub(crate) code: u16,
     /// The text after the code.
-    pub text: String,
+    pub(crate) text: String,
 }
 
 /// A whole reply.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Reply {
+pub(crate) struct Reply {
     /// The code of the last line.
-    pub code: u16,
+    pub(crate) code: u16,
     /// Every line.
-    pub lines: Vec<Line>,
+    pub(crate) lines: Vec<Line>,
 }
 
 impl Reply {
     /// The text of the last line.
-    pub fn last(&self) -> &str {
+    pub(crate) fn last(&self) -> &str {
         self.lines.last().map_or("", |l| l.text.as_str())
     }
 }
 
 /// Parses one line: its code (or `None` for a continuation, which starts
 /// with a space) and whether it ends the reply.
-pub fn parse_line(line: &str) -> Result<(Option<u16>, bool, &str), BirdError> {
+pub(super) fn parse_line(line: &str) -> Result<(Option<u16>, bool, &str), BirdError> {
     if let Some(rest) = line.strip_prefix(' ') {
         return Ok((None, false, rest));
     }
@@ -76,14 +76,14 @@ pub struct Client {
     r: BufReader<OwnedReadHalf>,
     w: OwnedWriteHalf,
     /// How long one command may take ([`TIMEOUT`] unless changed).
-    pub timeout: Duration,
+    pub(crate) timeout: Duration,
     /// What BIRD said when we connected (`BIRD 2.0.12 ready.`).
-    pub hello: String,
+    pub(crate) hello: String,
 }
 
 impl Client {
     /// Connects and reads BIRD's greeting.
-    pub async fn connect(path: &Path) -> Result<Client, BirdError> {
+    pub(crate) async fn connect(path: &Path) -> Result<Client, BirdError> {
         let s = tokio::time::timeout(TIMEOUT, UnixStream::connect(path))
             .await
             .map_err(|_| BirdError::Timeout { what: format!("connecting to {}", path.display()) })?
@@ -132,7 +132,7 @@ impl Client {
 
     /// Sends one command and reads its reply; a reply coded 8000 or more is
     /// an error with BIRD's words.
-    pub async fn command(&mut self, cmd: &str) -> Result<Reply, BirdError> {
+    pub(crate) async fn command(&mut self, cmd: &str) -> Result<Reply, BirdError> {
         if cmd.contains(['\n', '\r']) {
             return Err(BirdError::Protocol(format!("a command is one line: {cmd:?}")));
         }
@@ -154,7 +154,7 @@ impl Client {
 
     /// `configure check` and then `configure` with `file`; both replies
     /// are checked.
-    pub async fn configure(&mut self, file: &Path) -> Result<String, BirdError> {
+    pub(crate) async fn configure(&mut self, file: &Path) -> Result<String, BirdError> {
         let f = file.display().to_string();
         if f.contains('"') {
             return Err(BirdError::Protocol(format!("cannot quote the path {f:?}")));
@@ -172,12 +172,12 @@ impl Client {
     }
 
     /// `show protocols`.
-    pub async fn protocols(&mut self) -> Result<Vec<Protocol>, BirdError> {
+    pub(crate) async fn protocols(&mut self) -> Result<Vec<Protocol>, BirdError> {
         Ok(parse_protocols(&self.command("show protocols").await?))
     }
 
     /// `show bfd sessions`; empty when there is no BFD protocol.
-    pub async fn bfd_sessions(&mut self) -> Result<Vec<BfdSession>, BirdError> {
+    pub(crate) async fn bfd_sessions(&mut self) -> Result<Vec<BfdSession>, BirdError> {
         match self.command("show bfd sessions").await {
             Ok(r) => Ok(parse_bfd(&r)),
             // 8xxx "There is no BFD protocol running" and the like.
@@ -188,7 +188,7 @@ impl Client {
 
     /// The next hop and interface of BIRD's best route to `net` (such as
     /// `0.0.0.0/0` or `::/0`), if it has one.
-    pub async fn best_next_hop(&mut self, net: &str) -> Result<Option<(IpAddr, String)>, BirdError> {
+    pub(crate) async fn best_next_hop(&mut self, net: &str) -> Result<Option<(IpAddr, String)>, BirdError> {
         match self.command(&format!("show route {net} primary")).await {
             Ok(r) => Ok(parse_next_hop(&r)),
             // 8001 Network not found.
@@ -200,7 +200,7 @@ impl Client {
     /// The host routes BIRD exports to `protocol` (`show route export`):
     /// what its session announces. Empty while its channel is not up
     /// (BIRD answers 9001 "No valid tables").
-    pub async fn exported(&mut self, protocol: &str) -> Result<Vec<IpAddr>, BirdError> {
+    pub(crate) async fn exported(&mut self, protocol: &str) -> Result<Vec<IpAddr>, BirdError> {
         match self.command(&format!("show route export {protocol}")).await {
             Ok(r) => Ok(parse_routes(&r)),
             Err(BirdError::Refused { code: 9001, ref message, .. }) if message.contains("No valid tables") => Ok(Vec::new()),
@@ -209,7 +209,7 @@ impl Client {
     }
 
     /// Asks BIRD to shut down (it closes its sessions first).
-    pub async fn down(&mut self) -> Result<(), BirdError> {
+    pub(crate) async fn down(&mut self) -> Result<(), BirdError> {
         match self.command("down").await {
             Ok(_) | Err(BirdError::Closed) => Ok(()),
             Err(e) => Err(e),
@@ -221,21 +221,21 @@ impl Client {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Protocol {
     /// Protocol name.
-    pub name: String,
+    pub(crate) name: String,
     /// Kind (BGP, BFD, Static, Device).
-    pub proto: String,
+    pub(crate) proto: String,
     /// up, start, down...
-    pub state: String,
+    pub(crate) state: String,
     /// Since when (BIRD's time format).
-    pub since: String,
+    pub(crate) since: String,
     /// The rest: for BGP, the session state (`Established`) and any error.
-    pub info: String,
+    pub(crate) info: String,
 }
 
 impl Protocol {
     /// For a BGP protocol, the session state: the first word of the info
     /// (`Established`, `Active`, `Connect`, `Idle`...), or `Down`.
-    pub fn bgp_state(&self) -> &str {
+    pub(crate) fn bgp_state(&self) -> &str {
         match self.info.split_whitespace().next() {
             Some(w) if !w.ends_with(':') => w,
             _ if self.state == "down" => "Down",
@@ -245,7 +245,7 @@ impl Protocol {
 }
 
 /// The rows of a `show protocols` reply.
-pub fn parse_protocols(r: &Reply) -> Vec<Protocol> {
+pub(super) fn parse_protocols(r: &Reply) -> Vec<Protocol> {
     r.lines
         .iter()
         .filter(|l| l.code == 1002)
@@ -266,7 +266,7 @@ pub fn parse_protocols(r: &Reply) -> Vec<Protocol> {
 
 /// The addresses of the networks of a `show route` reply (`20.0.0.1/32
 /// blackhole [...]` gives 20.0.0.1).
-pub fn parse_routes(r: &Reply) -> Vec<IpAddr> {
+pub(super) fn parse_routes(r: &Reply) -> Vec<IpAddr> {
     r.lines
         .iter()
         .filter(|l| l.code == 1007)
@@ -275,7 +275,7 @@ pub fn parse_routes(r: &Reply) -> Vec<IpAddr> {
 }
 
 /// The first `via ADDRESS on INTERFACE` of a `show route` reply.
-pub fn parse_next_hop(r: &Reply) -> Option<(IpAddr, String)> {
+pub(super) fn parse_next_hop(r: &Reply) -> Option<(IpAddr, String)> {
     r.lines.iter().find_map(|l| {
         let mut w = l.text.trim().strip_prefix("via ")?.split_whitespace();
         let a: IpAddr = w.next()?.parse().ok()?;
@@ -290,17 +290,17 @@ pub fn parse_next_hop(r: &Reply) -> Option<(IpAddr, String)> {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct BfdSession {
     /// The neighbour.
-    pub address: IpAddr,
+    pub(crate) address: IpAddr,
     /// The interface.
-    pub interface: String,
+    pub(crate) interface: String,
     /// Up, Down, Init, AdminDown.
-    pub state: String,
+    pub(crate) state: String,
     /// Since when.
-    pub since: String,
+    pub(crate) since: String,
 }
 
 /// The rows of a `show bfd sessions` reply.
-pub fn parse_bfd(r: &Reply) -> Vec<BfdSession> {
+pub(super) fn parse_bfd(r: &Reply) -> Vec<BfdSession> {
     r.lines
         .iter()
         .filter_map(|l| {

@@ -16,7 +16,7 @@
 //! writes BIRD's configuration.
 
 pub mod announce;
-pub mod client;
+mod client;
 pub mod render;
 pub mod supervisor;
 
@@ -27,11 +27,11 @@ pub use client::{BfdSession, Client, Protocol};
 
 /// The BIRD driver's status channel (`None` while no gateway router is
 /// configured); only the driver writes it.
-pub type StatusRx = tokio::sync::watch::Receiver<Option<BirdStatus>>;
+pub(crate) type StatusRx = tokio::sync::watch::Receiver<Option<BirdStatus>>;
 
 /// Errors of the BIRD driver.
 #[derive(Debug, thiserror::Error)]
-pub enum BirdError {
+pub(crate) enum BirdError {
     /// The control socket could not be reached.
     #[error("cannot connect to BIRD's control socket {path}: {source}")]
     Connect {
@@ -88,73 +88,73 @@ pub enum BirdError {
 
 /// A BGP session, as `show protocols` reports it.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct SessionStatus {
+pub(crate) struct SessionStatus {
     /// The GatewayRouter.
-    pub router: String,
+    pub(crate) router: String,
     /// Its BIRD protocol.
-    pub protocol: String,
+    pub(crate) protocol: String,
     /// The gateway's address.
-    pub neighbor: String,
+    pub(crate) neighbor: String,
     /// The interface.
-    pub interface: String,
+    pub(crate) interface: String,
     /// The protocol's state (up, start, down; empty before BIRD answered).
-    pub state: String,
+    pub(crate) state: String,
     /// The BGP session state (Established, Active, Connect, Idle, Down).
-    pub bgp_state: String,
+    pub(crate) bgp_state: String,
     /// BIRD's info column (errors included).
-    pub info: String,
+    pub(crate) info: String,
     /// Since when.
-    pub since: String,
+    pub(crate) since: String,
     /// BFD asked for.
-    pub bfd: bool,
+    pub(crate) bfd: bool,
     /// The BFD session's state, when BFD is on and BIRD reports one.
-    pub bfd_state: Option<String>,
+    pub(crate) bfd_state: Option<String>,
 }
 
 /// What the BIRD driver reports (`/status`, `sluice status`, `/metrics`).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct BirdStatus {
+pub(crate) struct BirdStatus {
     /// supervised or external.
-    pub mode: String,
+    pub(crate) mode: String,
     /// The control socket.
-    pub socket: String,
+    pub(crate) socket: String,
     /// The configuration file.
-    pub config_file: String,
+    pub(crate) config_file: String,
     /// BIRD answers on its socket.
-    pub connected: bool,
+    pub(crate) connected: bool,
     /// The supervised `bird`'s process id, while it runs.
-    pub pid: Option<u32>,
+    pub(crate) pid: Option<u32>,
     /// BIRD's greeting (its version).
-    pub version: String,
+    pub(crate) version: String,
     /// Times the supervised `bird` was started.
-    pub starts: u64,
+    pub(crate) starts: u64,
     /// Times it was started again after dying.
-    pub restarts: u64,
+    pub(crate) restarts: u64,
     /// How it ended last time.
-    pub last_exit: Option<String>,
+    pub(crate) last_exit: Option<String>,
     /// The last thing that went wrong, if it is still wrong.
-    pub error: Option<String>,
+    pub(crate) error: Option<String>,
     /// Configurations applied.
-    pub configured: u64,
+    pub(crate) configured: u64,
     /// Configurations refused or not applied.
-    pub configure_failures: u64,
+    pub(crate) configure_failures: u64,
     /// BIRD's words when it refused the configuration Sluice wants it to
     /// run (it keeps running its previous one); `None` once it took one.
-    pub refused: Option<String>,
+    pub(crate) refused: Option<String>,
     /// Commands BIRD refused while its state was read.
-    pub refused_commands: u64,
+    pub(crate) refused_commands: u64,
     /// When the last configuration was applied (seconds since the epoch).
-    pub configured_at: Option<u64>,
+    pub(crate) configured_at: Option<u64>,
     /// Every VIP has been withdrawn for shutdown.
-    pub withdrawn_for_shutdown: bool,
+    pub(crate) withdrawn_for_shutdown: bool,
     /// The BGP sessions.
-    pub sessions: Vec<SessionStatus>,
+    pub(crate) sessions: Vec<SessionStatus>,
     /// The BFD sessions.
-    pub bfd: Vec<BfdSession>,
+    pub(crate) bfd: Vec<BfdSession>,
     /// Each VIP, announced or not, and why: announced means BIRD runs a
     /// configuration with it and exports it on an Established session.
-    pub vips: Vec<VipState>,
+    pub(crate) vips: Vec<VipState>,
     /// Return-path gateways learned over BGP (default routes), used for the
     /// families the configuration names no gateway for.
-    pub learned_gateways: Vec<String>,
+    pub(crate) learned_gateways: Vec<String>,
 }

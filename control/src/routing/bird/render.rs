@@ -15,15 +15,15 @@ use std::net::{IpAddr, Ipv4Addr};
 use crate::config::router::{protocol_name, RouterConfig};
 
 /// Name of the static protocol holding the IPv4 VIPs.
-pub const VIPS4: &str = "sluice_vips4";
+pub(crate) const VIPS4: &str = "sluice_vips4";
 /// Name of the static protocol holding the IPv6 VIPs.
-pub const VIPS6: &str = "sluice_vips6";
+pub(crate) const VIPS6: &str = "sluice_vips6";
 /// Name of the BFD protocol.
-pub const BFD: &str = "sluice_bfd";
+pub(crate) const BFD: &str = "sluice_bfd";
 
 /// Renders the whole configuration: `vips` are the addresses to announce
 /// now (duplicates and order do not matter).
-pub fn render(router_id: Ipv4Addr, routers: &[RouterConfig], vips: &[IpAddr]) -> String {
+pub(crate) fn render(router_id: Ipv4Addr, routers: &[RouterConfig], vips: &[IpAddr]) -> String {
     let mut vips = vips.to_vec();
     vips.sort_unstable();
     vips.dedup();

@@ -16,7 +16,7 @@
 //! `/proc/PID/cmdline`, and stopped ([`stop_leftover`]).
 
 use std::ffi::OsString;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::{mpsc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -57,7 +57,7 @@ fn argv(cfg: &BirdConfig) -> Vec<OsString> {
 
 /// Where the supervised `bird`'s pid is kept: next to its control socket
 /// (`bird.ctl` → `bird.pid`), in the appliance's runtime directory.
-pub fn pidfile(cfg: &BirdConfig) -> PathBuf {
+pub(crate) fn pidfile(cfg: &BirdConfig) -> PathBuf {
     cfg.socket.with_extension("pid")
 }
 
@@ -75,7 +75,7 @@ fn cmdline(pid: u32) -> Option<Vec<OsString>> {
 /// left alone). SIGTERM, then SIGKILL if it is still there after a while.
 /// Returns its pid if there was one. Blocking (at most a few seconds);
 /// called before DPDK starts, since such a process may hold DPDK's files.
-pub fn stop_leftover(cfg: &BirdConfig) -> Option<u32> {
+pub(crate) fn stop_leftover(cfg: &BirdConfig) -> Option<u32> {
     let file = pidfile(cfg);
     let text = std::fs::read_to_string(&file).ok()?;
     let pid = text.trim().parse::<u32>().ok().filter(|p| *p > 1);
@@ -148,34 +148,34 @@ async fn spawn_confined(mut cmd: std::process::Command, setup: impl FnOnce(&mut 
 
 /// The supervised process.
 #[derive(Debug)]
-pub struct Supervisor {
+pub(crate) struct Supervisor {
     cfg: BirdConfig,
     child: Option<Child>,
     started_at: Option<Instant>,
     backoff: Duration,
     not_before: Option<Instant>,
     /// Times started.
-    pub starts: u64,
+    pub(crate) starts: u64,
 }
 
 impl Supervisor {
     /// A supervisor for `cfg`; nothing runs yet.
-    pub fn new(cfg: BirdConfig) -> Supervisor {
+    pub(crate) fn new(cfg: BirdConfig) -> Supervisor {
         Supervisor { cfg, child: None, started_at: None, backoff: BACKOFF_MIN, not_before: None, starts: 0 }
     }
 
     /// The running process's id.
-    pub fn pid(&self) -> Option<u32> {
+    pub(crate) fn pid(&self) -> Option<u32> {
         self.child.as_ref().and_then(Child::id)
     }
 
     /// True while the process runs (as far as the last [`Supervisor::reap`] knows).
-    pub fn running(&self) -> bool {
+    pub(crate) fn running(&self) -> bool {
         self.child.is_some()
     }
 
     /// If the process has ended: how, and when the next start may be.
-    pub fn reap(&mut self) -> Option<String> {
+    pub(crate) fn reap(&mut self) -> Option<String> {
         let child = self.child.as_mut()?;
         let status = match child.try_wait() {
             Ok(None) => return None,
@@ -195,14 +195,14 @@ impl Supervisor {
     }
 
     /// Whether the backoff allows a start now.
-    pub fn may_start(&self) -> bool {
+    pub(crate) fn may_start(&self) -> bool {
         self.not_before.is_none_or(|t| Instant::now() >= t)
     }
 
     /// Starts `bird` with the configuration file already written, and
     /// connects to its socket. A `bird` still answering on the socket (left
     /// by an earlier run) is asked to go down first.
-    pub async fn start(&mut self) -> Result<Client, BirdError> {
+    pub(crate) async fn start(&mut self) -> Result<Client, BirdError> {
         if let Ok(mut old) = Client::connect(&self.cfg.socket).await {
             warn!(socket = %self.cfg.socket.display(), hello = %old.hello, "a bird is already answering on the socket; asking it to go down");
             let _ = old.down().await;
@@ -261,7 +261,7 @@ impl Supervisor {
 
     /// Stops the process: `down` over `client` (or a new connection), then
     /// a kill if it is still there after a while.
-    pub async fn stop(&mut self, client: Option<&mut Client>) {
+    pub(crate) async fn stop(&mut self, client: Option<&mut Client>) {
         let Some(mut child) = self.child.take() else { return };
         self.stop_child(&mut child, client).await;
         let _ = std::fs::remove_file(pidfile(&self.cfg));
@@ -283,10 +283,5 @@ impl Supervisor {
         }
         warn!("bird did not go down when asked; killing it");
         let _ = child.kill().await;
-    }
-
-    /// The socket path.
-    pub fn socket(&self) -> &Path {
-        &self.cfg.socket
     }
 }

@@ -48,7 +48,7 @@ const PROBE: Duration = Duration::from_secs(3);
 const OPTIONAL: [&str; 2] = ["L34Route", "GatewayRouter"];
 
 /// A client for `cfg`: its kubeconfig, or the in-cluster service account.
-pub async fn client(cfg: &KubeConfig) -> Result<Client, KubeError> {
+pub(super) async fn client(cfg: &KubeConfig) -> Result<Client, KubeError> {
     let config = match &cfg.kubeconfig {
         Some(path) => {
             let name = path.display().to_string();

@@ -32,7 +32,7 @@
 //! already shows unless its status, reason or message changes, so their
 //! writes are the same bytes and converge instead of fighting.
 
-pub mod client;
+mod client;
 pub use sluice_core::crd;
 pub mod pods;
 pub mod sync;
@@ -47,20 +47,20 @@ pub use client::run;
 /// The source's name in the model and in `sluice status`.
 pub const SOURCE: &str = "kubernetes";
 /// The field manager of every status write.
-pub const FIELD_MANAGER: &str = "sluice";
+pub(crate) const FIELD_MANAGER: &str = "sluice";
 
 /// What the Kubernetes source is doing, for `sluice status` and `/metrics`.
 #[derive(Clone, Debug, Default, Serialize, PartialEq)]
 pub struct KubeStatus {
     /// The Gateway served.
-    pub gateway: String,
+    pub(crate) gateway: String,
     /// The namespace watched.
-    pub namespace: String,
+    pub(crate) namespace: String,
     /// The API server answers (asked every few seconds; a watch error
     /// clears it until the next answer).
     pub connected: bool,
     /// Its version, as it last answered.
-    pub server_version: Option<String>,
+    pub(crate) server_version: Option<String>,
     /// Every kind has been listed at least once (before that, nothing is sent).
     pub synced: bool,
     /// Kinds not listed yet.
@@ -70,11 +70,11 @@ pub struct KubeStatus {
     /// The last error, if any.
     pub last_error: Option<String>,
     /// When it happened (seconds since the epoch).
-    pub last_error_at: Option<u64>,
+    pub(crate) last_error_at: Option<u64>,
     /// When the objects last changed as the API told (seconds since the epoch).
-    pub last_sync_at: Option<u64>,
+    pub(crate) last_sync_at: Option<u64>,
     /// When a state was last served (seconds since the epoch).
-    pub last_applied_at: Option<u64>,
+    pub(crate) last_applied_at: Option<u64>,
     /// What is served, or why nothing is.
     pub serving: String,
     /// What is not served from Kubernetes, and why (a custom resource
@@ -86,9 +86,9 @@ pub struct KubeStatus {
     /// The GatewayRouters of the Gateway, for the routing side.
     pub routers: Vec<RouterEntry>,
     /// Status writes sent.
-    pub status_writes: u64,
+    pub(crate) status_writes: u64,
     /// Status writes that failed.
-    pub status_write_errors: u64,
+    pub(crate) status_write_errors: u64,
 }
 
 /// An object left out, or served with a setting kept.
@@ -97,9 +97,9 @@ pub struct RefusedObject {
     /// `kubernetes: Kind/namespace/name`.
     pub object: String,
     /// The condition reason.
-    pub reason: String,
+    pub(crate) reason: String,
     /// Why.
-    pub message: String,
+    pub(crate) message: String,
 }
 
 /// A GatewayRouter of the Gateway.
@@ -113,7 +113,7 @@ pub struct RouterEntry {
 
 /// Why the source could not start talking to the API.
 #[derive(Debug, thiserror::Error)]
-pub enum KubeError {
+pub(crate) enum KubeError {
     /// The kubeconfig file.
     #[error("cannot read the kubeconfig {0}: {1}")]
     Kubeconfig(String, String),

@@ -34,11 +34,11 @@ const RETRY: Duration = Duration::from_secs(5);
 
 /// This appliance's own pod, left out of its siblings.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Own {
+pub(crate) struct Own {
     /// Its pod's name.
-    pub name: Option<String>,
+    pub(crate) name: Option<String>,
     /// Its pod's IP.
-    pub ip: Option<IpAddr>,
+    pub(crate) ip: Option<IpAddr>,
 }
 
 impl Own {
@@ -46,7 +46,7 @@ impl Own {
     /// pod's name unless the pod sets another) and `POD_IP` (else `listen`'s
     /// address when it is not a wildcard). The Deployment gives both from
     /// the downward API.
-    pub fn from_env(listen: SocketAddr) -> Own {
+    pub(crate) fn from_env(listen: SocketAddr) -> Own {
         let var = |k: &str| std::env::var(k).ok().map(|v| v.trim().to_owned()).filter(|v| !v.is_empty());
         let host = || std::fs::read_to_string("/proc/sys/kernel/hostname").ok().map(|h| h.trim().to_owned()).filter(|h| !h.is_empty());
         let ip = var("POD_IP").and_then(|v| v.parse().ok()).or_else(|| (!listen.ip().is_unspecified()).then(|| listen.ip()));
@@ -56,7 +56,7 @@ impl Own {
 
 /// The siblings among `pods`, sorted: each pod's IP of `listen`'s family
 /// at `listen`'s port, leaving out `own` and the pods that ended.
-pub fn siblings<'a>(pods: impl IntoIterator<Item = &'a Pod>, own: &Own, listen: SocketAddr) -> Vec<SocketAddr> {
+pub(crate) fn siblings<'a>(pods: impl IntoIterator<Item = &'a Pod>, own: &Own, listen: SocketAddr) -> Vec<SocketAddr> {
     let mut out: Vec<SocketAddr> = pods
         .into_iter()
         .filter(|p| p.metadata.name.is_none() || p.metadata.name != own.name)
@@ -77,7 +77,7 @@ pub fn siblings<'a>(pods: impl IntoIterator<Item = &'a Pod>, own: &Own, listen: 
 
 /// Follows the pods of `cfg`'s Gateway until `stop` is cancelled,
 /// publishing the siblings among them on `tx` (`None` until first listed).
-pub async fn follow(cfg: KubeConfig, listen: SocketAddr, own: Own, tx: watch::Sender<Option<Vec<SocketAddr>>>, stop: CancellationToken) {
+pub(crate) async fn follow(cfg: KubeConfig, listen: SocketAddr, own: Own, tx: watch::Sender<Option<Vec<SocketAddr>>>, stop: CancellationToken) {
     let selector = format!("{GATEWAY_LABEL}={}", cfg.gateway);
     let client = loop {
         match client(&cfg).await {

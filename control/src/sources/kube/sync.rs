@@ -24,15 +24,15 @@ use crate::problem::Problem;
 
 /// The controller name written in route status (the design's GatewayClass
 /// controller).
-pub const CONTROLLER: &str = "meridio-experiment/stateless-load-balancer";
+pub(crate) const CONTROLLER: &str = "meridio-experiment/stateless-load-balancer";
 /// Longest condition message (the API's limit).
 const MESSAGE_MAX: usize = 32768;
 /// Most entries of a Gateway's `status.addresses` (Gateway API's limit).
-pub const MAX_ADDRESSES: usize = 16;
+pub(crate) const MAX_ADDRESSES: usize = 16;
 /// The message of the Gateway's `Accepted` condition this appliance writes.
 const ACCEPTED_MESSAGE: &str = "served by Sluice";
 /// How a condition says the algorithm of a live Service was kept.
-pub const SETTINGS_CONDITION: &str = "sluice.io/ServiceSettings";
+pub(crate) const SETTINGS_CONDITION: &str = "sluice.io/ServiceSettings";
 
 /// The kinds watched, in the order they are listed in status.
 pub const KINDS: [&str; 5] = ["Gateway", "L34Route", "Service", "EndpointSlice", "GatewayRouter"];
@@ -40,49 +40,49 @@ pub const KINDS: [&str; 5] = ["Gateway", "L34Route", "Service", "EndpointSlice",
 /// The objects watched, by kind then name, as the API gave them (with
 /// `apiVersion` and `kind` set).
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct Objects {
+pub(crate) struct Objects {
     /// Kind → name → object.
-    pub by_kind: BTreeMap<&'static str, BTreeMap<String, Json>>,
+    pub(crate) by_kind: BTreeMap<&'static str, BTreeMap<String, Json>>,
 }
 
 impl Objects {
     /// Adds or replaces an object of `kind`.
-    pub fn apply(&mut self, kind: &'static str, obj: Json) {
+    pub(crate) fn apply(&mut self, kind: &'static str, obj: Json) {
         let name = obj.pointer("/metadata/name").and_then(Json::as_str).unwrap_or("").to_owned();
         self.by_kind.entry(kind).or_default().insert(name, obj);
     }
 
     /// Removes an object of `kind`.
-    pub fn delete(&mut self, kind: &'static str, name: &str) {
+    pub(crate) fn delete(&mut self, kind: &'static str, name: &str) {
         if let Some(m) = self.by_kind.get_mut(kind) {
             m.remove(name);
         }
     }
 
     /// Replaces every object of `kind` (after a list).
-    pub fn replace(&mut self, kind: &'static str, objs: BTreeMap<String, Json>) {
+    pub(crate) fn replace(&mut self, kind: &'static str, objs: BTreeMap<String, Json>) {
         self.by_kind.insert(kind, objs);
     }
 
     /// The objects of `kind`.
-    pub fn of(&self, kind: &str) -> impl Iterator<Item = &Json> {
+    pub(crate) fn of(&self, kind: &str) -> impl Iterator<Item = &Json> {
         self.by_kind.get(kind).into_iter().flat_map(BTreeMap::values)
     }
 
     /// How many objects of `kind`.
-    pub fn count(&self, kind: &str) -> usize {
+    pub(crate) fn count(&self, kind: &str) -> usize {
         self.by_kind.get(kind).map_or(0, BTreeMap::len)
     }
 
     /// The objects as the mapping reads them.
-    pub fn for_mapping(&self) -> Vec<Object> {
+    pub(crate) fn for_mapping(&self) -> Vec<Object> {
         KINDS.iter().flat_map(|k| self.of(k)).map(Object::from_api).collect()
     }
 }
 
 /// What became of the last state sent.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     /// Nothing sent yet.
     Pending(String),
     /// Served.
@@ -93,18 +93,18 @@ pub enum Outcome {
 
 /// One attempt: the mapping and what it sends.
 #[derive(Debug)]
-pub struct Plan {
+pub(crate) struct Plan {
     /// The objects, mapped.
-    pub mapping: Mapping,
+    pub(crate) mapping: Mapping,
     /// What to send (the objects not left out).
-    pub desired: Desired,
+    pub(crate) desired: Desired,
     /// Services whose algorithm was kept, by origin: why.
-    pub kept: BTreeMap<String, String>,
+    pub(crate) kept: BTreeMap<String, String>,
 }
 
 /// The decisions of the Kubernetes source, kept between changes.
 #[derive(Debug)]
-pub struct Sync {
+pub(crate) struct Sync {
     cfg: KubeConfig,
     defaults: Defaults,
     /// The algorithm each live Service was first served with, by uid
@@ -117,12 +117,12 @@ pub struct Sync {
     /// Routes served, by origin.
     served_routes: BTreeSet<String>,
     /// What became of the last state.
-    pub outcome: Outcome,
+    pub(crate) outcome: Outcome,
 }
 
 impl Sync {
     /// Nothing served yet.
-    pub fn new(cfg: KubeConfig, defaults: Defaults) -> Sync {
+    pub(crate) fn new(cfg: KubeConfig, defaults: Defaults) -> Sync {
         Sync {
             cfg,
             defaults,
@@ -134,24 +134,19 @@ impl Sync {
         }
     }
 
-    /// The configuration.
-    pub fn config(&self) -> &KubeConfig {
-        &self.cfg
-    }
-
     /// What is being served.
-    pub fn served(&self) -> &Desired {
+    pub(crate) fn served(&self) -> &Desired {
         &self.served
     }
 
     /// Starts a new round of tries (the objects changed): every object is
     /// given its chance again.
-    pub fn new_round(&mut self) {
+    pub(crate) fn new_round(&mut self) {
         self.excluded.clear();
     }
 
     /// Maps `objects` with what the reconciler refused in this round left out.
-    pub fn plan(&self, objects: &Objects) -> Plan {
+    pub(crate) fn plan(&self, objects: &Objects) -> Plan {
         let scope = Scope {
             gateway: &self.cfg.gateway,
             gateway_class: Some(&self.cfg.gateway_class),
@@ -182,7 +177,7 @@ impl Sync {
     /// The reconciler refused `plan` with `problems`: leaves out the
     /// objects they are about. False when none of them is one of ours
     /// (trying again would not help).
-    pub fn refused(&mut self, plan: &Plan, problems: &[Problem]) -> bool {
+    pub(crate) fn refused(&mut self, plan: &Plan, problems: &[Problem]) -> bool {
         let mut by_origin: BTreeMap<&str, Vec<Problem>> = BTreeMap::new();
         for p in problems {
             if plan.mapping.get(&p.file).is_some_and(|m| m.refusal.is_none()) {
@@ -201,7 +196,7 @@ impl Sync {
     /// Why the Gateway is not this appliance's to serve, when it is not:
     /// gone from the objects (which only a successful list or a watch's
     /// DELETED removes), or of another class.
-    pub fn not_ours(&self, objects: &Objects) -> Option<String> {
+    pub(crate) fn not_ours(&self, objects: &Objects) -> Option<String> {
         let Some(gw) = objects.by_kind.get("Gateway").and_then(|m| m.get(&self.cfg.gateway)) else {
             return Some(format!("the Gateway {:?} is gone", self.cfg.gateway));
         };
@@ -213,7 +208,7 @@ impl Sync {
     /// while that Gateway is not its own (gone, or of another class): the
     /// Gateway's conditions, the routes' entries for it. Written again
     /// empty, under the same field manager, they go.
-    pub fn stale_status(&self, objects: &Objects) -> Vec<(&'static str, String)> {
+    pub(crate) fn stale_status(&self, objects: &Objects) -> Vec<(&'static str, String)> {
         if self.not_ours(objects).is_none() {
             return Vec::new();
         }
@@ -233,13 +228,13 @@ impl Sync {
     }
 
     /// Nothing is served any more (the Gateway is not ours).
-    pub fn withdrawn(&mut self) {
+    pub(crate) fn withdrawn(&mut self) {
         self.served = Desired::default();
         self.served_routes.clear();
     }
 
     /// `plan` was applied: it is what is served now.
-    pub fn applied(&mut self, plan: &Plan, objects: &Objects) {
+    pub(crate) fn applied(&mut self, plan: &Plan, objects: &Objects) {
         self.served = plan.desired.clone();
         self.served_routes = plan
             .mapping
@@ -262,7 +257,7 @@ impl Sync {
 
     /// The status of the Gateway (when it is this appliance's) and of each
     /// of its routes, by object name, as of `now` (RFC 3339).
-    pub fn status(&self, objects: &Objects, plan: &Plan, now: &str) -> Statuses {
+    pub(crate) fn status(&self, objects: &Objects, plan: &Plan, now: &str) -> Statuses {
         let mut out = Statuses::default();
         let Some(gw) = objects.by_kind.get("Gateway").and_then(|m| m.get(&self.cfg.gateway)) else { return out };
         if gw.pointer("/spec/gatewayClassName").and_then(Json::as_str) != Some(self.cfg.gateway_class.as_str()) {
@@ -330,16 +325,16 @@ impl Sync {
 /// The status to write: the Gateway's (addresses and conditions) and each
 /// route's, by name.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct Statuses {
+pub(crate) struct Statuses {
     /// The Gateway's, when it is this appliance's.
-    pub gateway: Option<Json>,
+    pub(crate) gateway: Option<Json>,
     /// Each route's.
-    pub routes: BTreeMap<String, Json>,
+    pub(crate) routes: BTreeMap<String, Json>,
 }
 
 /// The part of an object's observed status that [`Sync::status`] writes,
 /// to tell whether writing would change anything.
-pub fn observed_part(kind: &str, obj: &Json) -> Json {
+pub(crate) fn observed_part(kind: &str, obj: &Json) -> Json {
     match kind {
         "Gateway" => {
             let conds: Vec<Json> = obj

@@ -96,25 +96,25 @@ use crate::model::Defaults;
 use crate::sources::SourceMsg;
 
 /// Type URL of clusters.
-pub const CLUSTER_TYPE: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
+pub(crate) const CLUSTER_TYPE: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
 /// Type URL of cluster load assignments.
-pub const CLA_TYPE: &str = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
+pub(crate) const CLA_TYPE: &str = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
 /// Type URL of the `Resource` wrapper (TTL, SotW with resources wrapped).
 const RESOURCE_TYPE: &str = "type.googleapis.com/envoy.service.discovery.v3.Resource";
 
 /// The client feature that tells the server locality overprovisioning is
 /// not applied.
-pub const CLIENT_FEATURES: &[&str] = &["envoy.lb.does_not_support_overprovisioning"];
+pub(crate) const CLIENT_FEATURES: &[&str] = &["envoy.lb.does_not_support_overprovisioning"];
 
 /// Bound of the first reconnection delay of an outage.
-pub const BACKOFF_FIRST: Duration = Duration::from_millis(250);
+pub(crate) const BACKOFF_FIRST: Duration = Duration::from_millis(250);
 /// Largest reconnection delay early in an outage ([`BACKOFF_SHORT_FOR`]):
 /// a server that restarts is found again within about a second.
-pub const BACKOFF_SHORT_MAX: Duration = Duration::from_secs(1);
+pub(crate) const BACKOFF_SHORT_MAX: Duration = Duration::from_secs(1);
 /// How long an outage counts as short.
-pub const BACKOFF_SHORT_FOR: Duration = Duration::from_secs(30);
+pub(crate) const BACKOFF_SHORT_FOR: Duration = Duration::from_secs(30);
 /// Largest reconnection delay.
-pub const BACKOFF_MAX: Duration = Duration::from_secs(30);
+pub(crate) const BACKOFF_MAX: Duration = Duration::from_secs(30);
 /// How long a connection attempt may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// TCP keep-alive: a server that vanished without closing the connection
@@ -129,16 +129,16 @@ const KEEPALIVE_RETRIES: u32 = 3;
 /// `initial_fetch_timeout`).
 pub const WARMING_TIMEOUT: Duration = Duration::from_secs(15);
 /// Largest response accepted.
-pub const MAX_MESSAGE_BYTES: usize = 64 << 20;
+pub(crate) const MAX_MESSAGE_BYTES: usize = 64 << 20;
 /// Longest `error_detail` message sent back.
 const MAX_ERROR_DETAIL: usize = 16 << 10;
 /// Least time between two NACKs of one version of one type: a server that
 /// sends a refused version again at once (go-control-plane does) is
 /// answered at this pace, not as fast as both can go. ACKs are never held.
-pub const NACK_INTERVAL: Duration = Duration::from_secs(1);
+pub(crate) const NACK_INTERVAL: Duration = Duration::from_secs(1);
 /// A NACK reason that repeats the previous one of its type is logged once
 /// per this interval (and counted, [`status::TypeStatus::repeated_nacks`]).
-pub const NACK_LOG_INTERVAL: Duration = Duration::from_secs(30);
+pub(crate) const NACK_LOG_INTERVAL: Duration = Duration::from_secs(30);
 /// `google.rpc.Code.INVALID_ARGUMENT`.
 const INVALID_ARGUMENT: i32 = 3;
 
@@ -148,7 +148,7 @@ const INVALID_ARGUMENT: i32 = 3;
 /// and [`BACKOFF_MAX`] after; each delay is drawn between half the bound
 /// and the bound (jitter, so that a fleet does not reconnect in step).
 #[derive(Clone, Debug, Default)]
-pub struct Backoff {
+pub(crate) struct Backoff {
     /// When the outage began (its first failure).
     since: Option<Instant>,
     /// The bound of the last delay.
@@ -157,13 +157,13 @@ pub struct Backoff {
 
 impl Backoff {
     /// The server answered: the outage is over.
-    pub fn reset(&mut self) {
+    pub(crate) fn reset(&mut self) {
         *self = Backoff::default();
     }
 
     /// The delay before the next attempt after a failure at `now`, with
     /// `random` any number (uniform) for the jitter.
-    pub fn next(&mut self, now: Instant, random: u64) -> Duration {
+    pub(crate) fn next(&mut self, now: Instant, random: u64) -> Duration {
         let since = *self.since.get_or_insert(now);
         let cap = if now.saturating_duration_since(since) < BACKOFF_SHORT_FOR { BACKOFF_SHORT_MAX } else { BACKOFF_MAX };
         let bound = self.bound.map_or(BACKOFF_FIRST, |b| b.saturating_mul(2)).min(cap);
@@ -180,7 +180,7 @@ fn random() -> u64 {
 }
 
 /// An error and its causes, on one line.
-pub fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+pub(crate) fn chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut s = e.to_string();
     let mut cur = e.source();
     while let Some(c) = cur {

@@ -30,7 +30,7 @@ use sluice_dataplane::addr::Addr;
 
 /// How an endpoint is identified.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Key {
+pub(super) enum Key {
     /// An identifier given in the endpoint's metadata.
     Explicit(u32),
     /// Its address.
@@ -38,10 +38,10 @@ pub enum Key {
 }
 
 /// Rounds of claims before the remaining endpoints take free slots in order.
-pub const ROUNDS: u32 = 32;
+pub(super) const ROUNDS: u32 = 32;
 
 /// The fixed hash of `addr` for round `round`.
-pub fn hash(addr: Addr, round: u32) -> u64 {
+pub(super) fn hash(addr: Addr, round: u32) -> u64 {
     const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
     const PRIME: u64 = 0x0000_0100_0000_01b3;
     let mut h = OFFSET;
@@ -62,7 +62,7 @@ fn slot(addr: Addr, round: u32, limit: u32) -> u32 {
 
 /// Why endpoints cannot be given identifiers within a service's limit.
 #[derive(Debug, thiserror::Error)]
-pub enum IdentityError {
+pub(super) enum IdentityError {
     /// A limit of 0 leaves no identifier to give.
     #[error("the endpoint limit is 0")]
     ZeroLimit,
@@ -101,7 +101,7 @@ pub enum IdentityError {
 }
 
 /// Identifiers for `keys` (same order), each below `limit`, or why not.
-pub fn assign(keys: &[Key], limit: u32) -> Result<Vec<u32>, IdentityError> {
+pub(super) fn assign(keys: &[Key], limit: u32) -> Result<Vec<u32>, IdentityError> {
     if limit == 0 {
         return Err(IdentityError::ZeroLimit);
     }

@@ -102,14 +102,14 @@ use crate::model::{limits, valid_name, Defaults, DeliveryMode, Desired, Endpoint
 
 /// The metadata key that marks an L4 service (clusters) or carries an
 /// endpoint's identifier (endpoints).
-pub const METADATA_KEY: &str = "io.cilium.l4lb";
+pub(crate) const METADATA_KEY: &str = "io.cilium.l4lb";
 /// `Origin.file` of everything this source defines.
-pub const ORIGIN: &str = "xds";
+pub(crate) const ORIGIN: &str = "xds";
 
 /// The keys of a cluster's [`METADATA_KEY`] struct.
-pub const CLUSTER_KEYS: &[&str] = &["vip", "port", "protocol", "endpointLimit", "flowTable", "delivery"];
+pub(crate) const CLUSTER_KEYS: &[&str] = &["vip", "port", "protocol", "endpointLimit", "flowTable", "delivery"];
 /// The keys of an endpoint's [`METADATA_KEY`] struct.
-pub const ENDPOINT_KEYS: &[&str] = &["id"];
+pub(crate) const ENDPOINT_KEYS: &[&str] = &["id"];
 
 /// Where a cluster's endpoints come from.
 #[derive(Clone, Debug, PartialEq)]
@@ -147,7 +147,8 @@ pub struct L4Cluster {
 
 impl L4Cluster {
     /// The EDS resource name it needs, if any.
-    pub fn eds_name(&self) -> Option<&str> {
+    #[cfg(test)]
+    pub(crate) fn eds_name(&self) -> Option<&str> {
         match &self.endpoints {
             EndpointsFrom::Eds(n) => Some(n),
             EndpointsFrom::Inline(_) => None,
@@ -190,14 +191,14 @@ pub struct LbEndpoint {
 
 impl LbEndpoint {
     /// `endpoints[i].lb_endpoints[j]`.
-    pub fn path(&self) -> EndpointPath {
+    pub(crate) fn path(&self) -> EndpointPath {
         EndpointPath(self.at)
     }
 }
 
 /// `endpoints[i].lb_endpoints[j]`, as a message shows it.
 #[derive(Clone, Copy, Debug)]
-pub struct EndpointPath(pub (u32, u32));
+pub(crate) struct EndpointPath(pub (u32, u32));
 
 impl std::fmt::Display for EndpointPath {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -228,14 +229,14 @@ pub enum ClaState {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MappedService {
     /// The service.
-    pub service: ServiceDef,
+    pub(crate) service: ServiceDef,
     /// Its route.
-    pub route: RouteDef,
+    pub(crate) route: RouteDef,
     /// Its endpoints, by identifier: the run the model and the resolved
     /// model share.
     pub endpoints: Arc<[EndpointDef]>,
     /// The VIP, port and protocol the route matches.
-    pub key: (Addr, u16, u8),
+    pub(crate) key: (Addr, u16, u8),
 }
 
 /// A mapped service and what it was mapped from: the cluster, its
@@ -246,7 +247,7 @@ pub struct MappedService {
 #[derive(Clone, Debug)]
 pub struct Applied {
     /// The service.
-    pub mapped: Arc<MappedService>,
+    pub(crate) mapped: Arc<MappedService>,
     cluster: Arc<L4Cluster>,
     cla: Option<Arc<Cla>>,
     defaults: Defaults,
@@ -291,7 +292,7 @@ pub struct Built {
     /// By name.
     pub services: OrdMap<String, Applied>,
     /// Clusters waiting for their assignment.
-    pub warming: OrdSet<String>,
+    pub(crate) warming: OrdSet<String>,
     /// How many services were mapped anew (the others were reused).
     pub mapped: usize,
     /// The services that differ from the previous state (added, removed or
@@ -307,7 +308,7 @@ pub struct Built {
     owners: OrdMap<(Addr, u16, u8), String>,
     /// The clusters refused because another one, first by name, claims
     /// their VIP, port and protocol.
-    pub refused: OrdMap<String, Refusal>,
+    pub(crate) refused: OrdMap<String, Refusal>,
     /// Endpoints of every service.
     endpoints: usize,
 }
@@ -330,7 +331,7 @@ impl Built {
     }
 
     /// How many endpoints the services have in all.
-    pub fn endpoints(&self) -> usize {
+    pub(crate) fn endpoints(&self) -> usize {
         self.endpoints
     }
 }
@@ -338,18 +339,18 @@ impl Built {
 /// Why a cluster is not served although it maps: another cluster, first
 /// by name, claims its VIP, port and protocol.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Refusal {
+pub(crate) struct Refusal {
     /// The cluster served in its place.
-    pub by: String,
+    pub(crate) by: String,
     /// The message (it names both).
-    pub message: String,
+    pub(crate) message: String,
 }
 
 /// Why a value of a cluster or of an endpoint is refused. Each message is
 /// part of what the NACK's `error_detail` says (after the resource and the
 /// field that carries the value), so its text stays as it is.
 #[derive(Debug, thiserror::Error)]
-pub enum MappingError {
+pub(crate) enum MappingError {
     /// A metadata number that is not a whole number.
     #[error("{key}: {value} is not a whole number in {lo}..={hi}")]
     NotWhole {
@@ -530,7 +531,7 @@ fn boolean(v: &Value, key: &str) -> Result<bool, MappingError> {
 }
 
 /// The VIP: one address, optionally as a /32 or /128.
-pub fn vip(s: &str) -> Result<Addr, MappingError> {
+pub(crate) fn vip(s: &str) -> Result<Addr, MappingError> {
     let s = s.trim();
     if let Some(why) = mapped_v4(s) {
         return Err(MappingError::VipMappedV4(why));
@@ -637,7 +638,7 @@ fn cluster_keys(md: &Struct, errors: &mut Vec<String>) -> ClusterKeys {
 }
 
 /// The cluster as an L4 service; `Ok(None)` when it is not one.
-pub fn decode_cluster(c: &Cluster) -> Result<Option<L4Cluster>, Vec<String>> {
+pub(crate) fn decode_cluster(c: &Cluster) -> Result<Option<L4Cluster>, Vec<String>> {
     let mut errors = Vec::new();
     let Some(md) = l4_metadata(c.metadata.as_ref(), &mut errors) else {
         return if errors.is_empty() { Ok(None) } else { Err(errors) };
@@ -742,7 +743,7 @@ fn lb_policy(c: &Cluster) -> Result<(Option<Algorithm>, Option<u32>), MappingErr
 
 /// The assignment an EDS cluster names (its `eds_cluster_config.service_name`,
 /// or its own name), L4 service or not; `None` for other cluster types.
-pub fn eds_name(c: &Cluster) -> Option<String> {
+pub(crate) fn eds_name(c: &Cluster) -> Option<String> {
     match c.cluster_discovery_type {
         Some(ClusterDiscoveryType::Type(t)) if t == DiscoveryType::Eds as i32 => {
             let n = c.eds_cluster_config.as_ref().map(|e| e.service_name.as_str()).unwrap_or_default();
@@ -753,7 +754,7 @@ pub fn eds_name(c: &Cluster) -> Option<String> {
 }
 
 /// The assignment, checked.
-pub fn decode_cla(c: &ClusterLoadAssignment) -> Result<Cla, Vec<String>> {
+pub(crate) fn decode_cla(c: &ClusterLoadAssignment) -> Result<Cla, Vec<String>> {
     let mut errors = Vec::new();
     // Exactly as many as it lists: pushing one by one leaves room for 16
     // where 10 came (100,000 endpoints: 7.7 MB held, 4.8 MB needed).
@@ -860,7 +861,7 @@ fn endpoint_problems(c: &L4Cluster, cla: &Cla, cla_name: &str) -> Vec<String> {
 }
 
 /// The service of cluster `c` with the endpoints of `cla`.
-pub fn map_service(c: &L4Cluster, cla: &Cla, defaults: &Defaults) -> Result<MappedService, Vec<String>> {
+pub(crate) fn map_service(c: &L4Cluster, cla: &Cla, defaults: &Defaults) -> Result<MappedService, Vec<String>> {
     let limit = c.limit.unwrap_or(defaults.limit);
     let cla_name = match &c.endpoints {
         EndpointsFrom::Eds(n) => format!("ClusterLoadAssignment {n:?}"),

@@ -29,10 +29,10 @@
 //! ```
 
 pub mod client;
-pub mod identity;
+mod identity;
 pub mod mapping;
 pub mod status;
-pub mod tls;
+mod tls;
 
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
@@ -44,7 +44,7 @@ use crate::model::Defaults;
 use crate::sources::SourceMsg;
 
 /// The source name of everything xDS defines.
-pub const SOURCE: &str = "xds";
+pub(crate) const SOURCE: &str = "xds";
 
 /// Runs the xDS source until `cancel` fires or the reconciler is gone.
 ///

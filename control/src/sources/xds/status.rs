@@ -11,7 +11,7 @@ use serde::Serialize;
 use crate::config::xds::Mode;
 
 /// Seconds since the Unix epoch.
-pub fn now() -> u64 {
+pub(crate) fn now() -> u64 {
     SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
@@ -36,15 +36,15 @@ pub enum ConnectionState {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Nack {
     /// Type URL of the response.
-    pub type_url: String,
+    pub(crate) type_url: String,
     /// Its version (SotW `version_info`, delta `system_version_info`).
     pub version: String,
     /// Its nonce.
-    pub nonce: String,
+    pub(crate) nonce: String,
     /// The `error_detail` message sent back.
     pub error: String,
     /// When (seconds since the Unix epoch).
-    pub at: u64,
+    pub(crate) at: u64,
 }
 
 /// One resource type.
@@ -54,11 +54,11 @@ pub struct TypeStatus {
     /// `system_version_info`, informational).
     pub version: String,
     /// The nonce of the last response (accepted or not) on this stream.
-    pub nonce: String,
+    pub(crate) nonce: String,
     /// Resources of this type held.
-    pub resources: usize,
+    pub(crate) resources: usize,
     /// Responses acknowledged.
-    pub acks: u64,
+    pub(crate) acks: u64,
     /// Responses refused.
     pub nacks: u64,
     /// Of those, refused for the same reason as the one before.
@@ -69,21 +69,21 @@ pub struct TypeStatus {
 #[derive(Clone, Debug, PartialEq, Eq, Default, Serialize)]
 pub struct XdsStatus {
     /// The management server (`host:port`).
-    pub server: String,
+    pub(crate) server: String,
     /// `sotw` or `delta`.
-    pub mode: Mode,
+    pub(crate) mode: Mode,
     /// Plaintext, TLS or mutual TLS.
     pub transport: String,
     /// The node id sent.
-    pub node_id: String,
+    pub(crate) node_id: String,
     /// The connection.
     pub state: ConnectionState,
     /// Since when the stream has been open (seconds since the Unix epoch).
-    pub connected_since: Option<u64>,
+    pub(crate) connected_since: Option<u64>,
     /// Why the last connection attempt or stream failed.
     pub last_error: Option<String>,
     /// When it did.
-    pub last_error_at: Option<u64>,
+    pub(crate) last_error_at: Option<u64>,
     /// Streams opened after the first.
     pub reconnects: u64,
     /// By type URL.
@@ -106,25 +106,25 @@ pub struct XdsStatus {
     /// Clusters without L4 metadata, ignored.
     pub ignored_clusters: usize,
     /// From a response's arrival to its state being published.
-    pub to_live: Latency,
+    pub(crate) to_live: Latency,
 }
 
 /// A latency distribution, in microseconds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Serialize)]
-pub struct Latency {
+pub(crate) struct Latency {
     /// Changes measured.
-    pub count: u64,
+    pub(crate) count: u64,
     /// Median.
-    pub p50_us: u64,
+    pub(crate) p50_us: u64,
     /// 99th percentile.
-    pub p99_us: u64,
+    pub(crate) p99_us: u64,
     /// Largest.
-    pub max_us: u64,
+    pub(crate) max_us: u64,
 }
 
 impl Latency {
     /// The summary of `h`.
-    pub fn of(h: &hdrhistogram::Histogram<u64>) -> Latency {
+    pub(crate) fn of(h: &hdrhistogram::Histogram<u64>) -> Latency {
         Latency { count: h.len(), p50_us: h.value_at_quantile(0.5), p99_us: h.value_at_quantile(0.99), max_us: h.max() }
     }
 }

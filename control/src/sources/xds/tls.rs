@@ -10,7 +10,7 @@ use crate::config::xds::TlsPaths;
 
 /// The tonic TLS settings for `paths`, verifying the server as `host`;
 /// every file read now.
-pub fn client_config(paths: &TlsPaths, host: &str) -> Result<ClientTlsConfig, TlsError> {
+pub(super) fn client_config(paths: &TlsPaths, host: &str) -> Result<ClientTlsConfig, TlsError> {
     let ca = read_ca(&paths.ca)?;
     let mut cfg = ClientTlsConfig::new().domain_name(host).ca_certificate(Certificate::from_pem(ca));
     if let Some((c, k)) = &paths.client {
