@@ -18,6 +18,12 @@
                                         {backend: [ok, broken]} by first backend
   client.py load VIP RATE               short connections at RATE per second,
                                         forever (for the demo)
+  client.py stream VIP RATE SECONDS FILE
+                                        short connections at RATE per second (one
+                                        thread each) for SECONDS or until FILE.stop
+                                        exists; appends "<start time> <backend>" or
+                                        "<start time> failed <why>" per connection
+                                        to FILE as each ends
 """
 import json
 import os
@@ -183,6 +189,29 @@ def load(vip, rate):
         time.sleep(max(0.0, 1.0 - (time.time() - t)))
 
 
+def stream(vip, rate, secs, out):
+    lock = threading.Lock()
+    f = open(out, "a", buffering=1)
+
+    def try_one(t):
+        try:
+            line = f"{t:.3f} {one(vip, timeout=2.0)}"
+        except OSError as e:
+            line = f"{t:.3f} failed {type(e).__name__}"
+        with lock:
+            f.write(line + "\n")
+
+    end = time.time() + secs
+    gap = 1.0 / rate
+    nxt = time.time()
+    while time.time() < end and not os.path.exists(out + ".stop"):
+        threading.Thread(target=try_one, args=(time.time(),), daemon=True).start()
+        nxt += gap
+        time.sleep(max(0.0, nxt - time.time()))
+    time.sleep(2.5)
+    f.close()
+
+
 if __name__ == "__main__":
     mode, vip = sys.argv[1], sys.argv[2]
     if mode == "short":
@@ -195,5 +224,7 @@ if __name__ == "__main__":
         udphold(vip, int(sys.argv[3]), float(sys.argv[4]), sys.argv[5])
     elif mode == "load":
         load(vip, int(sys.argv[3]))
+    elif mode == "stream":
+        stream(vip, int(sys.argv[3]), float(sys.argv[4]), sys.argv[5])
     else:
         sys.exit(__doc__)

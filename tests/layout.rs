@@ -74,7 +74,7 @@ const LAYERS: &[(&str, Layers)] = &[
             ("compile", &["compile"]),
             ("sources", &["sources"]),
             ("reconcile", &["reconcile"]),
-            ("routing", &["routing", "sync"]),
+            ("routing", &["routing", "sync", "health"]),
             ("admin", &["admin"]),
             ("products", &["appliance"]),
             ("cli", &["cli"]),

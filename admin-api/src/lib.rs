@@ -13,13 +13,14 @@
 //!
 //! - [`Status`]: the document, with its [`Port`]s, [`Worker`]s,
 //!   [`Service`]s, [`Route`]s, [`Endpoint`]s and each source's [`Source`];
-//! - [`xds`], [`bird`], [`kubernetes`], [`sync`]: the parts of the
-//!   subsystems that run (the xDS source, the BIRD driver, the Kubernetes
-//!   source, sibling sync).
+//! - [`xds`], [`bird`], [`kubernetes`], [`sync`], [`health`]: the parts of
+//!   the subsystems that run (the xDS source, the BIRD driver, the
+//!   Kubernetes source, sibling sync, passive health).
 #![forbid(unsafe_code)]
 #![deny(unreachable_pub, missing_docs)]
 
 pub mod bird;
+pub mod health;
 pub mod kubernetes;
 mod status;
 pub mod sync;

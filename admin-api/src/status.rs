@@ -50,6 +50,8 @@ pub struct Status<Services = Vec<Service<'static>>, Routes = Vec<Route<'static>>
     pub kubernetes: Option<crate::kubernetes::Kubernetes>,
     /// Sibling sync, with a `siblings:` section.
     pub sync: Option<crate::sync::Sync>,
+    /// Passive health (the endpoints' TCP handshakes), while it runs.
+    pub health: Option<crate::health::Health>,
     /// Packet buffers in use.
     pub mbufs_in_use: u32,
     /// Packet buffers in the pool.

@@ -18,6 +18,7 @@ pub mod admin;
 pub mod appliance;
 pub mod cli;
 pub mod compile;
+mod health;
 pub mod reconcile;
 pub mod routing;
 pub mod sources;

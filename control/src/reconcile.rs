@@ -16,7 +16,7 @@
 //! they need. What became of each source's state goes out on the
 //! reconciler's own status channel ([`Reconciler::status`]).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -170,6 +170,64 @@ pub struct ReconcilerStatus {
     pub(crate) sources: BTreeMap<String, SourceStatus>,
     /// Snapshots replaced but not yet freed.
     pub(crate) snapshots_pending: usize,
+    /// Health's overlay, as applied.
+    pub(crate) health: HealthApplied,
+}
+
+/// The endpoints health checking wanted out of new flows, and what the
+/// reconciler did: each service keeps at least half of its endpoints and
+/// one ready endpoint, so some may be held in.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct HealthApplied {
+    /// Draining by health's word, by service name and identifier.
+    pub(crate) ejected: BTreeMap<String, BTreeSet<u32>>,
+    /// Wanted out, kept in by the limit.
+    pub(crate) held: BTreeMap<String, BTreeSet<u32>>,
+}
+
+impl HealthApplied {
+    /// [`with_health`] for service `name`, recording what it applied and held.
+    fn lay(&mut self, name: &str, eps: &Arc<[EndpointDef]>, wanted: &BTreeSet<u32>) -> Arc<[EndpointDef]> {
+        let (out, applied, held) = with_health(eps, wanted);
+        self.ejected.remove(name);
+        self.held.remove(name);
+        if !applied.is_empty() {
+            self.ejected.insert(name.to_owned(), applied);
+        }
+        if !held.is_empty() {
+            self.held.insert(name.to_owned(), held);
+        }
+        out
+    }
+}
+
+/// `eps` (a service's endpoints as its sources give them) with those of
+/// `wanted` draining, as far as the limit lets, in order of identifier:
+/// health takes out at most half of the service's endpoints (those the
+/// sources drain do not count), and never the last one the sources leave
+/// ready. Returns them and the identifiers applied and held.
+fn with_health(eps: &Arc<[EndpointDef]>, wanted: &BTreeSet<u32>) -> (Arc<[EndpointDef]>, BTreeSet<u32>, BTreeSet<u32>) {
+    let ready = eps.iter().filter(|e| !e.draining).count();
+    let mut room = (eps.len() / 2).min(ready.saturating_sub(1));
+    let (mut applied, mut held) = (BTreeSet::new(), BTreeSet::new());
+    for &id in wanted {
+        match eps.iter().find(|e| e.id == id) {
+            Some(e) if e.draining => {}
+            Some(_) if room > 0 => {
+                room -= 1;
+                applied.insert(id);
+            }
+            Some(_) => {
+                held.insert(id);
+            }
+            None => {}
+        }
+    }
+    if applied.is_empty() {
+        return (Arc::clone(eps), applied, held);
+    }
+    let out = eps.iter().map(|e| EndpointDef { draining: e.draining || applied.contains(&e.id), ..e.clone() }).collect();
+    (out, applied, held)
 }
 
 /// Held by a publication from its last check of the stop to its send, and
@@ -285,6 +343,9 @@ pub struct Reconciler {
     /// 100,000 endpoints takes milliseconds the source need not wait for.
     garbage: Vec<Box<dyn Send>>,
     heap: HeapRelease,
+    /// The endpoints health checking wants out of new flows, laid over the
+    /// resolved model at every resolution ([`with_health`]).
+    health: BTreeMap<String, BTreeSet<u32>>,
 }
 
 /// The settings of the accepted configuration file that other control
@@ -369,6 +430,7 @@ impl Reconciler {
             resolve_us: 0,
             garbage: Vec::new(),
             heap: HeapRelease::default(),
+            health: BTreeMap::new(),
             started_with: cfg,
             file,
         }
@@ -449,6 +511,11 @@ impl Reconciler {
             SourceMsg::Rejected { source, problems, trigger } => {
                 self.record(&source, &trigger, Err(problems));
             }
+            SourceMsg::Health { ejected, trigger } => {
+                if let Err(e) = self.apply_health(ejected, &trigger) {
+                    error!(trigger, problems = ?e, "health's change not applied; the endpoints stay as they were");
+                }
+            }
         }
         // After the answer (a source waiting for it is told first).
         self.garbage.clear();
@@ -528,9 +595,13 @@ impl Reconciler {
         let t0 = Instant::now();
         let mut resolved = Vec::with_capacity(names.len());
         let mut problems = Vec::new();
+        let mut applied = self.status.borrow().health.clone();
         for n in &names {
             match self.model.resolve_endpoints(&self.resolved.services[n]) {
-                Ok(eps) => resolved.push(eps),
+                Ok(eps) => resolved.push(match self.health.get(n) {
+                    Some(wanted) => applied.lay(n, &eps, wanted),
+                    None => eps,
+                }),
                 Err(p) => problems.extend(p),
             }
         }
@@ -548,6 +619,7 @@ impl Reconciler {
         match self.publish_with(trigger, Some(&names)) {
             Ok(rebuilt) => {
                 self.garbage.push(Box::new((previous, saved)));
+                self.status.send_if_modified(|st| std::mem::replace(&mut st.health, applied.clone()) != applied);
                 Ok(rebuilt)
             }
             Err(e) => {
@@ -562,16 +634,74 @@ impl Reconciler {
         }
     }
 
+    /// Health's overlay, replaced by `ejected`: the services whose
+    /// endpoints it changes are resolved from their sources again, laid
+    /// over, and published as a change to their endpoints.
+    fn apply_health(&mut self, ejected: BTreeMap<String, BTreeSet<u32>>, trigger: &str) -> Result<Vec<String>, Refusal> {
+        let touched: BTreeSet<String> = self.health.keys().chain(ejected.keys()).filter(|n| self.health.get(*n) != ejected.get(*n)).cloned().collect();
+        let previous_wanted = std::mem::replace(&mut self.health, ejected);
+        let mut applied = self.status.borrow().health.clone();
+        let (mut names, mut previous) = (Vec::new(), Vec::new());
+        let none = BTreeSet::new();
+        for n in touched {
+            applied.ejected.remove(&n);
+            applied.held.remove(&n);
+            let Some(s) = self.resolved.services.get(&n) else { continue };
+            let eps = match self.model.resolve_endpoints(s) {
+                Ok(eps) => eps,
+                Err(p) => {
+                    self.health = previous_wanted;
+                    return Err(p);
+                }
+            };
+            let eps = applied.lay(&n, &eps, self.health.get(&n).unwrap_or(&none));
+            if *eps != *s.endpoints {
+                if let Some(s) = self.resolved.services.get_mut(&n) {
+                    previous.push((n.clone(), std::mem::replace(&mut s.endpoints, eps)));
+                    names.push(n);
+                }
+            }
+        }
+        if names.is_empty() {
+            self.status.send_if_modified(|st| std::mem::replace(&mut st.health, applied.clone()) != applied);
+            return Ok(Vec::new());
+        }
+        match self.publish_with(trigger, Some(&names)) {
+            Ok(rebuilt) => {
+                self.garbage.push(Box::new(previous));
+                self.status.send_if_modified(|st| std::mem::replace(&mut st.health, applied.clone()) != applied);
+                info!(trigger, ejected = ?self.status.borrow().health.ejected, held = ?self.status.borrow().health.held, "health's overlay applied");
+                Ok(rebuilt)
+            }
+            Err(e) => {
+                for (n, eps) in previous {
+                    if let Some(s) = self.resolved.services.get_mut(&n) {
+                        s.endpoints = eps;
+                    }
+                }
+                self.health = previous_wanted;
+                Err(vec![compile_problem(&e)])
+            }
+        }
+    }
+
     /// Resolves the model and publishes it; on failure nothing changed in
     /// the compiler or the data plane.
     fn resolve_and_publish(&mut self, why: &str) -> Result<Vec<String>, Refusal> {
         let t0 = Instant::now();
-        let resolved = self.model.resolve(&self.defaults)?;
+        let mut resolved = self.model.resolve(&self.defaults)?;
+        let mut applied = HealthApplied::default();
+        for (name, wanted) in &self.health {
+            if let Some(s) = resolved.services.get_mut(name) {
+                s.endpoints = applied.lay(name, &s.endpoints, wanted);
+            }
+        }
         let previous = std::mem::replace(&mut self.resolved, resolved);
         self.resolve_us = micros(t0.elapsed());
         match self.publish(why) {
             Ok(rebuilt) => {
                 self.garbage.push(Box::new(previous));
+                self.status.send_if_modified(|st| std::mem::replace(&mut st.health, applied.clone()) != applied);
                 Ok(rebuilt)
             }
             Err(e) => {
@@ -1096,6 +1226,55 @@ mod tests {
     fn endpoints(source: &str, changes: &[(&str, &[(u32, &str)])]) -> SourceMsg {
         let changes = changes.iter().map(|(name, eps)| ((*name).to_owned(), svc(name, eps).endpoints.to_vec().into())).collect();
         SourceMsg::Endpoints { source: source.into(), changes, trigger: "test".into(), reply: None }
+    }
+
+    fn health(ejected: &[(&str, &[u32])]) -> SourceMsg {
+        let ejected = ejected.iter().map(|(n, ids)| ((*n).to_owned(), ids.iter().copied().collect())).collect();
+        SourceMsg::Health { ejected, trigger: "test".into() }
+    }
+
+    /// The identifiers of `service`'s draining endpoints in the data plane.
+    fn draining(r: &Reconciler, service: &str) -> Vec<u16> {
+        let snap = r.publisher().current();
+        let s = snap.services.iter().find(|s| s.name == service).unwrap();
+        s.endpoints().filter(|e| e.draining).map(|e| e.id).collect()
+    }
+
+    #[test]
+    fn health_drains_what_it_names_within_the_limit_and_any_change_keeps_it() {
+        let (mut r, status, _) = reconciler();
+        let eps: [(u32, &str); 5] = [(0, "10.0.0.10"), (1, "10.0.0.11"), (2, "10.0.0.12"), (3, "10.0.0.13"), (4, "10.0.0.14")];
+        r.apply(desired("xds", two(&eps, &eps[..1])));
+        let g = r.publisher().generation();
+        // At most half of a service's endpoints (2 of 5), in identifier
+        // order; never dns's only one.
+        r.apply(health(&[("web", &[4, 1, 3]), ("dns", &[0])]));
+        assert_eq!(r.publisher().generation(), g + 1, "one publication");
+        assert_eq!(draining(&r, "web"), [1, 3]);
+        assert_eq!(draining(&r, "dns"), Vec::<u16>::new());
+        let h = status.borrow().health.clone();
+        assert_eq!(h.ejected, BTreeMap::from([("web".to_owned(), BTreeSet::from([1, 3]))]));
+        assert_eq!(h.held, BTreeMap::from([("web".to_owned(), BTreeSet::from([4])), ("dns".to_owned(), BTreeSet::from([0]))]));
+        // A source's change to the endpoints, and a whole new state, keep it.
+        r.apply(endpoints("xds", &[("web", &eps[..4])]));
+        assert_eq!(draining(&r, "web"), [1, 3]);
+        r.apply(desired("xds", two(&eps, &eps[..1])));
+        assert_eq!(draining(&r, "web"), [1, 3]);
+        // The sources drain 0, 1 and 2: health's 1 is theirs already, one
+        // ready endpoint must stay (3 or 4): 3 drains, 4 is held.
+        let mut d = two(&eps, &eps[..1]);
+        d.endpoints = d.endpoints.iter().map(|e| EndpointDef { draining: e.id <= 2 && *e.service == "web", ..e.clone() }).collect();
+        r.apply(desired("xds", d));
+        assert_eq!(draining(&r, "web"), [0, 1, 2, 3]);
+        assert_eq!(status.borrow().health.ejected.get("web"), Some(&BTreeSet::from([3])));
+        assert_eq!(status.borrow().health.held.get("web"), Some(&BTreeSet::from([4])));
+        // Health lets go: the source's word stands alone.
+        r.apply(health(&[]));
+        assert_eq!(draining(&r, "web"), [0, 1, 2]);
+        assert_eq!(status.borrow().health, HealthApplied::default());
+        let g = r.publisher().generation();
+        r.apply(health(&[]));
+        assert_eq!(r.publisher().generation(), g, "nothing to change, nothing published");
     }
 
     /// What the data plane and the publication's readers are given.

@@ -113,6 +113,11 @@ pub struct WorkerCounters {
     /// Flows without a pin of their own that took a pin received from a
     /// sibling.
     pub sync_pin_hits: Counter,
+    /// TCP SYNs to endpoints whose handshake went into the shared
+    /// handshake table (passive health, [`crate::handshake`]).
+    pub handshakes_sampled: Counter,
+    /// SYNs whose handshake was not sampled: its slot held another.
+    pub handshakes_unsampled: Counter,
     /// Drops, by [`DropReason::index`].
     pub drops: [Counter; DropReason::COUNT],
     /// Per service, by counter slot.
@@ -152,6 +157,8 @@ impl WorkerCounters {
             sync_exported: Counter::default(),
             sync_ring_full: Counter::default(),
             sync_pin_hits: Counter::default(),
+            handshakes_sampled: Counter::default(),
+            handshakes_unsampled: Counter::default(),
             drops: std::array::from_fn(|_| Counter::default()),
             // Zeroed memory: a slot's page becomes resident when its
             // service or endpoint is first counted.

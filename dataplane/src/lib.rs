@@ -12,6 +12,7 @@ pub mod counters;
 pub mod craft;
 pub mod flow;
 pub mod fragment;
+pub mod handshake;
 pub mod hash;
 pub mod icmp;
 pub mod io;

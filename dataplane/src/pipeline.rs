@@ -39,6 +39,7 @@
 
 use crate::counters::WorkerCounters;
 use crate::flow::{FlowKey, FlowPin, FlowState, FlowTable, FlowTimeouts, FragKey, FragTable, Pin};
+use crate::handshake::{Answer, Handshakes};
 use crate::hash::flow_hash;
 use crate::icmp::{self, RateLimit};
 use crate::io::{PacketBuf, BURST};
@@ -59,6 +60,7 @@ use crate::verdict::{DropReason, Verdict};
 const TCP_FLAGS: usize = 13;
 const TCP_SYN: u8 = 0x02;
 const TCP_ACK: u8 = 0x10;
+const TCP_RST: u8 = 0x04;
 
 /// Sizes of a worker's tables.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -166,6 +168,7 @@ struct State {
     icmp: RateLimit,
     steer: Option<Steer>,
     sync: Option<SyncPort>,
+    handshakes: Option<Arc<Handshakes>>,
 }
 
 /// A pipeline's link with sibling appliances: where its exports go, and
@@ -193,6 +196,7 @@ impl Pipeline {
                 icmp: RateLimit::new(cfg.icmp_rate, cfg.icmp_burst),
                 steer: None,
                 sync: None,
+                handshakes: None,
             },
             parsed: Parsed::default(),
             ahead: Box::new([Ahead::default(); BURST]),
@@ -213,6 +217,14 @@ impl Pipeline {
     /// synced pins.
     pub fn attach_sync(&mut self, ring: Arc<SyncRing>, synced: Reader<SyncedPins>) {
         self.state.sync = Some(SyncPort { ring, synced });
+    }
+
+    /// Records TCP handshakes with endpoints in `table`, shared with the
+    /// other workers and the control side (passive health, see
+    /// [`crate::handshake`]): each SYN sent to an endpoint, and the SYN-ACK
+    /// or RST that comes back on the return path.
+    pub fn attach_handshakes(&mut self, table: Arc<Handshakes>) {
+        self.state.handshakes = Some(table);
     }
 
     /// Takes the latest pins received from siblings, and lets go of those
@@ -522,6 +534,9 @@ impl State {
             if let Some(v) = self.too_big(cx, p, pkt, out.mtu) {
                 return v;
             }
+            if let Some(hs) = self.handshakes.as_deref() {
+                answered(hs, p, pkt.data());
+            }
             return match forward_l2(pkt, p, out.mac, gw.mac, out.vlan) {
                 Ok(()) => {
                     cx.ctr.returned.add(1);
@@ -592,6 +607,12 @@ impl State {
         let Some(ep) = self.select(svc, key, hash, p.icmp_error, tcp_flags, (now_s, now_ms), ctr) else {
             return Verdict::Drop(DropReason::NoEndpoint);
         };
+        if tcp_flags & (TCP_SYN | TCP_ACK | TCP_RST) == TCP_SYN {
+            if let Some(hs) = self.handshakes.as_deref() {
+                let c = if hs.syn(hash, svc.key, ep.id, ep.incarnation) { &ctr.handshakes_sampled } else { &ctr.handshakes_unsampled };
+                c.add(1);
+            }
+        }
         if p.frag == Fragment::First {
             let fk = frag_key(p);
             let pin = Pin { service: svc.key, endpoint: ep.id, incarnation: ep.incarnation, at: svc.position(ep) };
@@ -789,6 +810,24 @@ impl State {
             Err(r) => Verdict::Drop(r),
         }
     }
+}
+
+/// A packet on the return path (source = a VIP) that answers a SYN: a
+/// SYN-ACK or an RST, recorded against the handshake of its reversed flow.
+#[inline(always)]
+fn answered(hs: &Handshakes, p: &Parsed, frame: &[u8]) {
+    if p.flow.proto != 6 || !p.has_ports || p.frag != Fragment::No {
+        return;
+    }
+    let flags = frame.get(usize::from(p.l4) + TCP_FLAGS).copied().unwrap_or(0);
+    let answer = if flags & TCP_RST != 0 {
+        Answer::Reset
+    } else if flags & (TCP_SYN | TCP_ACK) == TCP_SYN | TCP_ACK {
+        Answer::SynAck
+    } else {
+        return;
+    };
+    hs.answer(flow_hash(&p.flow.reversed()), answer);
 }
 
 /// Whether the IPv4 packet `p` in `frame` has DF set.

@@ -418,6 +418,13 @@ impl<IO: PacketIo> Worker<IO> {
         self
     }
 
+    /// Records TCP handshakes with endpoints in `table` (passive health,
+    /// see [`crate::handshake`]).
+    pub fn with_handshakes(mut self, table: Arc<crate::handshake::Handshakes>) -> Self {
+        self.pipeline.attach_handshakes(table);
+        self
+    }
+
     /// Runs bursts through the look-ahead stages
     /// ([`Pipeline::prefetch_burst`]) when the snapshot's tables take at
     /// least `min_heap_bytes` (default [`STAGED_MIN_HEAP_BYTES`]; 0: always,

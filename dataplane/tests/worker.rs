@@ -704,3 +704,52 @@ fn latency_counts_each_packet_from_a_port_once() {
     drain(&mut w, 0);
     assert_conserved(&mut w);
 }
+
+/// An endpoint's answer on the return path (source = the VIP, from its MAC
+/// on the back port) to client port `sport`, with TCP flags `flags`.
+fn from_endpoint(mac: [u8; 6], sport: u16, dport: u16, flags: u8) -> Vec<u8> {
+    let l4 = craft::tcp(dport, sport, flags, b"");
+    craft::ether_with(BACK_MAC, mac, &[], ethertype::IPV4, &craft::with_l4_checksum(craft::ipv4(VIP, CLIENT, proto::TCP, &l4), 20))
+}
+
+#[test]
+fn a_syn_and_its_endpoints_answer_meet_in_the_handshake_table_across_workers() {
+    use sluice_dataplane::handshake::{Answer, Handshakes};
+    const TCP_RST: u8 = 0x04;
+    let p = Publisher::new(with_endpoints(1, 3, 0));
+    let table = Arc::new(Handshakes::new(4096));
+    // Two workers: one takes the clients' SYNs, the other the endpoints'
+    // answers (as RSS may spread them).
+    let with_table = |p: &Publisher<Snapshot>| {
+        let w = Worker::new(MemIo::new(3, 3), p.reader(), Arc::new(WorkerCounters::new(8, 1000)), &config());
+        H { w: w.with_handshakes(Arc::clone(&table)), drained: 0 }
+    };
+    let (mut front, mut back) = (with_table(&p), with_table(&p));
+    let sent = send_flows_flags(&mut front, 2000..2030, 8080, proto::TCP, TCP_SYN, 1000);
+    assert_eq!(front.counters().handshakes_sampled.get(), 30);
+    // Endpoint 0 answers with RSTs (nothing listens), the others accept.
+    let rst_mac = ep_mac(4, 0, 1);
+    let answers: Vec<Vec<u8>> = sent.iter().map(|(&s, &mac)| from_endpoint(mac, s, 8080, if mac == rst_mac { TCP_RST | TCP_ACK } else { TCP_SYN | TCP_ACK })).collect();
+    feed(&mut back, 1, &answers);
+    while back.poll(1001) > 0 {}
+    assert_eq!(drain(&mut back, 0).len(), 30, "every answer goes on to the gateway");
+    let mut out = Vec::new();
+    assert_eq!(table.sweep(u32::MAX, &mut out), 0, "every slot freed");
+    assert_eq!(out.len(), 30);
+    for o in &out {
+        assert_eq!(o.service, 4);
+        let want = if o.endpoint == 0 { Answer::Reset } else { Answer::SynAck };
+        assert_eq!(o.answer, want, "{o:?}");
+    }
+    let resets = sent.values().filter(|&&m| m == rst_mac).count();
+    assert!(resets > 0 && resets < 30, "the flows spread: {resets} to endpoint 0");
+    assert_eq!(out.iter().filter(|o| o.answer == Answer::Reset).count(), resets);
+    // Established traffic (an ACK) and an answer to nobody's SYN record nothing.
+    send_flows(&mut front, 2000..2010, 8080, proto::TCP, 1002);
+    feed(&mut back, 1, &[from_endpoint(ep_mac(4, 1, 1), 3000, 8080, TCP_SYN | TCP_ACK)]);
+    while back.poll(1003) > 0 {}
+    assert_eq!(table.sweep(0, &mut out), 0);
+    assert_eq!(out.len(), 30);
+    assert_conserved(&mut front);
+    assert_conserved(&mut back);
+}

@@ -107,7 +107,7 @@ type WorkerMetric = (&'static str, &'static str, fn(&WorkerCounters) -> u64);
 /// A metric read from a port's statistics.
 type PortMetric = (&'static str, &'static str, fn(&PortStats) -> u64);
 
-const WORKER_COUNTERS: [WorkerMetric; 22] = [
+const WORKER_COUNTERS: [WorkerMetric; 24] = [
     ("rx_packets", "Packets received from ports.", |w| w.rx_packets.get()),
     ("rx_bytes", "Bytes received from ports.", |w| w.rx_bytes.get()),
     ("tx_packets", "Packets sent.", |w| w.tx_packets.get()),
@@ -130,6 +130,8 @@ const WORKER_COUNTERS: [WorkerMetric; 22] = [
     ("sync_exported", "Pins pushed to the sibling sync ring: flows in table slots a change moved.", |w| w.sync_exported.get()),
     ("sync_ring_full", "Pins not exported because the sibling sync ring was full (tried again at the flow's next packet).", |w| w.sync_ring_full.get()),
     ("sync_pin_hits", "Flows without a pin here that followed a pin a sibling shared.", |w| w.sync_pin_hits.get()),
+    ("handshakes_sampled", "TCP SYNs to endpoints recorded in the handshake table for passive health.", |w| w.handshakes_sampled.get()),
+    ("handshakes_unsampled", "TCP SYNs to endpoints not recorded: their slot of the handshake table held another handshake.", |w| w.handshakes_unsampled.get()),
 ];
 
 const PORT_COUNTERS: [PortMetric; 8] = [
@@ -164,6 +166,7 @@ impl Collector for SluiceCollector {
         control_metrics(&mut e, sh)?;
         xds_metrics(&mut e, sh)?;
         sync_metrics(&mut e, sh)?;
+        health_metrics(&mut e, sh)?;
         bird_metrics(&mut e, sh)?;
         kube_metrics(&mut e, sh)?;
         worker_metrics(&mut e, sh, now)?;
@@ -282,6 +285,54 @@ fn xds_metrics(e: &mut DescriptorEncoder<'_>, sh: &Shared) -> fmt::Result {
         )?;
     }
     Ok(())
+}
+
+/// Passive health: each endpoint's handshakes and state.
+fn health_metrics(e: &mut DescriptorEncoder<'_>, sh: &Shared) -> fmt::Result {
+    let Some(h) = sh.health() else { return Ok(()) };
+    family(e, "sluice_health_handshakes_swept", "TCP handshakes passive health took from the workers' table.", Kind::Counter, one(f(h.outcomes)))?;
+    family(
+        e,
+        "sluice_health_handshakes_discounted",
+        "Handshakes not counted against their endpoint: unanswered while this appliance dropped received packets, or of a service whose answers do not come back through it.",
+        Kind::Counter,
+        one(f(h.discounted)),
+    )?;
+    let ep = |x: &sluice_admin_api::health::EndpointHealth| -> Labels { vec![("service", s(x.service.clone())), ("endpoint", s(x.id.to_string()))] };
+    let by = |outcome: &'static str, get: fn(&sluice_admin_api::health::EndpointHealth) -> u64| {
+        h.endpoints.iter().map(move |x| {
+            let mut l = ep(x);
+            l.push(("outcome", s(outcome)));
+            (l, f(get(x)))
+        })
+    };
+    let outcomes: Vec<(Labels, V)> = by("succeeded", |x| x.succeeded)
+        .chain(by("reset", |x| x.reset))
+        .chain(by("retransmitted", |x| x.retransmitted))
+        .chain(by("unanswered", |x| x.unanswered))
+        .collect();
+    family(e, "sluice_health_endpoint_handshakes", "An endpoint's TCP handshakes seen through this appliance, by outcome (succeeded: SYN-ACK; reset: RST; retransmitted: the client's SYN again before an answer; unanswered).", Kind::Counter, outcomes)?;
+    family(
+        e,
+        "sluice_health_endpoint_ejected",
+        "1 while passive health keeps an endpoint out of new flows (it drains).",
+        Kind::Gauge,
+        h.endpoints.iter().map(|x| (ep(x), f(u64::from(x.state == "ejected")))),
+    )?;
+    family(
+        e,
+        "sluice_health_endpoint_held",
+        "1 while passive health would take an endpoint out but the limit keeps it in (at most half of a service's endpoints out, never its last ready one).",
+        Kind::Gauge,
+        h.endpoints.iter().map(|x| (ep(x), f(u64::from(x.state == "held")))),
+    )?;
+    family(
+        e,
+        "sluice_health_endpoint_handshake_median_seconds",
+        "Median SYN to SYN-ACK time of an endpoint's last handshakes, as this appliance saw them.",
+        Kind::Gauge,
+        h.endpoints.iter().filter_map(|x| Some((ep(x), V::F(f64::from(x.handshake_median_us?) / 1e6)))),
+    )
 }
 
 /// Sibling sync, with a `siblings:` section.

@@ -288,6 +288,8 @@ pub struct Shared {
     pub(crate) kube: StatusSlot<crate::sources::kube::KubeStatus>,
     /// The sibling sync task's status channel (set once, with a `siblings:` section).
     pub(crate) sync: std::sync::OnceLock<watch::Receiver<crate::sync::SyncStatus>>,
+    /// Passive health's status channel (set once, when it starts).
+    pub(crate) health: std::sync::OnceLock<watch::Receiver<Option<sluice_admin_api::health::Health>>>,
 }
 
 impl Shared {
@@ -318,6 +320,7 @@ impl Shared {
             bird: std::sync::OnceLock::new(),
             kube: Mutex::new(None),
             sync: std::sync::OnceLock::new(),
+            health: std::sync::OnceLock::new(),
         }
     }
 
@@ -355,6 +358,17 @@ impl Shared {
     /// The sibling sync task's last status, with a `siblings:` section.
     pub(crate) fn sync(&self) -> Option<crate::sync::SyncStatus> {
         self.sync.get().map(|rx| rx.borrow().clone())
+    }
+
+    /// Passive health's last status, while it runs.
+    pub(crate) fn health(&self) -> Option<sluice_admin_api::health::Health> {
+        self.health.get().and_then(|rx| rx.borrow().clone())
+    }
+
+    /// Packets the ports received and dropped so far (missed for want of
+    /// room in a receive ring, or of a buffer).
+    pub(crate) fn received_and_dropped(&self) -> u64 {
+        self.ports.iter().filter_map(|p| p.port.stats()).map(|s| s.imissed + s.rx_nombuf).sum()
     }
 
     /// The BIRD driver's last status, while gateway routers are configured.

@@ -181,6 +181,7 @@ pub(super) fn status(sh: &Shared, query: &StatusQuery) -> Result<String, NoServi
         bird,
         kubernetes,
         sync: sh.sync(),
+        health: sh.health(),
         version: env!("CARGO_PKG_VERSION").to_owned(),
         dpdk: sluice_ffi::dpdk_version(),
         config: sh.config_path.clone(),

@@ -30,6 +30,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
+use sluice_dataplane::handshake::Handshakes;
 use sluice_dataplane::counters::WorkerCounters;
 use sluice_dataplane::latency::SharedLatency;
 use sluice_dataplane::pipeline::PipelineConfig;
@@ -190,6 +191,8 @@ struct Appliance {
     /// Sibling sync (with a `siblings:` section only): a ring per worker
     /// and the publisher of the pins received.
     sync: Option<(Vec<Arc<SyncRing>>, Publisher<SyncedPins>)>,
+    /// The workers' shared table of TCP handshakes (passive health).
+    handshakes: Option<Arc<Handshakes>>,
     netlink: Option<rtnetlink::Handle>,
     machine: Option<Machine>,
     rt: Option<tokio::runtime::Runtime>,
@@ -254,6 +257,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
         entries: Vec::new(),
         publisher: None,
         sync: None,
+        handshakes: None,
         netlink: None,
         machine: None,
         rt: None,
@@ -405,6 +409,7 @@ impl Appliance {
         // them; the queues between workers hold this many packets each.
         let steering = Steering::new(self.lcores.len(), STEER_QUEUE);
         let publisher = Publisher::new(Snapshot::default());
+        let handshakes = Arc::new(Handshakes::new(crate::health::TABLE_SLOTS));
         let (mut built, mut entries) = (Vec::new(), Vec::new());
         for (k, &lcore) in self.lcores.iter().enumerate() {
             let q = u16::try_from(k)?;
@@ -432,7 +437,9 @@ impl Appliance {
                 stash_capacity: 256,
                 stash_ttl_ms: 1000,
             };
-            let mut worker = Worker::new(io, publisher.reader(), Arc::clone(&ctr), &wc).with_steering(Arc::clone(&steering), k);
+            let mut worker = Worker::new(io, publisher.reader(), Arc::clone(&ctr), &wc)
+                .with_steering(Arc::clone(&steering), k)
+                .with_handshakes(Arc::clone(&handshakes));
             if let Some((rings, synced)) = &self.sync {
                 worker = worker.with_sync(Arc::clone(&rings[k]), synced.reader());
             }
@@ -443,7 +450,7 @@ impl Appliance {
             built.push((lcore, worker));
             entries.push(WorkerEntry { lcore: lcore.0, counters: ctr, latency });
         }
-        (self.built, self.entries, self.publisher) = (built, entries, Some(publisher));
+        (self.built, self.entries, self.publisher, self.handshakes) = (built, entries, Some(publisher), Some(handshakes));
         Ok(())
     }
 
@@ -452,6 +459,7 @@ impl Appliance {
         self.built.clear();
         self.entries.clear();
         self.publisher = None;
+        self.handshakes = None;
     }
 
     /// The admin state over the ports, pool and workers; the reconciler,
@@ -608,6 +616,7 @@ impl Appliance {
             loss,
             learned,
             stall_exit: Duration::from_secs(u64::from(cfg.dpdk.stall_exit_secs)),
+            handshakes: self.handshakes.take(),
             sync: match (cfg.siblings.clone(), self.sync.take()) {
                 (Some(sib), Some((rings, publisher))) => Some(control::SyncParts {
                     pods: if sib.kubernetes_pods { cfg.kubernetes.clone() } else { None },

@@ -156,6 +156,9 @@ pub(crate) fn render(st: &api::Status) -> String {
     if let Some(y) = &st.sync {
         sync(&mut o, y);
     }
+    if let Some(h) = &st.health {
+        passive_health(&mut o, h);
+    }
     let _ = writeln!(o, "mbufs in use: {} of {}\n\nPORTS", st.mbufs_in_use, st.mbufs);
     ports(&mut o, &st.ports);
     let _ = writeln!(o, "\nWORKERS");
@@ -357,6 +360,41 @@ fn sync(o: &mut String, y: &api::sync::Sync) {
         .collect();
     if !rows.is_empty() {
         table(o, &["SIBLING", "CONNECTED", "IN SYNC", "LAST HEARD", "SUBSCRIBED", "LAG"], &rows);
+    }
+}
+
+/// Passive health: its rule, then every endpoint a handshake was seen
+/// with (out ones first).
+fn passive_health(o: &mut String, h: &api::health::Health) {
+    let out = h.endpoints.iter().filter(|e| e.state != "healthy").count();
+    let _ = writeln!(
+        o,
+        "passive health: {out} of {} endpoints seen out or held | {} failed handshakes in a row take one out for {}s (doubling, at most {}s) | {} handshakes swept, {} discounted",
+        h.endpoints.len(),
+        h.fall,
+        h.ejection_seconds,
+        h.max_ejection_seconds,
+        h.outcomes,
+        h.discounted
+    );
+    let us = |v: Option<u32>| v.map_or_else(|| "-".to_owned(), |v| format!("{v}us"));
+    let mut rows: Vec<(bool, Vec<String>)> = h
+        .endpoints
+        .iter()
+        .map(|e| {
+            let state = match e.back_in_seconds {
+                Some(b) if e.state == "ejected" => format!("EJECTED, back in {b:.0}s"),
+                _ if e.state == "held" => "HELD (limit)".to_owned(),
+                _ => e.state.clone(),
+            };
+            let failed = e.reset + e.retransmitted + e.unanswered;
+            let row = vec![e.service.clone(), e.id.to_string(), e.address.clone(), state, e.succeeded.to_string(), failed.to_string(), us(e.handshake_median_us), us(e.handshake_p90_us)];
+            (e.state == "healthy", row)
+        })
+        .collect();
+    rows.sort_by_key(|r| r.0);
+    if !rows.is_empty() {
+        table(o, &["SERVICE", "ID", "ADDRESS", "STATE", "OK", "FAILED", "MEDIAN", "P90"], &rows.into_iter().map(|r| r.1).collect::<Vec<_>>());
     }
 }
 

@@ -69,6 +69,15 @@ pub enum SourceMsg {
         /// What made it try.
         trigger: String,
     },
+    /// The endpoints health checking wants out of new flows (all of them,
+    /// by service name and identifier), laid over what the sources say:
+    /// each drains while it is named (see [`crate::health`]).
+    Health {
+        /// Service name to identifiers.
+        ejected: std::collections::BTreeMap<String, std::collections::BTreeSet<u32>>,
+        /// What made it send.
+        trigger: String,
+    },
 }
 
 /// Whether a source's state is being served: `Err` lists why it was refused

@@ -1,0 +1,275 @@
+//! Passive health: the endpoints' TCP handshakes, as the workers see them,
+//! take an endpoint that stops answering out of new flows, and put it back
+//! after a while (its pinned flows stay on it throughout: it drains).
+//!
+//! - **What is measured.** Every SYN a worker sends to an endpoint and the
+//!   answer that comes back on the return path meet in the workers' shared
+//!   [`Handshakes`] table. This task sweeps it every [`TICK`]: a SYN-ACK is
+//!   a success (its time from the SYN is kept); an RST (nothing listens on
+//!   the port), a SYN the client sent again before any answer, and a SYN
+//!   unanswered for [`UNANSWERED_AFTER`] are failures.
+//! - **Coverage.** Only the answers that come back through this appliance
+//!   are seen: a service whose endpoints answered nothing through it in the
+//!   last [`COVERAGE`] (its return path goes elsewhere) is not judged, nor
+//!   is a SYN unanswered while this appliance dropped received packets (a
+//!   saturated worker or port loses answers too). Both are counted
+//!   (`discounted`).
+//! - **Decision, with hysteresis.** [`FALL`] failures in a row (no success
+//!   between) take an endpoint out for [`EJECTION`]; each time again
+//!   before [`FORGIVE`] without a failure doubles that, up to
+//!   [`MAX_EJECTION`]. When its time is up it is back in new flows, and
+//!   judged again from what follows (a dead endpoint is out again after
+//!   [`FALL`] more failures). This is Envoy's outlier detection
+//!   (`consecutive_gateway_failure`, `base_ejection_time`) on handshakes.
+//! - **Limits.** The task says which endpoints it wants out; the
+//!   reconciler applies it like any other change (a new table per change)
+//!   and never takes out more than half of a service's endpoints, nor its
+//!   last ready one: an endpoint it keeps is reported `held`.
+//! - **Status** on its own channel ([`admin_api::health::Health`]), from the
+//!   handshakes seen and what the reconciler applied.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sluice_admin_api::health::{EndpointHealth, Health};
+use sluice_dataplane::handshake::{Answer, Handshakes, Outcome};
+use sluice_dataplane::snapshot::Snapshot;
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::reconcile::{Published, ReconcilerStatus};
+use crate::sources::SourceMsg;
+
+/// How often the table is swept and decisions made.
+pub(crate) const TICK: Duration = Duration::from_millis(100);
+/// A SYN with no answer for this long is unanswered (Linux clients send it
+/// again after 1 s, which counts as a failure before).
+pub(crate) const UNANSWERED_AFTER: Duration = Duration::from_secs(2);
+/// Failures in a row that take an endpoint out.
+pub(crate) const FALL: u32 = 5;
+/// The first time out.
+pub(crate) const EJECTION: Duration = Duration::from_secs(30);
+/// The longest.
+pub(crate) const MAX_EJECTION: Duration = Duration::from_secs(300);
+/// Without a failure for this long, past time outs are forgotten.
+pub(crate) const FORGIVE: Duration = Duration::from_secs(600);
+/// A service is judged while its endpoints' answers came back through this
+/// appliance this recently.
+pub(crate) const COVERAGE: Duration = Duration::from_secs(60);
+/// Handshake times kept per endpoint for its median.
+const RECENT: usize = 64;
+/// Slots of the workers' handshake table (32 bytes each): far more than
+/// the handshakes in flight at once (connections per second times the
+/// handshake's time).
+pub(crate) const TABLE_SLOTS: usize = 1 << 16;
+
+/// One endpoint's record, by service key, identifier and incarnation.
+#[derive(Debug, Default)]
+struct Record {
+    succeeded: u64,
+    reset: u64,
+    retransmitted: u64,
+    unanswered: u64,
+    in_a_row: u32,
+    ejections: u32,
+    out_until: Option<Instant>,
+    last_failure: Option<Instant>,
+    recent: VecDeque<u32>,
+}
+
+type Key = (u32, u16, u16);
+
+/// What the handshakes say (the decisions, without the task around them).
+#[derive(Debug, Default)]
+pub(crate) struct Passive {
+    records: HashMap<Key, Record>,
+    /// Per service key, when an answer last came back through here.
+    answered: HashMap<u32, Instant>,
+    outcomes: u64,
+    sweeps: u64,
+    discounted: u64,
+}
+
+impl Passive {
+    /// Takes the outcomes of one sweep; `dropping`: this appliance dropped
+    /// received packets since the last one.
+    pub(crate) fn take(&mut self, outcomes: &[Outcome], dropping: bool, now: Instant) {
+        self.sweeps += 1;
+        self.outcomes += outcomes.len() as u64;
+        for o in outcomes.iter().filter(|o| matches!(o.answer, Answer::SynAck | Answer::Reset)) {
+            self.answered.insert(o.service, now);
+        }
+        for o in outcomes {
+            let covered = self.answered.get(&o.service).is_some_and(|&t| now.duration_since(t) <= COVERAGE);
+            let lost_here = dropping && matches!(o.answer, Answer::Unanswered | Answer::Retransmitted);
+            if !covered || lost_here {
+                self.discounted += 1;
+                continue;
+            }
+            let r = self.records.entry((o.service, o.endpoint, o.incarnation)).or_default();
+            match o.answer {
+                Answer::SynAck => {
+                    r.succeeded += 1;
+                    r.in_a_row = 0;
+                    if r.recent.len() == RECENT {
+                        r.recent.pop_front();
+                    }
+                    r.recent.push_back(o.micros);
+                    continue;
+                }
+                Answer::Reset => r.reset += 1,
+                Answer::Retransmitted => r.retransmitted += 1,
+                Answer::Unanswered => r.unanswered += 1,
+            }
+            r.in_a_row += 1;
+            r.last_failure = Some(now);
+            if r.in_a_row >= FALL && r.out_until.is_none() {
+                let time = EJECTION.saturating_mul(1 << r.ejections.min(8)).min(MAX_EJECTION);
+                r.ejections += 1;
+                r.out_until = Some(now + time);
+                r.in_a_row = 0;
+                warn!(service = o.service, endpoint = o.endpoint, seconds = time.as_secs(), "passive health: endpoint failed {FALL} handshakes in a row, out of new flows");
+            }
+        }
+    }
+
+    /// Ends the time outs that are up, forgets what `snap` no longer has
+    /// (an endpoint that left, or came back as another incarnation) and
+    /// returns the endpoints wanted out, by service name and identifier.
+    pub(crate) fn wanted(&mut self, snap: &Snapshot, now: Instant) -> BTreeMap<String, BTreeSet<u32>> {
+        self.records.retain(|&(service, id, inc), _| {
+            snap.service_by_key(service).and_then(|s| s.endpoint(id)).is_some_and(|e| e.incarnation & 0xffff == u32::from(inc))
+        });
+        self.answered.retain(|_, t| now.duration_since(*t) <= COVERAGE);
+        let mut out: BTreeMap<String, BTreeSet<u32>> = BTreeMap::new();
+        for (&(service, id, _), r) in &mut self.records {
+            if r.out_until.is_some_and(|t| now >= t) {
+                r.out_until = None;
+                info!(service, endpoint = id, "passive health: endpoint back in new flows");
+            }
+            if r.last_failure.is_some_and(|t| now.duration_since(t) >= FORGIVE) {
+                r.ejections = 0;
+            }
+            if r.out_until.is_some() {
+                if let Some(s) = snap.service_by_key(service) {
+                    out.entry(s.name.clone()).or_default().insert(u32::from(id));
+                }
+            }
+        }
+        out
+    }
+
+    /// The status: every endpoint seen, `applied` being what the reconciler
+    /// took out.
+    pub(crate) fn status(&self, snap: &Snapshot, applied: &BTreeMap<String, BTreeSet<u32>>, now: Instant) -> Health {
+        let mut endpoints: Vec<EndpointHealth> = self
+            .records
+            .iter()
+            .filter_map(|(&(service, id, _), r)| {
+                let s = snap.service_by_key(service)?;
+                let e = s.endpoint(id)?;
+                let state = match r.out_until {
+                    None => "healthy",
+                    Some(_) if applied.get(&s.name).is_some_and(|a| a.contains(&u32::from(id))) => "ejected",
+                    Some(_) => "held",
+                };
+                let (median, p90) = quantiles(&r.recent);
+                Some(EndpointHealth {
+                    service: s.name.clone(),
+                    id: u32::from(id),
+                    address: e.addr.to_string(),
+                    state: state.to_owned(),
+                    succeeded: r.succeeded,
+                    reset: r.reset,
+                    retransmitted: r.retransmitted,
+                    unanswered: r.unanswered,
+                    failures_in_a_row: r.in_a_row,
+                    ejections: r.ejections,
+                    back_in_seconds: r.out_until.map(|t| t.saturating_duration_since(now).as_secs_f64()),
+                    handshake_median_us: median,
+                    handshake_p90_us: p90,
+                })
+            })
+            .collect();
+        endpoints.sort_by(|a, b| (&a.service, a.id).cmp(&(&b.service, b.id)));
+        let mut covered: Vec<String> = self.answered.keys().filter_map(|&k| snap.service_by_key(k).map(|s| s.name.clone())).collect();
+        covered.sort();
+        Health {
+            fall: FALL,
+            ejection_seconds: EJECTION.as_secs_f64(),
+            max_ejection_seconds: MAX_EJECTION.as_secs_f64(),
+            forgive_seconds: FORGIVE.as_secs_f64(),
+            unanswered_after_ms: u64::try_from(UNANSWERED_AFTER.as_millis()).unwrap_or(u64::MAX),
+            outcomes: self.outcomes,
+            sweeps: self.sweeps,
+            discounted: self.discounted,
+            covered_services: covered,
+            endpoints,
+        }
+    }
+}
+
+/// The median and 90th percentile of `recent` (none when empty).
+fn quantiles(recent: &VecDeque<u32>) -> (Option<u32>, Option<u32>) {
+    if recent.is_empty() {
+        return (None, None);
+    }
+    let mut v: Vec<u32> = recent.iter().copied().collect();
+    v.sort_unstable();
+    let at = |q: usize| v[(v.len() - 1) * q / 100];
+    (Some(at(50)), Some(at(90)))
+}
+
+/// The passive health task, built; [`HealthTask::run`] runs it.
+pub(crate) struct HealthTask {
+    pub(crate) table: Arc<Handshakes>,
+    pub(crate) published: watch::Receiver<Published>,
+    pub(crate) reconciled: watch::Receiver<ReconcilerStatus>,
+    pub(crate) to_reconciler: mpsc::Sender<SourceMsg>,
+    pub(crate) status: watch::Sender<Option<Health>>,
+    /// Received packets this appliance dropped so far (ports' misses and
+    /// empty pools): a rise means answers may have been lost here.
+    pub(crate) drops: Box<dyn Fn() -> u64 + Send>,
+}
+
+impl HealthTask {
+    /// Sweeps, decides and reports every [`TICK`] until `cancel`.
+    pub(crate) async fn run(self, cancel: CancellationToken) {
+        let HealthTask { table, published, reconciled, to_reconciler, status, drops } = self;
+        let mut passive = Passive::default();
+        let mut sent: BTreeMap<String, BTreeSet<u32>> = BTreeMap::new();
+        let mut last_drops = drops();
+        let mut outcomes = Vec::new();
+        let bound = u32::try_from(UNANSWERED_AFTER.as_micros()).unwrap_or(u32::MAX);
+        let mut tick = tokio::time::interval(TICK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = cancel.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            outcomes.clear();
+            table.sweep(bound, &mut outcomes);
+            let d = drops();
+            let now = Instant::now();
+            passive.take(&outcomes, d != last_drops, now);
+            last_drops = d;
+            let snap = Arc::clone(&published.borrow().snapshot);
+            let wanted = passive.wanted(&snap, now);
+            if wanted != sent {
+                let msg = SourceMsg::Health { ejected: wanted.clone(), trigger: "passive health".to_owned() };
+                if to_reconciler.send(msg).await.is_err() {
+                    return;
+                }
+                sent = wanted;
+            }
+            let applied = reconciled.borrow().health.ejected.clone();
+            status.send_replace(Some(passive.status(&snap, &applied, now)));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,62 @@
+use super::*;
+use sluice_dataplane::handshake::{Answer, Outcome};
+
+fn o(service: u32, endpoint: u16, answer: Answer) -> Outcome {
+    Outcome { service, endpoint, incarnation: 1, answer, micros: if answer == Answer::SynAck { 100 } else { 0 } }
+}
+
+#[test]
+fn an_endpoint_that_fails_fall_handshakes_in_a_row_is_wanted_out_then_back() {
+    let mut p = Passive::default();
+    let t0 = Instant::now();
+    // Endpoint 2 answers with RSTs; 1 accepts.
+    for k in 0..FALL - 1 {
+        p.take(&[o(7, 1, Answer::SynAck), o(7, 2, Answer::Reset)], false, t0 + Duration::from_millis(u64::from(k)));
+    }
+    assert!(p.records[&(7, 2, 1)].out_until.is_none(), "one failure short");
+    // A success between failures starts the count again.
+    p.take(&[o(7, 2, Answer::SynAck)], false, t0);
+    for _ in 0..FALL - 1 {
+        p.take(&[o(7, 2, Answer::Reset)], false, t0);
+    }
+    assert!(p.records[&(7, 2, 1)].out_until.is_none());
+    p.take(&[o(7, 2, Answer::Unanswered)], false, t0);
+    let r = &p.records[&(7, 2, 1)];
+    assert_eq!(r.out_until, Some(t0 + EJECTION));
+    assert_eq!((r.reset, r.unanswered, r.succeeded), (2 * (u64::from(FALL) - 1), 1, 1));
+    // Out again right after its time: twice as long.
+    for _ in 0..FALL {
+        p.take(&[o(7, 2, Answer::Reset)], false, t0 + EJECTION);
+    }
+    let r = &p.records[&(7, 2, 1)];
+    assert_eq!(r.out_until, Some(t0 + EJECTION), "already out: the time stands");
+}
+
+#[test]
+fn unanswered_syns_count_only_where_answers_come_back_and_nothing_was_dropped_here() {
+    let mut p = Passive::default();
+    let t0 = Instant::now();
+    // Service 3's answers never come through here: not judged.
+    for _ in 0..2 * FALL {
+        p.take(&[o(3, 0, Answer::Unanswered)], false, t0);
+    }
+    assert!(p.records.is_empty());
+    assert_eq!(p.discounted, u64::from(2 * FALL));
+    // Service 4 answers: judged, but not while this appliance drops.
+    p.take(&[o(4, 0, Answer::SynAck)], false, t0);
+    for _ in 0..2 * FALL {
+        p.take(&[o(4, 1, Answer::Unanswered), o(4, 1, Answer::Retransmitted)], true, t0);
+    }
+    assert!(p.records.get(&(4, 1, 1)).is_none_or(|r| r.out_until.is_none()));
+    for _ in 0..FALL {
+        p.take(&[o(4, 1, Answer::Retransmitted)], false, t0);
+    }
+    assert!(p.records[&(4, 1, 1)].out_until.is_some());
+}
+
+#[test]
+fn quantiles_of_recent_handshakes() {
+    let v: VecDeque<u32> = (1..=10).rev().collect();
+    assert_eq!(quantiles(&v), (Some(5), Some(9)));
+    assert_eq!(quantiles(&VecDeque::new()), (None, None));
+}
