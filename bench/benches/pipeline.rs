@@ -1,11 +1,22 @@
 //! ns per packet for parse + classify + select + rewrite, on bursts of 32,
 //! with 1, 100 and 10,000 routes. `pipeline/copy_only` measures the frame
 //! refresh each iteration also does, to subtract it.
+//!
+//! `passive_health/{off,on}`: the same pipeline fed only TCP SYNs (the
+//! packets passive health records: each takes a slot of the shared
+//! handshake table), without and with the table attached, in the same run;
+//! their ratio is passive health's per-packet cost at its worst (a
+//! connection's other packets do not touch the table). The control side's
+//! sweep, which frees the slots, runs between timed bursts.
 
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use sluice_bench::{appliance, frames};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sluice_bench::{appliance, frames, frames_with_flags};
+use sluice_dataplane::handshake::Handshakes;
 use sluice_dataplane::counters::WorkerCounters;
 use sluice_dataplane::memio::MemBuf;
 use sluice_dataplane::pipeline::{Pipeline, PipelineConfig};
@@ -52,5 +63,49 @@ fn pipeline(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, pipeline);
+fn passive_health(c: &mut Criterion) {
+    let mut g = c.benchmark_group("passive_health");
+    g.throughput(Throughput::Elements(BURST as u64));
+    let a = appliance(1, 1, 1, 25);
+    let templates = frames_with_flags(&a, 4096, 7, 0x02);
+    let ctr = WorkerCounters::new(1, 25);
+    for on in [false, true] {
+        let table = Arc::new(Handshakes::new(65536));
+        let mut pl = Pipeline::new(&PipelineConfig::default(), 1);
+        if on {
+            pl.attach_handshakes(Arc::clone(&table));
+        }
+        let mut bufs: Vec<MemBuf> = templates[..BURST].iter().map(|f| MemBuf::new(f)).collect();
+        for b in &mut bufs {
+            assert_eq!(pl.process(&a.snapshot, 0, b, 1, &ctr), Verdict::Forward(1));
+        }
+        let mut next = 0usize;
+        let mut swept = Vec::new();
+        g.bench_function(if on { "on" } else { "off" }, |bench| {
+            bench.iter_custom(|iters| {
+                let mut timed = Duration::ZERO;
+                for i in 0..iters {
+                    let t = Instant::now();
+                    for b in bufs.iter_mut() {
+                        b.reset(&templates[next & 4095]);
+                        next += 1;
+                        black_box(pl.process(&a.snapshot, 0, b, 1, &ctr));
+                    }
+                    timed += t.elapsed();
+                    // What the control side does every 100 ms: here every
+                    // 1024 SYNs, so that slots are there to take.
+                    if i % 32 == 31 {
+                        swept.clear();
+                        table.sweep(0, &mut swept);
+                    }
+                }
+                timed
+            })
+        });
+    }
+    assert!(ctr.handshakes_sampled.get() > 0, "the table was used");
+    g.finish();
+}
+
+criterion_group!(benches, pipeline, passive_health);
 criterion_main!(benches);

@@ -100,15 +100,21 @@ pub fn appliance(routes: u32, ports_per_vip: u32, services: u32, endpoints: u16)
     Appliance { snapshot, targets }
 }
 
-/// `n` TCP frames from varied clients to random route targets.
-#[allow(clippy::cast_possible_truncation)] // synthetic addresses and ports
+/// `n` TCP frames (ACKs: established flows) from varied clients to random
+/// route targets.
 pub fn frames(a: &Appliance, n: usize, seed: u64) -> Vec<Vec<u8>> {
+    frames_with_flags(a, n, seed, 0x10)
+}
+
+/// [`frames`] with TCP flags `flags` (0x02: SYNs, new connections).
+#[allow(clippy::cast_possible_truncation)] // synthetic addresses and ports
+pub fn frames_with_flags(a: &Appliance, n: usize, seed: u64, flags: u8) -> Vec<Vec<u8>> {
     (0..n as u64)
         .map(|i| {
             let h = hash_u64(i, seed);
             let (v, port) = a.targets[(h % a.targets.len() as u64) as usize];
             let client = [198, 51, (h >> 8) as u8, (h >> 16) as u8];
-            let tcp = craft::tcp(1024 + (h >> 24) as u16 % 60000, port, 0x10, &[0; 6]);
+            let tcp = craft::tcp(1024 + (h >> 24) as u16 % 60000, port, flags, &[0; 6]);
             let ip = craft::with_l4_checksum(craft::ipv4(client, v, proto::TCP, &tcp), 20);
             craft::ether_with(FRONT_MAC, [2, 0xcc, 0, 0, 0, 1], &[], ethertype::IPV4, &ip)
         })

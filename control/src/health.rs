@@ -11,8 +11,9 @@
 //! - **Coverage.** Only the answers that come back through this appliance
 //!   are seen: a service whose endpoints answered nothing through it in the
 //!   last [`COVERAGE`] (its return path goes elsewhere) is not judged, nor
-//!   is a SYN unanswered while this appliance dropped received packets (a
-//!   saturated worker or port loses answers too). Both are counted
+//!   is a SYN unanswered or sent again while this appliance dropped
+//!   received frames, then or within [`UNANSWERED_AFTER`] before (a
+//!   saturated port or worker loses answers too). Both are counted
 //!   (`discounted`).
 //! - **Decision, with hysteresis.** [`FALL`] failures in a row (no success
 //!   between) take an endpoint out for [`EJECTION`]; each time again
@@ -93,9 +94,10 @@ pub(crate) struct Passive {
 }
 
 impl Passive {
-    /// Takes the outcomes of one sweep; `dropping`: this appliance dropped
-    /// received packets since the last one.
-    pub(crate) fn take(&mut self, outcomes: &[Outcome], dropping: bool, now: Instant) {
+    /// Takes the outcomes of one sweep; `dropped`: when this appliance last
+    /// saw received frames dropped.
+    pub(crate) fn take(&mut self, outcomes: &[Outcome], dropped: Option<Instant>, now: Instant) {
+        let dropping = dropped.is_some_and(|t| now.duration_since(t) <= UNANSWERED_AFTER + TICK);
         self.sweeps += 1;
         self.outcomes += outcomes.len() as u64;
         for o in outcomes.iter().filter(|o| matches!(o.answer, Answer::SynAck | Answer::Reset)) {
@@ -240,7 +242,7 @@ impl HealthTask {
         let HealthTask { table, published, reconciled, to_reconciler, status, drops } = self;
         let mut passive = Passive::default();
         let mut sent: BTreeMap<String, BTreeSet<u32>> = BTreeMap::new();
-        let mut last_drops = drops();
+        let (mut last_drops, mut dropped_at) = (drops(), None);
         let mut outcomes = Vec::new();
         let bound = u32::try_from(UNANSWERED_AFTER.as_micros()).unwrap_or(u32::MAX);
         let mut tick = tokio::time::interval(TICK);
@@ -252,10 +254,12 @@ impl HealthTask {
             }
             outcomes.clear();
             table.sweep(bound, &mut outcomes);
-            let d = drops();
-            let now = Instant::now();
-            passive.take(&outcomes, d != last_drops, now);
-            last_drops = d;
+            let (d, now) = (drops(), Instant::now());
+            if d != last_drops {
+                dropped_at = Some(now);
+                last_drops = d;
+            }
+            passive.take(&outcomes, dropped_at, now);
             let snap = Arc::clone(&published.borrow().snapshot);
             let wanted = passive.wanted(&snap, now);
             if wanted != sent {

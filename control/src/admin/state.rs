@@ -365,10 +365,17 @@ impl Shared {
         self.health.get().and_then(|rx| rx.borrow().clone())
     }
 
-    /// Packets the ports received and dropped so far (missed for want of
-    /// room in a receive ring, or of a buffer).
+    /// Frames lost on their way in so far: below DPDK (the device's misses,
+    /// or the kernel interface's drops under af_packet, as the loss sampler
+    /// last counted them), and for want of a buffer.
     pub(crate) fn received_and_dropped(&self) -> u64 {
-        self.ports.iter().filter_map(|p| p.port.stats()).map(|s| s.imissed + s.rx_nombuf).sum()
+        self.ports
+            .iter()
+            .map(|p| {
+                let s = p.port.stats().unwrap_or_default();
+                s.imissed.max(lock(&p.loss).below_dpdk) + s.rx_nombuf
+            })
+            .sum()
     }
 
     /// The BIRD driver's last status, while gateway routers are configured.

@@ -409,7 +409,7 @@ impl Appliance {
         // them; the queues between workers hold this many packets each.
         let steering = Steering::new(self.lcores.len(), STEER_QUEUE);
         let publisher = Publisher::new(Snapshot::default());
-        let handshakes = Arc::new(Handshakes::new(crate::health::TABLE_SLOTS));
+        let handshakes = cfg.passive_health.then(|| Arc::new(Handshakes::new(crate::health::TABLE_SLOTS)));
         let (mut built, mut entries) = (Vec::new(), Vec::new());
         for (k, &lcore) in self.lcores.iter().enumerate() {
             let q = u16::try_from(k)?;
@@ -437,9 +437,10 @@ impl Appliance {
                 stash_capacity: 256,
                 stash_ttl_ms: 1000,
             };
-            let mut worker = Worker::new(io, publisher.reader(), Arc::clone(&ctr), &wc)
-                .with_steering(Arc::clone(&steering), k)
-                .with_handshakes(Arc::clone(&handshakes));
+            let mut worker = Worker::new(io, publisher.reader(), Arc::clone(&ctr), &wc).with_steering(Arc::clone(&steering), k);
+            if let Some(h) = &handshakes {
+                worker = worker.with_handshakes(Arc::clone(h));
+            }
             if let Some((rings, synced)) = &self.sync {
                 worker = worker.with_sync(Arc::clone(&rings[k]), synced.reader());
             }
@@ -450,7 +451,7 @@ impl Appliance {
             built.push((lcore, worker));
             entries.push(WorkerEntry { lcore: lcore.0, counters: ctr, latency });
         }
-        (self.built, self.entries, self.publisher, self.handshakes) = (built, entries, Some(publisher), Some(handshakes));
+        (self.built, self.entries, self.publisher, self.handshakes) = (built, entries, Some(publisher), handshakes);
         Ok(())
     }
 

@@ -11,22 +11,22 @@ fn an_endpoint_that_fails_fall_handshakes_in_a_row_is_wanted_out_then_back() {
     let t0 = Instant::now();
     // Endpoint 2 answers with RSTs; 1 accepts.
     for k in 0..FALL - 1 {
-        p.take(&[o(7, 1, Answer::SynAck), o(7, 2, Answer::Reset)], false, t0 + Duration::from_millis(u64::from(k)));
+        p.take(&[o(7, 1, Answer::SynAck), o(7, 2, Answer::Reset)], None, t0 + Duration::from_millis(u64::from(k)));
     }
     assert!(p.records[&(7, 2, 1)].out_until.is_none(), "one failure short");
     // A success between failures starts the count again.
-    p.take(&[o(7, 2, Answer::SynAck)], false, t0);
+    p.take(&[o(7, 2, Answer::SynAck)], None, t0);
     for _ in 0..FALL - 1 {
-        p.take(&[o(7, 2, Answer::Reset)], false, t0);
+        p.take(&[o(7, 2, Answer::Reset)], None, t0);
     }
     assert!(p.records[&(7, 2, 1)].out_until.is_none());
-    p.take(&[o(7, 2, Answer::Unanswered)], false, t0);
+    p.take(&[o(7, 2, Answer::Unanswered)], None, t0);
     let r = &p.records[&(7, 2, 1)];
     assert_eq!(r.out_until, Some(t0 + EJECTION));
     assert_eq!((r.reset, r.unanswered, r.succeeded), (2 * (u64::from(FALL) - 1), 1, 1));
     // Out again right after its time: twice as long.
     for _ in 0..FALL {
-        p.take(&[o(7, 2, Answer::Reset)], false, t0 + EJECTION);
+        p.take(&[o(7, 2, Answer::Reset)], None, t0 + EJECTION);
     }
     let r = &p.records[&(7, 2, 1)];
     assert_eq!(r.out_until, Some(t0 + EJECTION), "already out: the time stands");
@@ -38,18 +38,26 @@ fn unanswered_syns_count_only_where_answers_come_back_and_nothing_was_dropped_he
     let t0 = Instant::now();
     // Service 3's answers never come through here: not judged.
     for _ in 0..2 * FALL {
-        p.take(&[o(3, 0, Answer::Unanswered)], false, t0);
+        p.take(&[o(3, 0, Answer::Unanswered)], None, t0);
     }
     assert!(p.records.is_empty());
     assert_eq!(p.discounted, u64::from(2 * FALL));
     // Service 4 answers: judged, but not while this appliance drops.
-    p.take(&[o(4, 0, Answer::SynAck)], false, t0);
+    p.take(&[o(4, 0, Answer::SynAck)], None, t0);
     for _ in 0..2 * FALL {
-        p.take(&[o(4, 1, Answer::Unanswered), o(4, 1, Answer::Retransmitted)], true, t0);
+        p.take(&[o(4, 1, Answer::Unanswered), o(4, 1, Answer::Retransmitted)], Some(t0), t0);
     }
     assert!(p.records.get(&(4, 1, 1)).is_none_or(|r| r.out_until.is_none()));
-    for _ in 0..FALL {
-        p.take(&[o(4, 1, Answer::Retransmitted)], false, t0);
+    // A drop up to the unanswered bound before still explains a loss; one
+    // longer before does not.
+    let d = p.discounted;
+    p.take(&[o(4, 1, Answer::Unanswered)], Some(t0), t0 + UNANSWERED_AFTER);
+    assert_eq!(p.discounted, d + 1);
+    p.take(&[o(4, 1, Answer::Unanswered)], Some(t0), t0 + UNANSWERED_AFTER * 2);
+    assert_eq!(p.discounted, d + 1);
+    assert_eq!(p.records[&(4, 1, 1)].in_a_row, 1);
+    for _ in 1..FALL {
+        p.take(&[o(4, 1, Answer::Retransmitted)], None, t0);
     }
     assert!(p.records[&(4, 1, 1)].out_until.is_some());
 }

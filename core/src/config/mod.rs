@@ -240,12 +240,16 @@ pub struct ApplianceConfig {
     pub kubernetes: Option<kubernetes::KubeConfig>,
     /// The sibling appliances to share flow pins with (`siblings:`), if any.
     pub siblings: Option<siblings::SiblingsConfig>,
+    /// Passive health (`health.passive`, default on): the workers record
+    /// the endpoints' TCP handshakes, and an endpoint that stops answering
+    /// drains.
+    pub passive_health: bool,
     /// Where the settings only a restart applies are written.
     pub(crate) keys: KeyPositions,
 }
 
 /// The sections whose settings only a restart applies.
-const START_ONLY: &[&str] = &["dpdk", "ports", "admin", "flowTable", "capacity", "siblings"];
+const START_ONLY: &[&str] = &["dpdk", "ports", "admin", "flowTable", "capacity", "siblings", "health"];
 
 /// Where the file writes each setting that only a restart applies (its
 /// sections, their keys, each port), to point a problem about one at it.
@@ -336,6 +340,7 @@ impl ApplianceConfig {
             ("capacity.services", text(&was.max_services), text(&now.max_services)),
             ("capacity.endpoints", text(&was.max_endpoints), text(&now.max_endpoints)),
             ("siblings", text(&was.siblings), text(&now.siblings)),
+            ("health.passive", text(&was.passive_health), text(&now.passive_health)),
         ];
         let file = self.path.display().to_string();
         pairs
@@ -368,7 +373,7 @@ impl ApplianceConfig {
 
 const TOP: &[&str] = &[
     "dpdk", "ports", "gateways", "defaults", "flowTable", "admin", "capacity", "services", "routes", "manifests",
-    "xds-control-plane", "bird", "gatewayRouters", "kubernetes", "siblings",
+    "xds-control-plane", "bird", "gatewayRouters", "kubernetes", "siblings", "health",
 ];
 
 /// Reads and checks the file (not the manifests it points to).
@@ -410,6 +415,13 @@ pub(crate) fn parse(v: &Value, path: &Path) -> Result<ApplianceConfig, Vec<Probl
     let routing = routing(&root, &mut p, &dpdk.file_prefix, &ports, path);
     let kubernetes = root.field("kubernetes", |n| kubernetes::parse(n, &mut p, path)).flatten();
     let siblings = root.field("siblings", |n| siblings::parse(n, &mut p, path)).flatten();
+    let passive_health = root
+        .field("health", |n| {
+            n.mapping(&mut p, &["passive"]);
+            n.field("passive", |n| n.boolean(&mut p)).flatten()
+        })
+        .flatten()
+        .unwrap_or(true);
     if siblings.as_ref().is_some_and(|s| s.kubernetes_pods) && kubernetes.is_none() {
         root.field("siblings", |n| {
             n.field("kubernetesPods", |n| n.bad(&mut p, "the pods of a Gateway's Deployment need a `kubernetes:` section (the Gateway and namespace)"));
@@ -438,6 +450,7 @@ pub(crate) fn parse(v: &Value, path: &Path) -> Result<ApplianceConfig, Vec<Probl
         routing,
         kubernetes,
         siblings,
+        passive_health,
         keys: KeyPositions::of(v),
     })
 }
@@ -1010,6 +1023,19 @@ gateways:
         assert_eq!(problems(&format!("ports:\n{ports}")), [
             "c.yaml:1:1: dpdk.mbufs: 8191 mbufs cannot fill the receive rings: 9 port(s) x 1 worker(s) x 1024 descriptors need 9216",
         ]);
+    }
+
+    #[test]
+    fn passive_health_is_on_unless_turned_off_and_takes_effect_at_restart() {
+        assert!(parse_str(MACHINE, Path::new("c.yaml")).unwrap().passive_health);
+        let off = parse_str(&format!("{MACHINE}health: {{passive: false}}\n"), Path::new("c.yaml")).unwrap();
+        assert!(!off.passive_health);
+        let on = parse_str(MACHINE, Path::new("c.yaml")).unwrap();
+        let change = off.start_only_changes(&on);
+        assert_eq!(change.len(), 1, "{change:?}");
+        assert!(change[0].to_string().contains("health.passive"), "{}", change[0]);
+        let bad = problems(&format!("{MACHINE}health: {{passive: maybe, active: true}}\n"));
+        assert_eq!(bad.len(), 2, "{bad:?}");
     }
 
     #[test]
