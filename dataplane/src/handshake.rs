@@ -26,9 +26,11 @@
 //! `head` from free to "writing" writes `who`; only a worker that sees the
 //! slot's head in "SYN sent" with its tag writes `answer` before moving the
 //! head to "answered"; only the control side frees an answered slot, or a
-//! SYN-sent one with a compare-and-swap. Times are microseconds since the
-//! table was made, in 32 bits: they wrap after 71 minutes, and every
-//! difference taken is of two times less than a sweep bound apart.
+//! SYN-sent one with a compare-and-swap. Times are ticks of the table's
+//! clock (the TSC in the appliance: a read costs a third of the system
+//! clock's) shifted so that a unit is half a microsecond to one, in 32
+//! bits: they wrap after half an hour or more, and every difference taken
+//! is of two times less than a sweep bound apart.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
@@ -109,7 +111,17 @@ struct Slot {
 pub struct Handshakes {
     slots: Box<[Slot]>,
     mask: u64,
-    epoch: Instant,
+    clock: fn() -> u64,
+    /// A unit of time is `2^shift` ticks of `clock`...
+    shift: u32,
+    /// ...which tick this many times a microsecond.
+    ticks_per_us: f64,
+}
+
+/// Nanoseconds of the system's monotonic clock since the first call.
+fn monotonic_ns() -> u64 {
+    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    u64::try_from(EPOCH.get_or_init(Instant::now).elapsed().as_nanos()).unwrap_or(u64::MAX)
 }
 
 #[inline(always)]
@@ -135,10 +147,20 @@ fn time_of(h: u64) -> u32 {
 
 impl Handshakes {
     /// A table of `slots` slots (rounded up to a power of two, at least 64),
-    /// 32 bytes each.
+    /// 32 bytes each, timed by the system's monotonic clock.
     pub fn new(slots: usize) -> Handshakes {
+        Handshakes::with_clock(slots, monotonic_ns, 1_000_000_000)
+    }
+
+    /// [`Handshakes::new`] timed by `clock`, which ticks `hz` times a second
+    /// (the TSC and its rate in the appliance).
+    pub fn with_clock(slots: usize, clock: fn() -> u64, hz: u64) -> Handshakes {
         let n = slots.clamp(64, 1 << 24).next_power_of_two();
-        Handshakes { slots: (0..n).map(|_| Slot::default()).collect(), mask: n as u64 - 1, epoch: Instant::now() }
+        #[allow(clippy::cast_precision_loss)] // a rate
+        let ticks_per_us = (hz.max(1_000_000) / 1_000_000) as f64;
+        // The largest power of two of ticks within a microsecond.
+        let shift = 63 - (hz.max(1_000_000) / 1_000_000).leading_zeros();
+        Handshakes { slots: (0..n).map(|_| Slot::default()).collect(), mask: n as u64 - 1, clock, shift, ticks_per_us }
     }
 
     /// Slots.
@@ -151,11 +173,23 @@ impl Handshakes {
         self.slots.is_empty()
     }
 
-    /// Microseconds since the table was made, in 32 bits.
+    /// The time in the table's units, in 32 bits.
     #[inline]
     #[allow(clippy::cast_possible_truncation)] // wraps on purpose
-    pub fn now(&self) -> u32 {
-        self.epoch.elapsed().as_micros() as u32
+    fn now(&self) -> u32 {
+        ((self.clock)() >> self.shift) as u32
+    }
+
+    /// Units of `micros` microseconds (at least 1).
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_precision_loss)] // bounded
+    fn units(&self, micros: u32) -> u32 {
+        (f64::from(micros) * self.ticks_per_us / f64::from(1u32 << self.shift)).clamp(1.0, f64::from(u32::MAX)) as u32
+    }
+
+    /// Microseconds of `units`.
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // bounded
+    fn micros(&self, units: u32) -> u32 {
+        (f64::from(units) * f64::from(1u32 << self.shift) / self.ticks_per_us).min(f64::from(u32::MAX)) as u32
     }
 
     #[inline(always)]
@@ -214,6 +248,7 @@ impl Handshakes {
     /// sweeper at a time). Returns how many slots were in use after it.
     pub fn sweep(&self, bound_us: u32, out: &mut Vec<Outcome>) -> usize {
         let now = self.now();
+        let bound = if bound_us == u32::MAX { u32::MAX } else if bound_us == 0 { 0 } else { self.units(bound_us) };
         let mut held = 0;
         for s in self.slots.iter() {
             let h = s.head.load(Ordering::Acquire);
@@ -222,11 +257,11 @@ impl Handshakes {
                     let (who, a) = (s.who.load(Ordering::Relaxed), s.answer.load(Ordering::Relaxed));
                     let answer = Answer::of_code(a >> 32);
                     #[allow(clippy::cast_possible_truncation)] // the low 32 bits
-                    let micros = if answer == Answer::Retransmitted { 0 } else { (a as u32).wrapping_sub(time_of(h)) };
+                    let micros = if answer == Answer::Retransmitted { 0 } else { self.micros((a as u32).wrapping_sub(time_of(h))) };
                     s.head.store(head(FREE, 0, 0), Ordering::Release);
                     out.push(outcome(who, answer, micros));
                 }
-                SENT if now.wrapping_sub(time_of(h)) > bound_us => {
+                SENT if now.wrapping_sub(time_of(h)) > bound => {
                     let who = s.who.load(Ordering::Relaxed);
                     if s.head.compare_exchange(h, head(FREE, 0, 0), Ordering::AcqRel, Ordering::Relaxed).is_ok() {
                         out.push(outcome(who, Answer::Unanswered, 0));

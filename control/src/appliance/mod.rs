@@ -409,7 +409,8 @@ impl Appliance {
         // them; the queues between workers hold this many packets each.
         let steering = Steering::new(self.lcores.len(), STEER_QUEUE);
         let publisher = Publisher::new(Snapshot::default());
-        let handshakes = cfg.passive_health.then(|| Arc::new(Handshakes::new(crate::health::TABLE_SLOTS)));
+        let Some(tsc_hz) = self.eal.as_ref().map(Eal::tsc_hz) else { bail!("the EAL is not up") };
+        let handshakes = cfg.passive_health.then(|| Arc::new(Handshakes::with_clock(crate::health::TABLE_SLOTS, sluice_ffi::tsc, tsc_hz)));
         let (mut built, mut entries) = (Vec::new(), Vec::new());
         for (k, &lcore) in self.lcores.iter().enumerate() {
             let q = u16::try_from(k)?;
