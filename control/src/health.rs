@@ -125,9 +125,13 @@ impl Passive {
                 Answer::Retransmitted => r.retransmitted += 1,
                 Answer::Unanswered => r.unanswered += 1,
             }
-            r.in_a_row += 1;
             r.last_failure = Some(now);
-            if r.in_a_row >= FALL && r.out_until.is_none() {
+            if r.out_until.is_some() {
+                // Handshakes begun before it went out: already judged.
+                continue;
+            }
+            r.in_a_row += 1;
+            if r.in_a_row >= FALL {
                 let time = EJECTION.saturating_mul(1 << r.ejections.min(8)).min(MAX_EJECTION);
                 r.ejections += 1;
                 r.out_until = Some(now + time);
@@ -149,6 +153,7 @@ impl Passive {
         for (&(service, id, _), r) in &mut self.records {
             if r.out_until.is_some_and(|t| now >= t) {
                 r.out_until = None;
+                r.in_a_row = 0;
                 info!(service, endpoint = id, "passive health: endpoint back in new flows");
             }
             if r.last_failure.is_some_and(|t| now.duration_since(t) >= FORGIVE) {

@@ -636,22 +636,23 @@ impl Reconciler {
 
     /// Health's overlay, replaced by `ejected`: the services whose
     /// endpoints it changes are resolved from their sources again, laid
-    /// over, and published as a change to their endpoints.
+    /// over, and published as a change to their endpoints. `ejected` is
+    /// kept as what health wants even when this publication fails: the next
+    /// resolution lays it over (health sends only what changes).
     fn apply_health(&mut self, ejected: BTreeMap<String, BTreeSet<u32>>, trigger: &str) -> Result<Vec<String>, Refusal> {
         let touched: BTreeSet<String> = self.health.keys().chain(ejected.keys()).filter(|n| self.health.get(*n) != ejected.get(*n)).cloned().collect();
-        let previous_wanted = std::mem::replace(&mut self.health, ejected);
+        self.health = ejected;
         let mut applied = self.status.borrow().health.clone();
         let (mut names, mut previous) = (Vec::new(), Vec::new());
         let none = BTreeSet::new();
+        let mut outcome = Ok(());
         for n in touched {
-            applied.ejected.remove(&n);
-            applied.held.remove(&n);
             let Some(s) = self.resolved.services.get(&n) else { continue };
             let eps = match self.model.resolve_endpoints(s) {
                 Ok(eps) => eps,
                 Err(p) => {
-                    self.health = previous_wanted;
-                    return Err(p);
+                    outcome = Err(p);
+                    break;
                 }
             };
             let eps = applied.lay(&n, &eps, self.health.get(&n).unwrap_or(&none));
@@ -662,15 +663,17 @@ impl Reconciler {
                 }
             }
         }
-        if names.is_empty() {
-            self.status.send_if_modified(|st| std::mem::replace(&mut st.health, applied.clone()) != applied);
-            return Ok(Vec::new());
-        }
-        match self.publish_with(trigger, Some(&names)) {
+        let outcome = match outcome {
+            Ok(()) if names.is_empty() => Ok(Vec::new()),
+            Ok(()) => self.publish_with(trigger, Some(&names)).map_err(|e| vec![compile_problem(&e)]),
+            Err(p) => Err(p),
+        };
+        match outcome {
             Ok(rebuilt) => {
                 self.garbage.push(Box::new(previous));
-                self.status.send_if_modified(|st| std::mem::replace(&mut st.health, applied.clone()) != applied);
-                info!(trigger, ejected = ?self.status.borrow().health.ejected, held = ?self.status.borrow().health.held, "health's overlay applied");
+                if self.status.send_if_modified(|st| std::mem::replace(&mut st.health, applied.clone()) != applied) {
+                    info!(trigger, ejected = ?applied.ejected, held = ?applied.held, "health's overlay applied");
+                }
                 Ok(rebuilt)
             }
             Err(e) => {
@@ -679,8 +682,7 @@ impl Reconciler {
                         s.endpoints = eps;
                     }
                 }
-                self.health = previous_wanted;
-                Err(vec![compile_problem(&e)])
+                Err(e)
             }
         }
     }

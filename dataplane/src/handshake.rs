@@ -11,10 +11,11 @@
 //!   compare-and-swap: two workers never write one slot) and writes who it
 //!   went to and when; a slot in use is left alone (the SYN goes unsampled,
 //!   counted by the worker);
-//! - the worker that forwards the answer marks the slot answered, with the
-//!   time and what the answer was; a second SYN of the same flow while
-//!   the first is unanswered marks it "retransmitted" (the endpoint, or its
-//!   path, lost the first);
+//! - the worker that forwards the answer claims the slot (a compare-and-swap
+//!   from "SYN sent" to "writing"), writes the time and what the answer
+//!   was, and marks it answered; a second SYN of the same flow while the
+//!   first is unanswered marks it "retransmitted" the same way (the
+//!   endpoint, or its path, lost the first);
 //! - the control side sweeps the table ([`Handshakes::sweep`]) a few times
 //!   a second: it takes every answered slot and every slot unanswered for
 //!   longer than its bound, and frees them. Workers only write times; the
@@ -23,10 +24,10 @@
 //! A slot is three words: `head` (state, a tag of the flow's hash, and the
 //! SYN's time), `who` (the service key, endpoint identifier and the low bits
 //! of its incarnation), `answer` (time and kind). Only the worker that moved
-//! `head` from free to "writing" writes `who`; only a worker that sees the
-//! slot's head in "SYN sent" with its tag writes `answer` before moving the
-//! head to "answered"; only the control side frees an answered slot, or a
-//! SYN-sent one with a compare-and-swap. Times are ticks of the table's
+//! `head` from free to "writing" writes `who`; only the worker that moved it
+//! from "SYN sent" to "writing" writes `answer`; only the control side frees
+//! an answered slot, or a SYN-sent one with a compare-and-swap. A slot being
+//! written is in use for everyone else. Times are ticks of the table's
 //! clock (the TSC in the appliance: a read costs a third of the system
 //! clock's) shifted so that a unit is half a microsecond to one, in 32
 //! bits: they wrap after half an hour or more, and every difference taken
@@ -237,10 +238,12 @@ impl Handshakes {
 
     #[inline]
     fn answer_slot(&self, s: &Slot, h: u64, answer: Answer) {
-        let at = self.now();
-        s.answer.store(answer.code() << 32 | u64::from(at), Ordering::Relaxed);
         // Lost to another answer or to the sweep: theirs stands.
-        let _ = s.head.compare_exchange(h, head(ANSWERED, tag_of(h), time_of(h)), Ordering::Release, Ordering::Relaxed);
+        if s.head.compare_exchange(h, head(WRITING, tag_of(h), time_of(h)), Ordering::Acquire, Ordering::Relaxed).is_err() {
+            return;
+        }
+        s.answer.store(answer.code() << 32 | u64::from(self.now()), Ordering::Relaxed);
+        s.head.store(head(ANSWERED, tag_of(h), time_of(h)), Ordering::Release);
     }
 
     /// Takes every answered handshake, and every one unanswered for more
@@ -248,7 +251,10 @@ impl Handshakes {
     /// sweeper at a time). Returns how many slots were in use after it.
     pub fn sweep(&self, bound_us: u32, out: &mut Vec<Outcome>) -> usize {
         let now = self.now();
-        let bound = if bound_us == u32::MAX { u32::MAX } else if bound_us == 0 { 0 } else { self.units(bound_us) };
+        // Ages are signed: a SYN written after `now` was read (the walk
+        // takes time, cores' clocks differ a little) is younger than 0, not
+        // 2^32 units old.
+        let bound = if bound_us == u32::MAX { i32::MAX } else if bound_us == 0 { 0 } else { i32::try_from(self.units(bound_us)).unwrap_or(i32::MAX) };
         let mut held = 0;
         for s in self.slots.iter() {
             let h = s.head.load(Ordering::Acquire);
@@ -261,7 +267,8 @@ impl Handshakes {
                     s.head.store(head(FREE, 0, 0), Ordering::Release);
                     out.push(outcome(who, answer, micros));
                 }
-                SENT if now.wrapping_sub(time_of(h)) > bound => {
+                #[allow(clippy::cast_possible_wrap)] // a signed age, on purpose
+                SENT if bound < i32::MAX && (now.wrapping_sub(time_of(h)) as i32) > bound => {
                     let who = s.who.load(Ordering::Relaxed);
                     if s.head.compare_exchange(h, head(FREE, 0, 0), Ordering::AcqRel, Ordering::Relaxed).is_ok() {
                         out.push(outcome(who, Answer::Unanswered, 0));
@@ -332,6 +339,32 @@ mod tests {
         assert!(t.syn(9, 4, 1, 0), "the same flow's SYN again");
         let out = swept(&t, u32::MAX);
         assert_eq!(out[0].answer, Answer::Retransmitted);
+    }
+
+    static TICKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+    fn ticks() -> u64 {
+        TICKS.load(Ordering::Relaxed)
+    }
+
+    #[test]
+    fn a_syn_written_after_the_sweep_read_the_clock_is_young_not_ancient() {
+        // A clock of 1 MHz: a unit is a microsecond.
+        let t = Handshakes::with_clock(64, ticks, 1_000_000);
+        TICKS.store(5_000, Ordering::Relaxed);
+        assert!(t.syn(3, 1, 1, 0));
+        // The sweep's clock reads a little earlier than the SYN's.
+        TICKS.store(4_990, Ordering::Relaxed);
+        assert!(swept(&t, 1000).is_empty(), "10 us in the future is not 2^32 us old");
+        TICKS.store(5_000 + 1_001, Ordering::Relaxed);
+        let out = swept(&t, 1000);
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].answer, Answer::Unanswered);
+        // Answered: the time between, in microseconds.
+        assert!(t.syn(3, 1, 1, 0));
+        TICKS.store(6_001 + 250, Ordering::Relaxed);
+        t.answer(3, Answer::SynAck);
+        assert_eq!(swept(&t, 1000)[0].micros, 250);
     }
 
     #[test]

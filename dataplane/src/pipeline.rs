@@ -607,12 +607,6 @@ impl State {
         let Some(ep) = self.select(svc, key, hash, p.icmp_error, tcp_flags, (now_s, now_ms), ctr) else {
             return Verdict::Drop(DropReason::NoEndpoint);
         };
-        if tcp_flags & (TCP_SYN | TCP_ACK | TCP_RST) == TCP_SYN {
-            if let Some(hs) = self.handshakes.as_deref() {
-                let c = if hs.syn(hash, svc.key, ep.id, ep.incarnation) { &ctr.handshakes_sampled } else { &ctr.handshakes_unsampled };
-                c.add(1);
-            }
-        }
         if p.frag == Fragment::First {
             let fk = frag_key(p);
             let pin = Pin { service: svc.key, endpoint: ep.id, incarnation: ep.incarnation, at: svc.position(ep) };
@@ -620,6 +614,14 @@ impl State {
             self.frag_event = FragEvent::Pinned(fk);
         }
         let v = self.deliver(cx, svc, ep, p, pkt, hash, len);
+        if tcp_flags & (TCP_SYN | TCP_ACK | TCP_RST) == TCP_SYN && matches!(v, Verdict::Forward(_)) {
+            // A SYN on its way to its endpoint (one the appliance itself
+            // dropped is not the endpoint's to answer).
+            if let Some(hs) = self.handshakes.as_deref() {
+                let c = if hs.syn(hash, svc.key, ep.id, ep.incarnation) { &ctr.handshakes_sampled } else { &ctr.handshakes_unsampled };
+                c.add(1);
+            }
+        }
         ctr.flow_evictions.set(self.flows.stats.evictions);
         v
     }

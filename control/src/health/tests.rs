@@ -1,3 +1,5 @@
+use std::collections::{BTreeMap, BTreeSet};
+
 use super::*;
 use sluice_dataplane::handshake::{Answer, Outcome};
 
@@ -24,12 +26,47 @@ fn an_endpoint_that_fails_fall_handshakes_in_a_row_is_wanted_out_then_back() {
     let r = &p.records[&(7, 2, 1)];
     assert_eq!(r.out_until, Some(t0 + EJECTION));
     assert_eq!((r.reset, r.unanswered, r.succeeded), (2 * (u64::from(FALL) - 1), 1, 1));
-    // Out again right after its time: twice as long.
+    // While out, handshakes begun before count, but not towards the next time.
     for _ in 0..FALL {
-        p.take(&[o(7, 2, Answer::Reset)], None, t0 + EJECTION);
+        p.take(&[o(7, 2, Answer::Reset)], None, t0 + EJECTION / 2);
     }
     let r = &p.records[&(7, 2, 1)];
-    assert_eq!(r.out_until, Some(t0 + EJECTION), "already out: the time stands");
+    assert_eq!((r.out_until, r.in_a_row), (Some(t0 + EJECTION), 0), "already out: the time stands");
+    // Back when its time is up; out again after FALL more failures, for
+    // twice as long.
+    let snap = snapshot_with(7, "web", 2);
+    let back = t0 + EJECTION;
+    assert!(p.wanted(&snap, back - Duration::from_millis(1)).contains_key("web"));
+    assert!(p.wanted(&snap, back).is_empty());
+    for k in 0..FALL {
+        assert!(p.records[&(7, 2, 1)].out_until.is_none(), "{k} failures after its return");
+        p.take(&[o(7, 2, Answer::Reset)], None, back);
+    }
+    assert_eq!(p.records[&(7, 2, 1)].out_until, Some(back + 2 * EJECTION));
+    assert_eq!(p.wanted(&snap, back), BTreeMap::from([("web".to_owned(), BTreeSet::from([2]))]));
+}
+
+/// A snapshot with service `key` named `name`, of endpoints 0..=`last`
+/// (incarnation 1).
+fn snapshot_with(key: u32, name: &str, last: u16) -> Snapshot {
+    use sluice_dataplane::addr::Addr;
+    use sluice_dataplane::service::{Algorithm, Delivery, EndpointSpec, Service, ServiceSpec};
+    let endpoints = (0..=last)
+        .map(|id| EndpointSpec {
+            id,
+            incarnation: 1,
+            weight: 1,
+            draining: false,
+            addr: Addr::v4([10, 0, 0, 10 + u8::try_from(id).unwrap()]),
+            port: 0,
+            mac: [2, 0, 0, 0, 0, 1],
+            delivery: Delivery::L2,
+            counter: u32::from(id),
+        })
+        .collect();
+    let spec = ServiceSpec { name: name.to_owned(), key, algorithm: Algorithm::Maglev, flow_table: true, limit: 32, table_size: 251, endpoints };
+    let svc = std::sync::Arc::new(Service::build(&spec).unwrap());
+    Snapshot::new(1, &[], vec![svc], vec![], None, None)
 }
 
 #[test]
