@@ -15,9 +15,10 @@ use sluice_tests::topology::{held_outcome, held_why, root, stop_cleanly, tempdir
 use sluice_tests::{privileged, sluice_bin, wait_until, Proc};
 
 /// The demo topology (`prefix` and the process id) with its backends, the
-/// appliance on the demo's configuration, ready; `before` runs on the
-/// topology before the appliance starts.
-fn start(prefix: &str, before: impl FnOnce(&Topology)) -> (Topology, Vec<Proc>, Proc, PathBuf) {
+/// appliance on the demo's configuration (its `health:` section replaced
+/// by `health`, when given), ready; `before` runs on the topology before
+/// the appliance starts.
+fn start(prefix: &str, health: Option<&str>, before: impl FnOnce(&Topology)) -> (Topology, Vec<Proc>, Proc, PathBuf) {
     privileged();
     let prefix = format!("{prefix}{}", std::process::id());
     let topo = Topology::up(&prefix);
@@ -25,7 +26,12 @@ fn start(prefix: &str, before: impl FnOnce(&Topology)) -> (Topology, Vec<Proc>, 
     before(&topo);
     let dir = tempdir(&prefix);
     let cfg = dir.join("appliance.yaml");
-    let demo = std::fs::read_to_string(root().join("configs/demo.yaml")).unwrap().replace("filePrefix: sluice-demo", &format!("filePrefix: {prefix}"));
+    let mut demo = std::fs::read_to_string(root().join("configs/demo.yaml")).unwrap().replace("filePrefix: sluice-demo", &format!("filePrefix: {prefix}"));
+    if let Some(h) = health {
+        let at = demo.find("\nhealth:").expect("the demo has a health section") + 1;
+        let end = at + demo[at..].find("\n\n").unwrap();
+        demo.replace_range(at..end, h);
+    }
     std::fs::write(&cfg, demo).unwrap();
     let bin = sluice_bin();
     let mut lb = topo.spawn("lb", &[bin.to_str().unwrap(), "run", "--config", cfg.to_str().unwrap()]);
@@ -72,7 +78,7 @@ fn streamed(out: &std::path::Path) -> Vec<(f64, String)> {
 #[test]
 #[cfg_attr(sluice_unprivileged, ignore = "needs root: network namespaces and DPDK")]
 fn a_backend_whose_listener_stops_is_drained_by_passive_health() {
-    let (topo, mut backends, mut lb, dir) = start("ph", |_| {});
+    let (topo, mut backends, mut lb, dir) = start("ph", None, |_| {});
     // Connections held to every backend, and new ones at 20 per second.
     let held = dir.join("held.json");
     let _held = topo.hold_for("20.0.0.1", 30, 40, &held);
@@ -134,7 +140,8 @@ fn a_backend_whose_listener_stops_is_drained_by_passive_health() {
 fn a_backend_whose_syns_are_dropped_is_drained_and_a_slow_one_shows_in_its_handshake_time() {
     let relay = root().join("scripts/delay_relay.py");
     let mut relay_proc = None;
-    let (topo, _backends, mut lb, dir) = start("pd", |topo| {
+    // Out for 5 s (not the default 30), to see be3 come back.
+    let (topo, _backends, mut lb, dir) = start("pd", Some("health: {passive: true, ejectionSeconds: 5}"), |topo| {
         // be2's link goes through a relay that holds its SYN-ACKs 20 ms.
         must(topo, "net", &["ip", "link", "set", "nb2", "nomaster"]);
         must(topo, "net", &["ip", "link", "add", "nb2r", "type", "veth", "peer", "name", "nb2y"]);
@@ -176,6 +183,18 @@ fn a_backend_whose_syns_are_dropped_is_drained_and_a_slow_one_shows_in_its_hands
     for id in [0, 1] {
         assert_eq!(endpoint_health(&st, "web", id).unwrap()["state"], "healthy");
     }
+    // be3 takes SYNs again: once its time out is over it is back in new
+    // flows, and answers.
+    must(&topo, "be3", &["nft", "delete", "table", "inet", "ph"]);
+    let t1 = Instant::now();
+    let back = wait_until(Duration::from_secs(30), || {
+        endpoint_health(&topo.status(), "web", 2).is_some_and(|e| e["state"] == "healthy" && e["succeeded"].as_u64().unwrap_or(0) >= 3)
+    });
+    let st = topo.status();
+    assert!(back, "be3 did not come back: {}", st["health"]);
+    println!("be3 back in new flows and answering {:.1} s after its SYNs were let through: {}", t1.elapsed().as_secs_f64(), endpoint_health(&st, "web", 2).unwrap());
+    let eps = st["endpoints"].as_array().unwrap();
+    assert!(eps.iter().filter(|e| e["service"] == "web").all(|e| e["state"] == "ready"), "{eps:?}");
     let _ = std::fs::write(dir.join("stream.txt.stop"), "");
     if let Some(mut p) = relay_proc {
         let _ = p.stop("INT", Duration::from_secs(2));
@@ -186,7 +205,7 @@ fn a_backend_whose_syns_are_dropped_is_drained_and_a_slow_one_shows_in_its_hands
 #[test]
 #[cfg_attr(sluice_unprivileged, ignore = "needs root: network namespaces and DPDK")]
 fn a_flood_that_overruns_the_appliance_drains_no_endpoint_whose_listener_is_up() {
-    let (topo, _backends, mut lb, dir) = start("pf", |_| {});
+    let (topo, _backends, mut lb, dir) = start("pf", None, |_| {});
     let out = dir.join("stream.txt");
     let _stream = stream(&topo, 20, &out);
     assert!(

@@ -16,9 +16,10 @@
 //!   saturated port or worker loses answers too). Both are counted
 //!   (`discounted`).
 //! - **Decision, with hysteresis.** [`FALL`] failures in a row (no success
-//!   between) take an endpoint out for [`EJECTION`]; each time again
+//!   between) take an endpoint out for [`EJECTION`] (`health.fall` and
+//!   `health.ejectionSeconds` set them); each time again
 //!   before [`FORGIVE`] without a failure doubles that, up to
-//!   [`MAX_EJECTION`]. When its time is up it is back in new flows, and
+//!   [`MAX_EJECTION`] or ten times the first, whichever is longer. When its time is up it is back in new flows, and
 //!   judged again from what follows (a dead endpoint is out again after
 //!   [`FALL`] more failures). This is Envoy's outlier detection
 //!   (`consecutive_gateway_failure`, `base_ejection_time`) on handshakes.
@@ -48,9 +49,9 @@ pub(crate) const TICK: Duration = Duration::from_millis(100);
 /// A SYN with no answer for this long is unanswered (Linux clients send it
 /// again after 1 s, which counts as a failure before).
 pub(crate) const UNANSWERED_AFTER: Duration = Duration::from_secs(2);
-/// Failures in a row that take an endpoint out.
+/// Failures in a row that take an endpoint out (the default of `health.fall`).
 pub(crate) const FALL: u32 = 5;
-/// The first time out.
+/// The first time out (the default of `health.ejectionSeconds`).
 pub(crate) const EJECTION: Duration = Duration::from_secs(30);
 /// The longest.
 pub(crate) const MAX_EJECTION: Duration = Duration::from_secs(300);
@@ -82,9 +83,32 @@ struct Record {
 
 type Key = (u32, u16, u16);
 
+/// When an endpoint goes out, and for how long.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Rule {
+    fall: u32,
+    ejection: Duration,
+    max_ejection: Duration,
+}
+
+impl Rule {
+    /// The rule of the `health:` section.
+    pub(crate) fn of(cfg: &crate::config::PassiveHealthConfig) -> Rule {
+        let ejection = Duration::from_secs(u64::from(cfg.ejection_secs));
+        Rule { fall: cfg.fall.max(1), ejection, max_ejection: MAX_EJECTION.max(ejection * 10) }
+    }
+}
+
+impl Default for Rule {
+    fn default() -> Self {
+        Rule { fall: FALL, ejection: EJECTION, max_ejection: MAX_EJECTION }
+    }
+}
+
 /// What the handshakes say (the decisions, without the task around them).
 #[derive(Debug, Default)]
 pub(crate) struct Passive {
+    rule: Rule,
     records: HashMap<Key, Record>,
     /// Per service key, when an answer last came back through here.
     answered: HashMap<u32, Instant>,
@@ -131,12 +155,12 @@ impl Passive {
                 continue;
             }
             r.in_a_row += 1;
-            if r.in_a_row >= FALL {
-                let time = EJECTION.saturating_mul(1 << r.ejections.min(8)).min(MAX_EJECTION);
+            if r.in_a_row >= self.rule.fall {
+                let time = self.rule.ejection.saturating_mul(1 << r.ejections.min(8)).min(self.rule.max_ejection);
                 r.ejections += 1;
                 r.out_until = Some(now + time);
                 r.in_a_row = 0;
-                warn!(service = o.service, endpoint = o.endpoint, seconds = time.as_secs(), "passive health: endpoint failed {FALL} handshakes in a row, out of new flows");
+                warn!(service = o.service, endpoint = o.endpoint, seconds = time.as_secs(), fall = self.rule.fall, "passive health: endpoint failed `fall` handshakes in a row, out of new flows");
             }
         }
     }
@@ -204,9 +228,9 @@ impl Passive {
         let mut covered: Vec<String> = self.answered.keys().filter_map(|&k| snap.service_by_key(k).map(|s| s.name.clone())).collect();
         covered.sort();
         Health {
-            fall: FALL,
-            ejection_seconds: EJECTION.as_secs_f64(),
-            max_ejection_seconds: MAX_EJECTION.as_secs_f64(),
+            fall: self.rule.fall,
+            ejection_seconds: self.rule.ejection.as_secs_f64(),
+            max_ejection_seconds: self.rule.max_ejection.as_secs_f64(),
             forgive_seconds: FORGIVE.as_secs_f64(),
             unanswered_after_ms: u64::try_from(UNANSWERED_AFTER.as_millis()).unwrap_or(u64::MAX),
             outcomes: self.outcomes,
@@ -239,13 +263,15 @@ pub(crate) struct HealthTask {
     /// Received packets this appliance dropped so far (ports' misses and
     /// empty pools): a rise means answers may have been lost here.
     pub(crate) drops: Box<dyn Fn() -> u64 + Send>,
+    /// When an endpoint goes out, and for how long.
+    pub(crate) rule: Rule,
 }
 
 impl HealthTask {
     /// Sweeps, decides and reports every [`TICK`] until `cancel`.
     pub(crate) async fn run(self, cancel: CancellationToken) {
-        let HealthTask { table, published, reconciled, to_reconciler, status, drops } = self;
-        let mut passive = Passive::default();
+        let HealthTask { table, published, reconciled, to_reconciler, status, drops, rule } = self;
+        let mut passive = Passive { rule, ..Passive::default() };
         let mut sent: BTreeMap<String, BTreeSet<u32>> = BTreeMap::new();
         let (mut last_drops, mut dropped_at) = (drops(), None);
         let mut outcomes = Vec::new();

@@ -66,8 +66,8 @@ pub(super) struct Parts {
     pub learned: watch::Sender<Vec<crate::config::GatewayConfig>>,
     /// Sibling sync, with a `siblings:` section.
     pub(crate) sync: Option<SyncParts>,
-    /// The workers' handshake table, for passive health.
-    pub(crate) handshakes: Option<Arc<sluice_dataplane::handshake::Handshakes>>,
+    /// The workers' handshake table and the rule, for passive health.
+    pub(crate) health: Option<(Arc<sluice_dataplane::handshake::Handshakes>, crate::health::Rule)>,
 }
 
 /// What the sibling sync task needs.
@@ -89,7 +89,7 @@ pub(super) struct SyncParts {
 /// Runs until SIGINT or SIGTERM (or `stop` is cancelled), then shuts the
 /// control side down in order ([`Group`]).
 pub(super) async fn run(p: Parts, stop: CancellationToken) -> Result<()> {
-    let Parts { shared, reconciler, settings, config_path, initial, admin: (admin_addr, limits), ifaces, loss, learned, stall_exit, sync, handshakes } = p;
+    let Parts { shared, reconciler, settings, config_path, initial, admin: (admin_addr, limits), ifaces, loss, learned, stall_exit, sync, health } = p;
     let listener = admin::bind(admin_addr)
         .await
         .with_context(|| format!("cannot listen on {admin_addr} for the admin endpoint (admin.listen)"))?;
@@ -108,7 +108,7 @@ pub(super) async fn run(p: Parts, stop: CancellationToken) -> Result<()> {
     }
     let bird = spawn_bird(&mut tasks, &shared, settings.clone(), &reconciler, forwarding, learned);
     let gate = reconciler.stop_gate();
-    let hup = spawn_sources(&mut tasks, &shared, settings.clone(), (config_path, initial), (reconciler, handshakes), neigh_rx);
+    let hup = spawn_sources(&mut tasks, &shared, settings.clone(), (config_path, initial), (reconciler, health), neigh_rx);
     info!("running; SIGHUP or editing the configuration reloads it, SIGINT or SIGTERM stops");
 
     let (why, faults) = wait_for_stop(&mut tasks, &mut signals, &stop, &hup, &shared).await;
@@ -349,11 +349,11 @@ fn spawn_sources(
     shared: &Arc<Shared>,
     settings: watch::Receiver<Settings>,
     (config_path, initial): (PathBuf, FileState),
-    (reconciler, handshakes): (Reconciler, Option<Arc<sluice_dataplane::handshake::Handshakes>>),
+    (reconciler, health): (Reconciler, Option<(Arc<sluice_dataplane::handshake::Handshakes>, crate::health::Rule)>),
     neigh_rx: watch::Receiver<NeighMap>,
 ) -> mpsc::Sender<()> {
     let (src_tx, src_rx) = mpsc::channel(16);
-    if let Some(table) = handshakes {
+    if let Some((table, rule)) = health {
         let (status, rx) = watch::channel(None);
         let _ = shared.health.set(rx);
         let sh = Arc::clone(shared);
@@ -364,6 +364,7 @@ fn spawn_sources(
             to_reconciler: src_tx.clone(),
             status,
             drops: Box::new(move || sh.received_and_dropped()),
+            rule,
         };
         tasks.spawn(Group::Work, "passive health", move |c| task.run(c));
     }

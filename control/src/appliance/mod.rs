@@ -410,7 +410,7 @@ impl Appliance {
         let steering = Steering::new(self.lcores.len(), STEER_QUEUE);
         let publisher = Publisher::new(Snapshot::default());
         let Some(tsc_hz) = self.eal.as_ref().map(Eal::tsc_hz) else { bail!("the EAL is not up") };
-        let handshakes = cfg.passive_health.then(|| Arc::new(Handshakes::with_clock(crate::health::TABLE_SLOTS, sluice_ffi::tsc, tsc_hz)));
+        let handshakes = cfg.passive_health.enabled.then(|| Arc::new(Handshakes::with_clock(crate::health::TABLE_SLOTS, sluice_ffi::tsc, tsc_hz)));
         let (mut built, mut entries) = (Vec::new(), Vec::new());
         for (k, &lcore) in self.lcores.iter().enumerate() {
             let q = u16::try_from(k)?;
@@ -618,7 +618,7 @@ impl Appliance {
             loss,
             learned,
             stall_exit: Duration::from_secs(u64::from(cfg.dpdk.stall_exit_secs)),
-            handshakes: self.handshakes.take(),
+            health: self.handshakes.take().map(|h| (h, crate::health::Rule::of(&cfg.passive_health))),
             sync: match (cfg.siblings.clone(), self.sync.take()) {
                 (Some(sib), Some((rings, publisher))) => Some(control::SyncParts {
                     pods: if sib.kubernetes_pods { cfg.kubernetes.clone() } else { None },

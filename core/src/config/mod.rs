@@ -66,6 +66,10 @@ pub mod bounds {
     pub(crate) const SERVICES: (i64, i64) = (1, 1 << 20);
     /// Endpoint counter slots (`capacity.endpoints`): 16 bytes each per worker.
     pub(crate) const ENDPOINTS: (i64, i64) = (1, 1 << 22);
+    /// Failed handshakes in a row that take an endpoint out (`health.fall`).
+    pub(crate) const HEALTH_FALL: (i64, i64) = (1, 1000);
+    /// An endpoint's first time out, in seconds (`health.ejectionSeconds`).
+    pub(crate) const HEALTH_EJECTION_SECONDS: (i64, i64) = (1, 3600);
     /// Devices (ports and their exception taps) DPDK supports: its
     /// `RTE_MAX_ETHPORTS` (Debian's DPDK 22.11; the appliance's tests check
     /// that the linked DPDK agrees).
@@ -76,6 +80,25 @@ pub mod bounds {
     pub(crate) const ADMIN_CONNECTIONS: (i64, i64) = (1, 1024);
     /// Seconds an admin request may take (`admin.requestTimeoutSeconds`).
     pub(crate) const ADMIN_TIMEOUT_SECONDS: (i64, i64) = (1, 300);
+}
+
+/// Passive health (`health:`): what the endpoints' TCP handshakes decide.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PassiveHealthConfig {
+    /// On (`health.passive`, default true).
+    pub enabled: bool,
+    /// Failed handshakes in a row that take an endpoint out of new flows
+    /// (`health.fall`, default 5).
+    pub fall: u32,
+    /// Seconds it is out the first time (`health.ejectionSeconds`, default
+    /// 30); twice as long each time again, up to ten times this or 300 s.
+    pub ejection_secs: u32,
+}
+
+impl Default for PassiveHealthConfig {
+    fn default() -> Self {
+        PassiveHealthConfig { enabled: true, fall: 5, ejection_secs: 30 }
+    }
 }
 
 /// DPDK EAL settings.
@@ -240,10 +263,10 @@ pub struct ApplianceConfig {
     pub kubernetes: Option<kubernetes::KubeConfig>,
     /// The sibling appliances to share flow pins with (`siblings:`), if any.
     pub siblings: Option<siblings::SiblingsConfig>,
-    /// Passive health (`health.passive`, default on): the workers record
-    /// the endpoints' TCP handshakes, and an endpoint that stops answering
+    /// Passive health (`health:`, on by default): the workers record the
+    /// endpoints' TCP handshakes, and an endpoint that stops answering
     /// drains.
-    pub passive_health: bool,
+    pub passive_health: PassiveHealthConfig,
     /// Where the settings only a restart applies are written.
     pub(crate) keys: KeyPositions,
 }
@@ -340,7 +363,9 @@ impl ApplianceConfig {
             ("capacity.services", text(&was.max_services), text(&now.max_services)),
             ("capacity.endpoints", text(&was.max_endpoints), text(&now.max_endpoints)),
             ("siblings", text(&was.siblings), text(&now.siblings)),
-            ("health.passive", text(&was.passive_health), text(&now.passive_health)),
+            ("health.passive", text(&was.passive_health.enabled), text(&now.passive_health.enabled)),
+            ("health.fall", text(&was.passive_health.fall), text(&now.passive_health.fall)),
+            ("health.ejectionSeconds", text(&was.passive_health.ejection_secs), text(&now.passive_health.ejection_secs)),
         ];
         let file = self.path.display().to_string();
         pairs
@@ -415,13 +440,16 @@ pub(crate) fn parse(v: &Value, path: &Path) -> Result<ApplianceConfig, Vec<Probl
     let routing = routing(&root, &mut p, &dpdk.file_prefix, &ports, path);
     let kubernetes = root.field("kubernetes", |n| kubernetes::parse(n, &mut p, path)).flatten();
     let siblings = root.field("siblings", |n| siblings::parse(n, &mut p, path)).flatten();
-    let passive_health = root
-        .field("health", |n| {
-            n.mapping(&mut p, &["passive"]);
-            n.field("passive", |n| n.boolean(&mut p)).flatten()
-        })
-        .flatten()
-        .unwrap_or(true);
+    let mut passive_health = PassiveHealthConfig::default();
+    root.field("health", |n| {
+        let h = &mut passive_health;
+        n.mapping(&mut p, &["passive", "fall", "ejectionSeconds"]);
+        n.field("passive", |n| n.boolean(&mut p).map(|v| h.enabled = v));
+        let (lo, hi) = bounds::HEALTH_FALL;
+        n.field("fall", |n| n.int(&mut p, lo, hi).map(|v| h.fall = v as u32));
+        let (lo, hi) = bounds::HEALTH_EJECTION_SECONDS;
+        n.field("ejectionSeconds", |n| n.int(&mut p, lo, hi).map(|v| h.ejection_secs = v as u32));
+    });
     if siblings.as_ref().is_some_and(|s| s.kubernetes_pods) && kubernetes.is_none() {
         root.field("siblings", |n| {
             n.field("kubernetesPods", |n| n.bad(&mut p, "the pods of a Gateway's Deployment need a `kubernetes:` section (the Gateway and namespace)"));
@@ -1027,15 +1055,17 @@ gateways:
 
     #[test]
     fn passive_health_is_on_unless_turned_off_and_takes_effect_at_restart() {
-        assert!(parse_str(MACHINE, Path::new("c.yaml")).unwrap().passive_health);
+        assert_eq!(parse_str(MACHINE, Path::new("c.yaml")).unwrap().passive_health, PassiveHealthConfig::default());
         let off = parse_str(&format!("{MACHINE}health: {{passive: false}}\n"), Path::new("c.yaml")).unwrap();
-        assert!(!off.passive_health);
+        assert!(!off.passive_health.enabled);
+        let tuned = parse_str(&format!("{MACHINE}health: {{fall: 3, ejectionSeconds: 5}}\n"), Path::new("c.yaml")).unwrap();
+        assert_eq!(tuned.passive_health, PassiveHealthConfig { enabled: true, fall: 3, ejection_secs: 5 });
         let on = parse_str(MACHINE, Path::new("c.yaml")).unwrap();
         let change = off.start_only_changes(&on);
         assert_eq!(change.len(), 1, "{change:?}");
         assert!(change[0].to_string().contains("health.passive"), "{}", change[0]);
-        let bad = problems(&format!("{MACHINE}health: {{passive: maybe, active: true}}\n"));
-        assert_eq!(bad.len(), 2, "{bad:?}");
+        let bad = problems(&format!("{MACHINE}health: {{passive: maybe, active: true, fall: 0, ejectionSeconds: 3601}}\n"));
+        assert_eq!(bad.len(), 4, "{bad:?}");
     }
 
     #[test]
