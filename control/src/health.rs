@@ -17,11 +17,11 @@
 //!   (`discounted`).
 //! - **Decision, with hysteresis.** [`FALL`] failures in a row (no success
 //!   between) take an endpoint out for [`EJECTION`] (`health.fall` and
-//!   `health.ejectionSeconds` set them); each time again
-//!   before [`FORGIVE`] without a failure doubles that, up to
-//!   [`MAX_EJECTION`] or ten times the first, whichever is longer. When its time is up it is back in new flows, and
-//!   judged again from what follows (a dead endpoint is out again after
-//!   [`FALL`] more failures). This is Envoy's outlier detection
+//!   `health.ejectionSeconds` set them); each time again before
+//!   [`FORGIVE`] without a failure doubles that, up to [`MAX_EJECTION`] or
+//!   ten times the first, whichever is longer. When its time is up it is
+//!   back in new flows, and judged again from what follows (a dead
+//!   endpoint is out again after [`FALL`] more failures). This is Envoy's outlier detection
 //!   (`consecutive_gateway_failure`, `base_ejection_time`) on handshakes.
 //! - **Limits.** The task says which endpoints it wants out; the
 //!   reconciler applies it like any other change (a new table per change)

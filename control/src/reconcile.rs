@@ -211,7 +211,8 @@ fn with_health(eps: &Arc<[EndpointDef]>, wanted: &BTreeSet<u32>) -> (Arc<[Endpoi
     let mut room = (eps.len() / 2).min(ready.saturating_sub(1));
     let (mut applied, mut held) = (BTreeSet::new(), BTreeSet::new());
     for &id in wanted {
-        match eps.iter().find(|e| e.id == id) {
+        // A service's endpoints are ordered by identifier.
+        match eps.binary_search_by_key(&id, |e| e.id).ok().map(|i| &eps[i]) {
             Some(e) if e.draining => {}
             Some(_) if room > 0 => {
                 room -= 1;

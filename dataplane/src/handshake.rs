@@ -28,8 +28,8 @@
 //! from "SYN sent" to "writing" writes `answer`; only the control side frees
 //! an answered slot, or a SYN-sent one with a compare-and-swap. A slot being
 //! written is in use for everyone else. Times are ticks of the table's
-//! clock (the TSC in the appliance: a read costs a third of the system
-//! clock's) shifted so that a unit is half a microsecond to one, in 32
+//! clock (the TSC in the appliance, cheaper to read than the system
+//! clock) shifted so that a unit is half a microsecond to one, in 32
 //! bits: they wrap after half an hour or more, and every difference taken
 //! is of two times less than a sweep bound apart.
 
@@ -162,16 +162,6 @@ impl Handshakes {
         // The largest power of two of ticks within a microsecond.
         let shift = 63 - (hz.max(1_000_000) / 1_000_000).leading_zeros();
         Handshakes { slots: (0..n).map(|_| Slot::default()).collect(), mask: n as u64 - 1, clock, shift, ticks_per_us }
-    }
-
-    /// Slots.
-    pub fn len(&self) -> usize {
-        self.slots.len()
-    }
-
-    /// Always false: a table has at least 64 slots.
-    pub fn is_empty(&self) -> bool {
-        self.slots.is_empty()
     }
 
     /// The time in the table's units, in 32 bits.
