@@ -615,3 +615,25 @@ async fn the_fake_apiserver_refuses_objects_in_a_namespace_that_does_not_exist()
     configmaps.create(&PostParams::default(), &cm).await.unwrap();
     assert!(api.get("ConfigMap", NS, "c").is_some());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_services_health_check_annotation_configures_its_active_check() {
+    let r = start("check").await;
+    until("the first state", || r.last().is_some_and(|d| d.services.len() == 1)).await;
+    assert_eq!(r.last().unwrap().services[0].check, None);
+    let mut svc = r.api.get("Service", NS, "service-a").unwrap();
+    svc["metadata"]["annotations"]["sluice.io/health-check"] = json!("{protocol: tcp, port: 80, intervalMs: 1000, fall: 2}");
+    r.api.apply(svc.clone());
+    until("the check served", || r.last().is_some_and(|d| d.services.first().is_some_and(|s| s.check.is_some()))).await;
+    let check = r.last().unwrap().services[0].check.clone().unwrap();
+    assert_eq!(check.to_string(), "tcp/80 every 1000ms, timeout 1000ms, rise 2, fall 2");
+
+    // A wrong one refuses the Service, with the reason in the status.
+    svc["metadata"]["annotations"]["sluice.io/health-check"] = json!("{protocol: tcp, port: 80, rise: 0}");
+    r.api.apply(svc);
+    until("the refusal", || r.status().refused.iter().any(|x| x.object.contains("service-a"))).await;
+    let st = r.status();
+    let why = st.refused.iter().find(|x| x.object.contains("service-a")).unwrap();
+    assert!(format!("{why:?}").contains("sluice.io/health-check.rise: 0 is out of range 1..=100"), "{why:?}");
+    r.cancel.cancel();
+}

@@ -914,3 +914,65 @@ async fn delta_an_assignment_refused_for_its_cluster_is_taken_once_the_cluster_i
     a.stop().await;
     running.stop().await;
 }
+
+/// `web` (from [`l4`]) with `health_checks` set to `checks`.
+fn web_checked(checks: Vec<envoy_types::pb::envoy::config::core::v3::HealthCheck>) -> envoy_types::pb::envoy::config::cluster::v3::Cluster {
+    let mut c = sluice_tests::xds_server::cluster(&l4("web", "20.0.0.1", 80, "TCP")).unwrap();
+    c.health_checks = checks;
+    c
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clusters_health_checks_configure_the_services_active_check() {
+    use envoy_types::pb::envoy::config::core::v3::health_check::{HealthChecker, HttpHealthCheck, GrpcHealthCheck};
+    use envoy_types::pb::envoy::config::core::v3::HealthCheck;
+    use envoy_types::pb::envoy::r#type::v3::Int64Range;
+    use envoy_types::pb::google::protobuf::{Duration as PbDuration, UInt32Value};
+    let http = HealthCheck {
+        interval: Some(PbDuration { seconds: 1, nanos: 0 }),
+        timeout: Some(PbDuration { seconds: 0, nanos: 500_000_000 }),
+        healthy_threshold: Some(UInt32Value { value: 2 }),
+        unhealthy_threshold: Some(UInt32Value { value: 4 }),
+        health_checker: Some(HealthChecker::HttpHealthCheck(HttpHealthCheck {
+            path: "/healthz".into(),
+            expected_statuses: vec![Int64Range { start: 200, end: 300 }],
+            ..HttpHealthCheck::default()
+        })),
+        ..HealthCheck::default()
+    };
+    let server = XdsServer::new();
+    let mut s = snap("1", &base_clusters(), &base_clas());
+    s.add_cluster_with(web_checked(vec![http.clone()]), "web-http");
+    server.set_snapshot(DEFAULT_NODE, s);
+    let running = serve(&server).await;
+    let a = Appliance::start("xds-checks", xds_cfg(running.addr, Mode::Sotw, "lb-1"), "").await;
+    let dump = || format!("served {:?}\nstatus {:#?}", a.served(), a.status());
+    let check = |name: &str| a.shared.control().services.iter().find(|s| s.name == name).and_then(|s| s.check.clone());
+    wait("web with its check", || check("web").is_some(), dump).await;
+    assert_eq!(check("web").unwrap(), "http/80 GET /healthz every 1000ms, timeout 500ms, rise 2, fall 4");
+    assert_eq!(check("db"), None, "no health_checks, no check");
+
+    // A gRPC check is refused with the reason; the check served stays.
+    let mut grpc = http.clone();
+    grpc.health_checker = Some(HealthChecker::GrpcHealthCheck(GrpcHealthCheck::default()));
+    let mut s = snap("2", &base_clusters(), &base_clas());
+    s.add_cluster_with(web_checked(vec![grpc]), "web-grpc");
+    server.set_snapshot(DEFAULT_NODE, s);
+    wait("a NACK", || !server.nacks().is_empty(), dump).await;
+    assert!(server.nacks()[0].1.contains("gRPC checks are not supported"), "{:?}", server.nacks());
+    assert!(check("web").is_some());
+    // An interval under the bound is refused the same way.
+    let mut fast = http.clone();
+    fast.interval = Some(PbDuration { seconds: 0, nanos: 50_000_000 });
+    let mut s = snap("3", &base_clusters(), &base_clas());
+    s.add_cluster_with(web_checked(vec![fast]), "web-fast");
+    server.set_snapshot(DEFAULT_NODE, s);
+    wait("a second NACK", || server.nacks().len() == 2, dump).await;
+    assert!(server.nacks()[1].1.contains("health check interval 50 ms is outside 100..=3600000"), "{:?}", server.nacks());
+
+    // Without health_checks, no check.
+    server.set_snapshot(DEFAULT_NODE, snap("4", &base_clusters(), &base_clas()));
+    wait("web without a check", || check("web").is_none(), dump).await;
+    a.stop().await;
+    running.stop().await;
+}

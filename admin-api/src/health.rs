@@ -1,15 +1,19 @@
-//! Passive health's part of `/status`: what the TCP handshakes this
-//! appliance saw say of each endpoint, and which endpoints it took out of
-//! new flows.
+//! Health's part of `/status`: what the TCP handshakes this appliance saw
+//! say of each endpoint (passive health), what the active checks say, and
+//! which endpoints they took out of new flows.
 //!
 //! The health task fills these types itself (they are its status channel's
 //! value).
 
 use serde::{Deserialize, Serialize};
 
-/// Passive health.
+/// Passive health and active checks.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Health {
+    /// Passive health is on (`health.passive`); the fields below up to
+    /// [`Health::endpoints`] are its.
+    #[serde(default)]
+    pub passive: bool,
     /// Failed handshakes in a row (with no success between) that take an
     /// endpoint out of new flows.
     pub fall: u32,
@@ -37,6 +41,56 @@ pub struct Health {
     pub covered_services: Vec<String>,
     /// Every endpoint a handshake was seen with, by service and identifier.
     pub endpoints: Vec<EndpointHealth>,
+    /// The active checks.
+    #[serde(default)]
+    pub checks: Checks,
+}
+
+/// The active checks of every service that has one.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Checks {
+    /// Checks run so far.
+    pub run: u64,
+    /// Checks that failed.
+    pub failed: u64,
+    /// Checks started later than due by more than a tenth of their
+    /// interval (too many at once: see [`Checks::max_in_flight`]).
+    pub late: u64,
+    /// Checks running now.
+    pub in_flight: usize,
+    /// The most that run at once.
+    pub max_in_flight: usize,
+    /// Every checked endpoint, by service and identifier.
+    pub endpoints: Vec<CheckedEndpoint>,
+}
+
+/// One endpoint, as its active check sees it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct CheckedEndpoint {
+    /// Its service.
+    pub service: String,
+    /// Its identifier.
+    pub id: u32,
+    /// Its address.
+    pub address: String,
+    /// `tcp`, `http`, `udp` or `dns`, and the port: `tcp/80`.
+    pub check: String,
+    /// `up`; `down` (out of new flows); `held` (down, but the limit keeps
+    /// it in: never more than half of a service's endpoints, never its
+    /// last ready one).
+    pub state: String,
+    /// Checks run.
+    pub checks: u64,
+    /// Of which failed.
+    pub failures: u64,
+    /// Successes since the last failure.
+    pub successes_in_a_row: u32,
+    /// Failures since the last success.
+    pub failures_in_a_row: u32,
+    /// The last check's time, milliseconds, when it succeeded.
+    pub last_ms: Option<f64>,
+    /// Why the last failed check failed.
+    pub last_error: Option<String>,
 }
 
 /// One endpoint, as its handshakes show it.

@@ -205,6 +205,10 @@ pub struct Service<'a> {
     pub packets: u64,
     /// Bytes it received.
     pub bytes: u64,
+    /// Its endpoints' active check, when it has one
+    /// (`http/8080 GET /healthz every 500ms, timeout 300ms, rise 2, fall 3`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub check: Option<Cow<'a, str>>,
 }
 
 /// A route.

@@ -107,6 +107,7 @@ fn main() {
                 limit: None,
                 flow_table: None,
                 delivery: None,
+                check: None,
             }),
         );
         let endpoints = (0..per)

@@ -1,6 +1,8 @@
-//! Passive health: the endpoints' TCP handshakes, as the workers see them,
-//! take an endpoint that stops answering out of new flows, and put it back
-//! after a while (its pinned flows stay on it throughout: it drains).
+//! Health: the endpoints' TCP handshakes, as the workers see them (passive
+//! health, here), and the active checks ([`active`]) take an endpoint that
+//! stops answering out of new flows, and put it back (its pinned flows stay
+//! on it throughout: it drains). An endpoint is out when either says so;
+//! one a control plane marks unhealthy is out whatever they say.
 //!
 //! - **What is measured.** Every SYN a worker sends to an endpoint and the
 //!   answer that comes back on the return path meet in the workers' shared
@@ -43,6 +45,9 @@ use tracing::{info, warn};
 
 use crate::reconcile::{Published, ReconcilerStatus};
 use crate::sources::SourceMsg;
+
+pub(crate) mod active;
+mod probe;
 
 /// How often the table is swept and decisions made.
 pub(crate) const TICK: Duration = Duration::from_millis(100);
@@ -228,6 +233,8 @@ impl Passive {
         let mut covered: Vec<String> = self.answered.keys().filter_map(|&k| snap.service_by_key(k).map(|s| s.name.clone())).collect();
         covered.sort();
         Health {
+            passive: true,
+            checks: sluice_admin_api::health::Checks::default(),
             fall: self.rule.fall,
             ejection_seconds: self.rule.ejection.as_secs_f64(),
             max_ejection_seconds: self.rule.max_ejection.as_secs_f64(),
@@ -253,27 +260,43 @@ fn quantiles(recent: &VecDeque<u32>) -> (Option<u32>, Option<u32>) {
     (Some(at(50)), Some(at(90)))
 }
 
-/// The passive health task, built; [`HealthTask::run`] runs it.
-pub(crate) struct HealthTask {
+/// Passive health's inputs: the workers' table, the received packets
+/// dropped so far (ports' misses and empty pools: a rise means answers may
+/// have been lost here), and the rule.
+pub(crate) struct PassiveInput {
     pub(crate) table: Arc<Handshakes>,
+    pub(crate) drops: Box<dyn Fn() -> u64 + Send>,
+    pub(crate) rule: Rule,
+}
+
+/// The health task, built; [`HealthTask::run`] runs it.
+pub(crate) struct HealthTask {
+    /// Passive health, when on.
+    pub(crate) passive: Option<PassiveInput>,
+    /// What the active checks say, and their status.
+    pub(crate) active: watch::Receiver<active::Verdicts>,
+    pub(crate) checks: watch::Receiver<sluice_admin_api::health::Checks>,
     pub(crate) published: watch::Receiver<Published>,
     pub(crate) reconciled: watch::Receiver<ReconcilerStatus>,
     pub(crate) to_reconciler: mpsc::Sender<SourceMsg>,
     pub(crate) status: watch::Sender<Option<Health>>,
-    /// Received packets this appliance dropped so far (ports' misses and
-    /// empty pools): a rise means answers may have been lost here.
-    pub(crate) drops: Box<dyn Fn() -> u64 + Send>,
-    /// When an endpoint goes out, and for how long.
-    pub(crate) rule: Rule,
 }
 
 impl HealthTask {
-    /// Sweeps, decides and reports every [`TICK`] until `cancel`.
+    /// Every [`TICK`] until `cancel`: sweeps the handshakes (passive
+    /// health on), lays the active checks' verdicts over passive health's,
+    /// sends the endpoints wanted out to the reconciler when they change,
+    /// and reports.
     pub(crate) async fn run(self, cancel: CancellationToken) {
-        let HealthTask { table, published, reconciled, to_reconciler, status, drops, rule } = self;
+        let HealthTask { passive: input, active, mut checks, published, reconciled, to_reconciler, status } = self;
+        let on = input.is_some();
+        let (table, drops, rule) = match input {
+            Some(i) => (Some(i.table), Some(i.drops), i.rule),
+            None => (None, None, Rule::default()),
+        };
         let mut passive = Passive { rule, ..Passive::default() };
         let mut sent: BTreeMap<String, BTreeSet<u32>> = BTreeMap::new();
-        let (mut last_drops, mut dropped_at) = (drops(), None);
+        let (mut last_drops, mut dropped_at) = (drops.as_ref().map_or(0, |d| d()), None);
         let mut outcomes = Vec::new();
         let bound = u32::try_from(UNANSWERED_AFTER.as_micros()).unwrap_or(u32::MAX);
         let mut tick = tokio::time::interval(TICK);
@@ -283,25 +306,53 @@ impl HealthTask {
                 () = cancel.cancelled() => return,
                 _ = tick.tick() => {}
             }
-            outcomes.clear();
-            table.sweep(bound, &mut outcomes);
-            let (d, now) = (drops(), Instant::now());
-            if d != last_drops {
-                dropped_at = Some(now);
-                last_drops = d;
+            let now = Instant::now();
+            if let (Some(table), Some(drops)) = (&table, &drops) {
+                outcomes.clear();
+                table.sweep(bound, &mut outcomes);
+                let d = drops();
+                if d != last_drops {
+                    dropped_at = Some(now);
+                    last_drops = d;
+                }
+                passive.take(&outcomes, dropped_at, now);
             }
-            passive.take(&outcomes, dropped_at, now);
             let snap = Arc::clone(&published.borrow().snapshot);
-            let wanted = passive.wanted(&snap, now);
+            let mut wanted = passive.wanted(&snap, now);
+            for (service, ids) in &active.borrow().down {
+                wanted.entry(service.clone()).or_default().extend(ids);
+            }
             if wanted != sent {
-                let msg = SourceMsg::Health { ejected: wanted.clone(), trigger: "passive health".to_owned() };
+                let msg = SourceMsg::Health { ejected: wanted.clone(), trigger: "health".to_owned() };
                 if to_reconciler.send(msg).await.is_err() {
                     return;
                 }
                 sent = wanted;
             }
             let applied = reconciled.borrow().health.ejected.clone();
-            status.send_replace(Some(passive.status(&snap, &applied, now)));
+            let mut next = passive.status(&snap, &applied, now);
+            next.passive = on;
+            // The checks' status is made by their task every half second:
+            // copied when it changed, else moved from the last status.
+            let fresh = checks.has_changed().unwrap_or(false);
+            status.send_modify(|h| {
+                next.checks = match (fresh, h.take()) {
+                    (false, Some(old)) => old.checks,
+                    _ => checks.borrow_and_update().clone(),
+                };
+                // Of the endpoints the checks say are down, those the
+                // limit keeps in are held.
+                let eps = &mut next.checks.endpoints;
+                for (service, ids) in &active.borrow().down {
+                    for &id in ids {
+                        if let Ok(i) = eps.binary_search_by(|e| (e.service.as_str(), e.id).cmp(&(service.as_str(), id))) {
+                            let kept = !applied.get(service).is_some_and(|a| a.contains(&id));
+                            eps[i].state = if kept { "held" } else { "down" }.to_owned();
+                        }
+                    }
+                }
+                *h = Some(next);
+            });
         }
     }
 }

@@ -19,6 +19,8 @@ pub mod appliance;
 pub mod cli;
 pub mod compile;
 mod health;
+#[doc(hidden)]
+pub use health::active::cost as active_checks_cost;
 pub mod reconcile;
 pub mod routing;
 pub mod sources;

@@ -78,6 +78,8 @@ pub(crate) struct Summary {
     pub(crate) services: Vec<ServiceSummary>,
     /// Every route.
     pub(crate) routes: Arc<Vec<RouteMeta>>,
+    /// The active checks, by service name.
+    pub(crate) checks: Arc<BTreeMap<String, Arc<crate::model::CheckDef>>>,
 }
 
 /// Counter values of the slots a publication (re)assigned, at the time it
@@ -870,7 +872,8 @@ impl Reconciler {
                 vips: r.matches.vips.iter().map(|v| v.to_ip()).collect(),
             })
             .collect();
-        Summary { services, routes: Arc::new(routes) }
+        let checks = self.resolved.services.iter().filter_map(|(name, s)| Some((name.clone(), Arc::clone(s.check.as_ref()?)))).collect();
+        Summary { services, routes: Arc::new(routes), checks: Arc::new(checks) }
     }
 
     /// The starting values of the counter slots in use, with those of the

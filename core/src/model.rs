@@ -51,6 +51,24 @@ pub mod limits {
     /// A byte match reads bytes before this offset of the transport header
     /// (`offset + length`): none beyond the largest MTU.
     pub(crate) const BYTE_MATCH_END_MAX: u32 = MTU_MAX as u32;
+    /// Shortest interval between two health checks of an endpoint, ms.
+    pub const CHECK_INTERVAL_MS_MIN: u32 = 100;
+    /// Longest, ms (an hour).
+    pub const CHECK_INTERVAL_MS_MAX: u32 = 3_600_000;
+    /// Default interval, ms.
+    pub const CHECK_INTERVAL_MS_DEFAULT: u32 = 2000;
+    /// Shortest timeout of a check, ms (at most its interval).
+    pub const CHECK_TIMEOUT_MS_MIN: u32 = 10;
+    /// Default timeout, ms.
+    pub const CHECK_TIMEOUT_MS_DEFAULT: u32 = 1000;
+    /// Default successes in a row that bring an endpoint back.
+    pub const CHECK_RISE_DEFAULT: u32 = 2;
+    /// Default failures in a row that take it out.
+    pub const CHECK_FALL_DEFAULT: u32 = 3;
+    /// Largest rise or fall.
+    pub const CHECK_COUNT_MAX: u32 = 100;
+    /// Longest text of a check (an HTTP path or host, a UDP datagram).
+    pub const CHECK_TEXT_MAX: usize = 512;
 
     /// Bytes of a lookup table of `size` entries for a service of at most
     /// `limit` endpoints: the most the dataplane's `maglev::Entries` take
@@ -181,8 +199,152 @@ pub struct ServiceDef {
     pub flow_table: Option<bool>,
     /// Delivery.
     pub delivery: Option<DeliveryMode>,
+    /// Its endpoints' active health check, when one is configured.
+    pub check: Option<Arc<CheckDef>>,
     /// Where it came from.
     pub origin: Origin,
+}
+
+/// What an active health check sends and what it takes for a success.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Probe {
+    /// A TCP connection is accepted (then closed).
+    Tcp,
+    /// An HTTP/1.1 `GET path` answered with a status in one of `statuses`
+    /// (inclusive ranges).
+    Http {
+        /// The path asked for.
+        path: String,
+        /// The `Host` header (default the endpoint's address).
+        host: Option<String>,
+        /// Statuses that are a success, as inclusive ranges.
+        statuses: Vec<(u16, u16)>,
+    },
+    /// A UDP datagram `send` is answered by one containing `expect` (any
+    /// answer when empty).
+    Udp {
+        /// The datagram sent.
+        send: Vec<u8>,
+        /// Bytes the answer must contain.
+        expect: Vec<u8>,
+    },
+    /// A DNS query (UDP) for `name`, type A, answered by any well-formed
+    /// DNS response to it, whatever its code.
+    Dns {
+        /// The name asked for.
+        name: String,
+    },
+}
+
+impl Probe {
+    /// Its name in configuration and status.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Probe::Tcp => "tcp",
+            Probe::Http { .. } => "http",
+            Probe::Udp { .. } => "udp",
+            Probe::Dns { .. } => "dns",
+        }
+    }
+}
+
+/// An active health check of a service's endpoints: every `interval_ms`
+/// (spread over the interval and jittered), from the appliance's own
+/// address to the endpoint's address and `port`. `fall` failures in a row
+/// take an endpoint out of new flows, `rise` successes in a row bring it
+/// back.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct CheckDef {
+    /// What is sent and expected.
+    pub probe: Probe,
+    /// The endpoint's port checked.
+    pub port: u16,
+    /// Milliseconds between two checks of an endpoint.
+    pub interval_ms: u32,
+    /// Milliseconds a check may take.
+    pub timeout_ms: u32,
+    /// Successes in a row that bring an endpoint back.
+    pub rise: u32,
+    /// Failures in a row that take it out.
+    pub fall: u32,
+}
+
+/// `http/8080 GET /healthz every 500ms, timeout 300ms, rise 2, fall 3`.
+impl std::fmt::Display for CheckDef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.probe.name(), self.port)?;
+        match &self.probe {
+            Probe::Http { path, .. } => write!(f, " GET {path}")?,
+            Probe::Dns { name } => write!(f, " {name} A")?,
+            Probe::Udp { .. } | Probe::Tcp => {}
+        }
+        write!(f, " every {}ms, timeout {}ms, rise {}, fall {}", self.interval_ms, self.timeout_ms, self.rise, self.fall)
+    }
+}
+
+impl CheckDef {
+    /// A check of `probe` on `port` with the default timing (2 s interval,
+    /// 1 s timeout, rise 2, fall 3).
+    pub fn new(probe: Probe, port: u16) -> CheckDef {
+        CheckDef {
+            probe,
+            port,
+            interval_ms: limits::CHECK_INTERVAL_MS_DEFAULT,
+            timeout_ms: limits::CHECK_TIMEOUT_MS_DEFAULT,
+            rise: limits::CHECK_RISE_DEFAULT,
+            fall: limits::CHECK_FALL_DEFAULT,
+        }
+    }
+
+    /// What is wrong with it, whichever source wrote it: every number
+    /// within [`limits`], the timeout within the interval.
+    pub fn problems(&self) -> Vec<String> {
+        use limits::*;
+        let mut out = Vec::new();
+        if self.port == 0 {
+            out.push("a health check needs a port (1..65535)".to_owned());
+        }
+        if !(CHECK_INTERVAL_MS_MIN..=CHECK_INTERVAL_MS_MAX).contains(&self.interval_ms) {
+            out.push(format!("health check interval {} ms is outside {CHECK_INTERVAL_MS_MIN}..={CHECK_INTERVAL_MS_MAX}", self.interval_ms));
+        }
+        if !(CHECK_TIMEOUT_MS_MIN..=self.interval_ms.max(CHECK_TIMEOUT_MS_MIN)).contains(&self.timeout_ms) {
+            out.push(format!(
+                "health check timeout {} ms is outside {CHECK_TIMEOUT_MS_MIN}..=the interval ({} ms)",
+                self.timeout_ms, self.interval_ms
+            ));
+        }
+        for (what, n) in [("rise", self.rise), ("fall", self.fall)] {
+            if !(1..=CHECK_COUNT_MAX).contains(&n) {
+                out.push(format!("health check {what} {n} is outside 1..={CHECK_COUNT_MAX}"));
+            }
+        }
+        match &self.probe {
+            Probe::Http { path, host, statuses } => {
+                if !path.starts_with('/') || path.len() > CHECK_TEXT_MAX || !path.bytes().all(|c| c.is_ascii_graphic()) {
+                    out.push(format!("health check path {path:?} must start with / and be printable ASCII without spaces, at most {CHECK_TEXT_MAX} bytes"));
+                }
+                if host.as_ref().is_some_and(|h| h.is_empty() || h.len() > CHECK_TEXT_MAX || !h.bytes().all(|c| c.is_ascii_graphic())) {
+                    out.push(format!("health check host {host:?} must be printable ASCII without spaces, 1 to {CHECK_TEXT_MAX} bytes"));
+                }
+                if statuses.is_empty() || statuses.iter().any(|&(lo, hi)| !(100..=599).contains(&lo) || !(lo..=599).contains(&hi)) {
+                    out.push(format!("health check statuses {statuses:?} must be ranges within 100..=599"));
+                }
+            }
+            Probe::Udp { send, expect } => {
+                if send.is_empty() || send.len() > CHECK_TEXT_MAX || expect.len() > CHECK_TEXT_MAX {
+                    out.push(format!("a UDP health check sends 1 to {CHECK_TEXT_MAX} bytes and expects at most as many"));
+                }
+            }
+            Probe::Dns { name } => {
+                let labels_ok = name == "." || name.trim_end_matches('.').split('.').all(|l| !l.is_empty() && l.len() <= 63 && l.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'-' || c == b'_'));
+                if name.is_empty() || name.len() > 253 || !labels_ok {
+                    out.push(format!("health check query {name:?} is not a DNS name"));
+                }
+            }
+            Probe::Tcp => {}
+        }
+        out
+    }
 }
 
 /// An endpoint of a service.
@@ -357,6 +519,8 @@ pub struct ResolvedService {
     /// Endpoints, by identifier: shared with the compiler, which keeps
     /// what it compiled from (not a copy).
     pub endpoints: Arc<[EndpointDef]>,
+    /// Its endpoints' active health check.
+    pub check: Option<Arc<CheckDef>>,
 }
 
 /// The merged, checked model.
@@ -554,6 +718,12 @@ impl Model {
                     continue;
                 }
                 let Some(table_size) = checked_table_size(s, limit, p) else { continue };
+                if let Some(problems) = s.check.as_ref().map(|c| c.problems()).filter(|v| !v.is_empty()) {
+                    for m in problems {
+                        p.push(s.origin.problem(m));
+                    }
+                    continue;
+                }
                 table_memory += limits::table_bytes(limit, table_size);
                 if table_memory > budget && !over_budget {
                     over_budget = true;
@@ -577,6 +747,7 @@ impl Model {
                             flow_table: s.flow_table.unwrap_or(defaults.flow_table),
                             delivery: s.delivery.unwrap_or(defaults.delivery),
                             endpoints: Arc::new([]),
+                            check: s.check.clone(),
                         },
                         Vec::new(),
                         Whole::default(),

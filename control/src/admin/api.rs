@@ -66,7 +66,7 @@ pub(super) fn port(p: &PortEntry) -> api::Port {
 /// A service with its counts, borrowing its names.
 pub(super) fn service(m: &ServiceMeta, packets: u64, bytes: u64) -> api::Service<'_> {
     // The counter slot is the server's own.
-    let ServiceMeta { name, slot: _, algorithm, flow_table, limit, table_size, ready } = m;
+    let ServiceMeta { name, slot: _, algorithm, flow_table, limit, table_size, ready, check } = m;
     api::Service {
         name: Cow::Borrowed(name),
         algorithm: Cow::Borrowed(algorithm),
@@ -76,6 +76,7 @@ pub(super) fn service(m: &ServiceMeta, packets: u64, bytes: u64) -> api::Service
         ready: *ready,
         packets,
         bytes,
+        check: check.as_deref().map(Cow::Borrowed),
     }
 }
 

@@ -332,6 +332,47 @@ fn health_metrics(e: &mut DescriptorEncoder<'_>, sh: &Shared) -> fmt::Result {
         "Median SYN to SYN-ACK time of an endpoint's last handshakes, as this appliance saw them.",
         Kind::Gauge,
         h.endpoints.iter().filter_map(|x| Some((ep(x), V::F(f64::from(x.handshake_median_us?) / 1e6)))),
+    )?;
+    check_metrics(e, &h.checks)
+}
+
+/// Active checks: each checked endpoint's checks and state.
+fn check_metrics(e: &mut DescriptorEncoder<'_>, c: &sluice_admin_api::health::Checks) -> fmt::Result {
+    family(e, "sluice_health_checks", "Active checks run.", Kind::Counter, one(f(c.run)))?;
+    family(e, "sluice_health_checks_failed", "Active checks that failed.", Kind::Counter, one(f(c.failed)))?;
+    family(
+        e,
+        "sluice_health_checks_late",
+        "Active checks started more than a tenth of their interval after they were due (too many running at once).",
+        Kind::Counter,
+        one(f(c.late)),
+    )?;
+    family(e, "sluice_health_checks_in_flight", "Active checks running now.", Kind::Gauge, one(f(c.in_flight as u64)))?;
+    let ep = |x: &sluice_admin_api::health::CheckedEndpoint| -> Labels { vec![("service", s(x.service.clone())), ("endpoint", s(x.id.to_string()))] };
+    let outcomes: Vec<(Labels, V)> = c
+        .endpoints
+        .iter()
+        .flat_map(|x| {
+            let (mut ok, mut failed) = (ep(x), ep(x));
+            ok.push(("outcome", s("succeeded")));
+            failed.push(("outcome", s("failed")));
+            [(ok, f(x.checks - x.failures)), (failed, f(x.failures))]
+        })
+        .collect();
+    family(e, "sluice_health_endpoint_checks", "An endpoint's active checks, by outcome.", Kind::Counter, outcomes)?;
+    family(
+        e,
+        "sluice_health_endpoint_down",
+        "1 while an endpoint's active check keeps it out of new flows (it drains); the limit may hold it in (sluice_health_endpoint_check_held).",
+        Kind::Gauge,
+        c.endpoints.iter().map(|x| (ep(x), f(u64::from(x.state == "down")))),
+    )?;
+    family(
+        e,
+        "sluice_health_endpoint_check_held",
+        "1 while an endpoint's active check fails but the limit keeps it in (at most half of a service's endpoints out, never its last ready one).",
+        Kind::Gauge,
+        c.endpoints.iter().map(|x| (ep(x), f(u64::from(x.state == "held")))),
     )
 }
 

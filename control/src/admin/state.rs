@@ -135,6 +135,8 @@ pub struct ServiceMeta {
     pub(crate) table_size: u32,
     /// At least one endpoint takes new flows.
     pub(crate) ready: bool,
+    /// Its active check, described.
+    pub check: Option<String>,
 }
 
 /// The admin endpoint's view of what the reconciler published and decided
@@ -211,6 +213,7 @@ impl ControlState {
                     limit: s.limit,
                     table_size: s.table_size,
                     ready: p.ready(&s.name),
+                    check: p.summary.checks.get(&s.name).map(ToString::to_string),
                 }));
                 self.services = services;
                 self.routes = Arc::clone(&p.summary.routes);

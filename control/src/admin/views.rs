@@ -259,6 +259,7 @@ mod tests {
             limit: 32,
             table_size: 6421,
             ready: true,
+            check: None,
         });
         let ep = |id: u32, addr: &str, state: EndpointState| EndpointStatus {
             service: Arc::new("web".to_owned()),
@@ -358,6 +359,7 @@ mod tests {
                     limit: 32,
                     table_size: 6421,
                     ready: true,
+                    check: None,
                 });
                 Arc::make_mut(&mut st.routes).push(RouteMeta { name: format!("r{i}"), service: name.clone(), priority: 0, vips: vec![format!("10.9.0.{i}").parse().unwrap()] });
                 let service = Arc::new(name);

@@ -353,21 +353,30 @@ fn spawn_sources(
     neigh_rx: watch::Receiver<NeighMap>,
 ) -> mpsc::Sender<()> {
     let (src_tx, src_rx) = mpsc::channel(16);
-    if let Some((table, rule)) = health {
-        let (status, rx) = watch::channel(None);
-        let _ = shared.health.set(rx);
-        let sh = Arc::clone(shared);
-        let task = HealthTask {
-            table,
-            published: reconciler.publications(),
-            reconciled: reconciler.status(),
-            to_reconciler: src_tx.clone(),
-            status,
-            drops: Box::new(move || sh.received_and_dropped()),
-            rule,
-        };
-        tasks.spawn(Group::Work, "passive health", move |c| task.run(c));
-    }
+    // Health: passive (when on) and the active checks (of the services
+    // that have one), laid over each other by the health task.
+    let (verdicts_tx, verdicts_rx) = watch::channel(crate::health::active::Verdicts::default());
+    let (checks_tx, checks_rx) = watch::channel(sluice_admin_api::health::Checks::default());
+    let active = crate::health::active::ActiveTask {
+        published: reconciler.publications(),
+        verdicts: verdicts_tx,
+        status: checks_tx,
+        max_in_flight: crate::health::active::max_in_flight(),
+    };
+    tasks.spawn(Group::Work, "active health checks", move |c| active.run(c));
+    let (status, rx) = watch::channel(None);
+    let _ = shared.health.set(rx);
+    let sh = Arc::clone(shared);
+    let task = HealthTask {
+        passive: health.map(|(table, rule)| crate::health::PassiveInput { table, drops: Box::new(move || sh.received_and_dropped()), rule }),
+        active: verdicts_rx,
+        checks: checks_rx,
+        published: reconciler.publications(),
+        reconciled: reconciler.status(),
+        to_reconciler: src_tx.clone(),
+        status,
+    };
+    tasks.spawn(Group::Work, "health", move |c| task.run(c));
     let (hup_tx, hup_rx) = mpsc::channel(1);
     let (tx, sh, st) = (src_tx.clone(), Arc::clone(shared), settings.clone());
     tasks.spawn(Group::Work, "xDS supervisor", move |c| follow(XDS, st, tx, sh, c));

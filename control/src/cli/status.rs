@@ -157,7 +157,10 @@ pub(crate) fn render(st: &api::Status) -> String {
         sync(&mut o, y);
     }
     if let Some(h) = &st.health {
-        passive_health(&mut o, h);
+        if h.passive {
+            passive_health(&mut o, h);
+        }
+        active_checks(&mut o, &h.checks);
     }
     let _ = writeln!(o, "mbufs in use: {} of {}\n\nPORTS", st.mbufs_in_use, st.mbufs);
     ports(&mut o, &st.ports);
@@ -396,6 +399,34 @@ fn passive_health(o: &mut String, h: &api::health::Health) {
     if !rows.is_empty() {
         table(o, &["SERVICE", "ID", "ADDRESS", "STATE", "OK", "FAILED", "MEDIAN", "P90"], &rows.into_iter().map(|r| r.1).collect::<Vec<_>>());
     }
+}
+
+fn active_checks(o: &mut String, c: &api::health::Checks) {
+    if c.endpoints.is_empty() {
+        return;
+    }
+    let down = c.endpoints.iter().filter(|e| e.state != "up").count();
+    let _ = writeln!(o, "active checks: {down} of {} endpoints down or held | {} run, {} failed, {} late, {} running (at most {})", c.endpoints.len(), c.run, c.failed, c.late, c.in_flight, c.max_in_flight);
+    let mut rows: Vec<(bool, Vec<String>)> = c
+        .endpoints
+        .iter()
+        .map(|e| {
+            let state = match e.state.as_str() {
+                "down" => "DOWN".to_owned(),
+                "held" => "HELD (limit)".to_owned(),
+                s => s.to_owned(),
+            };
+            let last = match (&e.last_error, e.last_ms) {
+                (Some(err), _) if e.failures_in_a_row > 0 => err.clone(),
+                (_, Some(ms)) => format!("{ms:.1}ms"),
+                _ => "-".to_owned(),
+            };
+            let row = vec![e.service.clone(), e.id.to_string(), e.address.clone(), e.check.clone(), state, e.checks.to_string(), e.failures.to_string(), last];
+            (e.state == "up", row)
+        })
+        .collect();
+    rows.sort_by_key(|r| r.0);
+    table(o, &["SERVICE", "ID", "ADDRESS", "CHECK", "STATE", "CHECKS", "FAILED", "LAST"], &rows.into_iter().map(|r| r.1).collect::<Vec<_>>());
 }
 
 /// Runs `sluice status`.

@@ -48,7 +48,7 @@ fn an_endpoint_that_fails_fall_handshakes_in_a_row_is_wanted_out_then_back() {
 
 /// A snapshot with service `key` named `name`, of endpoints 0..=`last`
 /// (incarnation 1).
-fn snapshot_with(key: u32, name: &str, last: u16) -> Snapshot {
+pub(crate) fn snapshot_with(key: u32, name: &str, last: u16) -> Snapshot {
     use sluice_dataplane::addr::Addr;
     use sluice_dataplane::service::{Algorithm, Delivery, EndpointSpec, Service, ServiceSpec};
     let endpoints = (0..=last)

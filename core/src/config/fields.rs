@@ -13,7 +13,7 @@ use sluice_dataplane::parse::proto;
 
 use super::node::Node;
 use crate::problem::Problems;
-use crate::model::{limits, simple_name};
+use crate::model::{limits, simple_name, CheckDef, Probe};
 
 /// Why `text` (an address, or `address/length`) may not be written as it
 /// is: IPv4 addresses are kept as IPv4-mapped IPv6 inside, so a mapped
@@ -259,6 +259,83 @@ pub(crate) fn name(n: Node<'_>, p: &mut Problems) -> Option<String> {
     Some(s)
 }
 
+/// The keys of a health check, in the file (`healthCheck:`) and in the
+/// `sluice.io/health-check` annotation alike.
+pub(crate) const HEALTH_CHECK_KEYS: &[&str] =
+    &["protocol", "port", "intervalMs", "timeoutMs", "rise", "fall", "path", "host", "expectStatus", "send", "expect", "query"];
+
+/// An active health check: `protocol` (tcp, http, udp or dns) and `port`
+/// required; `intervalMs`, `timeoutMs`, `rise`, `fall`; `path`, `host`
+/// and `expectStatus` for http; `send` and `expect` for udp; `query` for
+/// dns. Every number bounded ([`CheckDef::problems`]).
+pub(crate) fn health_check(n: Node<'_>, p: &mut Problems) -> Option<CheckDef> {
+    use limits::{CHECK_COUNT_MAX, CHECK_INTERVAL_MS_MAX, CHECK_INTERVAL_MS_MIN, CHECK_TIMEOUT_MS_MIN};
+    let before = p.0.len();
+    if !n.mapping(p, HEALTH_CHECK_KEYS) {
+        return None;
+    }
+    let protocol = n.required(p, "protocol", |n, p| n.string(p)).flatten();
+    let port = n.required(p, "port", |n, p| n.int(p, 1, 65535)).flatten();
+    let only = |key: &str, allowed: &str, p: &mut Problems| {
+        if protocol.as_deref() != Some(allowed) {
+            n.field(key, |k| k.bad(p, format!("{key} is for {allowed} checks")));
+        }
+    };
+    for (key, allowed) in [("path", "http"), ("host", "http"), ("expectStatus", "http"), ("send", "udp"), ("expect", "udp"), ("query", "dns")] {
+        only(key, allowed, p);
+    }
+    let text = |key: &str, p: &mut Problems| n.field(key, |n| n.string(p)).flatten();
+    let probe = match protocol.as_deref() {
+        Some("tcp") => Some(Probe::Tcp),
+        Some("http") => {
+            let mut statuses = Vec::new();
+            n.field("expectStatus", |n| {
+                n.each(p, |n, p| {
+                    if let Some(r) = port_range(n, p) {
+                        if (100..=599).contains(&r.lo) && r.hi <= 599 {
+                            statuses.push((r.lo, r.hi));
+                        } else {
+                            n.bad(p, format!("{}-{} is not a range of HTTP statuses (100..599)", r.lo, r.hi));
+                        }
+                    }
+                });
+            });
+            if statuses.is_empty() {
+                statuses.push((200, 399));
+            }
+            Some(Probe::Http { path: text("path", p).unwrap_or_else(|| "/".to_owned()), host: text("host", p), statuses })
+        }
+        Some("udp") => {
+            let send = n.required(p, "send", |n, p| n.string(p)).flatten().unwrap_or_default();
+            Some(Probe::Udp { send: send.into_bytes(), expect: text("expect", p).unwrap_or_default().into_bytes() })
+        }
+        Some("dns") => Some(Probe::Dns { name: text("query", p).unwrap_or_else(|| ".".to_owned()) }),
+        Some(other) => {
+            n.field("protocol", |k| k.bad(p, format!("{other:?} is not a health check protocol (tcp, http, udp or dns)")));
+            None
+        }
+        None => None,
+    };
+    let int = |key: &str, lo: u32, hi: u32, p: &mut Problems| n.field(key, |n| n.int(p, i64::from(lo), i64::from(hi))).flatten().map(|v| v as u32);
+    let interval = int("intervalMs", CHECK_INTERVAL_MS_MIN, CHECK_INTERVAL_MS_MAX, p);
+    let timeout = int("timeoutMs", CHECK_TIMEOUT_MS_MIN, CHECK_INTERVAL_MS_MAX, p);
+    let rise = int("rise", 1, CHECK_COUNT_MAX, p);
+    let fall = int("fall", 1, CHECK_COUNT_MAX, p);
+    let mut check = CheckDef::new(probe?, port? as u16);
+    check.interval_ms = interval.unwrap_or(check.interval_ms);
+    check.timeout_ms = timeout.unwrap_or(check.timeout_ms.min(check.interval_ms));
+    check.rise = rise.unwrap_or(check.rise);
+    check.fall = fall.unwrap_or(check.fall);
+    if p.0.len() > before {
+        return None;
+    }
+    let problems = check.problems();
+    for m in &problems {
+        n.bad(p, m.clone());
+    }
+    problems.is_empty().then_some(check)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -323,5 +400,37 @@ mod tests {
         assert!(one("0:0:0:0:0:0", mac).unwrap_err().to_string().contains("is the all-zero MAC"));
         assert_eq!(one("fe:ff:ff:ff:ff:ff", mac).unwrap(), [0xfe, 0xff, 0xff, 0xff, 0xff, 0xff], "locally administered unicast");
         assert!(one("web tier", name).is_err());
+    }
+
+    #[test]
+    fn health_checks_take_defaults_and_refuse_what_cannot_be_checked() {
+        let check = |text: &str| {
+            let v = document(text, &mut Budget::default()).unwrap();
+            let mut p = Problems::default();
+            health_check(Node::root(&v, "f"), &mut p).ok_or_else(|| p.0.iter().map(|x| x.to_string()).collect::<Vec<_>>().join("; "))
+        };
+        let c = check("{protocol: tcp, port: 80}").unwrap();
+        assert_eq!((c.probe.clone(), c.port, c.interval_ms, c.timeout_ms, c.rise, c.fall), (Probe::Tcp, 80, 2000, 1000, 2, 3));
+        let c = check("{protocol: http, port: 8080, path: /healthz, expectStatus: [200, 300-302], intervalMs: 500, rise: 1, fall: 2}").unwrap();
+        assert_eq!(c.probe, Probe::Http { path: "/healthz".into(), host: None, statuses: vec![(200, 200), (300, 302)] });
+        assert_eq!((c.interval_ms, c.timeout_ms, c.rise, c.fall), (500, 500, 1, 2), "the timeout is at most the interval");
+        assert_eq!(check("{protocol: dns, port: 53}").unwrap().probe, Probe::Dns { name: ".".into() });
+        assert_eq!(check("{protocol: udp, port: 53, send: ping, expect: pong}").unwrap().probe, Probe::Udp { send: b"ping".to_vec(), expect: b"pong".to_vec() });
+        for (text, why) in [
+            ("{protocol: tcp}", "missing field \"port\""),
+            ("{protocol: smtp, port: 25}", "not a health check protocol"),
+            ("{protocol: tcp, port: 80, path: /}", "path is for http checks"),
+            ("{protocol: tcp, port: 80, intervalMs: 50}", "out of range 100..=3600000"),
+            ("{protocol: tcp, port: 80, intervalMs: 1000, timeoutMs: 2000}", "timeout 2000 ms is outside 10..=the interval (1000 ms)"),
+            ("{protocol: tcp, port: 80, fall: 0}", "out of range 1..=100"),
+            ("{protocol: udp, port: 53}", "missing field \"send\""),
+            ("{protocol: http, port: 80, path: healthz}", "must start with /"),
+            ("{protocol: http, port: 80, expectStatus: 700}", "not a range of HTTP statuses"),
+            ("{protocol: dns, port: 53, query: 'a..b'}", "is not a DNS name"),
+            ("{protocol: tcp, port: 80, every: 2}", "every"),
+        ] {
+            let e = check(text).unwrap_err();
+            assert!(e.contains(why), "{text}: {e}");
+        }
     }
 }

@@ -9,7 +9,9 @@
 //! Cilium's `service.cilium.io/lb-algorithm`), `sluice.io/endpoint-limit`,
 //! `sluice.io/table-size`, `sluice.io/flow-table`, `sluice.io/delivery`,
 //! bounded as the same settings written inline (annotation values are
-//! strings, as in Kubernetes).
+//! strings, as in Kubernetes). `sluice.io/health-check` holds the fields
+//! of the file's `healthCheck` as a YAML (or JSON) mapping in one string:
+//! `'{protocol: http, port: 8080, path: /healthz, intervalMs: 1000}'`.
 //!
 //! The mapping ([`map`]) is the one way from these objects to the model,
 //! whichever way they arrive: read from a directory here, or watched from
@@ -445,6 +447,25 @@ fn check_gateway(gw: Option<&Object>, scope: &Scope<'_>, whole: &str, among: &st
     }
 }
 
+/// Sluice's per-service health check annotation.
+pub const HEALTH_CHECK: &str = "sluice.io/health-check";
+
+/// The check an `sluice.io/health-check` annotation's string holds: a
+/// mapping (YAML or JSON) of the file's `healthCheck` fields, read with a
+/// small budget; its problems are reported at the annotation (positions
+/// inside the string would point into the wrong text).
+fn health_check_annotation(n: Node<'_>, p: &mut Problems) -> Option<crate::model::CheckDef> {
+    let text = n.v.as_str().unwrap_or_default();
+    let v = match yaml::document(text, &mut Budget::new(64, 0, 1)) {
+        Ok(v) => Value::from_json(&v.to_json()),
+        Err(e) => {
+            n.bad(p, format!("not a YAML mapping of health check fields: {}", e.message));
+            return None;
+        }
+    };
+    fields::health_check(Node::at(&v, n.file(), n.path()), p)
+}
+
 fn refusal(reason: Reason, p: Problems) -> Option<Refusal> {
     (!p.is_empty()).then_some(Refusal { reason, problems: p.0 })
 }
@@ -474,6 +495,9 @@ fn service(d: &Object, scope: &Scope<'_>) -> Mapped {
     }
     if let Some(n) = annotation(d, "sluice.io/delivery", &mut path, &mut p) {
         s.delivery = n.parse::<DeliveryMode>(&mut p, "a delivery");
+    }
+    if let Some(n) = annotation(d, HEALTH_CHECK, &mut path, &mut p) {
+        s.check = health_check_annotation(n, &mut p).map(std::sync::Arc::new);
     }
     let desired = Desired { services: name.is_some().then_some(s).into_iter().collect(), ..Default::default() };
     Mapped {
@@ -852,5 +876,37 @@ metadata:
             "m.yaml:23:43: [doc 2] Service/t.metadata.annotations.sluice.io/endpoint-limit: annotation values are strings: quote it (found a number)".to_owned(),
             "m.yaml:23:69: [doc 2] Service/t.metadata.annotations.sluice.io/table-size: table size 6400 is not a prime (the next prime is 6421)".to_owned(),
         ]);
+    }
+
+    #[test]
+    fn a_health_check_annotation_holds_the_files_fields() {
+        let text = r#"
+apiVersion: gateway.networking.k8s.io/v1beta1
+kind: Gateway
+metadata: {name: g}
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: s
+  labels: {service.kubernetes.io/service-proxy-name: g}
+  annotations: {sluice.io/health-check: '{protocol: http, port: 8080, path: /healthz, intervalMs: 1000, fall: 2}'}
+"#;
+        let mut p = Problems::default();
+        let d = from_docs(&docs(text), "g", &mut p);
+        assert!(p.is_empty(), "{:?}", p.0);
+        let c = d.services[0].check.as_deref().unwrap();
+        assert_eq!(c.probe, crate::model::Probe::Http { path: "/healthz".into(), host: None, statuses: vec![(200, 399)] });
+        assert_eq!((c.port, c.interval_ms, c.timeout_ms, c.rise, c.fall), (8080, 1000, 1000, 2, 2));
+        for (value, want) in [
+            ("'{protocol: http, port: 8080, intervalMs: 5}'", "sluice.io/health-check.intervalMs: 5 is out of range 100..=3600000"),
+            ("'{protocol: tcp, port: 80, rise: 1, fal: 2}'", "sluice.io/health-check.fal: unknown field (did you mean \"fall\"?)"),
+            ("'[tcp, 80]'", "sluice.io/health-check: expected a mapping, found a list"),
+        ] {
+            let mut p = Problems::default();
+            from_docs(&docs(&text.replace("'{protocol: http, port: 8080, path: /healthz, intervalMs: 1000, fall: 2}'", value)), "g", &mut p);
+            let got: Vec<String> = p.0.iter().map(ToString::to_string).collect();
+            assert!(got.iter().any(|g| g.ends_with(want)), "{value}: {got:?}");
+        }
     }
 }

@@ -844,7 +844,7 @@ fn origin(n: &Node<'_>) -> Origin {
 /// Service settings shared by the inline form and manifests' annotations
 /// are parsed by their callers; this is the inline form.
 fn service(n: Node<'_>, p: &mut Problems, out: &mut Desired) {
-    n.mapping(p, &["name", "algorithm", "endpointLimit", "tableSize", "flowTable", "delivery", "endpoints"]);
+    n.mapping(p, &["name", "algorithm", "endpointLimit", "tableSize", "flowTable", "delivery", "healthCheck", "endpoints"]);
     let Some(name) = n.required(p, "name", fields::name).flatten() else { return };
     let def = ServiceDef {
         name: name.clone(),
@@ -853,6 +853,7 @@ fn service(n: Node<'_>, p: &mut Problems, out: &mut Desired) {
         table_size: n.field("tableSize", |n| fields::table_size(n, p)).flatten(),
         flow_table: n.field("flowTable", |n| n.boolean(p)).flatten(),
         delivery: n.field("delivery", |n| n.parse::<DeliveryMode>(p, "a delivery")).flatten(),
+        check: n.field("healthCheck", |n| fields::health_check(n, p)).flatten().map(std::sync::Arc::new),
         origin: origin(&n),
     };
     out.services.push(def);

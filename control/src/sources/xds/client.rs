@@ -1694,6 +1694,7 @@ mod tests {
             limit: None,
             flow_table: None,
             delivery: None,
+            check: None,
         };
         HeldCluster { l4: l4.then(|| Arc::new(c)), eds: Some(eds.into()) }
     }

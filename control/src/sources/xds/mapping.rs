@@ -98,7 +98,7 @@ use sluice_dataplane::service::Algorithm;
 
 use super::identity::{self, Key};
 use crate::config::fields::mapped_v4;
-use crate::model::{limits, valid_name, Defaults, DeliveryMode, Desired, EndpointDef, Endpoints, Origin, RouteDef, ServiceDef};
+use crate::model::{limits, valid_name, CheckDef, Defaults, DeliveryMode, Desired, EndpointDef, Endpoints, Origin, Probe, RouteDef, ServiceDef};
 
 /// The metadata key that marks an L4 service (clusters) or carries an
 /// endpoint's identifier (endpoints).
@@ -143,6 +143,8 @@ pub struct L4Cluster {
     pub flow_table: Option<bool>,
     /// `delivery`.
     pub delivery: Option<DeliveryMode>,
+    /// From `health_checks`.
+    pub check: Option<CheckDef>,
 }
 
 impl L4Cluster {
@@ -659,6 +661,10 @@ pub(crate) fn decode_cluster(c: &Cluster) -> Result<Option<L4Cluster>, Vec<Strin
         }
     };
     let endpoints = cluster_endpoints(c, &mut errors);
+    let check = match (keys.port, keys.protocol) {
+        (Some(port), Some(protocol)) => health_check(c, port, protocol, &mut errors),
+        _ => None,
+    };
     if !errors.is_empty() {
         return Err(errors);
     }
@@ -674,8 +680,115 @@ pub(crate) fn decode_cluster(c: &Cluster) -> Result<Option<L4Cluster>, Vec<Strin
             limit: keys.limit,
             flow_table: keys.flow_table,
             delivery: keys.delivery,
+            check,
         })),
         _ => Err(vec!["incomplete io.cilium.l4lb metadata".into()]),
+    }
+}
+
+/// The active check of L4 cluster `c` (`health_checks`, at most one), on
+/// the service's port: `http_health_check` (path, `host`, else the
+/// endpoint's address, `expected_statuses`, else 200 as in Envoy);
+/// `tcp_health_check` without payloads, a connection; on a UDP service,
+/// `tcp_health_check`'s `send` and `receive` are a UDP datagram and the
+/// bytes its answer must hold (Envoy has no UDP checker). `interval`,
+/// `timeout`, `healthy_threshold` (rise) and `unhealthy_threshold` (fall)
+/// as given, else Sluice's defaults; bounded as the file's.
+fn health_check(c: &Cluster, port: u16, protocol: u8, errors: &mut Vec<String>) -> Option<CheckDef> {
+    let h = match c.health_checks.as_slice() {
+        [] => return None,
+        [h] => h,
+        _ => {
+            errors.push("health_checks: Sluice runs one active check per service; this cluster has several".into());
+            return None;
+        }
+    };
+    let probe = probe_of(h, protocol, errors)?;
+    let mut check = CheckDef::new(probe, port);
+    let ms = |d: &envoy_types::pb::google::protobuf::Duration| u32::try_from(d.seconds.saturating_mul(1000).saturating_add(i64::from(d.nanos / 1_000_000))).unwrap_or(u32::MAX);
+    check.interval_ms = h.interval.as_ref().map_or(check.interval_ms, ms);
+    check.timeout_ms = h.timeout.as_ref().map_or(check.timeout_ms.min(check.interval_ms), ms);
+    check.rise = h.healthy_threshold.map_or(check.rise, |v| v.value);
+    check.fall = h.unhealthy_threshold.map_or(check.fall, |v| v.value);
+    let problems = check.problems();
+    if problems.is_empty() {
+        Some(check)
+    } else {
+        errors.extend(problems.into_iter().map(|p| format!("health_checks: {p}")));
+        None
+    }
+}
+
+/// The probe of health check `h` on a service of `protocol`.
+fn probe_of(h: &envoy_types::pb::envoy::config::core::v3::HealthCheck, protocol: u8, errors: &mut Vec<String>) -> Option<Probe> {
+    use envoy_types::pb::envoy::config::core::v3::health_check::HealthChecker;
+    let bytes = payload_bytes;
+    let probe = match &h.health_checker {
+        Some(HealthChecker::HttpHealthCheck(x)) => {
+            let mut statuses = Vec::new();
+            for r in &x.expected_statuses {
+                match (u16::try_from(r.start), u16::try_from(r.end - 1)) {
+                    (Ok(lo), Ok(hi)) if r.end > r.start => statuses.push((lo, hi)),
+                    _ => errors.push(format!("health_checks: expected status range [{}, {}) is empty or out of range", r.start, r.end)),
+                }
+            }
+            if statuses.is_empty() {
+                statuses.push((200, 200));
+            }
+            let path = if x.path.is_empty() { "/".to_owned() } else { x.path.clone() };
+            Probe::Http { path, host: (!x.host.is_empty()).then(|| x.host.clone()), statuses }
+        }
+        Some(HealthChecker::TcpHealthCheck(x)) if protocol == proto::UDP => {
+            let send = match x.send.as_ref().map(bytes).transpose() {
+                Ok(s) => s.unwrap_or_default(),
+                Err(e) => {
+                    errors.push(e);
+                    return None;
+                }
+            };
+            let mut expect = Vec::new();
+            for r in &x.receive {
+                match bytes(r) {
+                    Ok(b) => expect.extend(b),
+                    Err(e) => errors.push(e),
+                }
+            }
+            Probe::Udp { send, expect }
+        }
+        Some(HealthChecker::TcpHealthCheck(x)) if x.send.is_none() && x.receive.is_empty() => Probe::Tcp,
+        Some(HealthChecker::TcpHealthCheck(_)) => {
+            errors.push("health_checks: a TCP check with payloads is not supported (a connection is the check)".into());
+            return None;
+        }
+        Some(HealthChecker::GrpcHealthCheck(_)) => {
+            errors.push("health_checks: gRPC checks are not supported (use an HTTP or TCP check)".into());
+            return None;
+        }
+        Some(HealthChecker::CustomHealthCheck(x)) => {
+            errors.push(format!("health_checks: custom check {:?} is not supported (use an HTTP or TCP check)", x.name));
+            return None;
+        }
+        None => {
+            errors.push("health_checks: no health_checker".into());
+            return None;
+        }
+    };
+    Some(probe)
+}
+
+/// A payload's bytes (`text` is hex).
+fn payload_bytes(p: &envoy_types::pb::envoy::config::core::v3::health_check::Payload) -> Result<Vec<u8>, String> {
+    use envoy_types::pb::envoy::config::core::v3::health_check::payload;
+    match &p.payload {
+        Some(payload::Payload::Binary(b)) => Ok(b.clone()),
+        Some(payload::Payload::Text(t)) => {
+            let t = t.trim();
+            if t.len() % 2 != 0 || !t.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return Err(format!("health_checks: payload {t:?} is not hex"));
+            }
+            Ok((0..t.len()).step_by(2).filter_map(|i| u8::from_str_radix(&t[i..i + 2], 16).ok()).collect())
+        }
+        None => Ok(Vec::new()),
     }
 }
 
@@ -911,6 +1024,7 @@ pub(crate) fn map_service(c: &L4Cluster, cla: &Cla, defaults: &Defaults) -> Resu
             table_size: c.table_size,
             flow_table: c.flow_table,
             delivery: c.delivery,
+            check: c.check.clone().map(Arc::new),
             origin: o.clone(),
         },
         route: RouteDef {

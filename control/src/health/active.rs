@@ -1,0 +1,515 @@
+//! Active checks: each endpoint of a service with a check is checked every
+//! interval ([`super::probe`]); `fall` failures in a row take it out of
+//! new flows (it drains: its pinned flows stay), `rise` successes in a row
+//! bring it back. An endpoint starts up: a new check, a restart or a new
+//! endpoint drains nothing until it has failed `fall` times.
+//!
+//! - **Bounded.** One task runs every check (no thread or task per
+//!   endpoint); at most [`Active::max_in_flight`] run at once, the others
+//!   wait (counted `late` when they start more than a tenth of their
+//!   interval after they were due).
+//! - **Spread and jittered.** An endpoint's first check comes at a point of
+//!   the interval given by its service, identifier and address, so that a
+//!   service's endpoints (and thousands of services) are not checked all at
+//!   once; each next one an interval later, ±10 %. Checks due within
+//!   [`BATCH`] of each other start together.
+//! - **Followed.** The endpoints checked are those of the published
+//!   snapshot, by (service, identifier): another address, incarnation or
+//!   check starts the record afresh; an endpoint that leaves is forgotten.
+//!
+//! The verdicts (which endpoints are down) go to the health task, which
+//! lays them over passive health's and sends both to the reconciler.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sluice_admin_api::health::{CheckedEndpoint, Checks};
+use sluice_core::model::CheckDef;
+use sluice_dataplane::snapshot::Snapshot;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::reconcile::Published;
+
+/// What the active checks say, for the health task.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(crate) struct Verdicts {
+    /// Endpoints down, by service name and identifier.
+    pub(crate) down: BTreeMap<String, BTreeSet<u32>>,
+}
+
+type Key = (Arc<str>, u32);
+
+/// One checked endpoint.
+#[derive(Debug)]
+struct Target {
+    addr: IpAddr,
+    incarnation: u32,
+    check: Arc<CheckDef>,
+    /// Changes whenever the record starts afresh: a result or a due time
+    /// of another epoch is stale.
+    epoch: u64,
+    due: Instant,
+    running: bool,
+    up: bool,
+    checks: u64,
+    failures: u64,
+    ok_in_a_row: u32,
+    failed_in_a_row: u32,
+    last: Option<Duration>,
+    last_error: Option<String>,
+    /// Checks of this record so far, and its own number: its jitter.
+    round: u64,
+    seed: u64,
+}
+
+/// The checks' state, without the task around it.
+#[derive(Debug)]
+pub(crate) struct Active {
+    targets: HashMap<Key, Target>,
+    queue: BinaryHeap<Reverse<(Instant, u64, Key)>>,
+    epochs: u64,
+    /// The most checks running at once.
+    pub(crate) max_in_flight: usize,
+    in_flight: usize,
+    run: u64,
+    failed: u64,
+    late: u64,
+}
+
+/// A number from `what`, the same for the same input.
+fn hash<T: Hash>(what: T) -> u64 {
+    let mut h = DefaultHasher::new();
+    what.hash(&mut h);
+    h.finish()
+}
+
+/// A number in 0..1 from `x`, spread (SplitMix64's finalizer).
+fn unit(x: u64) -> f64 {
+    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64
+}
+
+impl Active {
+    /// No endpoint yet; at most `max_in_flight` checks at once.
+    pub(crate) fn new(max_in_flight: usize) -> Active {
+        Active { targets: HashMap::new(), queue: BinaryHeap::new(), epochs: 0, max_in_flight: max_in_flight.max(1), in_flight: 0, run: 0, failed: 0, late: 0 }
+    }
+
+    /// Follows `snap`: every endpoint of a service `checks` names is
+    /// checked; the others are forgotten.
+    pub(crate) fn follow(&mut self, snap: &Snapshot, checks: &BTreeMap<String, Arc<CheckDef>>, now: Instant) {
+        let mut seen: HashMap<Key, ()> = HashMap::with_capacity(self.targets.len());
+        for (name, check) in checks {
+            let Ok(i) = snap.services.binary_search_by(|s| s.name.as_str().cmp(name)) else { continue };
+            let service = &snap.services[i];
+            let shared: Arc<str> = Arc::from(name.as_str());
+            for e in service.endpoints() {
+                let key: Key = (Arc::clone(&shared), u32::from(e.id));
+                let addr = e.addr.to_ip();
+                seen.insert(key.clone(), ());
+                let same = self.targets.get(&key).is_some_and(|t| t.addr == addr && t.incarnation == e.incarnation && *t.check == **check);
+                if same {
+                    continue;
+                }
+                self.epochs += 1;
+                let interval = Duration::from_millis(u64::from(check.interval_ms));
+                let seed = hash((name, e.id, addr));
+                let due = now + interval.mul_f64(unit(seed));
+                self.queue.push(Reverse((due, self.epochs, key.clone())));
+                let t = Target {
+                    addr,
+                    incarnation: e.incarnation,
+                    check: Arc::clone(check),
+                    epoch: self.epochs,
+                    due,
+                    running: false,
+                    up: true,
+                    checks: 0,
+                    failures: 0,
+                    ok_in_a_row: 0,
+                    failed_in_a_row: 0,
+                    last: None,
+                    last_error: None,
+                    round: 0,
+                    seed,
+                };
+                if let Some(old) = self.targets.insert(key, t) {
+                    self.in_flight -= usize::from(old.running);
+                }
+            }
+        }
+        let before = self.targets.len();
+        let in_flight = &mut self.in_flight;
+        self.targets.retain(|k, t| {
+            let keep = seen.contains_key(k);
+            if !keep && t.running {
+                *in_flight -= 1;
+            }
+            keep
+        });
+        if self.targets.len() != before || self.queue.len() > 2 * self.targets.len() + 64 {
+            let targets = &self.targets;
+            self.queue.retain(|Reverse((_, epoch, k))| targets.get(k).is_some_and(|t| t.epoch == *epoch));
+        }
+    }
+
+    /// When the next check is due, if any.
+    pub(crate) fn next_due(&self) -> Option<Instant> {
+        self.queue.peek().map(|Reverse((t, _, _))| *t)
+    }
+
+    /// The checks due at `now` that may start (room allowing): (key,
+    /// epoch, check, address) each, marked running.
+    pub(crate) fn start_due(&mut self, now: Instant) -> Vec<(Key, u64, Arc<CheckDef>, IpAddr)> {
+        let mut out = Vec::new();
+        while self.in_flight < self.max_in_flight {
+            let Some(Reverse((due, epoch, _))) = self.queue.peek() else { break };
+            if *due > now {
+                break;
+            }
+            let (due, epoch) = (*due, *epoch);
+            let Some(Reverse((_, _, key))) = self.queue.pop() else { break };
+            let Some(t) = self.targets.get_mut(&key).filter(|t| t.epoch == epoch && !t.running) else { continue };
+            let interval = Duration::from_millis(u64::from(t.check.interval_ms));
+            if now.duration_since(due) > interval / 10 {
+                self.late += 1;
+            }
+            t.running = true;
+            t.round += 1;
+            // The next one an interval after this was due, ±10 %; never
+            // before this one ends (a result schedules it again if so).
+            t.due = now.checked_sub(interval).map_or(due, |floor| due.max(floor)) + interval.mul_f64(0.9 + 0.2 * unit(t.seed ^ t.round));
+            self.in_flight += 1;
+            out.push((key, epoch, Arc::clone(&t.check), t.addr));
+        }
+        out
+    }
+
+    /// Takes the result of a check of `key` begun in `epoch`; true when the
+    /// endpoint went down or came back.
+    pub(crate) fn result(&mut self, key: Key, epoch: u64, result: Result<Duration, String>, now: Instant) -> bool {
+        let Some(t) = self.targets.get_mut(&key).filter(|t| t.epoch == epoch && t.running) else { return false };
+        t.running = false;
+        self.in_flight -= 1;
+        self.run += 1;
+        t.checks += 1;
+        let was = t.up;
+        match result {
+            Ok(d) => {
+                t.last = Some(d);
+                t.ok_in_a_row += 1;
+                t.failed_in_a_row = 0;
+                if !t.up && t.ok_in_a_row >= t.check.rise {
+                    t.up = true;
+                    info!(service = %key.0, endpoint = key.1, address = %t.addr, rise = t.check.rise, "active check: endpoint passed `rise` checks in a row, back in new flows");
+                }
+            }
+            Err(e) => {
+                self.failed += 1;
+                t.failures += 1;
+                t.failed_in_a_row += 1;
+                t.ok_in_a_row = 0;
+                if t.up && t.failed_in_a_row >= t.check.fall {
+                    t.up = false;
+                    warn!(service = %key.0, endpoint = key.1, address = %t.addr, fall = t.check.fall, error = %e, "active check: endpoint failed `fall` checks in a row, out of new flows");
+                }
+                t.last_error = Some(e);
+            }
+        }
+        let due = t.due.max(now);
+        self.queue.push(Reverse((due, epoch, key)));
+        was != t.up
+    }
+
+    /// The endpoints down.
+    pub(crate) fn verdicts(&self) -> Verdicts {
+        let mut down: BTreeMap<String, BTreeSet<u32>> = BTreeMap::new();
+        for ((service, id), _) in self.targets.iter().filter(|(_, t)| !t.up) {
+            down.entry(service.to_string()).or_default().insert(*id);
+        }
+        Verdicts { down }
+    }
+
+    /// The status (an endpoint down is `down`: the health task, which
+    /// knows what the reconciler applied, says which are `held`).
+    pub(crate) fn status(&self) -> Checks {
+        let mut endpoints: Vec<CheckedEndpoint> = self
+            .targets
+            .iter()
+            .map(|((service, id), t)| CheckedEndpoint {
+                service: service.to_string(),
+                id: *id,
+                address: t.addr.to_string(),
+                check: format!("{}/{}", t.check.probe.name(), t.check.port),
+                state: if t.up { "up" } else { "down" }.to_owned(),
+                checks: t.checks,
+                failures: t.failures,
+                successes_in_a_row: t.ok_in_a_row,
+                failures_in_a_row: t.failed_in_a_row,
+                last_ms: t.last.map(|d| d.as_secs_f64() * 1e3),
+                last_error: t.last_error.clone(),
+            })
+            .collect();
+        endpoints.sort_by(|a, b| (&a.service, a.id).cmp(&(&b.service, b.id)));
+        Checks { run: self.run, failed: self.failed, late: self.late, in_flight: self.in_flight, max_in_flight: self.max_in_flight, endpoints }
+    }
+}
+
+/// The most checks to run at once: a quarter of the descriptors this
+/// process may open, between 64 and 4096.
+pub(crate) fn max_in_flight() -> usize {
+    let fds = rustix::process::getrlimit(rustix::process::Resource::Nofile).current.unwrap_or(u64::MAX);
+    usize::try_from(fds / 4).unwrap_or(usize::MAX).clamp(64, 4096)
+}
+
+/// Checks due within this of each other start together: at most this late
+/// (a tenth of the shortest interval), and the task wakes at most 100
+/// times a second to start checks.
+const BATCH: Duration = Duration::from_millis(10);
+
+/// How often the status is made again (and whenever an endpoint goes down
+/// or comes back).
+const STATUS_EVERY: Duration = Duration::from_millis(500);
+
+/// The active checks' task, built; [`ActiveTask::run`] runs it.
+pub(crate) struct ActiveTask {
+    pub(crate) published: watch::Receiver<Published>,
+    pub(crate) verdicts: watch::Sender<Verdicts>,
+    pub(crate) status: watch::Sender<Checks>,
+    pub(crate) max_in_flight: usize,
+}
+
+impl ActiveTask {
+    /// Checks until `cancel`.
+    pub(crate) async fn run(self, cancel: CancellationToken) {
+        let ActiveTask { mut published, verdicts, status, max_in_flight } = self;
+        let mut active = Active::new(max_in_flight);
+        let mut running: JoinSet<(Key, u64, Result<Duration, String>)> = JoinSet::new();
+        let mut query_id: u16 = 0;
+        let mut status_tick = tokio::time::interval(STATUS_EVERY);
+        status_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut follow = true;
+        let origin = Instant::now();
+        loop {
+            if follow {
+                let p = published.borrow_and_update();
+                let checks = Arc::clone(&p.summary.checks);
+                let snap = Arc::clone(&p.snapshot);
+                drop(p);
+                active.follow(&snap, &checks, Instant::now());
+                verdicts.send_if_modified(|v| {
+                    let next = active.verdicts();
+                    std::mem::replace(v, next.clone()) != next
+                });
+                follow = false;
+            }
+            for (key, epoch, check, addr) in active.start_due(Instant::now()) {
+                query_id = query_id.wrapping_add(1);
+                let id = query_id;
+                running.spawn(async move {
+                    let r = super::probe::check(&check, addr, id).await;
+                    (key, epoch, r)
+                });
+            }
+            // Woken on a grid of [`BATCH`]: the checks due meanwhile start
+            // together (a wake-up per check would cost more than the check).
+            let next = active.next_due().map(|t| {
+                let since = t.saturating_duration_since(origin);
+                let nanos = since.as_nanos().div_ceil(BATCH.as_nanos()) * BATCH.as_nanos();
+                origin + Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
+            });
+            let room = running.len() < active.max_in_flight;
+            tokio::select! {
+                () = cancel.cancelled() => return,
+                r = published.changed() => {
+                    if r.is_err() {
+                        return;
+                    }
+                    follow = true;
+                }
+                Some(done) = running.join_next(), if !running.is_empty() => {
+                    let Ok((key, epoch, result)) = done else { continue };
+                    if active.result(key, epoch, result, Instant::now()) {
+                        verdicts.send_replace(active.verdicts());
+                        // The status says so at once too.
+                        status.send_replace(active.status());
+                    }
+                }
+                () = sleep_until(next), if next.is_some() && room => {}
+                _ = status_tick.tick() => {
+                    status.send_replace(active.status());
+                }
+            }
+        }
+    }
+}
+
+/// The cost of the checks, for the benchmark: `endpoints` endpoints of one
+/// service, at `addrs` in turn, checked by `check` for `run`, in a runtime
+/// of one thread on this thread (as the appliance's control side runs
+/// them, with the status made as there). Returns the checks' counts and
+/// the CPU time this thread took.
+#[doc(hidden)]
+pub fn cost(endpoints: u16, addrs: &[IpAddr], check: CheckDef, run: Duration) -> std::io::Result<(Checks, Duration)> {
+    use sluice_dataplane::addr::Addr;
+    use sluice_dataplane::service::{Algorithm, Delivery, EndpointSpec, Service, ServiceSpec};
+    let eps = (0..endpoints)
+        .map(|id| EndpointSpec {
+            id,
+            incarnation: 1,
+            weight: 1,
+            draining: false,
+            addr: Addr::from(addrs[usize::from(id) % addrs.len().max(1)]),
+            port: 0,
+            mac: [2, 0, 0, 0, 0, 1],
+            delivery: Delivery::L2,
+            counter: u32::from(id),
+        })
+        .collect();
+    let spec = ServiceSpec { name: "bench".into(), key: 1, algorithm: Algorithm::Maglev, flow_table: true, limit: u32::from(endpoints).max(1), table_size: 0, endpoints: eps };
+    let svc = Arc::new(Service::build(&spec).map_err(|e| std::io::Error::other(format!("{e:?}")))?);
+    let snapshot = Arc::new(Snapshot::new(1, &[], vec![svc], vec![], None, None));
+    let summary = crate::reconcile::Summary { checks: Arc::new([("bench".to_owned(), Arc::new(check))].into()), ..Default::default() };
+    let (_published_tx, published) = watch::channel(Published { snapshot, summary: Arc::new(summary), ..Default::default() });
+    let (verdicts, _v) = watch::channel(Verdicts::default());
+    let (status, status_rx) = watch::channel(Checks::default());
+    let task = ActiveTask { published, verdicts, status, max_in_flight: max_in_flight() };
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let cancel = CancellationToken::new();
+    let cpu0 = thread_cpu()?;
+    rt.block_on(async {
+        let c = cancel.clone();
+        let stop = async move {
+            tokio::time::sleep(run).await;
+            c.cancel();
+        };
+        tokio::join!(task.run(cancel.clone()), stop);
+    });
+    let cpu = thread_cpu()?.saturating_sub(cpu0);
+    let out = status_rx.borrow().clone();
+    Ok((out, cpu))
+}
+
+/// CPU time this thread ran so far (`/proc/thread-self/schedstat`, ns).
+fn thread_cpu() -> std::io::Result<Duration> {
+    let s = std::fs::read_to_string("/proc/thread-self/schedstat")?;
+    let ns: u64 = s.split_whitespace().next().and_then(|v| v.parse().ok()).ok_or_else(|| std::io::Error::other("schedstat"))?;
+    Ok(Duration::from_nanos(ns))
+}
+
+async fn sleep_until(t: Option<Instant>) {
+    if let Some(t) = t {
+        tokio::time::sleep_until(t.into()).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    /// Drives every check of `a` due by `now` to `ok`, returning how many ran.
+    fn answer_all(a: &mut Active, now: Instant, ok: impl Fn(&Key) -> bool) -> usize {
+        let due = a.start_due(now);
+        let n = due.len();
+        for (key, epoch, _, _) in due {
+            let r = if ok(&key) { Ok(Duration::from_millis(1)) } else { Err("refused".to_owned()) };
+            a.result(key, epoch, r, now);
+        }
+        n
+    }
+
+    #[test]
+    fn fall_takes_out_rise_brings_back_and_checks_are_spread() {
+        let snap = crate::health::tests::snapshot_with(1, "web", 29);
+        let mut check = CheckDef::new(sluice_core::model::Probe::Tcp, 80);
+        (check.interval_ms, check.rise, check.fall) = (1000, 2, 3);
+        let checks: BTreeMap<String, Arc<CheckDef>> = [("web".to_owned(), Arc::new(check))].into();
+        let t0 = Instant::now();
+        let mut a = Active::new(1000);
+        a.follow(&snap, &checks, t0);
+        // The first checks are spread over the first interval.
+        let first_half = answer_all(&mut a, t0 + Duration::from_millis(500), |_| true);
+        assert!((6..=24).contains(&first_half), "{first_half} of 30 in the first half of the interval");
+        answer_all(&mut a, t0 + Duration::from_millis(1000), |_| true);
+        assert!(a.targets.values().all(|t| (1..=2).contains(&t.checks)), "each checked once in its first interval (twice if early in it)");
+        // Endpoint 7 fails from now on: down after its third check, and
+        // only then.
+        let dead = |k: &Key| k.1 == 7;
+        let mut at = t0 + Duration::from_millis(1000);
+        let mut rounds = 0;
+        while a.verdicts().down.is_empty() {
+            at += Duration::from_millis(100);
+            answer_all(&mut a, at, |k| !dead(k));
+            rounds += 1;
+            assert!(rounds < 100, "never down");
+        }
+        assert_eq!(a.verdicts().down, [("web".to_owned(), [7].into())].into());
+        let t = &a.targets[&(Arc::from("web"), 7)];
+        assert_eq!((t.failed_in_a_row, t.checks), (3, 4));
+        // Between 2 and 3.3 intervals after its last success (each ±10 %).
+        let s = a.status();
+        assert_eq!(s.endpoints[7].state, "down");
+        assert_eq!(s.endpoints[7].last_error.as_deref(), Some("refused"));
+        // Back after two successes.
+        for _ in 0..40 {
+            at += Duration::from_millis(100);
+            answer_all(&mut a, at, |_| true);
+        }
+        assert!(a.verdicts().down.is_empty());
+        let t = &a.targets[&(Arc::from("web"), 7)];
+        assert!(t.up && t.ok_in_a_row >= 2);
+    }
+
+    #[test]
+    fn at_most_max_in_flight_and_the_rest_waits() {
+        let snap = crate::health::tests::snapshot_with(1, "web", 29);
+        let checks: BTreeMap<String, Arc<CheckDef>> = [("web".to_owned(), Arc::new(CheckDef::new(sluice_core::model::Probe::Tcp, 80)))].into();
+        let t0 = Instant::now();
+        let mut a = Active::new(5);
+        a.follow(&snap, &checks, t0);
+        let late = t0 + Duration::from_secs(3);
+        let started = a.start_due(late);
+        assert_eq!(started.len(), 5);
+        assert!(a.start_due(late).is_empty(), "no room");
+        assert_eq!(a.late, 5);
+        for (key, epoch, _, _) in started {
+            a.result(key, epoch, Ok(Duration::ZERO), late);
+        }
+        assert_eq!(a.start_due(late).len(), 5);
+    }
+
+    #[test]
+    fn another_address_or_check_starts_afresh_and_a_leaving_endpoint_is_forgotten() {
+        let snap = crate::health::tests::snapshot_with(1, "web", 2);
+        let mut check = CheckDef::new(sluice_core::model::Probe::Tcp, 80);
+        check.fall = 1;
+        let checks: BTreeMap<String, Arc<CheckDef>> = [("web".to_owned(), Arc::new(check.clone()))].into();
+        let t0 = Instant::now();
+        let mut a = Active::new(100);
+        a.follow(&snap, &checks, t0);
+        let at = t0 + Duration::from_secs(3);
+        answer_all(&mut a, at, |_| false);
+        assert_eq!(a.verdicts().down["web"].len(), 3);
+        // The same check again: nothing changes.
+        a.follow(&snap, &[("web".to_owned(), Arc::new(check.clone()))].into(), at);
+        assert_eq!(a.verdicts().down["web"].len(), 3);
+        // Another port: every endpoint starts up again.
+        check.port = 81;
+        a.follow(&snap, &[("web".to_owned(), Arc::new(check))].into(), at);
+        assert!(a.verdicts().down.is_empty());
+        // No check: nothing is followed.
+        a.follow(&snap, &BTreeMap::new(), at);
+        assert!(a.targets.is_empty() && a.queue.is_empty());
+    }
+}

@@ -1,0 +1,293 @@
+//! One active check of one endpoint: a kernel socket from the appliance's
+//! own address (the kernel routes the endpoint's address through the
+//! exception interface of the port that reaches it), so a check crosses
+//! the same wire and the same worker as the endpoint's traffic.
+//!
+//! TCP connections are closed with an RST (`SO_LINGER` 0): thousands of
+//! checks a second leave no `TIME_WAIT` behind, on either side.
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::{Duration, Instant};
+
+use hyper_util::rt::TokioIo;
+use sluice_core::model::{CheckDef, Probe};
+use tokio::net::{TcpSocket, TcpStream, UdpSocket};
+
+/// Checks `addr` as `check` says, within its timeout: the time it took,
+/// or why it failed.
+pub(crate) async fn check(check: &CheckDef, addr: IpAddr, query_id: u16) -> Result<Duration, String> {
+    let t0 = Instant::now();
+    let to = SocketAddr::new(addr, check.port);
+    let run = async {
+        match &check.probe {
+            Probe::Tcp => connect(to).await.map(drop),
+            // Boxed: the HTTP client's state would make every check's
+            // future (a TCP one too) as large as its own.
+            Probe::Http { path, host, statuses } => Box::pin(http(to, path, host.as_deref(), statuses)).await,
+            Probe::Udp { send, expect } => {
+                let got = exchange(to, send).await?;
+                if expect.is_empty() || got.windows(expect.len()).any(|w| w == expect.as_slice()) {
+                    Ok(())
+                } else {
+                    Err(format!("the answer ({} bytes) does not contain what is expected", got.len()))
+                }
+            }
+            Probe::Dns { name } => {
+                let q = dns_query(query_id, name);
+                let got = exchange(to, &q).await?;
+                dns_answer_ok(&got, query_id)
+            }
+        }
+    };
+    match tokio::time::timeout(Duration::from_millis(u64::from(check.timeout_ms)), run).await {
+        Ok(Ok(())) => Ok(t0.elapsed()),
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err(format!("no answer within {} ms", check.timeout_ms)),
+    }
+}
+
+/// A TCP connection to `to`, closed with an RST when dropped.
+async fn connect(to: SocketAddr) -> Result<TcpStream, String> {
+    let s = if to.is_ipv4() { TcpSocket::new_v4() } else { TcpSocket::new_v6() }.map_err(|e| format!("socket: {e}"))?;
+    rustix::net::sockopt::set_socket_linger(&s, Some(Duration::ZERO)).map_err(|e| format!("SO_LINGER: {e}"))?;
+    s.connect(to).await.map_err(|e| match e.kind() {
+        std::io::ErrorKind::ConnectionRefused => "connection refused (RST)".to_owned(),
+        _ => format!("connect: {e}"),
+    })
+}
+
+/// `GET path` on a new connection to `to`; the status must be in one of
+/// `statuses`. The body is not read.
+async fn http(to: SocketAddr, path: &str, host: Option<&str>, statuses: &[(u16, u16)]) -> Result<(), String> {
+    let stream = connect(to).await?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake::<_, String>(TokioIo::new(stream)).await.map_err(|e| format!("HTTP: {e}"))?;
+    let host = host.map_or_else(|| to.ip().to_string(), ToOwned::to_owned);
+    let req = hyper::Request::get(path)
+        .header(hyper::header::HOST, host)
+        .header(hyper::header::USER_AGENT, "sluice-health-check")
+        .header(hyper::header::CONNECTION, "close")
+        .body(String::new())
+        .map_err(|e| format!("HTTP request: {e}"))?;
+    // The connection is driven while the answer is awaited; the answer's
+    // head is all that is read.
+    let conn = async {
+        let _ = conn.await;
+        std::future::pending::<()>().await;
+    };
+    let res = tokio::select! {
+        r = sender.send_request(req) => r.map_err(|e| format!("HTTP: {e}"))?,
+        () = conn => unreachable!("pending"),
+    };
+    let code = res.status().as_u16();
+    if statuses.iter().any(|&(lo, hi)| (lo..=hi).contains(&code)) {
+        Ok(())
+    } else {
+        Err(format!("HTTP status {code}"))
+    }
+}
+
+/// Sends `datagram` to `to` and returns the first answer (an ICMP port
+/// unreachable is an error).
+async fn exchange(to: SocketAddr, datagram: &[u8]) -> Result<Vec<u8>, String> {
+    let any: SocketAddr = if to.is_ipv4() { ([0, 0, 0, 0], 0).into() } else { (std::net::Ipv6Addr::UNSPECIFIED, 0).into() };
+    let s = UdpSocket::bind(any).await.map_err(|e| format!("socket: {e}"))?;
+    s.connect(to).await.map_err(|e| format!("connect: {e}"))?;
+    s.send(datagram).await.map_err(|e| format!("send: {e}"))?;
+    let mut buf = vec![0u8; 4096];
+    let n = s.recv(&mut buf).await.map_err(|e| match e.kind() {
+        std::io::ErrorKind::ConnectionRefused => "port unreachable (ICMP)".to_owned(),
+        _ => format!("receive: {e}"),
+    })?;
+    buf.truncate(n);
+    Ok(buf)
+}
+
+/// A DNS query for `name`, type A, class IN, recursion not asked.
+pub(crate) fn dns_query(id: u16, name: &str) -> Vec<u8> {
+    let mut q = Vec::with_capacity(18 + name.len());
+    q.extend_from_slice(&id.to_be_bytes());
+    q.extend_from_slice(&[0, 0, 0, 1, 0, 0, 0, 0, 0, 0]); // flags 0, QDCOUNT 1
+    for label in name.trim_end_matches('.').split('.').filter(|l| !l.is_empty()) {
+        q.push(u8::try_from(label.len()).unwrap_or(63).min(63));
+        q.extend_from_slice(&label.as_bytes()[..label.len().min(63)]);
+    }
+    q.push(0);
+    q.extend_from_slice(&[0, 1, 0, 1]);
+    q
+}
+
+/// Whether `m` is a well-formed DNS response to query `id`, whatever its
+/// code (NXDOMAIN and REFUSED are answers too): the header, then every
+/// question and record it counts, each within the message.
+pub(crate) fn dns_answer_ok(m: &[u8], id: u16) -> Result<(), String> {
+    let bad = |why: &str| Err(format!("not a well-formed DNS answer: {why}"));
+    if m.len() < 12 {
+        return bad("shorter than a header");
+    }
+    if u16::from_be_bytes([m[0], m[1]]) != id {
+        return bad("another query's identifier");
+    }
+    if m[2] & 0x80 == 0 {
+        return bad("a query, not a response");
+    }
+    let count = |i: usize| usize::from(u16::from_be_bytes([m[i], m[i + 1]]));
+    let (qd, records) = (count(4), count(6) + count(8) + count(10));
+    let mut at = 12;
+    for i in 0..qd + records {
+        let Some(next) = skip_name(m, at) else { return bad("a name runs past the message") };
+        at = next;
+        let fixed = if i < qd { 4 } else { 10 };
+        if at + fixed > m.len() {
+            return bad("a record runs past the message");
+        }
+        if i >= qd {
+            at += 10 + usize::from(u16::from_be_bytes([m[at + 8], m[at + 9]]));
+            if at > m.len() {
+                return bad("a record's data runs past the message");
+            }
+        } else {
+            at += 4;
+        }
+    }
+    Ok(())
+}
+
+/// The offset after the (possibly compressed) name at `at`.
+fn skip_name(m: &[u8], mut at: usize) -> Option<usize> {
+    loop {
+        let len = *m.get(at)?;
+        match len {
+            0 => return Some(at + 1),
+            l if l & 0xc0 == 0xc0 => return (at + 2 <= m.len()).then_some(at + 2),
+            l if l & 0xc0 != 0 => return None,
+            l => at += 1 + usize::from(l),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    fn def(probe: Probe, port: u16) -> CheckDef {
+        let mut c = CheckDef::new(probe, port);
+        c.timeout_ms = 300;
+        c
+    }
+
+    /// A port nothing listens on.
+    fn closed_port() -> u16 {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    }
+
+    #[tokio::test]
+    async fn tcp_succeeds_on_a_listener_and_fails_on_a_closed_port() {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = l.local_addr().unwrap().port();
+        let lo = IpAddr::from([127, 0, 0, 1]);
+        assert!(check(&def(Probe::Tcp, port), lo, 1).await.is_ok());
+        let e = check(&def(Probe::Tcp, closed_port()), lo, 1).await.unwrap_err();
+        assert!(e.contains("refused"), "{e}");
+    }
+
+    /// Serves one HTTP request per connection with `status`, returning the
+    /// request heads seen.
+    async fn http_server(status: u16) -> (u16, tokio::sync::mpsc::UnboundedReceiver<String>) {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = l.local_addr().unwrap().port();
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            loop {
+                let Ok((mut c, _)) = l.accept().await else { return };
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 2048];
+                    let mut got = 0;
+                    while !buf[..got].windows(4).any(|w| w == b"\r\n\r\n") {
+                        match c.read(&mut buf[got..]).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => got += n,
+                        }
+                    }
+                    let _ = tx.send(String::from_utf8_lossy(&buf[..got]).into_owned());
+                    let _ = c.write_all(format!("HTTP/1.1 {status} X\r\nContent-Length: 2\r\n\r\nok").as_bytes()).await;
+                });
+            }
+        });
+        (port, rx)
+    }
+
+    #[tokio::test]
+    async fn http_takes_the_statuses_asked_for() {
+        let lo = IpAddr::from([127, 0, 0, 1]);
+        let (port, mut heads) = http_server(204).await;
+        let probe = |statuses: Vec<(u16, u16)>| Probe::Http { path: "/healthz".into(), host: Some("web.example".into()), statuses };
+        assert!(check(&def(probe(vec![(200, 299)]), port), lo, 1).await.is_ok());
+        let head = heads.recv().await.unwrap();
+        assert!(head.starts_with("GET /healthz HTTP/1.1\r\n"), "{head}");
+        assert!(head.to_ascii_lowercase().contains("host: web.example\r\n"), "{head}");
+        let e = check(&def(probe(vec![(200, 200)]), port), lo, 1).await.unwrap_err();
+        assert_eq!(e, "HTTP status 204");
+        // Something that does not speak HTTP fails.
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = l.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            while let Ok((mut c, _)) = l.accept().await {
+                let _ = c.write_all(b"be1\n").await;
+            }
+        });
+        assert!(check(&def(probe(vec![(200, 399)]), port), lo, 1).await.is_err());
+    }
+
+    #[tokio::test]
+    async fn udp_and_dns_want_an_answer_and_the_right_one() {
+        let lo = IpAddr::from([127, 0, 0, 1]);
+        let server = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let port = server.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            let mut buf = [0u8; 512];
+            while let Ok((n, from)) = server.recv_from(&mut buf).await {
+                let mut answer = buf[..n].to_vec();
+                if answer.starts_with(b"ping") {
+                    answer = b"pong".to_vec();
+                } else if n >= 12 {
+                    answer[2] |= 0x80; // the query back, as a response (NXDOMAIN)
+                    answer[3] |= 3;
+                } else {
+                    continue; // no answer
+                }
+                let _ = server.send_to(&answer, from).await;
+            }
+        });
+        let udp = |send: &[u8], expect: &[u8]| def(Probe::Udp { send: send.to_vec(), expect: expect.to_vec() }, port);
+        assert!(check(&udp(b"ping", b"pong"), lo, 1).await.is_ok());
+        assert!(check(&udp(b"ping", b""), lo, 1).await.is_ok());
+        assert!(check(&udp(b"ping", b"pang"), lo, 1).await.unwrap_err().contains("does not contain"));
+        assert!(check(&udp(b"hi", b""), lo, 1).await.unwrap_err().contains("no answer within 300 ms"));
+        assert!(check(&def(Probe::Dns { name: "example.org".into() }, port), lo, 7).await.is_ok());
+        let closed = closed_port();
+        assert!(check(&def(Probe::Dns { name: ".".into() }, closed), lo, 7).await.unwrap_err().contains("unreachable"));
+    }
+
+    #[test]
+    fn dns_answers_are_walked_to_their_end() {
+        let q = dns_query(0x1234, "example.org.");
+        assert_eq!(&q[12..], b"\x07example\x03org\x00\x00\x01\x00\x01");
+        assert!(dns_answer_ok(&q, 0x1234).unwrap_err().contains("a query"));
+        let mut a = q.clone();
+        a[2] |= 0x80;
+        assert!(dns_answer_ok(&a, 0x1234).is_ok());
+        assert!(dns_answer_ok(&a, 0x1235).unwrap_err().contains("identifier"));
+        // One answer record: a pointer to the question's name, A, IN, TTL, 4 bytes.
+        a[7] = 1;
+        a.extend_from_slice(&[0xc0, 12, 0, 1, 0, 1, 0, 0, 0, 60, 0, 4, 93, 184, 216, 34]);
+        assert!(dns_answer_ok(&a, 0x1234).is_ok());
+        assert!(dns_answer_ok(&a[..a.len() - 1], 0x1234).unwrap_err().contains("runs past"));
+        assert!(dns_answer_ok(&a[..11], 0x1234).unwrap_err().contains("shorter"));
+    }
+}
