@@ -99,7 +99,12 @@ fn a_backend_whose_listener_stops_is_drained_by_passive_health() {
     let stopped_at = Instant::now();
     let stopped_epoch = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
     backends[1].stop("KILL", Duration::from_secs(5));
-    let ejected = wait_until(Duration::from_secs(20), || endpoint_health(&topo.status(), "web", 1).is_some_and(|e| e["state"] == "ejected"));
+    // Ejected by passive health, and published so by the reconciler.
+    let ejected = wait_until(Duration::from_secs(20), || {
+        let st = topo.status();
+        let published = st["endpoints"].as_array().is_some_and(|e| e.iter().any(|e| e["service"] == "web" && e["id"] == 1 && e["state"] == "draining"));
+        published && endpoint_health(&st, "web", 1).is_some_and(|e| e["state"] == "ejected")
+    });
     let took = stopped_at.elapsed();
     let st = topo.status();
     assert!(ejected, "be2 was not taken out: {}", st["health"]);

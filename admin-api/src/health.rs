@@ -7,12 +7,17 @@
 
 use serde::{Deserialize, Serialize};
 
+fn on() -> bool {
+    true
+}
+
 /// Passive health and active checks.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Health {
     /// Passive health is on (`health.passive`); the fields below up to
-    /// [`Health::endpoints`] are its.
-    #[serde(default)]
+    /// [`Health::endpoints`] are its. (Absent from an appliance older than
+    /// active checks, whose health was passive only.)
+    #[serde(default = "on")]
     pub passive: bool,
     /// Failed handshakes in a row (with no success between) that take an
     /// endpoint out of new flows.

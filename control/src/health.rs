@@ -197,9 +197,9 @@ impl Passive {
         out
     }
 
-    /// The status: every endpoint seen, `applied` being what the reconciler
+    /// The status: every endpoint seen, `held` being what the reconciler
     /// took out.
-    pub(crate) fn status(&self, snap: &Snapshot, applied: &BTreeMap<String, BTreeSet<u32>>, now: Instant) -> Health {
+    pub(crate) fn status(&self, snap: &Snapshot, held: &BTreeMap<String, BTreeSet<u32>>, now: Instant) -> Health {
         let mut endpoints: Vec<EndpointHealth> = self
             .records
             .iter()
@@ -208,8 +208,8 @@ impl Passive {
                 let e = s.endpoint(id)?;
                 let state = match r.out_until {
                     None => "healthy",
-                    Some(_) if applied.get(&s.name).is_some_and(|a| a.contains(&u32::from(id))) => "ejected",
-                    Some(_) => "held",
+                    Some(_) if held.get(&s.name).is_some_and(|a| a.contains(&u32::from(id))) => "held",
+                    Some(_) => "ejected",
                 };
                 let (median, p90) = quantiles(&r.recent);
                 Some(EndpointHealth {
@@ -329,8 +329,10 @@ impl HealthTask {
                 }
                 sent = wanted;
             }
-            let applied = reconciled.borrow().health.ejected.clone();
-            let mut next = passive.status(&snap, &applied, now);
+            // Kept in by the limit (an endpoint its source drains already,
+            // or one not applied yet, is not).
+            let held = reconciled.borrow().health.held.clone();
+            let mut next = passive.status(&snap, &held, now);
             next.passive = on;
             // The checks' status is made by their task every half second:
             // copied when it changed, else moved from the last status.
@@ -346,7 +348,7 @@ impl HealthTask {
                 for (service, ids) in &active.borrow().down {
                     for &id in ids {
                         if let Ok(i) = eps.binary_search_by(|e| (e.service.as_str(), e.id).cmp(&(service.as_str(), id))) {
-                            let kept = !applied.get(service).is_some_and(|a| a.contains(&id));
+                            let kept = held.get(service).is_some_and(|a| a.contains(&id));
                             eps[i].state = if kept { "held" } else { "down" }.to_owned();
                         }
                     }

@@ -320,8 +320,10 @@ impl CheckDef {
         }
         match &self.probe {
             Probe::Http { path, host, statuses } => {
-                if !path.starts_with('/') || path.len() > CHECK_TEXT_MAX || !path.bytes().all(|c| c.is_ascii_graphic()) {
-                    out.push(format!("health check path {path:?} must start with / and be printable ASCII without spaces, at most {CHECK_TEXT_MAX} bytes"));
+                // RFC 3986's path and query characters (and %-escapes).
+                let uri_char = |c: u8| c.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=:@/?%".contains(&c);
+                if !path.starts_with('/') || path.len() > CHECK_TEXT_MAX || !path.bytes().all(uri_char) {
+                    out.push(format!("health check path {path:?} must start with / and hold only a URI's path and query characters, at most {CHECK_TEXT_MAX} bytes"));
                 }
                 if host.as_ref().is_some_and(|h| h.is_empty() || h.len() > CHECK_TEXT_MAX || !h.bytes().all(|c| c.is_ascii_graphic())) {
                     out.push(format!("health check host {host:?} must be printable ASCII without spaces, 1 to {CHECK_TEXT_MAX} bytes"));

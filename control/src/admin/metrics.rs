@@ -290,6 +290,9 @@ fn xds_metrics(e: &mut DescriptorEncoder<'_>, sh: &Shared) -> fmt::Result {
 /// Passive health: each endpoint's handshakes and state.
 fn health_metrics(e: &mut DescriptorEncoder<'_>, sh: &Shared) -> fmt::Result {
     let Some(h) = sh.health() else { return Ok(()) };
+    if !h.passive {
+        return check_metrics(e, &h.checks);
+    }
     family(e, "sluice_health_handshakes_swept", "TCP handshakes passive health took from the workers' table.", Kind::Counter, one(f(h.outcomes)))?;
     family(
         e,

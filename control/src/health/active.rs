@@ -57,6 +57,10 @@ struct Target {
     epoch: u64,
     due: Instant,
     running: bool,
+    /// The running check's task, aborted when the record is replaced or
+    /// forgotten (so that checks left behind hold no socket beyond the
+    /// limit).
+    task: Option<tokio::task::AbortHandle>,
     up: bool,
     checks: u64,
     failures: u64,
@@ -132,6 +136,7 @@ impl Active {
                     epoch: self.epochs,
                     due,
                     running: false,
+                    task: None,
                     up: true,
                     checks: 0,
                     failures: 0,
@@ -144,6 +149,9 @@ impl Active {
                 };
                 if let Some(old) = self.targets.insert(key, t) {
                     self.in_flight -= usize::from(old.running);
+                    if let Some(task) = old.task {
+                        task.abort();
+                    }
                 }
             }
         }
@@ -153,6 +161,9 @@ impl Active {
             let keep = seen.contains_key(k);
             if !keep && t.running {
                 *in_flight -= 1;
+                if let Some(task) = t.task.take() {
+                    task.abort();
+                }
             }
             keep
         });
@@ -199,6 +210,7 @@ impl Active {
     pub(crate) fn result(&mut self, key: Key, epoch: u64, result: Result<Duration, String>, now: Instant) -> bool {
         let Some(t) = self.targets.get_mut(&key).filter(|t| t.epoch == epoch && t.running) else { return false };
         t.running = false;
+        t.task = None;
         self.in_flight -= 1;
         self.run += 1;
         t.checks += 1;
@@ -228,6 +240,14 @@ impl Active {
         let due = t.due.max(now);
         self.queue.push(Reverse((due, epoch, key)));
         was != t.up
+    }
+
+    /// Records the task running the check of `key` begun in `epoch`.
+    pub(crate) fn started(&mut self, key: &Key, epoch: u64, task: tokio::task::AbortHandle) {
+        match self.targets.get_mut(key).filter(|t| t.epoch == epoch && t.running) {
+            Some(t) => t.task = Some(task),
+            None => task.abort(),
+        }
     }
 
     /// The endpoints down.
@@ -293,7 +313,10 @@ impl ActiveTask {
     pub(crate) async fn run(self, cancel: CancellationToken) {
         let ActiveTask { mut published, verdicts, status, max_in_flight } = self;
         let mut active = Active::new(max_in_flight);
-        let mut running: JoinSet<(Key, u64, Result<Duration, String>)> = JoinSet::new();
+        let mut running: JoinSet<Result<Duration, String>> = JoinSet::new();
+        // Which check each task runs: a task that panics or is aborted
+        // says nothing of itself.
+        let mut tasks: HashMap<tokio::task::Id, (Key, u64)> = HashMap::new();
         let mut query_id: u16 = 0;
         let mut status_tick = tokio::time::interval(STATUS_EVERY);
         status_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -315,10 +338,9 @@ impl ActiveTask {
             for (key, epoch, check, addr) in active.start_due(Instant::now()) {
                 query_id = query_id.wrapping_add(1);
                 let id = query_id;
-                running.spawn(async move {
-                    let r = super::probe::check(&check, addr, id).await;
-                    (key, epoch, r)
-                });
+                let task = running.spawn(async move { super::probe::check(&check, addr, id).await });
+                tasks.insert(task.id(), (key.clone(), epoch));
+                active.started(&key, epoch, task);
             }
             // Woken on a grid of [`BATCH`]: the checks due meanwhile start
             // together (a wake-up per check would cost more than the check).
@@ -336,8 +358,14 @@ impl ActiveTask {
                     }
                     follow = true;
                 }
-                Some(done) = running.join_next(), if !running.is_empty() => {
-                    let Ok((key, epoch, result)) = done else { continue };
+                Some(done) = running.join_next_with_id(), if !running.is_empty() => {
+                    // A panic is a failed check; an aborted check's record
+                    // is gone or new (its epoch refuses the result).
+                    let (id, result) = match done {
+                        Ok((id, r)) => (id, r),
+                        Err(e) => (e.id(), Err(format!("the check's task ended: {e}"))),
+                    };
+                    let Some((key, epoch)) = tasks.remove(&id) else { continue };
                     if active.result(key, epoch, result, Instant::now()) {
                         verdicts.send_replace(active.verdicts());
                         // The status says so at once too.
@@ -362,13 +390,16 @@ impl ActiveTask {
 pub fn cost(endpoints: u16, addrs: &[IpAddr], check: CheckDef, run: Duration) -> std::io::Result<(Checks, Duration)> {
     use sluice_dataplane::addr::Addr;
     use sluice_dataplane::service::{Algorithm, Delivery, EndpointSpec, Service, ServiceSpec};
+    if addrs.is_empty() {
+        return Err(std::io::Error::other("no address to check"));
+    }
     let eps = (0..endpoints)
         .map(|id| EndpointSpec {
             id,
             incarnation: 1,
             weight: 1,
             draining: false,
-            addr: Addr::from(addrs[usize::from(id) % addrs.len().max(1)]),
+            addr: Addr::from(addrs[usize::from(id) % addrs.len()]),
             port: 0,
             mac: [2, 0, 0, 0, 0, 1],
             delivery: Delivery::L2,
@@ -504,10 +535,18 @@ mod tests {
         // The same check again: nothing changes.
         a.follow(&snap, &[("web".to_owned(), Arc::new(check.clone()))].into(), at);
         assert_eq!(a.verdicts().down["web"].len(), 3);
-        // Another port: every endpoint starts up again.
+        // Another port: every endpoint starts up again; a check still
+        // running on the old record no longer counts against the limit.
+        let running = a.start_due(at + Duration::from_secs(3));
+        assert_eq!((running.len(), a.in_flight), (3, 3));
         check.port = 81;
         a.follow(&snap, &[("web".to_owned(), Arc::new(check))].into(), at);
         assert!(a.verdicts().down.is_empty());
+        assert_eq!(a.in_flight, 0);
+        for (key, epoch, _, _) in running {
+            assert!(!a.result(key, epoch, Err("late".into()), at), "a result of the old record is refused");
+        }
+        assert_eq!((a.in_flight, a.run), (0, 3));
         // No check: nothing is followed.
         a.follow(&snap, &BTreeMap::new(), at);
         assert!(a.targets.is_empty() && a.queue.is_empty());

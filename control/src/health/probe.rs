@@ -61,7 +61,16 @@ async fn connect(to: SocketAddr) -> Result<TcpStream, String> {
 async fn http(to: SocketAddr, path: &str, host: Option<&str>, statuses: &[(u16, u16)]) -> Result<(), String> {
     let stream = connect(to).await?;
     let (mut sender, conn) = hyper::client::conn::http1::handshake::<_, String>(TokioIo::new(stream)).await.map_err(|e| format!("HTTP: {e}"))?;
-    let host = host.map_or_else(|| to.ip().to_string(), ToOwned::to_owned);
+    // Default: the endpoint's address, as a URI writes it (RFC 7230 5.4).
+    let host = host.map_or_else(
+        || match (to.ip(), to.port()) {
+            (IpAddr::V4(a), 80) => a.to_string(),
+            (IpAddr::V6(a), 80) => format!("[{a}]"),
+            (IpAddr::V4(a), p) => format!("{a}:{p}"),
+            (IpAddr::V6(a), p) => format!("[{a}]:{p}"),
+        },
+        ToOwned::to_owned,
+    );
     let req = hyper::Request::get(path)
         .header(hyper::header::HOST, host)
         .header(hyper::header::USER_AGENT, "sluice-health-check")
@@ -231,6 +240,11 @@ mod tests {
         let head = heads.recv().await.unwrap();
         assert!(head.starts_with("GET /healthz HTTP/1.1\r\n"), "{head}");
         assert!(head.to_ascii_lowercase().contains("host: web.example\r\n"), "{head}");
+        // Without a host, the endpoint's address and port.
+        let no_host = Probe::Http { path: "/".into(), host: None, statuses: vec![(200, 299)] };
+        assert!(check(&def(no_host, port), lo, 1).await.is_ok());
+        let head = heads.recv().await.unwrap();
+        assert!(head.to_ascii_lowercase().contains(&format!("host: 127.0.0.1:{port}\r\n")), "{head}");
         let e = check(&def(probe(vec![(200, 200)]), port), lo, 1).await.unwrap_err();
         assert_eq!(e, "HTTP status 204");
         // Something that does not speak HTTP fails.

@@ -425,6 +425,7 @@ mod tests {
             ("{protocol: tcp, port: 80, fall: 0}", "out of range 1..=100"),
             ("{protocol: udp, port: 53}", "missing field \"send\""),
             ("{protocol: http, port: 80, path: healthz}", "must start with /"),
+            ("{protocol: http, port: 80, path: '/a<b>'}", "a URI's path and query characters"),
             ("{protocol: http, port: 80, expectStatus: 700}", "not a range of HTTP statuses"),
             ("{protocol: dns, port: 53, query: 'a..b'}", "is not a DNS name"),
             ("{protocol: tcp, port: 80, every: 2}", "every"),

@@ -692,8 +692,10 @@ pub(crate) fn decode_cluster(c: &Cluster) -> Result<Option<L4Cluster>, Vec<Strin
 /// `tcp_health_check` without payloads, a connection; on a UDP service,
 /// `tcp_health_check`'s `send` and `receive` are a UDP datagram and the
 /// bytes its answer must hold (Envoy has no UDP checker). `interval`,
-/// `timeout`, `healthy_threshold` (rise) and `unhealthy_threshold` (fall)
-/// as given, else Sluice's defaults; bounded as the file's.
+/// `timeout` (at most the interval), `healthy_threshold` (rise) and
+/// `unhealthy_threshold` (fall) as given, else Sluice's defaults; bounded
+/// as the file's. Several `receive` payloads are one block of bytes, in
+/// that order; Envoy's jitter and other intervals are not read.
 fn health_check(c: &Cluster, port: u16, protocol: u8, errors: &mut Vec<String>) -> Option<CheckDef> {
     let h = match c.health_checks.as_slice() {
         [] => return None,
@@ -707,7 +709,8 @@ fn health_check(c: &Cluster, port: u16, protocol: u8, errors: &mut Vec<String>) 
     let mut check = CheckDef::new(probe, port);
     let ms = |d: &envoy_types::pb::google::protobuf::Duration| u32::try_from(d.seconds.saturating_mul(1000).saturating_add(i64::from(d.nanos / 1_000_000))).unwrap_or(u32::MAX);
     check.interval_ms = h.interval.as_ref().map_or(check.interval_ms, ms);
-    check.timeout_ms = h.timeout.as_ref().map_or(check.timeout_ms.min(check.interval_ms), ms);
+    // A timeout longer than the interval (Envoy allows it) is cut to it.
+    check.timeout_ms = h.timeout.as_ref().map_or(check.timeout_ms, ms).min(check.interval_ms);
     check.rise = h.healthy_threshold.map_or(check.rise, |v| v.value);
     check.fall = h.unhealthy_threshold.map_or(check.fall, |v| v.value);
     let problems = check.problems();
@@ -724,11 +727,15 @@ fn probe_of(h: &envoy_types::pb::envoy::config::core::v3::HealthCheck, protocol:
     use envoy_types::pb::envoy::config::core::v3::health_check::HealthChecker;
     let bytes = payload_bytes;
     let probe = match &h.health_checker {
+        Some(HealthChecker::HttpHealthCheck(_)) if protocol == proto::UDP => {
+            errors.push("health_checks: an HTTP check of a UDP service (use a TCP check with payloads: a UDP datagram and its answer)".into());
+            return None;
+        }
         Some(HealthChecker::HttpHealthCheck(x)) => {
             let mut statuses = Vec::new();
             for r in &x.expected_statuses {
-                match (u16::try_from(r.start), u16::try_from(r.end - 1)) {
-                    (Ok(lo), Ok(hi)) if r.end > r.start => statuses.push((lo, hi)),
+                match (u16::try_from(r.start), r.end.checked_sub(1).map(u16::try_from)) {
+                    (Ok(lo), Some(Ok(hi))) if r.end > r.start => statuses.push((lo, hi)),
                     _ => errors.push(format!("health_checks: expected status range [{}, {}) is empty or out of range", r.start, r.end)),
                 }
             }

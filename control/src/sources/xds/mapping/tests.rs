@@ -520,3 +520,38 @@ fn updating_the_changed_clusters_gives_what_building_everything_gives() {
     }
     assert!(accepted > 200 && changes > 200 && conflicts > 20, "the walk covers every outcome: {accepted} accepted, {refused} refused, {changes} changes, {conflicts} with conflicts");
 }
+
+#[test]
+fn health_checks_map_to_the_services_check_as_envoy_means_them() {
+    use envoy_types::pb::envoy::config::core::v3::health_check::{payload, HealthChecker, HttpHealthCheck, Payload, TcpHealthCheck};
+    use envoy_types::pb::envoy::config::core::v3::HealthCheck;
+    use envoy_types::pb::envoy::r#type::v3::Int64Range;
+    use envoy_types::pb::google::protobuf::Duration as PbDuration;
+    let with = |mut c: Cluster, checker: HealthChecker| {
+        c.health_checks = vec![HealthCheck {
+            interval: Some(PbDuration { seconds: 1, nanos: 0 }),
+            timeout: Some(PbDuration { seconds: 5, nanos: 0 }),
+            health_checker: Some(checker),
+            ..HealthCheck::default()
+        }];
+        c
+    };
+    // Envoy's half-open status ranges; a timeout past the interval is cut.
+    let http = HttpHealthCheck { path: "/ready".into(), expected_statuses: vec![Int64Range { start: 200, end: 204 }], ..HttpHealthCheck::default() };
+    let c = l4(&with(cluster("web", "20.0.0.1", 80.0, "TCP"), HealthChecker::HttpHealthCheck(http.clone()))).check.unwrap();
+    assert_eq!(c.probe, Probe::Http { path: "/ready".into(), host: None, statuses: vec![(200, 203)] });
+    assert_eq!((c.port, c.interval_ms, c.timeout_ms, c.rise, c.fall), (80, 1000, 1000, 2, 3));
+    // A range that ends at i64::MIN is refused, not an overflow.
+    let bad = HttpHealthCheck { expected_statuses: vec![Int64Range { start: 200, end: i64::MIN }], ..http.clone() };
+    assert!(errs(&with(cluster("web", "20.0.0.1", 80.0, "TCP"), HealthChecker::HttpHealthCheck(bad))).contains("is empty or out of range"));
+    // On a UDP service: a TCP check's payloads are a datagram and its answer (text is hex).
+    let hex = |t: &str| Some(Payload { payload: Some(payload::Payload::Text(t.into())) });
+    let udp = TcpHealthCheck { send: hex("70696e67"), receive: vec![hex("706f6e67").unwrap()], ..TcpHealthCheck::default() };
+    let c = l4(&with(cluster("dns", "20.0.0.1", 53.0, "UDP"), HealthChecker::TcpHealthCheck(udp.clone()))).check.unwrap();
+    assert_eq!(c.probe, Probe::Udp { send: b"ping".to_vec(), expect: b"pong".to_vec() });
+    // Refused: payloads on TCP, HTTP on UDP, text that is not hex.
+    assert!(errs(&with(cluster("web", "20.0.0.1", 80.0, "TCP"), HealthChecker::TcpHealthCheck(udp.clone()))).contains("with payloads is not supported"));
+    assert!(errs(&with(cluster("dns", "20.0.0.1", 53.0, "UDP"), HealthChecker::HttpHealthCheck(http))).contains("an HTTP check of a UDP service"));
+    let not_hex = TcpHealthCheck { send: hex("ping"), ..udp };
+    assert!(errs(&with(cluster("dns", "20.0.0.1", 53.0, "UDP"), HealthChecker::TcpHealthCheck(not_hex))).contains("is not hex"));
+}
