@@ -62,7 +62,7 @@ fn main() {
 /// CPU time of `n` TCP connections to `addrs` in turn, one at a time.
 fn floor(addrs: &[IpAddr], port: u16, n: usize) -> Duration {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    let t0 = thread_cpu();
+    let t0 = sluice::thread_cpu().unwrap();
     rt.block_on(async {
         for i in 0..n {
             let s = tokio::net::TcpSocket::new_v4().unwrap();
@@ -72,11 +72,5 @@ fn floor(addrs: &[IpAddr], port: u16, n: usize) -> Duration {
             drop(c);
         }
     });
-    thread_cpu() - t0
-}
-
-/// This thread's CPU time so far.
-fn thread_cpu() -> Duration {
-    let s = std::fs::read_to_string("/proc/thread-self/schedstat").unwrap();
-    Duration::from_nanos(s.split_whitespace().next().unwrap().parse().unwrap())
+    sluice::thread_cpu().unwrap() - t0
 }

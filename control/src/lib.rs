@@ -20,7 +20,7 @@ pub mod cli;
 pub mod compile;
 mod health;
 #[doc(hidden)]
-pub use health::active::cost as active_checks_cost;
+pub use health::active::{cost as active_checks_cost, thread_cpu};
 pub mod reconcile;
 pub mod routing;
 pub mod sources;

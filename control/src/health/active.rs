@@ -431,7 +431,8 @@ pub fn cost(endpoints: u16, addrs: &[IpAddr], check: CheckDef, run: Duration) ->
 }
 
 /// CPU time this thread ran so far (`/proc/thread-self/schedstat`, ns).
-fn thread_cpu() -> std::io::Result<Duration> {
+#[doc(hidden)]
+pub fn thread_cpu() -> std::io::Result<Duration> {
     let s = std::fs::read_to_string("/proc/thread-self/schedstat")?;
     let ns: u64 = s.split_whitespace().next().and_then(|v| v.parse().ok()).ok_or_else(|| std::io::Error::other("schedstat"))?;
     Ok(Duration::from_nanos(ns))
