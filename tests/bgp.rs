@@ -1015,3 +1015,210 @@ fn without_siblings_an_added_endpoint_then_a_stop_breaks_the_flows_that_move() {
     assert!(tcp.1 > 0 && tcp.0 > 0, "TCP: {} survived, {} broke", tcp.0, tcp.1);
     eprintln!("UDP without siblings: {} survived, {} broke", udp.0, udp.1);
 }
+
+/// Three sibling appliances behind ECMP with `siblings.gate: true`, their
+/// sync link a bridge of its own (10.99.0.0/24): the rig, and each
+/// appliance's configuration with endpoint 2's weight and, optionally, an
+/// active check of the service.
+struct Siblings3 {
+    rig: Rig,
+    _link: Netns,
+    prefix: String,
+}
+
+/// The service's active check in [`Siblings3::config`]: HTTP on the
+/// backends' port 8080, every 300 ms, out after 2 failures, back after 2.
+const CHECK: &str = "    healthCheck: {protocol: http, port: 8080, path: /healthz, intervalMs: 300, timeoutMs: 200, rise: 2, fall: 2}\n";
+
+impl Siblings3 {
+    fn new(tag: &str, check: bool) -> Siblings3 {
+        let rig = Rig::new(tag, 3, false, true, Eps::Same);
+        let prefix = format!("bgp{}{tag}", std::process::id());
+        std::fs::write(rig.dir.join("sync.key"), "a shared key of more than 32 bytes, for the test\n").unwrap();
+        let link = Netns::new(&format!("{tag}sy"));
+        link.run(&["ip", "link", "add", "syb", "type", "bridge"]);
+        link.run(&["ip", "link", "set", "syb", "up"]);
+        for k in 0..3 {
+            veth(&link, &format!("s{k}"), &rig.lbs[k].ns, "sy");
+            link.run(&["ip", "link", "set", &format!("s{k}"), "master", "syb"]);
+            rig.lbs[k].ns.run(&["ip", "addr", "add", &format!("10.99.0.{}/24", 1 + k), "dev", "sy"]);
+        }
+        let mut me = Siblings3 { rig, _link: link, prefix };
+        for k in 0..3 {
+            me.rig.rewrite(k, &me.config(k, 1, check));
+        }
+        for k in 0..3 {
+            me.rig.start(k);
+        }
+        if !wait_until(Duration::from_secs(120), || (0..3).all(|k| me.rig.peered(k)) && me.routed(&[0, 1, 2]) && me.all_agree()) {
+            let st: Vec<String> = (0..3).map(|k| me.agreement(k).to_string()).collect();
+            me.rig.fail(&format!("the gateway has no ECMP route over the three appliances, or they do not agree: {st:?}"));
+        }
+        eprintln!("gateway FIB: {}", me.rig.gw_route(VIP4).replace('\n', " "));
+        me
+    }
+
+    fn config(&self, k: usize, weight: u32, check: bool) -> String {
+        let dir = &self.rig.dir;
+        let mut text = appliance_config(&self.prefix, k, false, dir, Eps::Same, false)
+            .replace("{id: 2, address: 10.200.0.13}", &format!("{{id: 2, address: 10.200.0.13, weight: {weight}}}"));
+        if check {
+            text = text.replace("    endpoints: [{id: 0, address: 10.200.0.11}", &format!("{CHECK}    endpoints: [{{id: 0, address: 10.200.0.11}}"));
+        }
+        let peers: Vec<String> = (0..3).filter(|j| *j != k).map(|j| format!("\"10.99.0.{}:7946\"", 1 + j)).collect();
+        text + &format!(
+            "siblings: {{listen: \"10.99.0.{}:7946\", peers: [{}], keyFile: {}, startupWaitMs: 5000, gate: true}}\n",
+            1 + k,
+            peers.join(", "),
+            dir.join("sync.key").display()
+        )
+    }
+
+    fn agreement(&self, k: usize) -> Value {
+        self.rig.status(k)["sync"]["agreement"].clone()
+    }
+
+    /// Exactly the appliances `ks` in the gateway's route.
+    fn routed(&self, ks: &[usize]) -> bool {
+        let r = self.rig.gw_route(VIP4);
+        (0..3).all(|k| r.contains(&format!("nexthop via {}", front4(k))) == ks.contains(&k))
+    }
+
+    fn all_agree(&self) -> bool {
+        (0..3).all(|k| {
+            let a = self.agreement(k);
+            a["siblings_compared"] == 2 && a["mismatched"] == 0
+        })
+    }
+
+    /// Appliance `k`'s table of web4: its digest and endpoint addresses.
+    fn table(&self, k: usize) -> (String, Vec<String>) {
+        let bin = sluice_bin();
+        let out = self.rig.lbs[k].ns.output(&[bin.to_str().unwrap(), "tables", "--json"]);
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+        let t = v.as_array().and_then(|a| a.iter().find(|t| t["service"] == "web4")).cloned().unwrap_or(Value::Null);
+        let eps = t["endpoints"].as_array().map(|e| e.iter().map(|x| x[1].as_str().unwrap_or_default().to_owned()).collect()).unwrap_or_default();
+        (t["digest"].as_str().unwrap_or_default().to_owned(), eps)
+    }
+}
+
+/// Appliance 2 is given another weight for one endpoint. The mismatch
+/// shows in all three (reported: the time from appliance 2's new
+/// generation), appliance 2 alone is in the minority, and the gateway
+/// (BIRD, a real BGP speaker) drops its path and keeps the two others'.
+/// Given the same weight again, it agrees and is routed to again.
+#[test]
+#[cfg_attr(sluice_unprivileged, ignore = "needs root: network namespaces and DPDK")]
+fn three_siblings_one_with_another_weight_is_seen_by_all_and_only_its_path_is_dropped() {
+    privileged();
+    let mut f = Siblings3::new("ba", false);
+    // Appliance 2: endpoint 2 weighs 3.
+    let generation = |rig: &Rig, k: usize| rig.status(k)["generation"].as_u64().unwrap_or(0);
+    let before = generation(&f.rig, 2);
+    let written = Instant::now();
+    f.rig.rewrite(2, &f.config(2, 3, false));
+    assert!(wait_until(Duration::from_secs(10), || generation(&f.rig, 2) > before), "appliance 2 took its new configuration");
+    let applied = Instant::now();
+    let mut seen = [None; 3];
+    let all_seen = wait_until(Duration::from_secs(10), || {
+        for (k, s) in seen.iter_mut().enumerate() {
+            if s.is_none() && f.agreement(k)["mismatched"] == 1 {
+                *s = Some(applied.elapsed());
+            }
+        }
+        seen.iter().all(Option::is_some)
+    });
+    if !all_seen {
+        let st: Vec<String> = (0..3).map(|k| f.agreement(k).to_string()).collect();
+        f.rig.fail(&format!("the mismatch does not show in all three: {seen:?} {st:?}"));
+    }
+    let last = seen.iter().flatten().max().copied().unwrap();
+    eprintln!(
+        "mismatch shown by appliances 0, 1, 2 at {:?} after appliance 2's new generation was seen ({:?} after the file was written; each status read takes a process start)",
+        seen,
+        applied.duration_since(written)
+    );
+    // The status is read by starting `sluice status` in each namespace in
+    // turn: a margin of three reads over the second claimed.
+    assert!(last < Duration::from_secs(3), "shown by all within the margin: {last:?}");
+    for k in 0..3 {
+        let a = f.agreement(k);
+        let m = &a["services_mismatched"][0];
+        assert_eq!(m["service"], "web4", "{a}");
+        assert_eq!(m["minority"], k == 2, "appliance {k}: {a}");
+    }
+
+    // Gating: the gateway drops appliance 2's path and keeps the others'.
+    if !wait_until(Duration::from_secs(15), || f.routed(&[0, 1])) {
+        f.rig.fail(&format!("the gateway still routes to appliance 2: {} / {}", f.rig.gw_route(VIP4), f.rig.status(2)["bird"]["vips"]));
+    }
+    eprintln!("appliance 2's path dropped {:?} after its new generation; gateway FIB: {}", applied.elapsed(), f.rig.gw_route(VIP4).replace('\n', " "));
+    let vips = f.rig.status(2)["bird"]["vips"].clone();
+    assert!(vips[0]["reason"].as_str().unwrap_or_default().contains("siblings.gate"), "{vips}");
+    for k in 0..2 {
+        let v = f.rig.status(k)["bird"]["vips"].clone();
+        assert_eq!(v[0]["announced"], true, "appliance {k} keeps announcing: {v}");
+    }
+
+    // The same weight again: it agrees and is routed to again.
+    let back = Instant::now();
+    f.rig.rewrite(2, &f.config(2, 1, false));
+    if !wait_until(Duration::from_secs(30), || f.routed(&[0, 1, 2]) && f.all_agree()) {
+        f.rig.fail("appliance 2 did not come back after agreeing again");
+    }
+    eprintln!("appliance 2 routed to again {:?} after its file was restored", back.elapsed());
+}
+
+/// Only appliance 0's active checks fail for backend 3 (backend 3 drops
+/// its checks, nft): appliance 0's verdict is shared, the two others take
+/// backend 3 out as well, the three tables stay alike (no mismatch, no
+/// path dropped), and backend 3 comes back on all three once appliance 0's
+/// checks pass again.
+#[test]
+#[cfg_attr(sluice_unprivileged, ignore = "needs root: network namespaces and DPDK")]
+fn one_siblings_health_verdict_is_applied_by_all_and_the_tables_stay_alike() {
+    privileged();
+    let mut f = Siblings3::new("bh", true);
+    let (digest, eps) = f.table(0);
+    assert_eq!(eps.len(), 3, "{eps:?}");
+    let be3 = &f.rig._backends[2];
+    for cmd in [
+        "add table inet hc",
+        "add chain inet hc in { type filter hook input priority 0 ; }",
+        "add rule inet hc in ip saddr 10.200.0.1 tcp dport 8080 drop",
+    ] {
+        let out = be3.output(&["nft", cmd]);
+        assert!(out.status.success(), "nft {cmd}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let cut = Instant::now();
+    let out_on_all = || (0..3).all(|k| !f.table(k).1.iter().any(|a| a == "10.200.0.13"));
+    let mut disagreed = 0;
+    let gone = wait_until(Duration::from_secs(15), || {
+        disagreed += (0..3).filter(|&k| f.agreement(k)["withdrawn"] != 0).count();
+        out_on_all()
+    });
+    if !gone {
+        let st: Vec<String> = (0..3).map(|k| format!("{} {:?}", f.rig.status(k)["sync"], f.table(k))).collect();
+        f.rig.fail(&format!("backend 3 is not out on all three: {st:?}"));
+    }
+    eprintln!("backend 3 out of the three tables {:?} after appliance 0's checks were cut", cut.elapsed());
+    let tables: Vec<(String, Vec<String>)> = (0..3).map(|k| f.table(k)).collect();
+    assert!(tables.iter().all(|t| t.0 == tables[0].0 && t.0 != digest), "the same new table on all three: {tables:?}");
+    for k in 1..3 {
+        let y = f.rig.status(k)["sync"].clone();
+        assert_eq!(y["health_from_siblings"], serde_json::json!(["web4/2"]), "appliance {k} took appliance 0's verdict: {y}");
+    }
+    assert!(f.all_agree(), "no mismatch");
+    assert_eq!(disagreed, 0, "nothing withdrawn meanwhile");
+    assert!(f.routed(&[0, 1, 2]), "every path kept: {}", f.rig.gw_route(VIP4));
+
+    // Appliance 0's checks pass again: backend 3 back on all three.
+    let out = be3.output(&["nft", "delete", "table", "inet", "hc"]);
+    assert!(out.status.success());
+    let healed = Instant::now();
+    if !wait_until(Duration::from_secs(15), || (0..3).all(|k| f.table(k) == (digest.clone(), eps.clone()))) {
+        f.rig.fail("backend 3 did not come back on all three");
+    }
+    eprintln!("backend 3 back in the three tables {:?} after appliance 0's checks passed again", healed.elapsed());
+    assert!(f.all_agree() && f.routed(&[0, 1, 2]));
+}

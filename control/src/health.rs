@@ -280,6 +280,19 @@ pub(crate) struct HealthTask {
     pub(crate) reconciled: watch::Receiver<ReconcilerStatus>,
     pub(crate) to_reconciler: mpsc::Sender<SourceMsg>,
     pub(crate) status: watch::Sender<Option<Health>>,
+    /// With siblings: where this appliance's verdicts go, and the
+    /// siblings' verdicts, laid over its own.
+    pub(crate) fleet: Option<Fleet>,
+}
+
+/// The health verdicts shared with the siblings (the sync task's side:
+/// [`crate::sync::verdicts`]).
+#[derive(Debug)]
+pub(crate) struct Fleet {
+    /// The endpoints this appliance's own health wants out.
+    pub(crate) own: watch::Sender<crate::sync::verdicts::Ejected>,
+    /// The endpoints the siblings' health wants out (those this appliance has).
+    pub(crate) siblings: watch::Receiver<crate::sync::verdicts::Ejected>,
 }
 
 impl HealthTask {
@@ -288,7 +301,7 @@ impl HealthTask {
     /// sends the endpoints wanted out to the reconciler when they change,
     /// and reports.
     pub(crate) async fn run(self, cancel: CancellationToken) {
-        let HealthTask { passive: input, active, mut checks, published, reconciled, to_reconciler, status } = self;
+        let HealthTask { passive: input, active, mut checks, published, reconciled, to_reconciler, status, fleet } = self;
         let on = input.is_some();
         let (table, drops, rule) = match input {
             Some(i) => (Some(i.table), Some(i.drops), i.rule),
@@ -321,6 +334,15 @@ impl HealthTask {
             let mut wanted = passive.wanted(&snap, now);
             for (service, ids) in &active.borrow().down {
                 wanted.entry(service.clone()).or_default().extend(ids);
+            }
+            // This appliance's verdicts go to the siblings; theirs are
+            // applied here as well (the limit then gives every appliance
+            // the same table).
+            if let Some(f) = &fleet {
+                f.own.send_if_modified(|old| if *old == wanted { false } else { old.clone_from(&wanted); true });
+                for (service, ids) in f.siblings.borrow().iter() {
+                    wanted.entry(service.clone()).or_default().extend(ids);
+                }
             }
             if wanted != sent {
                 let msg = SourceMsg::Health { ejected: wanted.clone(), trigger: "health".to_owned() };

@@ -392,11 +392,17 @@ fn sync_metrics(e: &mut DescriptorEncoder<'_>, sh: &Shared) -> fmt::Result {
         family(e, "sluice_sync_stale", "Exported pins whose endpoint changed before they were sent, not sent.", Kind::Counter, one(f(y.stale)))?;
         family(e, "sluice_sync_overflows", "Sibling connections closed because their queue overflowed.", Kind::Counter, one(f(y.overflows)))?;
         family(e, "sluice_sync_settled", "1 once start-up took every reachable sibling's pins or siblings.startupWaitMs passed.", Kind::Gauge, one(f(u64::from(y.settled))))?;
+        let a = &y.agreement;
+        family(e, "sluice_sync_services_mismatched", "Services whose table digest differs on a sibling compared (another digest, or the sibling lacks the service).", Kind::Gauge, one(f(a.mismatched)))?;
+        family(e, "sluice_sync_services_minority", "Services whose table digest is in the minority among the reachable siblings, this appliance included.", Kind::Gauge, one(f(a.minority)))?;
+        family(e, "sluice_sync_services_withdrawn", "Services whose VIPs are withdrawn because their table differs from the siblings' majority (siblings.gate).", Kind::Gauge, one(f(a.withdrawn)))?;
+        family(e, "sluice_sync_siblings_compared", "Siblings whose table digests are compared with this appliance's.", Kind::Gauge, one(f(a.siblings_compared)))?;
         let peer = |p: &crate::sync::PeerStatus| -> Labels { vec![("peer", s(p.address.clone()))] };
         family(e, "sluice_sync_peer_connected", "1 while this appliance takes a sibling's pins.", Kind::Gauge, y.peers.iter().map(|p| (peer(p), f(u64::from(p.connected)))))?;
         family(e, "sluice_sync_peer_in_sync", "1 once a sibling sent its full set on the current connection.", Kind::Gauge, y.peers.iter().map(|p| (peer(p), f(u64::from(p.in_sync)))))?;
         family(e, "sluice_sync_peer_subscribed", "1 while a sibling takes this appliance's pins.", Kind::Gauge, y.peers.iter().map(|p| (peer(p), f(u64::from(p.subscribed)))))?;
         family(e, "sluice_sync_peer_lag", "Pin records queued for a sibling and not yet sent.", Kind::Gauge, y.peers.iter().map(|p| (peer(p), f(p.lag))))?;
+        family(e, "sluice_sync_peer_services_mismatched", "Services whose table digest differs on a sibling.", Kind::Gauge, y.peers.iter().filter(|p| p.digests.is_some()).map(|p| (peer(p), f(p.mismatched))))?;
         family(
             e,
             "sluice_sync_peer_last_heard_seconds",

@@ -9,8 +9,6 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex, Weak};
 
 use serde::Serialize;
-use sha2::{Digest, Sha256};
-use sluice_dataplane::addr::Addr;
 use sluice_dataplane::classify::Lookup;
 use sluice_dataplane::counters::WorkerCounters;
 use sluice_dataplane::craft;
@@ -21,6 +19,8 @@ use sluice_dataplane::pipeline::{Pipeline, PipelineConfig};
 use sluice_dataplane::service::{Algorithm, Delivery, Service};
 use sluice_dataplane::snapshot::Snapshot;
 use sluice_dataplane::verdict::Verdict;
+
+use crate::sync::agree::{self, slots};
 
 /// One service's table, summed up.
 #[derive(Debug, Serialize, PartialEq, Eq)]
@@ -51,24 +51,15 @@ pub(super) struct TableDump {
     pub(crate) runs: Vec<(String, u32)>,
 }
 
-/// The endpoint address of every slot, in order.
-fn slots(s: &Service) -> impl Iterator<Item = Option<Addr>> + '_ {
-    s.table.iter().flat_map(move |t| (0..t.size() as usize).map(move |i| s.endpoint_at(t.entries().get(i)).map(|e| e.addr)))
-}
-
 /// The summary, its digest taken slot by slot.
 fn summary(s: &Service) -> TableSummary {
-    summary_of(s, digest(slots(s)))
+    summary_of(s, digest(s))
 }
 
-/// SHA-256 of the endpoint address of every slot, in hex.
-fn digest(slots: impl Iterator<Item = Option<Addr>>) -> String {
-    let mut h = Sha256::new();
-    for a in slots {
-        // An empty slot (cannot happen in a built table) hashes as ::.
-        h.update(a.unwrap_or_default().v6_bytes());
-    }
-    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+/// SHA-256 of the endpoint address of every slot, in hex (the digest the
+/// siblings compare).
+fn digest(s: &Service) -> String {
+    agree::hex(&agree::table_digest(s))
 }
 
 /// The digests of the tables summed up lately. A built service never
@@ -90,7 +81,7 @@ impl Digests {
         if let Some((_, d)) = crate::ground::lock(&self.0).iter().find(|(w, _)| std::ptr::eq(w.as_ptr(), Arc::as_ptr(s))) {
             return d.clone();
         }
-        let d = digest(slots(s));
+        let d = digest(s);
         let mut kept = crate::ground::lock(&self.0);
         kept.retain(|(w, _)| w.strong_count() > 0);
         if kept.len() >= DIGESTS_KEPT {
@@ -455,6 +446,8 @@ mod tests {
         assert_eq!(d.runs.iter().map(|r| r.1).sum::<u32>(), d.summary.size);
         assert!(dump(&snap(&[(0, "10.0.0.1")]), "nope").is_none());
     }
+
+    use sha2::{Digest as _, Sha256};
 
     /// A writer that keeps nothing: counts the bytes and hashes them.
     #[derive(Default)]

@@ -103,12 +103,14 @@ pub(super) async fn run(p: Parts, stop: CancellationToken) -> Result<()> {
     let forwarding = spawn_admin(&mut tasks, &shared, listener, limits, loss, stall_exit);
     let exception_ifaces: Vec<String> = ifaces.iter().filter(|i| !i.is_empty()).cloned().collect();
     let (neighbours, neigh_rx) = spawn_next_hops(&mut tasks, ifaces, &reconciler)?;
-    if let Some((s, pods)) = sync {
+    let gated = sync.as_ref().map(|(s, ..)| s.gated());
+    let fleet = sync.map(|(s, pods, fleet)| {
         spawn_sync(&mut tasks, s, pods);
-    }
-    let bird = spawn_bird(&mut tasks, &shared, settings.clone(), &reconciler, forwarding, learned);
+        fleet
+    });
+    let bird = spawn_bird(&mut tasks, &shared, settings.clone(), &reconciler, (forwarding, gated), learned);
     let gate = reconciler.stop_gate();
-    let hup = spawn_sources(&mut tasks, &shared, settings.clone(), (config_path, initial), (reconciler, health), neigh_rx);
+    let hup = spawn_sources(&mut tasks, &shared, settings.clone(), (config_path, initial), (reconciler, health, fleet), neigh_rx);
     info!("running; SIGHUP or editing the configuration reloads it, SIGINT or SIGTERM stops");
 
     let (why, faults) = wait_for_stop(&mut tasks, &mut signals, &stop, &hup, &shared).await;
@@ -206,9 +208,13 @@ impl Signals {
 /// siblings' listen address (its port is theirs), and where it publishes.
 type PodsFollower = (crate::config::kubernetes::KubeConfig, SocketAddr, watch::Sender<Option<Vec<SocketAddr>>>);
 
+/// The workers' handshake table and the rule, for passive health (when on).
+type PassiveParts = Option<(Arc<sluice_dataplane::handshake::Handshakes>, crate::health::Rule)>;
+
 /// The sibling sync task, listening, with the follower of the Gateway's
-/// pods when they are siblings.
-type SyncBound = (SyncTask, Option<PodsFollower>);
+/// pods when they are siblings, and the health task's side of the
+/// verdicts it shares.
+type SyncBound = (SyncTask, Option<PodsFollower>, crate::health::Fleet);
 
 async fn bind_sync(parts: SyncParts, reconciler: &Reconciler, shared: &Shared) -> Result<SyncBound> {
     let SyncParts { cfg, rings, publisher, epoch, pods } = parts;
@@ -217,6 +223,9 @@ async fn bind_sync(parts: SyncParts, reconciler: &Reconciler, shared: &Shared) -
         .await
         .with_context(|| format!("cannot listen on {listen} for the siblings (siblings.listen)"))?;
     let _ = shared.sync.set(s.status());
+    let (own, own_rx) = watch::channel(crate::sync::verdicts::Ejected::new());
+    let (siblings_tx, siblings) = watch::channel(crate::sync::verdicts::Ejected::new());
+    s = s.share_health(own_rx, siblings_tx);
     let pods = match pods {
         Some(kube) => {
             let (tx, rx) = watch::channel(None);
@@ -225,7 +234,7 @@ async fn bind_sync(parts: SyncParts, reconciler: &Reconciler, shared: &Shared) -
         }
         None => None,
     };
-    Ok((s, pods))
+    Ok((s, pods, crate::health::Fleet { own, siblings }))
 }
 
 /// The admin endpoint, the health sampler (which also watches for stalled
@@ -331,10 +340,13 @@ fn spawn_bird(
     shared: &Shared,
     settings: watch::Receiver<Settings>,
     reconciler: &Reconciler,
-    forwarding: Forwarding,
+    (forwarding, gated): (Forwarding, Option<watch::Receiver<crate::sync::Gated>>),
     learned: watch::Sender<Vec<crate::config::GatewayConfig>>,
 ) -> DriverHandle {
     let (mut driver, handle) = Driver::new(settings, reconciler.publications(), forwarding);
+    if let Some(g) = gated {
+        driver.gate_with(g);
+    }
     let _ = shared.bird.set(driver.status());
     driver.learn_gateways_to(learned);
     tasks.spawn(Group::Rest, "BIRD driver", move |c| async move { driver.run(c).await });
@@ -349,7 +361,7 @@ fn spawn_sources(
     shared: &Arc<Shared>,
     settings: watch::Receiver<Settings>,
     (config_path, initial): (PathBuf, FileState),
-    (reconciler, health): (Reconciler, Option<(Arc<sluice_dataplane::handshake::Handshakes>, crate::health::Rule)>),
+    (reconciler, health, fleet): (Reconciler, PassiveParts, Option<crate::health::Fleet>),
     neigh_rx: watch::Receiver<NeighMap>,
 ) -> mpsc::Sender<()> {
     let (src_tx, src_rx) = mpsc::channel(16);
@@ -375,6 +387,7 @@ fn spawn_sources(
         reconciled: reconciler.status(),
         to_reconciler: src_tx.clone(),
         status,
+        fleet,
     };
     tasks.spawn(Group::Work, "health", move |c| task.run(c));
     let (hup_tx, hup_rx) = mpsc::channel(1);

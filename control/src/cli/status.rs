@@ -352,17 +352,36 @@ fn sync(o: &mut String, y: &api::sync::Sync) {
     if !y.not_heard.is_empty() {
         let _ = writeln!(o, "  announced without the pins of: {}", y.not_heard.join(", "));
     }
+    let a = &y.agreement;
+    if a.mismatched > 0 {
+        let gate = if a.gate { format!(", {} withdrawn (siblings.gate)", a.withdrawn) } else { String::new() };
+        let _ = writeln!(
+            o,
+            "  TABLES DIFFER: {} of {} services differ on a sibling ({} in the minority here{gate})",
+            a.mismatched, a.services, a.minority
+        );
+        for m in &a.services_mismatched {
+            let _ = writeln!(o, "    {}{}", m.why, if m.withdrawn { "; its VIPs are WITHDRAWN" } else { "" });
+        }
+    } else if a.siblings_compared > 0 {
+        let _ = writeln!(o, "  tables: all {} services agree with {} sibling(s)", a.services, a.siblings_compared);
+    }
     let yes = |b: bool| if b { "yes" } else { "NO" }.to_owned();
     let rows: Vec<Vec<String>> = y
         .peers
         .iter()
         .map(|p| {
             let heard = p.last_heard_seconds.map_or_else(|| "never".to_owned(), |s| format!("{s:.1}s ago"));
-            vec![p.address.clone(), yes(p.connected), yes(p.in_sync), heard, yes(p.subscribed), p.lag.to_string()]
+            let tables = match p.digests {
+                None => "-".to_owned(),
+                Some(_) if p.mismatched == 0 => "agree".to_owned(),
+                Some(_) => format!("{} DIFFER", p.mismatched),
+            };
+            vec![p.address.clone(), yes(p.connected), yes(p.in_sync), heard, yes(p.subscribed), p.lag.to_string(), tables]
         })
         .collect();
     if !rows.is_empty() {
-        table(o, &["SIBLING", "CONNECTED", "IN SYNC", "LAST HEARD", "SUBSCRIBED", "LAG"], &rows);
+        table(o, &["SIBLING", "CONNECTED", "IN SYNC", "LAST HEARD", "SUBSCRIBED", "LAG", "TABLES"], &rows);
     }
 }
 
@@ -511,9 +530,28 @@ mod tests {
             settled: true,
             not_heard: vec!["10.99.0.3:7946".into()],
             peers: vec![
-                api::sync::Peer { address: "10.99.0.2:7946".into(), connected: true, in_sync: true, last_heard_seconds: Some(0.4), subscribed: true, lag: 3 },
+                api::sync::Peer {
+                    address: "10.99.0.2:7946".into(),
+                    connected: true,
+                    in_sync: true,
+                    last_heard_seconds: Some(0.4),
+                    subscribed: true,
+                    lag: 3,
+                    digests: Some(2),
+                    mismatched: 1,
+                    health: Some(0),
+                },
                 api::sync::Peer { address: "10.99.0.3:7946".into(), ..Default::default() },
             ],
+            agreement: api::sync::Agreement {
+                services: 2,
+                siblings_compared: 1,
+                mismatched: 1,
+                minority: 1,
+                gate: true,
+                withdrawn: 1,
+                services_mismatched: vec![api::sync::Mismatch { service: "web".into(), why: "service web's table (0123) differs".into(), withdrawn: true, ..Default::default() }],
+            },
             ..Default::default()
         };
         let mut o = String::new();
@@ -521,8 +559,10 @@ mod tests {
         assert!(o.starts_with("siblings: settled | pins held 12, synced 0 |"), "{o}");
         assert!(o.contains("  announced without the pins of: 10.99.0.3:7946\n"), "{o}");
         let row = |addr: &str| o.lines().find(|l| l.trim_start().starts_with(addr)).unwrap_or_default().split_whitespace().collect::<Vec<_>>();
-        assert_eq!(row("10.99.0.2:7946"), ["10.99.0.2:7946", "yes", "yes", "0.4s", "ago", "yes", "3"]);
-        assert_eq!(row("10.99.0.3:7946"), ["10.99.0.3:7946", "NO", "NO", "never", "NO", "0"]);
+        assert_eq!(row("10.99.0.2:7946"), ["10.99.0.2:7946", "yes", "yes", "0.4s", "ago", "yes", "3", "1", "DIFFER"]);
+        assert_eq!(row("10.99.0.3:7946"), ["10.99.0.3:7946", "NO", "NO", "never", "NO", "0", "-"]);
+        assert!(o.contains("  TABLES DIFFER: 1 of 2 services differ on a sibling (1 in the minority here, 1 withdrawn (siblings.gate))\n"), "{o}");
+        assert!(o.contains("    service web's table (0123) differs; its VIPs are WITHDRAWN\n"), "{o}");
     }
 
     #[test]

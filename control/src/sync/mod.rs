@@ -36,15 +36,25 @@
 //!   connection is closed (it connects again and takes the full set).
 //!   Nothing here waits for a worker nor makes one wait: the rings and the
 //!   RCU publication are the only things they share.
+//! - **Agreement:** each listener also sends its dialers the digest of
+//!   every service's table, and each appliance compares its siblings'
+//!   with its own ([`agree`]): the services that differ are in the status
+//!   and, with `siblings.gate`, a service in the minority has its VIPs
+//!   withdrawn ([`SyncTask::gated`]) until it agrees. The endpoints each
+//!   appliance's health wants out travel the same way and are applied by
+//!   all ([`verdicts`], [`SyncTask::share_health`]), so that a drain does
+//!   not make the tables differ.
 //! - **Status:** on its own channel ([`SyncStatus`]); `settled` turns true
 //!   once the discovery (if any) listed its peers and every reachable peer
 //!   sent its "in sync" marker, or `startupWaitMs` passed.
 
+pub(crate) mod agree;
+pub(crate) mod verdicts;
 mod wire;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -65,6 +75,8 @@ use tracing::{info, warn};
 use crate::config::siblings::SiblingsConfig;
 use crate::ground::lock;
 use crate::reconcile::Published;
+use agree::{Digests, Mismatch, Own};
+use verdicts::{Ejected, Names};
 use wire::{Kind, WireError, MAX_RECORDS_PER_FRAME};
 
 /// How often the rings are drained.
@@ -125,6 +137,8 @@ struct Counters {
     unknown: AtomicU64,
     stale: AtomicU64,
     overflows: AtomicU64,
+    /// Siblings' verdicts on endpoints this appliance does not have (now).
+    health_unknown: AtomicU64,
 }
 
 fn add(c: &AtomicU64, n: u64) {
@@ -179,6 +193,8 @@ enum Item {
 #[derive(Debug)]
 struct Outbox {
     name: String,
+    /// The protocol version it speaks: digests go only to version 2.
+    version: u8,
     queue: Mutex<VecDeque<Item>>,
     notify: Notify,
     /// Set when the queue overflowed: the connection closes.
@@ -191,7 +207,23 @@ struct Hub {
     /// Pins exported here, by flow (wire numbering), until their lifetime ends.
     held: HashMap<MapKey, (PinRecord, Instant)>,
     outboxes: Vec<Arc<Outbox>>,
+    /// The sets sent whole to siblings of version 2 ([`SETS`]): this
+    /// appliance's table digests and its health verdicts.
+    sets: [OutSet; 2],
 }
+
+/// A set sent whole, encoded, and how many times it changed (a connection
+/// sends it again when this moves).
+#[derive(Debug, Default)]
+struct OutSet {
+    records: Arc<Vec<[u8; RECORD_LEN]>>,
+    version: u64,
+}
+
+/// The sets' frame kinds (part, end), in [`Hub::sets`]' order.
+const SETS: [(Kind, Kind); 2] = [(Kind::Digests, Kind::DigestsEnd), (Kind::Health, Kind::HealthEnd)];
+const DIGESTS: usize = 0;
+const HEALTH: usize = 1;
 
 /// The pins received, as they came (in the wire's numbering), by flow,
 /// each with its deadline on the workers' clock. They are translated to
@@ -215,11 +247,31 @@ pub(crate) type Discovered = watch::Receiver<Option<Vec<SocketAddr>>>;
 pub(crate) const NOT_LISTED: &str = "the discovered siblings (never listed)";
 
 /// One peer's state.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Peer {
     connected: AtomicBool,
     in_sync: AtomicBool,
     last_heard: Mutex<Option<Instant>>,
+    /// The version dialled with: [`wire::VERSION`], or [`wire::OLDEST`]
+    /// after a listener closed a handshake of the newer one.
+    version: AtomicU8,
+    /// Its table digests, the last whole set on the current connection.
+    digests: Mutex<Option<Arc<Digests>>>,
+    /// Its health verdicts, likewise (as they came: translated when used).
+    health: Mutex<Option<Arc<Vec<[u8; RECORD_LEN]>>>>,
+}
+
+impl Default for Peer {
+    fn default() -> Peer {
+        Peer {
+            connected: AtomicBool::new(false),
+            in_sync: AtomicBool::new(false),
+            last_heard: Mutex::new(None),
+            version: AtomicU8::new(wire::VERSION),
+            digests: Mutex::new(None),
+            health: Mutex::new(None),
+        }
+    }
 }
 
 /// A service's endpoints by identifier: (incarnation, address tag).
@@ -284,6 +336,12 @@ struct State {
     /// The peers followed now, in the order they came.
     peers: Mutex<Vec<(SocketAddr, Arc<Peer>)>>,
     counters: Counters,
+    /// A digest set (ours or a peer's) changed since the last comparison.
+    agree_dirty: AtomicBool,
+    /// A peer's verdicts changed since they were last taken.
+    health_dirty: AtomicBool,
+    /// The siblings' verdicts last taken.
+    health_taken: Mutex<Ejected>,
 }
 
 impl State {
@@ -306,8 +364,16 @@ pub(crate) struct SyncTask {
     publisher: Publisher<SyncedPins>,
     published: watch::Receiver<Published>,
     status: watch::Sender<SyncStatus>,
+    gated: watch::Sender<Gated>,
     discovered: Option<Discovered>,
+    /// This appliance's health verdicts (to send), and the siblings' (taken).
+    health: Option<(watch::Receiver<Ejected>, watch::Sender<Ejected>)>,
 }
+
+/// The services whose VIPs are withdrawn because their table differs from
+/// the majority of the reachable siblings (with `siblings.gate`), each
+/// with why.
+pub(crate) type Gated = Arc<BTreeMap<String, String>>;
 
 impl SyncTask {
     /// Listens on `cfg.listen`; will drain `rings`, publish through
@@ -329,9 +395,13 @@ impl SyncTask {
             numbering: Mutex::new(Arc::new(Numbering::default())),
             peers: Mutex::new(Vec::new()),
             counters: Counters::default(),
+            agree_dirty: AtomicBool::new(false),
+            health_dirty: AtomicBool::new(false),
+            health_taken: Mutex::new(Ejected::new()),
         });
         let (status, _) = watch::channel(SyncStatus::default());
-        Ok(SyncTask { state, listener, rings, publisher, published, status, discovered: None })
+        let (gated, _) = watch::channel(Gated::default());
+        Ok(SyncTask { state, listener, rings, publisher, published, status, gated, discovered: None, health: None })
     }
 
     /// Takes peers from `discovered` too, beside the configured ones.
@@ -352,9 +422,25 @@ impl SyncTask {
         self.status.subscribe()
     }
 
+    /// Sends the endpoints `own` wants out (this appliance's health) to the
+    /// siblings, and gives `siblings` the endpoints theirs want out.
+    #[must_use]
+    pub(crate) fn share_health(mut self, own: watch::Receiver<Ejected>, siblings: watch::Sender<Ejected>) -> SyncTask {
+        self.health = Some((own, siblings));
+        self
+    }
+
+    /// The services whose VIPs are withdrawn for disagreeing, as they
+    /// change (always empty without `siblings.gate`).
+    pub(crate) fn gated(&self) -> watch::Receiver<Gated> {
+        self.gated.subscribe()
+    }
+
     /// Runs until `stop` is cancelled.
     pub(crate) async fn run(self, stop: CancellationToken) {
-        let SyncTask { state, listener, rings, mut publisher, mut published, status, mut discovered } = self;
+        let SyncTask { state, listener, rings, mut publisher, mut published, status, gated, mut discovered, health } = self;
+        let (own_health, siblings_health) = health.unzip();
+        let mut fleet = Fleet { own: Own::default(), agreement: Agreement::default(), names: Names::default(), own_health, siblings_health };
         let mut tasks = JoinSet::new();
         {
             let (st, c) = (Arc::clone(&state), stop.clone());
@@ -368,7 +454,7 @@ impl SyncTask {
         let mut last_build = Instant::now() - REBUILD_EVERY;
         let (mut last_expire, mut last_status) = (Instant::now(), Instant::now() - STATUS_EVERY);
         let mut drained = Vec::with_capacity(DRAIN_PER_ROUND);
-        *lock(&state.numbering) = Arc::new(Numbering::of(&published.borrow_and_update().snapshot));
+        fleet.follow(&state, &Arc::clone(&published.borrow_and_update().snapshot));
         let mut round = tokio::time::interval(ROUND);
         round.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -378,9 +464,12 @@ impl SyncTask {
                     if r.is_err() {
                         break;
                     }
-                    let snap = Arc::clone(&published.borrow_and_update().snapshot);
-                    *lock(&state.numbering) = Arc::new(Numbering::of(&snap));
+                    fleet.follow(&state, &Arc::clone(&published.borrow_and_update().snapshot));
                     lock(&state.inbox).dirty = true;
+                    continue;
+                }
+                r = changed_ejected(fleet.own_health.as_mut()) => {
+                    fleet.own_verdicts(&state, r.is_ok());
                     continue;
                 }
                 r = changed(discovered.as_mut()) => {
@@ -415,10 +504,12 @@ impl SyncTask {
             if !start.settled && start.check(&state, now) {
                 last_status = now - STATUS_EVERY;
             }
+            if fleet.round(&state) {
+                last_status = now - STATUS_EVERY;
+            }
             if now.duration_since(last_status) >= STATUS_EVERY {
                 last_status = now;
-                let s = snapshot_status(&state, start.settled, &start.not_heard, now);
-                status.send_if_modified(|old| std::mem::replace(old, s.clone()) != s);
+                publish_status(&state, &start, &fleet.agreement, (&status, &gated), now);
             }
         }
         // The dialers stop first (aborted on drop, without the log line of
@@ -427,6 +518,23 @@ impl SyncTask {
         tasks.abort_all();
         while tasks.join_next().await.is_some() {}
     }
+}
+
+/// Publishes the status, and the services withdrawn (with `siblings.gate`).
+fn publish_status(state: &State, start: &Start, agreement: &Agreement, (status, gated): (&watch::Sender<SyncStatus>, &watch::Sender<Gated>), now: Instant) {
+    if state.cfg.gate {
+        let g = agreement.gated(now);
+        gated.send_if_modified(|old| {
+            if **old == g {
+                false
+            } else {
+                *old = Arc::new(g);
+                true
+            }
+        });
+    }
+    let s = snapshot_status(state, start.settled, &start.not_heard, agreement, now);
+    status.send_if_modified(|old| std::mem::replace(old, s.clone()) != s);
 }
 
 /// Publishes the workers' table of synced pins again when pins came or
@@ -616,7 +724,7 @@ fn expire(state: &State, now: Instant) {
     }
 }
 
-fn snapshot_status(state: &State, settled: bool, not_heard: &[String], now: Instant) -> SyncStatus {
+fn snapshot_status(state: &State, settled: bool, not_heard: &[String], agreement: &Agreement, now: Instant) -> SyncStatus {
     let c = &state.counters;
     let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
     let (pins_held, outboxes) = {
@@ -630,6 +738,9 @@ fn snapshot_status(state: &State, settled: bool, not_heard: &[String], now: Inst
             connected: p.connected.load(Ordering::Relaxed),
             in_sync: p.in_sync.load(Ordering::Relaxed),
             last_heard_seconds: { *lock(&p.last_heard) }.map(|t| (now.duration_since(t).as_secs_f64() * 1000.0).round() / 1000.0),
+            digests: lock(&p.digests).as_ref().map(|d| d.len() as u64),
+            health: lock(&p.health).as_ref().map(|h| h.len() as u64),
+            mismatched: agreement.mismatched.iter().filter(|m| m.differ.iter().chain(&m.absent).any(|x| *x == a.to_string())).count() as u64,
             ..PeerStatus::default()
         })
         .collect();
@@ -656,6 +767,13 @@ fn snapshot_status(state: &State, settled: bool, not_heard: &[String], now: Inst
         settled,
         not_heard: not_heard.to_vec(),
         peers,
+        agreement: agreement.status(state.cfg.gate, now),
+        health_from_siblings: lock(&state.health_taken)
+            .iter()
+            .flat_map(|(s, ids)| ids.iter().map(move |id| format!("{s}/{id}")))
+            .take(agree::MAX_LISTED)
+            .collect(),
+        health_unknown: get(&c.health_unknown),
     }
 }
 
@@ -691,10 +809,10 @@ async fn accept_loop(state: Arc<State>, listener: TcpListener, stop: Cancellatio
 /// then each new pin, paced to the rate bound.
 async fn serve(state: &Arc<State>, mut s: TcpStream, stop: CancellationToken) -> Result<(), WireError> {
     let _ = s.set_nodelay(true);
-    let (mut session, name) = tokio::time::timeout(SILENCE, wire::accept(&mut s, &state.cfg.key.0))
+    let (mut session, name, version) = tokio::time::timeout(SILENCE, wire::accept(&mut s, &state.cfg.key.0))
         .await
         .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "handshake"))??;
-    let outbox = Arc::new(Outbox { name, queue: Mutex::new(VecDeque::new()), notify: Notify::new(), overflow: AtomicBool::new(false) });
+    let outbox = Arc::new(Outbox { name, version, queue: Mutex::new(VecDeque::new()), notify: Notify::new(), overflow: AtomicBool::new(false) });
     {
         let mut hub = lock(&state.hub);
         let mut q = lock(&outbox.queue);
@@ -709,14 +827,54 @@ async fn serve(state: &Arc<State>, mut s: TcpStream, stop: CancellationToken) ->
     r
 }
 
+/// Sends each of this appliance's sets ([`SETS`]) to a sibling of
+/// version 2 when it changed since `sent` (version, when), at most every
+/// [`agree::SEND_EVERY`]: the whole set, then its end. Returns how long
+/// until a change held back may be sent.
+async fn send_sets(state: &State, s: &mut TcpStream, session: &mut wire::Session, outbox: &Outbox, sent: &mut [(u64, Instant); 2]) -> Result<Option<Duration>, WireError> {
+    if outbox.version < 2 {
+        return Ok(None);
+    }
+    let mut wait: Option<Duration> = None;
+    let mut buf = Vec::new();
+    for (k, (part, end)) in SETS.into_iter().enumerate() {
+        let (set, version) = {
+            let hub = lock(&state.hub);
+            (Arc::clone(&hub.sets[k].records), hub.sets[k].version)
+        };
+        if version == sent[k].0 {
+            continue;
+        }
+        let since = sent[k].1.elapsed();
+        if since < agree::SEND_EVERY {
+            let w = agree::SEND_EVERY - since;
+            wait = Some(wait.map_or(w, |x| x.min(w)));
+            continue;
+        }
+        for chunk in set.chunks(MAX_RECORDS_PER_FRAME) {
+            buf.clear();
+            chunk.iter().for_each(|r| buf.extend_from_slice(r));
+            wire::write_frame(s, session, part, &buf).await?;
+        }
+        wire::write_frame(s, session, end, &[]).await?;
+        s.flush().await?;
+        sent[k] = (version, Instant::now());
+    }
+    Ok(wait)
+}
+
 async fn send_loop(state: &State, s: &mut TcpStream, session: &mut wire::Session, outbox: &Outbox, stop: CancellationToken) -> Result<(), WireError> {
     let mut bucket = Bucket::new(state.cfg.max_records_per_second);
     let mut buf = Vec::with_capacity(MAX_RECORDS_PER_FRAME * RECORD_LEN);
     let mut last_sent = Instant::now();
+    // Each set's version sent last, and when.
+    let mut sets_sent = [(0u64, Instant::now() - agree::SEND_EVERY); 2];
     loop {
         if outbox.overflow.load(Ordering::Relaxed) {
             return Err(std::io::Error::other("its queue overflowed: it will connect again for the full set").into());
         }
+        let sets_wait = send_sets(state, s, session, outbox, &mut sets_sent).await?;
+        last_sent = sets_sent.iter().map(|x| x.1).fold(last_sent, Instant::max);
         let wait = bucket.wait();
         if !wait.is_zero() {
             tokio::time::sleep(wait).await;
@@ -764,12 +922,12 @@ async fn send_loop(state: &State, s: &mut TcpStream, session: &mut wire::Session
             continue;
         }
         s.flush().await?;
-        let idle = KEEPALIVE.saturating_sub(now.duration_since(last_sent));
+        let idle = KEEPALIVE.saturating_sub(now.duration_since(last_sent)).min(sets_wait.unwrap_or(Duration::MAX));
         tokio::select! {
             () = stop.cancelled() => return Ok(()),
             () = outbox.notify.notified() => {}
             () = tokio::time::sleep(idle) => {
-                if Instant::now().duration_since(last_sent) >= KEEPALIVE {
+                if sets_wait.is_none() && Instant::now().duration_since(last_sent) >= KEEPALIVE {
                     wire::write_frame(s, session, Kind::Keepalive, &[]).await?;
                     s.flush().await?;
                     last_sent = Instant::now();
@@ -789,6 +947,20 @@ async fn dial_loop(state: Arc<State>, addr: SocketAddr, peer: Arc<Peer>, stop: C
         };
         let was = peer.connected.swap(false, Ordering::Relaxed);
         peer.in_sync.store(false, Ordering::Relaxed);
+        if lock(&peer.digests).take().is_some() {
+            state.agree_dirty.store(true, Ordering::Relaxed);
+        }
+        if lock(&peer.health).take().is_some() {
+            state.health_dirty.store(true, Ordering::Relaxed);
+        }
+        let version = peer.version.load(Ordering::Relaxed);
+        if was && version < wire::VERSION {
+            // It may have been upgraded meanwhile: the newer version first again.
+            peer.version.store(wire::VERSION, Ordering::Relaxed);
+        } else if !was && version == wire::VERSION && matches!(&r, Err(WireError::Io(e)) if closed_in_handshake(e)) {
+            info!(sibling = %addr, "siblings: it closed a handshake of protocol version {version}; dialling it with version {} (pins only, no table digests)", wire::OLDEST);
+            peer.version.store(wire::OLDEST, Ordering::Relaxed);
+        }
         if let Err(e) = r {
             if matches!(e, WireError::BadKey | WireError::BadMac | WireError::BadFrame { .. } | WireError::Protocol) {
                 add(&state.counters.refused, 1);
@@ -813,7 +985,8 @@ async fn take_pins(state: &State, addr: SocketAddr, peer: &Peer) -> Result<(), W
         .await
         .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "connect"))??;
     let _ = s.set_nodelay(true);
-    let mut session = tokio::time::timeout(SILENCE, wire::dial(&mut s, &state.cfg.key.0, &state.cfg.listen.to_string()))
+    let version = peer.version.load(Ordering::Relaxed);
+    let mut session = tokio::time::timeout(SILENCE, wire::dial(&mut s, &state.cfg.key.0, &state.cfg.listen.to_string(), version))
         .await
         .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "handshake"))??;
     peer.connected.store(true, Ordering::Relaxed);
@@ -822,6 +995,8 @@ async fn take_pins(state: &State, addr: SocketAddr, peer: &Peer) -> Result<(), W
     let mut s = tokio::io::BufReader::with_capacity(1 << 16, s);
     let mut bucket = Bucket::new(state.cfg.max_records_per_second);
     let mut buf = Vec::new();
+    // A digest set and a verdict set as they come, until their end.
+    let (mut pending, mut pending_health) = (Digests::new(), Vec::new());
     loop {
         let kind = tokio::time::timeout(SILENCE, wire::read_frame(&mut s, &mut session, &mut buf))
             .await
@@ -835,8 +1010,234 @@ async fn take_pins(state: &State, addr: SocketAddr, peer: &Peer) -> Result<(), W
                 }
             }
             Kind::Records => take(state, &buf, &mut bucket),
+            Kind::Digests => {
+                for r in buf.chunks_exact(RECORD_LEN) {
+                    if let Some((tag, e)) = agree::decode(r) {
+                        pending.insert(tag, e);
+                    }
+                }
+                if pending.len() > agree::MAX_SERVICES {
+                    return Err(std::io::Error::other(format!("a digest set of more than {} services", agree::MAX_SERVICES)).into());
+                }
+            }
+            Kind::DigestsEnd => {
+                *lock(&peer.digests) = Some(Arc::new(std::mem::take(&mut pending)));
+                state.agree_dirty.store(true, Ordering::Relaxed);
+            }
+            Kind::Health => {
+                pending_health.extend(buf.chunks_exact(RECORD_LEN).filter_map(|r| <[u8; RECORD_LEN]>::try_from(r).ok()));
+                if pending_health.len() > agree::MAX_SERVICES {
+                    return Err(std::io::Error::other(format!("more than {} health verdicts", agree::MAX_SERVICES)).into());
+                }
+            }
+            Kind::HealthEnd => {
+                *lock(&peer.health) = Some(Arc::new(std::mem::take(&mut pending_health)));
+                state.health_dirty.store(true, Ordering::Relaxed);
+            }
         }
     }
+}
+
+/// Whether a handshake's failure is the listener closing it (what one of
+/// an older version does with a newer dialer).
+fn closed_in_handshake(e: &std::io::Error) -> bool {
+    matches!(e.kind(), std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::ConnectionReset)
+}
+
+/// What the run loop keeps for the fleet: this appliance's digests, the
+/// last comparison, the names verdicts go by, and the verdicts' channels.
+struct Fleet {
+    own: Own,
+    agreement: Agreement,
+    names: Names,
+    own_health: Option<watch::Receiver<Ejected>>,
+    siblings_health: Option<watch::Sender<Ejected>>,
+}
+
+impl Fleet {
+    /// Takes a publication's snapshot: its numbering, its digests, and the
+    /// names the health verdicts go by (this appliance's are encoded
+    /// again, the siblings' taken again).
+    fn follow(&mut self, state: &State, snap: &Snapshot) {
+        *lock(&state.numbering) = Arc::new(Numbering::of(snap));
+        follow_digests(state, &mut self.own, snap);
+        self.names = Names::of(snap);
+        self.own_verdicts(state, true);
+        state.health_dirty.store(true, Ordering::Relaxed);
+    }
+
+    /// This appliance's verdicts changed (`open`: their channel is still open).
+    fn own_verdicts(&mut self, state: &State, open: bool) {
+        if !open {
+            self.own_health = None;
+        }
+        if let Some(h) = self.own_health.as_mut() {
+            put_set(state, HEALTH, self.names.encode(&h.borrow_and_update()));
+        }
+    }
+
+    /// Takes the siblings' verdicts and compares the digests again when
+    /// they changed; true when it did either.
+    fn round(&mut self, state: &State) -> bool {
+        let health = state.health_dirty.swap(false, Ordering::Relaxed);
+        if health {
+            if let Some(tx) = &self.siblings_health {
+                let (taken, unknown) = siblings_verdicts(state, &self.names);
+                state.counters.health_unknown.store(unknown, Ordering::Relaxed);
+                lock(&state.health_taken).clone_from(&taken);
+                tx.send_if_modified(|old| {
+                    if *old == taken {
+                        false
+                    } else {
+                        *old = taken;
+                        true
+                    }
+                });
+            }
+        }
+        let agree = state.agree_dirty.swap(false, Ordering::Relaxed);
+        if agree {
+            self.agreement.compare(state, &self.own);
+        }
+        health || agree
+    }
+}
+
+/// Waits for this appliance's next health verdicts; never, without them.
+async fn changed_ejected(h: Option<&mut watch::Receiver<Ejected>>) -> Result<(), watch::error::RecvError> {
+    match h {
+        Some(h) => h.changed().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Replaces set `k` to send when it differs, waking every connection.
+fn put_set(state: &State, k: usize, records: Vec<[u8; RECORD_LEN]>) {
+    let mut hub = lock(&state.hub);
+    if *hub.sets[k].records == records {
+        return;
+    }
+    hub.sets[k].records = Arc::new(records);
+    hub.sets[k].version += 1;
+    for o in &hub.outboxes {
+        o.notify.notify_one();
+    }
+}
+
+/// The connected siblings' verdicts that name endpoints of this snapshot,
+/// and how many do not.
+fn siblings_verdicts(state: &State, names: &Names) -> (Ejected, u64) {
+    let sets: Vec<Arc<Vec<[u8; RECORD_LEN]>>> =
+        lock(&state.peers).iter().filter(|(_, p)| p.connected.load(Ordering::Relaxed)).filter_map(|(_, p)| lock(&p.health).clone()).collect();
+    let mut taken = Ejected::new();
+    let unknown: usize = sets.iter().map(|s| names.take(s, &mut taken)).sum();
+    (taken, unknown as u64)
+}
+
+/// Hashes the tables of `snap` built again; when a digest changed, the
+/// set to send is replaced, every connection is woken, and the
+/// comparison is made again.
+fn follow_digests(state: &State, own: &mut Own, snap: &Snapshot) {
+    if !own.follow(snap, now_unix_ms()) {
+        return;
+    }
+    put_set(state, DIGESTS, own.set.iter().map(|(tag, e)| agree::encode(*tag, e)).collect());
+    state.agree_dirty.store(true, Ordering::Relaxed);
+}
+
+/// Milliseconds since the epoch (a digest's date, compared between
+/// appliances: their clocks are assumed synchronised, as BGP's and the
+/// logs' are).
+#[allow(clippy::cast_possible_truncation)] // until the year 584 million
+fn now_unix_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// The last comparison with the siblings, and since when each service has
+/// been in the minority.
+#[derive(Debug, Default)]
+struct Agreement {
+    /// Own services compared, and siblings with a set.
+    services: usize,
+    compared: usize,
+    mismatched: Vec<Mismatch>,
+    minority_since: HashMap<String, Instant>,
+}
+
+impl Agreement {
+    /// Compares `own` with every connected peer's last set.
+    fn compare(&mut self, state: &State, own: &Own) {
+        let sets: Vec<(String, Arc<Digests>)> = lock(&state.peers)
+            .iter()
+            .filter(|(_, p)| p.connected.load(Ordering::Relaxed))
+            .filter_map(|(a, p)| lock(&p.digests).clone().map(|d| (a.to_string(), d)))
+            .collect();
+        let peers: Vec<agree::PeerSet<'_>> = sets.iter().map(|(a, d)| (a.as_str(), &**d)).collect();
+        self.mismatched = agree::compare(&own.set, &own.names, &state.cfg.listen.to_string(), &peers);
+        self.services = own.set.len();
+        self.compared = peers.len();
+        let now = Instant::now();
+        let before = std::mem::take(&mut self.minority_since);
+        for m in self.mismatched.iter().filter(|m| m.minority) {
+            let since = before.get(&m.service).copied().unwrap_or(now);
+            self.minority_since.insert(m.service.clone(), since);
+        }
+    }
+
+    /// The services whose VIPs are withdrawn at `now`: in the minority for
+    /// [`agree::GATE_AFTER`] at least.
+    fn gated(&self, now: Instant) -> BTreeMap<String, String> {
+        self.mismatched
+            .iter()
+            .filter(|m| self.minority_since.get(&m.service).is_some_and(|t| now.duration_since(*t) >= agree::GATE_AFTER))
+            .map(|m| (m.service.clone(), why_minority(m)))
+            .collect()
+    }
+
+    fn status(&self, gate: bool, now: Instant) -> sluice_admin_api::sync::Agreement {
+        let gated = if gate { self.gated(now) } else { BTreeMap::new() };
+        sluice_admin_api::sync::Agreement {
+            services: self.services as u64,
+            siblings_compared: self.compared as u64,
+            mismatched: self.mismatched.len() as u64,
+            minority: self.mismatched.iter().filter(|m| m.minority).count() as u64,
+            gate,
+            withdrawn: gated.len() as u64,
+            services_mismatched: self
+                .mismatched
+                .iter()
+                .take(agree::MAX_LISTED)
+                .map(|m| sluice_admin_api::sync::Mismatch {
+                    service: m.service.clone(),
+                    digest: agree::hex(&m.digest),
+                    differ: m.differ.clone(),
+                    absent: m.absent.clone(),
+                    agree: m.agree as u64,
+                    minority: m.minority,
+                    withdrawn: gated.contains_key(&m.service),
+                    why: why_minority(m),
+                })
+                .collect(),
+        }
+    }
+}
+
+/// A mismatch in words.
+fn why_minority(m: &Mismatch) -> String {
+    let short = |d: &agree::Digest| agree::hex(d)[..12].to_owned();
+    let others = match m.largest {
+        Some((n, d)) => format!("; the largest other group: {n} with {}", short(&d)),
+        None => String::new(),
+    };
+    let absent = if m.absent.is_empty() { String::new() } else { format!("; not served by {}", m.absent.join(", ")) };
+    let side = if m.minority { "in the minority" } else { "in the majority" };
+    format!(
+        "service {}'s table ({}) differs from {} ({} appliance(s) with this table, itself included{others}{absent}): {side}",
+        m.service,
+        short(&m.digest),
+        if m.differ.is_empty() { "no sibling".to_owned() } else { m.differ.join(", ") },
+        m.agree
+    )
 }
 
 /// Takes a frame's records: the rate bound, then translation.

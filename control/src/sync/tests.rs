@@ -47,6 +47,7 @@ struct Node {
     stop: CancellationToken,
     task: tokio::task::JoinHandle<()>,
     published: watch::Sender<Published>,
+    gated: watch::Receiver<Gated>,
 }
 
 fn cfg(listen: SocketAddr, peers: Vec<SocketAddr>, key: &[u8], rate: u32) -> SiblingsConfig {
@@ -58,6 +59,7 @@ fn cfg(listen: SocketAddr, peers: Vec<SocketAddr>, key: &[u8], rate: u32) -> Sib
         key: SharedKey(key.to_vec()),
         startup_wait_ms: 3000,
         max_records_per_second: rate,
+        gate: false,
     }
 }
 
@@ -67,19 +69,24 @@ async fn node(listen: SocketAddr, peers: Vec<SocketAddr>, key: &[u8], snap: Arc<
 
 /// A node that also takes its peers from `discovered`.
 async fn node_following(listen: SocketAddr, peers: Vec<SocketAddr>, discovered: Option<Discovered>, key: &[u8], snap: Arc<Snapshot>, rate: u32) -> Node {
+    node_with(cfg(listen, peers, key, rate), discovered, snap).await
+}
+
+async fn node_with(cfg: SiblingsConfig, discovered: Option<Discovered>, snap: Arc<Snapshot>) -> Node {
     let ring = Arc::new(SyncRing::new(1024));
     let publisher = Publisher::new(SyncedPins::default());
     let synced = publisher.reader();
     let (tx, rx) = watch::channel(Published { snapshot: snap, ..Published::default() });
-    let mut sync = SyncTask::bind(cfg(listen, peers, key, rate), vec![Arc::clone(&ring)], publisher, rx, Instant::now()).await.unwrap();
+    let mut sync = SyncTask::bind(cfg, vec![Arc::clone(&ring)], publisher, rx, Instant::now()).await.unwrap();
     if let Some(d) = discovered {
         sync = sync.follow(d);
     }
     let addr = sync.local_addr().unwrap();
     let status = sync.status();
+    let gated = sync.gated();
     let stop = CancellationToken::new();
     let task = tokio::spawn(sync.run(stop.clone()));
-    Node { ring, synced, status, addr, stop, task, published: tx }
+    Node { ring, synced, status, addr, stop, task, published: tx, gated }
 }
 
 /// A port free on loopback (bound, then let go).
@@ -250,7 +257,7 @@ where
     let addr = l.local_addr().unwrap();
     let h = tokio::spawn(async move {
         let (mut s, _) = l.accept().await.unwrap();
-        let (session, _) = wire::accept(&mut s, key).await.unwrap();
+        let (session, _, _) = wire::accept(&mut s, key).await.unwrap();
         then(s, session).await;
     });
     (addr, h)
@@ -323,7 +330,7 @@ async fn a_restarted_peer_gets_the_full_set_then_the_marker() {
     // whole set, then the marker, then nothing but new pins.
     for round in 0..2 {
         let mut s = TcpStream::connect(a.addr).await.unwrap();
-        let mut session = wire::dial(&mut s, KEY, "127.0.0.1:1").await.unwrap();
+        let mut session = wire::dial(&mut s, KEY, "127.0.0.1:1", wire::VERSION).await.unwrap();
         let mut buf = Vec::new();
         let mut got = std::collections::HashSet::new();
         loop {
@@ -338,7 +345,7 @@ async fn a_restarted_peer_gets_the_full_set_then_the_marker() {
                     }
                 }
                 Kind::InSync => break,
-                Kind::Keepalive => {}
+                Kind::Keepalive | Kind::Digests | Kind::DigestsEnd | Kind::Health | Kind::HealthEnd => {}
             }
         }
         assert_eq!(got.len(), 300 + round as usize, "round {round}: the full set (and the pin added after round 0) before the marker");
@@ -353,7 +360,7 @@ async fn a_restarted_peer_gets_the_full_set_then_the_marker() {
                     assert_eq!(PinRecord::decode(&buf).unwrap().key().flow, flow(1000 + round));
                     break;
                 }
-                Kind::Keepalive => {}
+                Kind::Keepalive | Kind::Digests | Kind::DigestsEnd | Kind::Health | Kind::HealthEnd => {}
                 Kind::InSync => panic!("one marker per connection"),
             }
         }
@@ -362,4 +369,179 @@ async fn a_restarted_peer_gets_the_full_set_then_the_marker() {
     }
     a.stop.cancel();
     a.task.await.unwrap();
+}
+
+/// `snapshot(key, inc)` with endpoint 3's weight `w`.
+fn weighted(key: u32, inc: u32, w: u32) -> Arc<Snapshot> {
+    let s = snapshot(key, inc);
+    let old = &s.services[0];
+    let endpoints = old
+        .endpoints()
+        .map(|e| EndpointSpec {
+            id: e.id,
+            incarnation: e.incarnation,
+            weight: if e.id == 3 { w } else { 1 },
+            draining: false,
+            addr: e.addr,
+            port: 0,
+            mac: [2, 0, 0, 0, 0, 1],
+            delivery: Delivery::L2,
+            counter: u32::from(e.id),
+        })
+        .collect();
+    let spec = ServiceSpec { name: "web".into(), key, algorithm: Algorithm::Maglev, flow_table: true, limit: 16, table_size: 0, endpoints };
+    Arc::new(Snapshot::new(1, &[], vec![Arc::new(Service::build(&spec).unwrap())], vec![], None, None))
+}
+
+/// Three siblings, gating on, each numbering its services its own way;
+/// one is given another weight: all three see the mismatch, only that
+/// one is in the minority and, after the hold, withdraws; given the same
+/// weight again, it agrees and withdraws nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_siblings_see_a_table_that_differs_and_only_its_owner_withdraws() {
+    let addrs = [free_port(), free_port(), free_port()];
+    let mut nodes = Vec::new();
+    for (k, a) in addrs.iter().enumerate() {
+        let peers = addrs.iter().filter(|p| *p != a).copied().collect();
+        let c = SiblingsConfig { gate: true, ..cfg(*a, peers, KEY, 200_000) };
+        let key = 5 + u32::try_from(k).unwrap();
+        nodes.push(node_with(c, None, snapshot(key, 100 * key)).await);
+    }
+    for n in &mut nodes {
+        let st = until(&mut n.status, "every sibling's digests compared, all agree", |s| s.agreement.siblings_compared == 2).await;
+        assert_eq!((st.agreement.services, st.agreement.mismatched), (1, 0), "{st:#?}");
+        assert!(st.peers.iter().all(|p| p.digests == Some(1) && p.mismatched == 0), "{st:#?}");
+    }
+    let changed = Instant::now();
+    nodes[2].published.send_replace(Published { snapshot: weighted(7, 700, 3), ..Published::default() });
+    for (k, n) in nodes.iter_mut().enumerate() {
+        let st = until(&mut n.status, "the mismatch shows", |s| s.agreement.mismatched == 1).await;
+        let m = &st.agreement.services_mismatched[0];
+        assert_eq!(m.service, "web");
+        assert_eq!(m.minority, k == 2, "appliance {k}: {st:#?}");
+        assert_eq!((m.differ.len(), m.agree), if k == 2 { (2, 1) } else { (1, 2) }, "{st:#?}");
+    }
+    let seen = changed.elapsed();
+    assert!(seen < Duration::from_secs(1), "seen by all in {seen:?}");
+    let g = tokio::time::timeout(WAIT, nodes[2].gated.wait_for(|g| g.contains_key("web"))).await.unwrap().unwrap().clone();
+    let withdrawn = changed.elapsed();
+    assert!(g["web"].contains("in the minority"), "{g:?}");
+    assert!(withdrawn >= agree::GATE_AFTER, "held {withdrawn:?} before withdrawing");
+    for n in &nodes[..2] {
+        assert!(n.gated.borrow().is_empty(), "the majority withdraws nothing");
+    }
+    let st = until(&mut nodes[2].status, "withdrawn in the status", |s| s.agreement.withdrawn == 1).await;
+    assert!(st.agreement.services_mismatched[0].withdrawn, "{st:#?}");
+    // The same weight again: the same table as the others', nothing withdrawn.
+    nodes[2].published.send_replace(Published { snapshot: snapshot(7, 700), ..Published::default() });
+    tokio::time::timeout(WAIT, nodes[2].gated.wait_for(|g| g.is_empty())).await.unwrap().unwrap();
+    for n in &mut nodes {
+        until(&mut n.status, "all agree again", |s| s.agreement.mismatched == 0 && s.agreement.siblings_compared == 2).await;
+    }
+    eprintln!("mismatch seen by all three {seen:?} after the change; withdrawn after {withdrawn:?}");
+    for n in nodes {
+        n.stop.cancel();
+        n.task.await.unwrap();
+    }
+}
+
+/// Without `siblings.gate` the mismatch shows and nothing is withdrawn;
+/// a sibling's set is dropped when its connection ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_gate_a_mismatch_only_shows_and_a_lost_sibling_stops_counting() {
+    let (a_addr, b_addr) = (free_port(), free_port());
+    let mut a = node(a_addr, vec![b_addr], KEY, snapshot(5, 100), 200_000).await;
+    let b = node(b_addr, vec![a_addr], KEY, weighted(9, 200, 4), 200_000).await;
+    let st = until(&mut a.status, "the mismatch shows", |s| s.agreement.mismatched == 1).await;
+    let m = &st.agreement.services_mismatched[0];
+    // One against one, at the same time or not: exactly one is in the
+    // minority; the status says which.
+    assert!(!m.withdrawn && !st.agreement.gate, "{st:#?}");
+    assert_eq!(st.peers[0].mismatched, 1, "{st:#?}");
+    tokio::time::sleep(agree::GATE_AFTER + Duration::from_millis(300)).await;
+    assert!(a.gated.borrow().is_empty(), "nothing withdrawn without the gate");
+    b.stop.cancel();
+    b.task.await.unwrap();
+    let st = until(&mut a.status, "b no longer compared", |s| s.agreement.siblings_compared == 0).await;
+    assert_eq!(st.agreement.mismatched, 0, "{st:#?}");
+    a.stop.cancel();
+    a.task.await.unwrap();
+}
+
+/// A sibling of protocol version 1 closes a handshake of version 2: the
+/// dialer dials it again with version 1 and takes its pins (no digests).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listener_of_the_previous_version_is_dialled_with_it() {
+    use tokio::io::AsyncReadExt;
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let old = listener.local_addr().unwrap();
+    let tag = service_tag("web");
+    let fake = tokio::spawn(async move {
+        let mut refused = 0u32;
+        loop {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut head = [0u8; 5];
+            s.read_exact(&mut head).await.unwrap();
+            if head[4] != wire::OLDEST {
+                // What a listener of version 1 does with another version.
+                refused += 1;
+                continue;
+            }
+            let (r, w) = s.into_split();
+            let mut s = tokio::io::join(std::io::Cursor::new(head.to_vec()).chain(r), w);
+            let (mut session, _, version) = wire::accept(&mut s, KEY).await.unwrap();
+            assert_eq!(version, wire::OLDEST);
+            wire::write_frame(&mut s, &mut session, Kind::Records, &records(0, 5, tag)).await.unwrap();
+            wire::write_frame(&mut s, &mut session, Kind::InSync, &[]).await.unwrap();
+            s.flush().await.unwrap();
+            tokio::time::sleep(WAIT).await;
+            return refused;
+        }
+    });
+    let mut b = node(free_port(), vec![old], KEY, snapshot(9, 200), 200_000).await;
+    let st = until(&mut b.status, "b took the old sibling's pins", |s| s.pins_synced == 5 && s.peers.iter().all(|p| p.in_sync)).await;
+    assert_eq!(st.peers[0].digests, None, "no digests from version 1: {st:#?}");
+    assert_eq!(st.agreement.siblings_compared, 0, "{st:#?}");
+    b.stop.cancel();
+    b.task.await.unwrap();
+    fake.abort();
+}
+
+/// One appliance's health verdicts reach its sibling in the sibling's
+/// terms (its numbering: the same service and endpoint names), end when
+/// it clears them, and end when it goes away.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_verdicts_cross_to_the_sibling_and_end_with_their_maker() {
+    let (a_addr, b_addr) = (free_port(), free_port());
+    let wire_up = |c: SiblingsConfig, snap| async move {
+        let (own_tx, own_rx) = watch::channel(Ejected::new());
+        let (sib_tx, sib_rx) = watch::channel(Ejected::new());
+        let ring = Arc::new(SyncRing::new(16));
+        let (tx, rx) = watch::channel(Published { snapshot: snap, ..Published::default() });
+        let sync = SyncTask::bind(c, vec![ring], Publisher::new(SyncedPins::default()), rx, Instant::now()).await.unwrap().share_health(own_rx, sib_tx);
+        let status = sync.status();
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(sync.run(stop.clone()));
+        (own_tx, sib_rx, status, stop, task, tx)
+    };
+    let (a_own, a_sib, _a_status, a_stop, a_task, _a_pub) = wire_up(cfg(a_addr, vec![b_addr], KEY, 200_000), snapshot(5, 100)).await;
+    let (_b_own, mut b_sib, mut b_status, b_stop, b_task, _b_pub) = wire_up(cfg(b_addr, vec![a_addr], KEY, 200_000), snapshot(9, 200)).await;
+    until(&mut b_status, "connected both ways", |s| s.peers.iter().any(|p| p.connected && p.subscribed)).await;
+    let made = Instant::now();
+    a_own.send_replace(BTreeMap::from([("web".to_owned(), std::collections::BTreeSet::from([2, 3])), ("nope".to_owned(), std::collections::BTreeSet::from([1]))]));
+    let got = tokio::time::timeout(WAIT, b_sib.wait_for(|e| !e.is_empty())).await.unwrap().unwrap().clone();
+    let took = made.elapsed();
+    assert_eq!(got, BTreeMap::from([("web".to_owned(), std::collections::BTreeSet::from([2, 3]))]), "the service b does not have is left out");
+    let st = until(&mut b_status, "in b's status", |s| s.health_from_siblings.len() == 2).await;
+    assert_eq!(st.health_from_siblings, ["web/2", "web/3"]);
+    assert!(a_sib.borrow().is_empty(), "b has no verdict of its own: a takes nothing back");
+    a_own.send_replace(BTreeMap::from([("web".to_owned(), std::collections::BTreeSet::from([3]))]));
+    tokio::time::timeout(WAIT, b_sib.wait_for(|e| e.get("web").is_some_and(|ids| ids.len() == 1))).await.unwrap().unwrap();
+    // a goes: its verdicts no longer count.
+    a_stop.cancel();
+    a_task.await.unwrap();
+    tokio::time::timeout(WAIT, b_sib.wait_for(BTreeMap::is_empty)).await.unwrap().unwrap();
+    eprintln!("a verdict reached the sibling in {took:?}");
+    b_stop.cancel();
+    b_task.await.unwrap();
 }

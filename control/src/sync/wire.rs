@@ -22,6 +22,14 @@
 //!
 //! A frame whose MAC is wrong ends the connection (the dialer connects
 //! again and takes the full set).
+//!
+//! Version 2 adds the table digests (kinds 4 and 5, records of the same
+//! 48 bytes: [`super::agree::encode`]) and the health verdicts (kinds 6
+//! and 7: [`super::verdicts`]), each sent as a whole set then its end. A listener takes a dialer of
+//! either version and sends digests only to one of version 2; a dialer
+//! whose version 2 handshake a listener of version 1 closes dials again
+//! with version 1 (a fleet upgraded one appliance at a time keeps its
+//! pins flowing).
 
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
@@ -34,7 +42,9 @@ type HmacSha256 = Hmac<Sha256>;
 /// The protocol's first bytes.
 pub(super) const MAGIC: [u8; 4] = *b"SLSY";
 /// Its version.
-pub(super) const VERSION: u8 = 1;
+pub(super) const VERSION: u8 = 2;
+/// The oldest version a listener takes.
+pub(super) const OLDEST: u8 = 1;
 /// Bytes of a nonce.
 pub(super) const NONCE_LEN: usize = 32;
 /// Bytes of a MAC.
@@ -52,6 +62,14 @@ pub(super) enum Kind {
     InSync = 2,
     /// Nothing: the connection is alive.
     Keepalive = 3,
+    /// Table digests, a part of the listener's set (version 2).
+    Digests = 4,
+    /// The set sent since the last end is whole: it replaces the last one.
+    DigestsEnd = 5,
+    /// Health verdicts, a part of the listener's set (version 2).
+    Health = 6,
+    /// The verdicts sent since the last end are whole: they replace the last ones.
+    HealthEnd = 7,
 }
 
 /// Why a connection ends.
@@ -118,13 +136,14 @@ impl Session {
 }
 
 /// The dialer's handshake: proves it holds `key` and checks that the
-/// listener does; `name` is its own listen address.
-pub(super) async fn dial<S: AsyncRead + AsyncWrite + Unpin>(s: &mut S, key: &[u8], name: &str) -> Result<Session, WireError> {
+/// listener does; `name` is its own listen address, `version` the
+/// protocol's ([`VERSION`], or [`OLDEST`] for an older listener).
+pub(super) async fn dial<S: AsyncRead + AsyncWrite + Unpin>(s: &mut S, key: &[u8], name: &str, version: u8) -> Result<Session, WireError> {
     let nd = nonce()?;
     let name = &name.as_bytes()[..name.len().min(255)];
     let mut hello = Vec::with_capacity(6 + NONCE_LEN + name.len());
     hello.extend_from_slice(&MAGIC);
-    hello.push(VERSION);
+    hello.push(version);
     hello.extend_from_slice(&nd);
     hello.push(u8::try_from(name.len()).unwrap_or(u8::MAX));
     hello.extend_from_slice(name);
@@ -141,11 +160,12 @@ pub(super) async fn dial<S: AsyncRead + AsyncWrite + Unpin>(s: &mut S, key: &[u8
 }
 
 /// The listener's handshake: checks that the dialer holds `key` (and
-/// proves it does); returns the frames' session and the dialer's name.
-pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(s: &mut S, key: &[u8]) -> Result<(Session, String), WireError> {
+/// proves it does); returns the frames' session, the dialer's name and
+/// the version it speaks.
+pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(s: &mut S, key: &[u8]) -> Result<(Session, String, u8), WireError> {
     let mut head = [0u8; 5 + NONCE_LEN + 1];
     s.read_exact(&mut head).await?;
-    if head[..4] != MAGIC || head[4] != VERSION {
+    if head[..4] != MAGIC || !(OLDEST..=VERSION).contains(&head[4]) {
         return Err(WireError::Protocol);
     }
     let nd = &head[5..5 + NONCE_LEN];
@@ -162,7 +182,7 @@ pub(super) async fn accept<S: AsyncRead + AsyncWrite + Unpin>(s: &mut S, key: &[
     if !verify(key, &[b"dialer", &nl, nd, &name], &proof) {
         return Err(WireError::BadKey);
     }
-    Ok((Session::of(key, nd, &nl), String::from_utf8_lossy(&name).into_owned()))
+    Ok((Session::of(key, nd, &nl), String::from_utf8_lossy(&name).into_owned(), head[4]))
 }
 
 /// Sends one frame of `kind` with `records` (whole encoded records, at
@@ -191,6 +211,10 @@ pub(super) async fn read_frame<R: AsyncRead + Unpin>(r: &mut R, s: &mut Session,
         1 if count <= MAX_RECORDS_PER_FRAME => Kind::Records,
         2 if count == 0 => Kind::InSync,
         3 if count == 0 => Kind::Keepalive,
+        4 if count <= MAX_RECORDS_PER_FRAME => Kind::Digests,
+        5 if count == 0 => Kind::DigestsEnd,
+        6 if count <= MAX_RECORDS_PER_FRAME => Kind::Health,
+        7 if count == 0 => Kind::HealthEnd,
         k => return Err(WireError::BadFrame { kind: k, count }),
     };
     records.resize(count * RECORD_LEN, 0);
@@ -214,9 +238,9 @@ mod tests {
     #[tokio::test]
     async fn both_sides_prove_the_key_and_frames_round_trip() {
         let (mut a, mut b) = tokio::io::duplex(4096);
-        let (d, l) = tokio::join!(dial(&mut a, KEY, "10.0.0.2:7946"), accept(&mut b, KEY));
-        let (mut d, (mut l, name)) = (d.unwrap(), l.unwrap());
-        assert_eq!(name, "10.0.0.2:7946");
+        let (d, l) = tokio::join!(dial(&mut a, KEY, "10.0.0.2:7946", VERSION), accept(&mut b, KEY));
+        let (mut d, (mut l, name, version)) = (d.unwrap(), l.unwrap());
+        assert_eq!((name.as_str(), version), ("10.0.0.2:7946", VERSION));
         assert_eq!(d.key, l.key);
         let rec = [7u8; RECORD_LEN * 2];
         write_frame(&mut b, &mut l, Kind::Records, &rec).await.unwrap();
@@ -236,7 +260,7 @@ mod tests {
         // connection's task does.
         let (d, l) = tokio::join!(
             async {
-                let r = dial(&mut a, other, "x").await;
+                let r = dial(&mut a, other, "x", VERSION).await;
                 drop(a);
                 r
             },
@@ -266,7 +290,7 @@ mod tests {
     #[tokio::test]
     async fn a_frame_with_a_wrong_mac_or_out_of_order_is_refused() {
         let (mut a, mut b) = tokio::io::duplex(1 << 16);
-        let (d, l) = tokio::join!(dial(&mut a, KEY, "x"), accept(&mut b, KEY));
+        let (d, l) = tokio::join!(dial(&mut a, KEY, "x", VERSION), accept(&mut b, KEY));
         let (mut d, mut l) = (d.unwrap(), l.unwrap().0);
         let mut forged = Session { key: [0; MAC_LEN], seq: 0 };
         write_frame(&mut b, &mut forged, Kind::Records, &[1u8; RECORD_LEN]).await.unwrap();
@@ -279,5 +303,37 @@ mod tests {
         // Sizes other than the kind allows end the connection.
         b.write_all(&[2, 0, 1]).await.unwrap();
         assert!(matches!(read_frame(&mut a, &mut d, &mut got).await, Err(WireError::BadFrame { kind: 2, count: 1 })));
+    }
+
+    #[tokio::test]
+    async fn a_listener_takes_a_dialer_of_the_oldest_version_and_refuses_an_unknown_one() {
+        let (mut a, mut b) = tokio::io::duplex(4096);
+        let (d, l) = tokio::join!(dial(&mut a, KEY, "x", OLDEST), accept(&mut b, KEY));
+        assert!(d.is_ok());
+        assert_eq!(l.unwrap().2, OLDEST);
+        let (mut a, mut b) = tokio::io::duplex(4096);
+        let (_, l) = tokio::join!(
+            async {
+                let r = dial(&mut a, KEY, "x", VERSION + 1).await;
+                drop(a);
+                r
+            },
+            accept(&mut b, KEY)
+        );
+        assert!(matches!(l, Err(WireError::Protocol)), "{l:?}");
+    }
+
+    #[tokio::test]
+    async fn digest_frames_round_trip() {
+        let (mut a, mut b) = tokio::io::duplex(1 << 16);
+        let (d, l) = tokio::join!(dial(&mut a, KEY, "x", VERSION), accept(&mut b, KEY));
+        let (mut d, mut l) = (d.unwrap(), l.unwrap().0);
+        let rec = super::super::agree::encode(7, &super::super::agree::Entry { digest: [3; 32], since_ms: 9 });
+        write_frame(&mut b, &mut l, Kind::Digests, &rec).await.unwrap();
+        write_frame(&mut b, &mut l, Kind::DigestsEnd, &[]).await.unwrap();
+        let mut got = Vec::new();
+        assert_eq!(read_frame(&mut a, &mut d, &mut got).await.unwrap(), Kind::Digests);
+        assert_eq!(got, rec);
+        assert_eq!(read_frame(&mut a, &mut d, &mut got).await.unwrap(), Kind::DigestsEnd);
     }
 }

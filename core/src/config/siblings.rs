@@ -10,6 +10,8 @@
 //!   keyFile: /etc/sluice/sync.key  # the shared key: at least 32 bytes
 //!   startupWaitMs: 5000            # optional: longest wait for their pins at start
 //!   maxRecordsPerSecond: 200000    # optional: per sibling, both ways
+//!   gate: false                    # optional: withdraw the VIPs of a service whose
+//!                                  # table differs from the siblings' majority
 //! ```
 //!
 //! `peers`, `kubernetesPods` or both: with `kubernetesPods: true` (and a
@@ -75,6 +77,9 @@ pub struct SiblingsConfig {
     /// Records per second taken from (and sent to) each sibling; more are
     /// dropped and counted.
     pub max_records_per_second: u32,
+    /// A service whose table differs from the majority of the reachable
+    /// siblings' has its VIPs withdrawn until it agrees.
+    pub gate: bool,
 }
 
 /// Checks an `address:port`.
@@ -138,7 +143,7 @@ pub(crate) fn read_key(path: &Path) -> Result<SharedKey, KeyError> {
 
 /// Checks the section; `path` is the configuration file's.
 pub(crate) fn parse(n: Node<'_>, p: &mut Problems, path: &Path) -> Option<SiblingsConfig> {
-    n.mapping(p, &["listen", "peers", "kubernetesPods", "keyFile", "startupWaitMs", "maxRecordsPerSecond"]);
+    n.mapping(p, &["listen", "peers", "kubernetesPods", "keyFile", "startupWaitMs", "maxRecordsPerSecond", "gate"]);
     let listen = n.required(p, "listen", address).flatten();
     let kubernetes_pods = n.field("kubernetesPods", |n| n.boolean(p)).flatten().unwrap_or(false);
     let mut peers = Vec::new();
@@ -182,11 +187,12 @@ pub(crate) fn parse(n: Node<'_>, p: &mut Problems, path: &Path) -> Option<Siblin
     let startup_wait_ms = n.field("startupWaitMs", |n| n.int(p, lo, hi)).flatten().map_or(5000, |v| v as u32);
     let (lo, hi) = RECORDS_PER_SECOND;
     let max_records_per_second = n.field("maxRecordsPerSecond", |n| n.int(p, lo, hi)).flatten().map_or(200_000, |v| v as u32);
+    let gate = n.field("gate", |n| n.boolean(p)).flatten().unwrap_or(false);
     let (key_file, key) = key?;
     if !peers_ok || (peers.is_empty() && !kubernetes_pods) {
         return None;
     }
-    Some(SiblingsConfig { listen: listen?, peers, kubernetes_pods, key_file, key, startup_wait_ms, max_records_per_second })
+    Some(SiblingsConfig { listen: listen?, peers, kubernetes_pods, key_file, key, startup_wait_ms, max_records_per_second, gate })
 }
 
 #[cfg(test)]
@@ -213,11 +219,11 @@ mod tests {
         let c = one("{listen: 10.0.0.1:7946, peers: [10.0.0.2:7946, '[2001:db8::2]:7946'], keyFile: good.key}", &dir).unwrap();
         assert_eq!(c.listen, "10.0.0.1:7946".parse().unwrap());
         assert_eq!(c.peers.len(), 2);
-        assert_eq!((c.startup_wait_ms, c.max_records_per_second), (5000, 200_000));
+        assert_eq!((c.startup_wait_ms, c.max_records_per_second, c.gate), (5000, 200_000, false));
         assert_eq!(c.key, SharedKey(b"k".repeat(32)), "the trailing newline is not part of the key");
         assert_eq!(format!("{:?}", c.key), "SharedKey(32 bytes)", "never printed");
-        let c = one("{listen: 10.0.0.1:1, peers: 10.0.0.2:1, keyFile: good.key, startupWaitMs: 0, maxRecordsPerSecond: 1000}", &dir).unwrap();
-        assert_eq!((c.peers.len(), c.startup_wait_ms, c.max_records_per_second), (1, 0, 1000));
+        let c = one("{listen: 10.0.0.1:1, peers: 10.0.0.2:1, keyFile: good.key, startupWaitMs: 0, maxRecordsPerSecond: 1000, gate: true}", &dir).unwrap();
+        assert_eq!((c.peers.len(), c.startup_wait_ms, c.max_records_per_second, c.gate), (1, 0, 1000, true));
         let errs = one("{listen: 10.0.0.1:7946, peers: [10.0.0.2:7946, 10.0.0.2:7946, 10.0.0.1:7946, nowhere], keyFile: short.key, startupWaitMs: 70000, peer: x}", &dir).unwrap_err();
         let has = |errs: &[String], needle: &str| assert!(errs.iter().any(|e| e.contains(needle)), "{needle}: {errs:#?}");
         assert_eq!(errs.len(), 6, "{errs:#?}");

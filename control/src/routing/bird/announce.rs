@@ -1,8 +1,9 @@
 //! Which VIPs are announced, and the driver that makes BIRD announce them.
 //!
-//! A VIP is announced while the workers forward and at least one service
-//! it routes to has a ready endpoint ([`decide`]); otherwise it is withdrawn
-//! and the reason is kept. The driver computes what can be served from the
+//! A VIP is announced while the workers forward, at least one service it
+//! routes to has a ready endpoint, and (with `siblings.gate`) none of its
+//! services is withdrawn for a table that differs from the siblings'
+//! majority ([`decide`]); otherwise it is withdrawn and the reason is kept. The driver computes what can be served from the
 //! reconciler's publications ([`Servable::of`]) and learns whether the
 //! workers forward from the health sampler's channel. It renders BIRD's
 //! configuration from the accepted GatewayRouters and the announced VIPs,
@@ -17,6 +18,7 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -76,8 +78,10 @@ pub struct VipState {
 }
 
 /// Decides each VIP: `not_forwarding` lists why the workers do not forward
-/// (empty when they do); `withdrawing` is set for a graceful shutdown.
-pub fn decide(s: &Servable, not_forwarding: &[String], withdrawing: bool) -> Vec<VipState> {
+/// (empty when they do); `gated` holds the services whose table differs
+/// from the siblings' majority, each with why; `withdrawing` is set for a
+/// graceful shutdown.
+pub fn decide(s: &Servable, not_forwarding: &[String], gated: &BTreeMap<String, String>, withdrawing: bool) -> Vec<VipState> {
     s.0.iter()
         .map(|(vip, services)| {
             let ready: Vec<&str> = services.iter().filter(|(_, r)| *r).map(|(n, _)| n.as_str()).collect();
@@ -85,6 +89,8 @@ pub fn decide(s: &Servable, not_forwarding: &[String], withdrawing: bool) -> Vec
                 (false, "withdrawn: the appliance is shutting down".to_owned())
             } else if let Some(why) = not_forwarding.first() {
                 (false, format!("withdrawn: the workers do not forward ({why})"))
+            } else if let Some(why) = services.iter().find_map(|(n, _)| gated.get(n)) {
+                (false, format!("withdrawn: {why} (siblings.gate)"))
             } else if ready.is_empty() {
                 let names: Vec<&str> = services.iter().map(|(n, _)| n.as_str()).collect();
                 (false, format!("withdrawn: no ready endpoint in service {}", names.join(", ")))
@@ -94,6 +100,14 @@ pub fn decide(s: &Servable, not_forwarding: &[String], withdrawing: bool) -> Vec
             VipState { vip: *vip, announced, reason, since: 0 }
         })
         .collect()
+}
+
+/// Waits for the gate's next change; never, without one.
+async fn gated_changed(g: Option<&mut watch::Receiver<crate::sync::Gated>>) -> Result<(), watch::error::RecvError> {
+    match g {
+        Some(g) => g.changed().await,
+        None => std::future::pending().await,
+    }
 }
 
 type WithdrawReply = oneshot::Sender<Result<bool, WithdrawError>>;
@@ -134,6 +148,9 @@ pub struct Driver {
     /// What the last publication seen can serve, and its generation.
     served: (u64, Servable),
     forwarding: Forwarding,
+    /// The services withdrawn for disagreeing with the siblings (none
+    /// without sibling sync).
+    gated: Option<watch::Receiver<crate::sync::Gated>>,
     cmds: mpsc::Receiver<WithdrawReply>,
     /// What BIRD did, as last seen; published on `published` after each pass.
     status: BirdStatus,
@@ -168,6 +185,7 @@ impl Driver {
             publications,
             served: (0, Servable::default()),
             forwarding,
+            gated: None,
             cmds,
             status: BirdStatus::default(),
             published: watch::channel(None).0,
@@ -189,6 +207,11 @@ impl Driver {
         self.published.subscribe()
     }
 
+    /// Withdraws the VIPs of the services `gated` names, as it changes.
+    pub(crate) fn gate_with(&mut self, gated: watch::Receiver<crate::sync::Gated>) {
+        self.gated = Some(gated);
+    }
+
     /// Tells `learned` the gateways BIRD learned (each family's best
     /// default route) as they change.
     pub(crate) fn learn_gateways_to(&mut self, learned: watch::Sender<Vec<GatewayConfig>>) {
@@ -200,6 +223,7 @@ impl Driver {
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let (mut settings_open, mut published_open, mut forwarding_open) = (true, true, true);
+        let mut gated_open = self.gated.is_some();
         loop {
             self.step().await;
             tokio::select! {
@@ -207,6 +231,7 @@ impl Driver {
                 r = self.settings.changed(), if settings_open => settings_open = r.is_ok(),
                 r = self.publications.changed(), if published_open => published_open = r.is_ok(),
                 r = self.forwarding.changed(), if forwarding_open => forwarding_open = r.is_ok(),
+                r = gated_changed(self.gated.as_mut()), if gated_open => gated_open = r.is_ok(),
                 Some(reply) = self.cmds.recv() => {
                     let had = self.applied.as_deref().is_some_and(|t| t.contains(" blackhole;"));
                     self.withdrawing = true;
@@ -290,7 +315,8 @@ impl Driver {
                 self.served = (p.generation, Servable::of(&p));
             }
         }
-        let vips = decide(&self.served.1, &not_forwarding, self.withdrawing);
+        let gated = self.gated.as_mut().map(|g| Arc::clone(&g.borrow_and_update())).unwrap_or_default();
+        let vips = decide(&self.served.1, &not_forwarding, &gated, self.withdrawing);
         let announced: Vec<IpAddr> = vips.iter().filter(|v| v.announced).map(|v| v.vip).collect();
         let Some(router_id) = routing.router_id else {
             self.publish();
@@ -802,16 +828,27 @@ mod tests {
     #[test]
     fn only_what_can_be_served_is_announced() {
         let s = served(&[("20.0.0.1", &[("web", true)]), ("20.0.0.2", &[("db", false)]), ("2001:db8::1", &[("a", false), ("b", true)])]);
-        let d = decide(&s, &[], false);
+        let none = BTreeMap::new();
+        let d = decide(&s, &[], &none, false);
         let got: Vec<(String, bool, &str)> = d.iter().map(|v| (v.vip.to_string(), v.announced, v.reason.as_str())).collect();
         assert_eq!(got, [
             ("20.0.0.1".to_owned(), true, "announced: service web has a ready endpoint"),
             ("20.0.0.2".to_owned(), false, "withdrawn: no ready endpoint in service db"),
             ("2001:db8::1".to_owned(), true, "announced: service b has a ready endpoint"),
         ]);
-        let stalled = decide(&s, &["worker on lcore 1 has not polled for 1.2 s".into()], false);
+        let stalled = decide(&s, &["worker on lcore 1 has not polled for 1.2 s".into()], &none, false);
         assert!(stalled.iter().all(|v| !v.announced && v.reason.contains("do not forward (worker on lcore 1")));
-        let stopping = decide(&s, &[], true);
+        let stopping = decide(&s, &[], &none, true);
         assert!(stopping.iter().all(|v| !v.announced && v.reason.contains("shutting down")));
+        // A service that disagrees with the siblings withdraws every VIP
+        // routing to it, even beside a service that agrees.
+        let gated = BTreeMap::from([("b".to_owned(), "service b's table differs".to_owned())]);
+        let d = decide(&s, &[], &gated, false);
+        let got: Vec<(bool, &str)> = d.iter().map(|v| (v.announced, v.reason.as_str())).collect();
+        assert_eq!(got, [
+            (true, "announced: service web has a ready endpoint"),
+            (false, "withdrawn: no ready endpoint in service db"),
+            (false, "withdrawn: service b's table differs (siblings.gate)"),
+        ]);
     }
 }
