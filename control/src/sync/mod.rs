@@ -1230,7 +1230,7 @@ fn why_minority(m: &Mismatch) -> String {
         None => String::new(),
     };
     let absent = if m.absent.is_empty() { String::new() } else { format!("; not served by {}", m.absent.join(", ")) };
-    let side = if m.minority { "in the minority" } else { "in the majority" };
+    let side = if m.minority { "in the minority" } else { "not in the minority" };
     format!(
         "service {}'s table ({}) differs from {} ({} appliance(s) with this table, itself included{others}{absent}): {side}",
         m.service,

@@ -312,13 +312,19 @@ mod tests {
         assert!(d.is_ok());
         assert_eq!(l.unwrap().2, OLDEST);
         let (mut a, mut b) = tokio::io::duplex(4096);
+        // Each side closes its end when its handshake ends, as a
+        // connection's task does (the dialer waits for an answer until then).
         let (_, l) = tokio::join!(
             async {
                 let r = dial(&mut a, KEY, "x", VERSION + 1).await;
                 drop(a);
                 r
             },
-            accept(&mut b, KEY)
+            async {
+                let r = accept(&mut b, KEY).await;
+                drop(b);
+                r
+            }
         );
         assert!(matches!(l, Err(WireError::Protocol)), "{l:?}");
     }
