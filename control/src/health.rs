@@ -48,6 +48,7 @@ use crate::sources::SourceMsg;
 
 pub(crate) mod active;
 mod probe;
+mod syn;
 
 /// How often the table is swept and decisions made.
 pub(crate) const TICK: Duration = Duration::from_millis(100);

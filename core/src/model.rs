@@ -211,7 +211,8 @@ pub enum Probe {
     /// A TCP connection is accepted (then closed).
     Tcp,
     /// An HTTP/1.1 `GET path` answered with a status in one of `statuses`
-    /// (inclusive ranges).
+    /// (inclusive ranges); over TLS with `tls` (HTTPS: the endpoint's
+    /// certificate is not verified, its handshake is).
     Http {
         /// The path asked for.
         path: String,
@@ -219,6 +220,8 @@ pub enum Probe {
         host: Option<String>,
         /// Statuses that are a success, as inclusive ranges.
         statuses: Vec<(u16, u16)>,
+        /// Over TLS (`https`).
+        tls: bool,
     },
     /// A UDP datagram `send` is answered by one containing `expect` (any
     /// answer when empty).
@@ -241,7 +244,8 @@ impl Probe {
     pub fn name(&self) -> &'static str {
         match self {
             Probe::Tcp => "tcp",
-            Probe::Http { .. } => "http",
+            Probe::Http { tls: false, .. } => "http",
+            Probe::Http { tls: true, .. } => "https",
             Probe::Udp { .. } => "udp",
             Probe::Dns { .. } => "dns",
         }
@@ -319,7 +323,7 @@ impl CheckDef {
             }
         }
         match &self.probe {
-            Probe::Http { path, host, statuses } => {
+            Probe::Http { path, host, statuses, .. } => {
                 // RFC 3986's path and query characters (and %-escapes).
                 let uri_char = |c: u8| c.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=:@/?%".contains(&c);
                 if !path.starts_with('/') || path.len() > CHECK_TEXT_MAX || !path.bytes().all(uri_char) {

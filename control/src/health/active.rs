@@ -313,6 +313,8 @@ impl ActiveTask {
     pub(crate) async fn run(self, cancel: CancellationToken) {
         let ActiveTask { mut published, verdicts, status, max_in_flight } = self;
         let mut active = Active::new(max_in_flight);
+        // TCP checks send a SYN each from raw sockets where they open.
+        let syn = super::syn::Prober::start();
         let mut running: JoinSet<Result<Duration, String>> = JoinSet::new();
         // Which check each task runs: a task that panics or is aborted
         // says nothing of itself.
@@ -338,7 +340,8 @@ impl ActiveTask {
             for (key, epoch, check, addr) in active.start_due(Instant::now()) {
                 query_id = query_id.wrapping_add(1);
                 let id = query_id;
-                let task = running.spawn(async move { super::probe::check(&check, addr, id).await });
+                let syn = syn.clone();
+                let task = running.spawn(async move { super::probe::check(&check, addr, id, syn.as_deref()).await });
                 tasks.insert(task.id(), (key.clone(), epoch));
                 active.started(&key, epoch, task);
             }

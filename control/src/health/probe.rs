@@ -5,25 +5,41 @@
 //!
 //! TCP connections are closed with an RST (`SO_LINGER` 0): thousands of
 //! checks a second leave no `TIME_WAIT` behind, on either side.
+//!
+//! HTTPS checks take any certificate (a check tells whether the endpoint
+//! serves, not who it is: an endpoint's certificate names the service,
+//! not its address) but verify the handshake's signatures with it, as
+//! keepalived's `SSL_GET` does; the server name sent is `host`, else
+//! none (an address).
 
 use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use hyper_util::rt::TokioIo;
 use sluice_core::model::{CheckDef, Probe};
 use tokio::net::{TcpSocket, TcpStream, UdpSocket};
 
+use super::syn::{Answer, Prober};
+
 /// Checks `addr` as `check` says, within its timeout: the time it took,
-/// or why it failed.
-pub(crate) async fn check(check: &CheckDef, addr: IpAddr, query_id: u16) -> Result<Duration, String> {
+/// or why it failed. TCP checks go through `syn` (a SYN, its answer) where
+/// it covers the address's family, else connect a socket.
+pub(crate) async fn check(check: &CheckDef, addr: IpAddr, query_id: u16, syn: Option<&Prober>) -> Result<Duration, String> {
     let t0 = Instant::now();
     let to = SocketAddr::new(addr, check.port);
     let run = async {
         match &check.probe {
-            Probe::Tcp => connect(to).await.map(drop),
+            Probe::Tcp => match syn.filter(|p| p.covers(to)) {
+                Some(p) => match p.probe(to).await? {
+                    Answer::Open => Ok(()),
+                    Answer::Refused => Err("connection refused (RST)".to_owned()),
+                },
+                None => connect(to).await.map(drop),
+            },
             // Boxed: the HTTP client's state would make every check's
             // future (a TCP one too) as large as its own.
-            Probe::Http { path, host, statuses } => Box::pin(http(to, path, host.as_deref(), statuses)).await,
+            Probe::Http { path, host, statuses, tls } => Box::pin(http(to, path, host.as_deref(), statuses, *tls)).await,
             Probe::Udp { send, expect } => {
                 let got = exchange(to, send).await?;
                 if expect.is_empty() || got.windows(expect.len()).any(|w| w == expect.as_slice()) {
@@ -56,11 +72,81 @@ async fn connect(to: SocketAddr) -> Result<TcpStream, String> {
     })
 }
 
-/// `GET path` on a new connection to `to`; the status must be in one of
-/// `statuses`. The body is not read.
-async fn http(to: SocketAddr, path: &str, host: Option<&str>, statuses: &[(u16, u16)]) -> Result<(), String> {
+/// `GET path` on a new connection to `to` (over TLS with `tls`); the
+/// status must be in one of `statuses`. The body is not read.
+async fn http(to: SocketAddr, path: &str, host: Option<&str>, statuses: &[(u16, u16)], tls: bool) -> Result<(), String> {
     let stream = connect(to).await?;
-    let (mut sender, conn) = hyper::client::conn::http1::handshake::<_, String>(TokioIo::new(stream)).await.map_err(|e| format!("HTTP: {e}"))?;
+    if !tls {
+        return get(TokioIo::new(stream), to, path, host, statuses).await;
+    }
+    // The server name: `host` when it is a DNS name, else the address.
+    let name = host
+        .and_then(|h| rustls::pki_types::ServerName::try_from(h.to_owned()).ok())
+        .unwrap_or_else(|| rustls::pki_types::ServerName::IpAddress(to.ip().into()));
+    let stream = tls_connector().connect(name, stream).await.map_err(|e| format!("TLS: {e}"))?;
+    get(TokioIo::new(stream), to, path, host, statuses).await
+}
+
+/// The HTTPS checks' TLS client (made once).
+fn tls_connector() -> &'static tokio_rustls::TlsConnector {
+    static CONNECTOR: OnceLock<tokio_rustls::TlsConnector> = OnceLock::new();
+    CONNECTOR.get_or_init(|| {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ClientConfig::builder_with_provider(Arc::clone(&provider))
+            .with_safe_default_protocol_versions()
+            .unwrap_or_else(|e| unreachable!("ring's provider has the default versions: {e}"))
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(AnyCertificate(provider)))
+            .with_no_client_auth();
+        tokio_rustls::TlsConnector::from(Arc::new(config))
+    })
+}
+
+/// Takes any certificate; verifies the handshake's signatures with it.
+#[derive(Debug)]
+struct AnyCertificate(Arc<rustls::crypto::CryptoProvider>);
+
+impl rustls::client::danger::ServerCertVerifier for AnyCertificate {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &rustls::pki_types::CertificateDer<'_>,
+        _intermediates: &[rustls::pki_types::CertificateDer<'_>],
+        _server_name: &rustls::pki_types::ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// `GET path` on `io`; the status must be in one of `statuses`.
+async fn get<T>(io: T, to: SocketAddr, path: &str, host: Option<&str>, statuses: &[(u16, u16)]) -> Result<(), String>
+where
+    T: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    let (mut sender, conn) = hyper::client::conn::http1::handshake::<_, String>(io).await.map_err(|e| format!("HTTP: {e}"))?;
     // Default: the endpoint's address, as a URI writes it (RFC 7230 5.4).
     let host = host.map_or_else(
         || match (to.ip(), to.port()) {
@@ -199,9 +285,15 @@ mod tests {
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = l.local_addr().unwrap().port();
         let lo = IpAddr::from([127, 0, 0, 1]);
-        assert!(check(&def(Probe::Tcp, port), lo, 1).await.is_ok());
-        let e = check(&def(Probe::Tcp, closed_port()), lo, 1).await.unwrap_err();
+        assert!(check(&def(Probe::Tcp, port), lo, 1, None).await.is_ok());
+        let e = check(&def(Probe::Tcp, closed_port()), lo, 1, None).await.unwrap_err();
         assert!(e.contains("refused"), "{e}");
+        // The same through SYNs (where raw sockets can be opened).
+        if let Some(syn) = super::super::syn::Prober::start() {
+            assert!(check(&def(Probe::Tcp, port), lo, 1, Some(&syn)).await.is_ok());
+            let e = check(&def(Probe::Tcp, closed_port()), lo, 1, Some(&syn)).await.unwrap_err();
+            assert!(e.contains("refused"), "{e}");
+        }
     }
 
     /// Serves one HTTP request per connection with `status`, returning the
@@ -235,17 +327,17 @@ mod tests {
     async fn http_takes_the_statuses_asked_for() {
         let lo = IpAddr::from([127, 0, 0, 1]);
         let (port, mut heads) = http_server(204).await;
-        let probe = |statuses: Vec<(u16, u16)>| Probe::Http { path: "/healthz".into(), host: Some("web.example".into()), statuses };
-        assert!(check(&def(probe(vec![(200, 299)]), port), lo, 1).await.is_ok());
+        let probe = |statuses: Vec<(u16, u16)>| Probe::Http { path: "/healthz".into(), host: Some("web.example".into()), statuses, tls: false };
+        assert!(check(&def(probe(vec![(200, 299)]), port), lo, 1, None).await.is_ok());
         let head = heads.recv().await.unwrap();
         assert!(head.starts_with("GET /healthz HTTP/1.1\r\n"), "{head}");
         assert!(head.to_ascii_lowercase().contains("host: web.example\r\n"), "{head}");
         // Without a host, the endpoint's address and port.
-        let no_host = Probe::Http { path: "/".into(), host: None, statuses: vec![(200, 299)] };
-        assert!(check(&def(no_host, port), lo, 1).await.is_ok());
+        let no_host = Probe::Http { path: "/".into(), host: None, statuses: vec![(200, 299)], tls: false };
+        assert!(check(&def(no_host, port), lo, 1, None).await.is_ok());
         let head = heads.recv().await.unwrap();
         assert!(head.to_ascii_lowercase().contains(&format!("host: 127.0.0.1:{port}\r\n")), "{head}");
-        let e = check(&def(probe(vec![(200, 200)]), port), lo, 1).await.unwrap_err();
+        let e = check(&def(probe(vec![(200, 200)]), port), lo, 1, None).await.unwrap_err();
         assert_eq!(e, "HTTP status 204");
         // Something that does not speak HTTP fails.
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -255,7 +347,73 @@ mod tests {
                 let _ = c.write_all(b"be1\n").await;
             }
         });
-        assert!(check(&def(probe(vec![(200, 399)]), port), lo, 1).await.is_err());
+        assert!(check(&def(probe(vec![(200, 399)]), port), lo, 1, None).await.is_err());
+    }
+
+    /// Serves HTTPS with a self-signed certificate for `name`, each request
+    /// answered with `status`; returns its port and the server names the
+    /// clients sent.
+    async fn https_server(name: &str, status: u16) -> (u16, tokio::sync::mpsc::UnboundedReceiver<Option<String>>) {
+        let k = rcgen::KeyPair::generate().unwrap();
+        let c = rcgen::CertificateParams::new(vec![name.to_owned()]).unwrap().self_signed(&k).unwrap();
+        let key = rustls::pki_types::PrivateKeyDer::Pkcs8(rustls::pki_types::PrivatePkcs8KeyDer::from(k.serialize_der()));
+        let config = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(vec![c.der().clone()], key)
+            .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = l.local_addr().unwrap().port();
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Ok((c, _)) = l.accept().await {
+                let (acceptor, tx) = (acceptor.clone(), tx.clone());
+                tokio::spawn(async move {
+                    let Ok(mut s) = acceptor.accept(c).await else { return };
+                    let _ = tx.send(s.get_ref().1.server_name().map(ToOwned::to_owned));
+                    let mut buf = vec![0u8; 2048];
+                    let mut got = 0;
+                    while !buf[..got].windows(4).any(|w| w == b"\r\n\r\n") {
+                        match s.read(&mut buf[got..]).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => got += n,
+                        }
+                    }
+                    let _ = s.write_all(format!("HTTP/1.1 {status} X\r\nContent-Length: 2\r\n\r\nok").as_bytes()).await;
+                    let _ = s.flush().await;
+                });
+            }
+        });
+        (port, rx)
+    }
+
+    #[tokio::test]
+    async fn https_checks_speak_tls_with_the_host_as_server_name() {
+        let lo = IpAddr::from([127, 0, 0, 1]);
+        let (port, mut names) = https_server("web.example", 200).await;
+        let https = |host: Option<&str>, statuses: Vec<(u16, u16)>| Probe::Http { path: "/healthz".into(), host: host.map(Into::into), statuses, tls: true };
+        assert!(check(&def(https(Some("web.example"), vec![(200, 299)]), port), lo, 1, None).await.is_ok());
+        assert_eq!(names.recv().await.unwrap().as_deref(), Some("web.example"));
+        // Without a host: no server name; any certificate is taken.
+        assert!(check(&def(https(None, vec![(200, 299)]), port), lo, 1, None).await.is_ok());
+        assert_eq!(names.recv().await.unwrap(), None);
+        let e = check(&def(https(None, vec![(204, 204)]), port), lo, 1, None).await.unwrap_err();
+        assert_eq!(e, "HTTP status 200");
+        // Plain HTTP on a TLS port fails, and HTTPS on a plain HTTP one.
+        let http = Probe::Http { path: "/".into(), host: None, statuses: vec![(100, 599)], tls: false };
+        assert!(check(&def(http, port), lo, 1, None).await.is_err());
+        // A server that answers in clear text at once.
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let plain = l.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            while let Ok((mut c, _)) = l.accept().await {
+                let _ = c.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n").await;
+            }
+        });
+        let e = check(&def(https(None, vec![(100, 599)]), plain), lo, 1, None).await.unwrap_err();
+        assert!(e.starts_with("TLS: "), "{e}");
     }
 
     #[tokio::test]
@@ -279,13 +437,13 @@ mod tests {
             }
         });
         let udp = |send: &[u8], expect: &[u8]| def(Probe::Udp { send: send.to_vec(), expect: expect.to_vec() }, port);
-        assert!(check(&udp(b"ping", b"pong"), lo, 1).await.is_ok());
-        assert!(check(&udp(b"ping", b""), lo, 1).await.is_ok());
-        assert!(check(&udp(b"ping", b"pang"), lo, 1).await.unwrap_err().contains("does not contain"));
-        assert!(check(&udp(b"hi", b""), lo, 1).await.unwrap_err().contains("no answer within 300 ms"));
-        assert!(check(&def(Probe::Dns { name: "example.org".into() }, port), lo, 7).await.is_ok());
+        assert!(check(&udp(b"ping", b"pong"), lo, 1, None).await.is_ok());
+        assert!(check(&udp(b"ping", b""), lo, 1, None).await.is_ok());
+        assert!(check(&udp(b"ping", b"pang"), lo, 1, None).await.unwrap_err().contains("does not contain"));
+        assert!(check(&udp(b"hi", b""), lo, 1, None).await.unwrap_err().contains("no answer within 300 ms"));
+        assert!(check(&def(Probe::Dns { name: "example.org".into() }, port), lo, 7, None).await.is_ok());
         let closed = closed_port();
-        assert!(check(&def(Probe::Dns { name: ".".into() }, closed), lo, 7).await.unwrap_err().contains("unreachable"));
+        assert!(check(&def(Probe::Dns { name: ".".into() }, closed), lo, 7, None).await.unwrap_err().contains("unreachable"));
     }
 
     #[test]

@@ -264,9 +264,9 @@ pub(crate) fn name(n: Node<'_>, p: &mut Problems) -> Option<String> {
 pub(crate) const HEALTH_CHECK_KEYS: &[&str] =
     &["protocol", "port", "intervalMs", "timeoutMs", "rise", "fall", "path", "host", "expectStatus", "send", "expect", "query"];
 
-/// An active health check: `protocol` (tcp, http, udp or dns) and `port`
-/// required; `intervalMs`, `timeoutMs`, `rise`, `fall`; `path`, `host`
-/// and `expectStatus` for http; `send` and `expect` for udp; `query` for
+/// An active health check: `protocol` (tcp, http, https, udp or dns) and
+/// `port` required; `intervalMs`, `timeoutMs`, `rise`, `fall`; `path`,
+/// `host` and `expectStatus` for http and https; `send` and `expect` for udp; `query` for
 /// dns. Every number bounded ([`CheckDef::problems`]).
 pub(crate) fn health_check(n: Node<'_>, p: &mut Problems) -> Option<CheckDef> {
     use limits::{CHECK_COUNT_MAX, CHECK_INTERVAL_MS_MAX, CHECK_INTERVAL_MS_MIN, CHECK_TIMEOUT_MS_MIN};
@@ -276,18 +276,19 @@ pub(crate) fn health_check(n: Node<'_>, p: &mut Problems) -> Option<CheckDef> {
     }
     let protocol = n.required(p, "protocol", |n, p| n.string(p)).flatten();
     let port = n.required(p, "port", |n, p| n.int(p, 1, 65535)).flatten();
-    let only = |key: &str, allowed: &str, p: &mut Problems| {
-        if protocol.as_deref() != Some(allowed) {
-            n.field(key, |k| k.bad(p, format!("{key} is for {allowed} checks")));
+    let only = |key: &str, allowed: &[&str], p: &mut Problems| {
+        if !protocol.as_deref().is_some_and(|x| allowed.contains(&x)) {
+            n.field(key, |k| k.bad(p, format!("{key} is for {} checks", allowed.join(" and "))));
         }
     };
-    for (key, allowed) in [("path", "http"), ("host", "http"), ("expectStatus", "http"), ("send", "udp"), ("expect", "udp"), ("query", "dns")] {
+    const WEB: &[&str] = &["http", "https"];
+    for (key, allowed) in [("path", WEB), ("host", WEB), ("expectStatus", WEB), ("send", &["udp"]), ("expect", &["udp"]), ("query", &["dns"])] {
         only(key, allowed, p);
     }
     let text = |key: &str, p: &mut Problems| n.field(key, |n| n.string(p)).flatten();
     let probe = match protocol.as_deref() {
         Some("tcp") => Some(Probe::Tcp),
-        Some("http") => {
+        Some(web @ ("http" | "https")) => {
             let mut statuses = Vec::new();
             n.field("expectStatus", |n| {
                 n.each(p, |n, p| {
@@ -303,7 +304,7 @@ pub(crate) fn health_check(n: Node<'_>, p: &mut Problems) -> Option<CheckDef> {
             if statuses.is_empty() {
                 statuses.push((200, 399));
             }
-            Some(Probe::Http { path: text("path", p).unwrap_or_else(|| "/".to_owned()), host: text("host", p), statuses })
+            Some(Probe::Http { path: text("path", p).unwrap_or_else(|| "/".to_owned()), host: text("host", p), statuses, tls: web == "https" })
         }
         Some("udp") => {
             let send = n.required(p, "send", |n, p| n.string(p)).flatten().unwrap_or_default();
@@ -311,7 +312,7 @@ pub(crate) fn health_check(n: Node<'_>, p: &mut Problems) -> Option<CheckDef> {
         }
         Some("dns") => Some(Probe::Dns { name: text("query", p).unwrap_or_else(|| ".".to_owned()) }),
         Some(other) => {
-            n.field("protocol", |k| k.bad(p, format!("{other:?} is not a health check protocol (tcp, http, udp or dns)")));
+            n.field("protocol", |k| k.bad(p, format!("{other:?} is not a health check protocol (tcp, http, https, udp or dns)")));
             None
         }
         None => None,
@@ -412,14 +413,17 @@ mod tests {
         let c = check("{protocol: tcp, port: 80}").unwrap();
         assert_eq!((c.probe.clone(), c.port, c.interval_ms, c.timeout_ms, c.rise, c.fall), (Probe::Tcp, 80, 2000, 1000, 2, 3));
         let c = check("{protocol: http, port: 8080, path: /healthz, expectStatus: [200, 300-302], intervalMs: 500, rise: 1, fall: 2}").unwrap();
-        assert_eq!(c.probe, Probe::Http { path: "/healthz".into(), host: None, statuses: vec![(200, 200), (300, 302)] });
+        assert_eq!(c.probe, Probe::Http { path: "/healthz".into(), host: None, statuses: vec![(200, 200), (300, 302)], tls: false });
         assert_eq!((c.interval_ms, c.timeout_ms, c.rise, c.fall), (500, 500, 1, 2), "the timeout is at most the interval");
+        let c = check("{protocol: https, port: 8443, host: web.example}").unwrap();
+        assert_eq!(c.probe, Probe::Http { path: "/".into(), host: Some("web.example".into()), statuses: vec![(200, 399)], tls: true });
+        assert_eq!(c.to_string(), "https/8443 GET / every 2000ms, timeout 1000ms, rise 2, fall 3");
         assert_eq!(check("{protocol: dns, port: 53}").unwrap().probe, Probe::Dns { name: ".".into() });
         assert_eq!(check("{protocol: udp, port: 53, send: ping, expect: pong}").unwrap().probe, Probe::Udp { send: b"ping".to_vec(), expect: b"pong".to_vec() });
         for (text, why) in [
             ("{protocol: tcp}", "missing field \"port\""),
             ("{protocol: smtp, port: 25}", "not a health check protocol"),
-            ("{protocol: tcp, port: 80, path: /}", "path is for http checks"),
+            ("{protocol: tcp, port: 80, path: /}", "path is for http and https checks"),
             ("{protocol: tcp, port: 80, intervalMs: 50}", "out of range 100..=3600000"),
             ("{protocol: tcp, port: 80, intervalMs: 1000, timeoutMs: 2000}", "timeout 2000 ms is outside 10..=the interval (1000 ms)"),
             ("{protocol: tcp, port: 80, fall: 0}", "out of range 1..=100"),

@@ -896,7 +896,7 @@ metadata:
         let d = from_docs(&docs(text), "g", &mut p);
         assert!(p.is_empty(), "{:?}", p.0);
         let c = d.services[0].check.as_deref().unwrap();
-        assert_eq!(c.probe, crate::model::Probe::Http { path: "/healthz".into(), host: None, statuses: vec![(200, 399)] });
+        assert_eq!(c.probe, crate::model::Probe::Http { path: "/healthz".into(), host: None, statuses: vec![(200, 399)], tls: false });
         assert_eq!((c.port, c.interval_ms, c.timeout_ms, c.rise, c.fall), (8080, 1000, 1000, 2, 2));
         for (value, want) in [
             ("'{protocol: http, port: 8080, intervalMs: 5}'", "sluice.io/health-check.intervalMs: 5 is out of range 100..=3600000"),

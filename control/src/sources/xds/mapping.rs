@@ -743,7 +743,7 @@ fn probe_of(h: &envoy_types::pb::envoy::config::core::v3::HealthCheck, protocol:
                 statuses.push((200, 200));
             }
             let path = if x.path.is_empty() { "/".to_owned() } else { x.path.clone() };
-            Probe::Http { path, host: (!x.host.is_empty()).then(|| x.host.clone()), statuses }
+            Probe::Http { path, host: (!x.host.is_empty()).then(|| x.host.clone()), statuses, tls: false }
         }
         Some(HealthChecker::TcpHealthCheck(x)) if protocol == proto::UDP => {
             let send = match x.send.as_ref().map(bytes).transpose() {

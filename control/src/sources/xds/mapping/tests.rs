@@ -539,7 +539,7 @@ fn health_checks_map_to_the_services_check_as_envoy_means_them() {
     // Envoy's half-open status ranges; a timeout past the interval is cut.
     let http = HttpHealthCheck { path: "/ready".into(), expected_statuses: vec![Int64Range { start: 200, end: 204 }], ..HttpHealthCheck::default() };
     let c = l4(&with(cluster("web", "20.0.0.1", 80.0, "TCP"), HealthChecker::HttpHealthCheck(http.clone()))).check.unwrap();
-    assert_eq!(c.probe, Probe::Http { path: "/ready".into(), host: None, statuses: vec![(200, 203)] });
+    assert_eq!(c.probe, Probe::Http { path: "/ready".into(), host: None, statuses: vec![(200, 203)], tls: false });
     assert_eq!((c.port, c.interval_ms, c.timeout_ms, c.rise, c.fall), (80, 1000, 1000, 2, 3));
     // A range that ends at i64::MIN is refused, not an overflow.
     let bad = HttpHealthCheck { expected_statuses: vec![Int64Range { start: 200, end: i64::MIN }], ..http.clone() };
