@@ -18,6 +18,8 @@ pub mod admin;
 pub mod appliance;
 pub mod cli;
 pub mod compile;
+#[cfg(test)]
+mod fixture;
 mod health;
 #[doc(hidden)]
 pub use health::active::{cost as active_checks_cost, thread_cpu};

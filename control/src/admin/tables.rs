@@ -399,27 +399,16 @@ mod tests {
 
     use sluice_dataplane::classify::{PortRange, RouteMatch, RouteSpec};
     use sluice_dataplane::parse::Flow;
-    use sluice_dataplane::service::{EndpointSpec, ServiceSpec};
+    use sluice_dataplane::service::ServiceSpec;
     use sluice_dataplane::snapshot::PortInfo;
+
+    use crate::fixture::{endpoint, one_service, web};
 
     use super::*;
 
     fn snap(eps: &[(u16, &str)]) -> Snapshot {
-        let endpoints = eps
-            .iter()
-            .map(|&(id, a)| EndpointSpec {
-                id,
-                incarnation: 1,
-                weight: 1,
-                draining: false,
-                addr: a.parse().unwrap(),
-                port: 0,
-                mac: [2, 0, 0, 0, 0, 1],
-                delivery: Delivery::L2,
-                counter: u32::from(id),
-            })
-            .collect();
-        let spec = ServiceSpec { name: "web".into(), key: 0, algorithm: Algorithm::Maglev, flow_table: false, limit: 8, table_size: 0, endpoints };
+        let endpoints = eps.iter().map(|&(id, a)| endpoint(id, 1, a.parse::<IpAddr>().unwrap())).collect();
+        let spec = ServiceSpec { limit: 8, ..web(0, Algorithm::Maglev, false, endpoints) };
         let route = RouteSpec {
             name: "r".into(),
             priority: 3,
@@ -468,21 +457,8 @@ mod tests {
     }
 
     fn big(size: u32, eps: u16) -> Snapshot {
-        let endpoints = (0..eps)
-            .map(|id| EndpointSpec {
-                id,
-                incarnation: 1,
-                weight: 1,
-                draining: false,
-                addr: format!("10.1.{}.{}", id / 250, id % 250 + 1).parse().unwrap(),
-                port: 0,
-                mac: [2, 0, 0, 0, 0, 1],
-                delivery: Delivery::L2,
-                counter: u32::from(id),
-            })
-            .collect();
-        let spec = ServiceSpec { name: "web".into(), key: 0, algorithm: Algorithm::Maglev, flow_table: false, limit: eps.into(), table_size: size, endpoints };
-        Snapshot::new(1, &[], vec![Arc::new(Service::build(&spec).unwrap())], vec![PortInfo::default()], None, None)
+        let endpoints = (0..eps).map(|id| endpoint(id, 1, format!("10.1.{}.{}", id / 250, id % 250 + 1).parse::<IpAddr>().unwrap())).collect();
+        one_service(&ServiceSpec { limit: eps.into(), table_size: size, ..web(0, Algorithm::Maglev, false, endpoints) })
     }
 
     #[test]

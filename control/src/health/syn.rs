@@ -4,9 +4,8 @@
 //! kernel's owns the port the SYN came from, so the kernel answers the
 //! SYN-ACK with an RST and the endpoint forgets the half-open connection
 //! (its application never sees it). A check of a TCP connection through
-//! a kernel socket costs its creation, registration, connection and close
-//! (about 30 µs of the control side's CPU on this VM); this costs a send
-//! and a receive.
+//! a kernel socket costs its creation, registration, connection and close;
+//! this costs a send and a receive (bench/active_checks.sh measures both).
 //!
 //! - **Ports:** the SYNs come from [`PORTS`] ports per family, each held
 //!   bound (not listening) by a TCP socket of the kernel's so that no

@@ -49,24 +49,11 @@ fn an_endpoint_that_fails_fall_handshakes_in_a_row_is_wanted_out_then_back() {
 /// A snapshot with service `key` named `name`, of endpoints 0..=`last`
 /// (incarnation 1).
 pub(crate) fn snapshot_with(key: u32, name: &str, last: u16) -> Snapshot {
+    use crate::fixture::{endpoint, one_service, web};
     use sluice_dataplane::addr::Addr;
-    use sluice_dataplane::service::{Algorithm, Delivery, EndpointSpec, Service, ServiceSpec};
-    let endpoints = (0..=last)
-        .map(|id| EndpointSpec {
-            id,
-            incarnation: 1,
-            weight: 1,
-            draining: false,
-            addr: Addr::v4([10, 0, 0, 10 + u8::try_from(id).unwrap()]),
-            port: 0,
-            mac: [2, 0, 0, 0, 0, 1],
-            delivery: Delivery::L2,
-            counter: u32::from(id),
-        })
-        .collect();
-    let spec = ServiceSpec { name: name.to_owned(), key, algorithm: Algorithm::Maglev, flow_table: true, limit: 32, table_size: 251, endpoints };
-    let svc = std::sync::Arc::new(Service::build(&spec).unwrap());
-    Snapshot::new(1, &[], vec![svc], vec![], None, None)
+    use sluice_dataplane::service::{Algorithm, ServiceSpec};
+    let endpoints = (0..=last).map(|id| endpoint(id, 1, Addr::v4([10, 0, 0, 10 + u8::try_from(id).unwrap()]))).collect();
+    one_service(&ServiceSpec { name: name.to_owned(), limit: 32, table_size: 251, ..web(key, Algorithm::Maglev, true, endpoints) })
 }
 
 #[test]

@@ -308,25 +308,12 @@ mod tests {
 
     #[test]
     fn own_digests_follow_publications_and_keep_their_time() {
+        use crate::fixture::{endpoint, one_service, web};
         use sluice_dataplane::addr::Addr;
-        use sluice_dataplane::service::{Algorithm, Delivery, EndpointSpec, ServiceSpec};
+        use sluice_dataplane::service::Algorithm;
         let snap = |eps: &[(u16, u8)]| {
-            let endpoints = eps
-                .iter()
-                .map(|&(id, last)| EndpointSpec {
-                    id,
-                    incarnation: u32::from(id) + 1,
-                    weight: 1,
-                    draining: false,
-                    addr: Addr::v4([10, 0, 0, last]),
-                    port: 0,
-                    mac: [2, 0, 0, 0, 0, 1],
-                    delivery: Delivery::L2,
-                    counter: u32::from(id),
-                })
-                .collect();
-            let spec = ServiceSpec { name: "web".into(), key: 1, algorithm: Algorithm::Maglev, flow_table: true, limit: 16, table_size: 0, endpoints };
-            Snapshot::new(1, &[], vec![Arc::new(Service::build(&spec).unwrap())], vec![], None, None)
+            let endpoints = eps.iter().map(|&(id, last)| endpoint(id, u32::from(id) + 1, Addr::v4([10, 0, 0, last]))).collect();
+            one_service(&web(1, Algorithm::Maglev, true, endpoints))
         };
         let mut own = Own::default();
         let a = snap(&[(0, 1), (1, 2)]);

@@ -733,14 +733,15 @@ fn snapshot_status(state: &State, settled: bool, not_heard: &[String], agreement
     };
     let mut peers: Vec<PeerStatus> = lock(&state.peers)
         .iter()
-        .map(|(a, p)| PeerStatus {
-            address: a.to_string(),
+        .map(|(a, p)| (a.to_string(), p))
+        .map(|(address, p)| PeerStatus {
+            mismatched: agreement.mismatched.iter().filter(|m| m.differ.iter().chain(&m.absent).any(|x| *x == address)).count() as u64,
+            address,
             connected: p.connected.load(Ordering::Relaxed),
             in_sync: p.in_sync.load(Ordering::Relaxed),
             last_heard_seconds: { *lock(&p.last_heard) }.map(|t| (now.duration_since(t).as_secs_f64() * 1000.0).round() / 1000.0),
             digests: lock(&p.digests).as_ref().map(|d| d.len() as u64),
             health: lock(&p.health).as_ref().map(|h| h.len() as u64),
-            mismatched: agreement.mismatched.iter().filter(|m| m.differ.iter().chain(&m.absent).any(|x| *x == a.to_string())).count() as u64,
             ..PeerStatus::default()
         })
         .collect();

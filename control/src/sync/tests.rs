@@ -9,7 +9,8 @@ use sluice_dataplane::flow::FlowState;
 use sluice_dataplane::hash::flow_hash;
 use sluice_dataplane::parse::Flow;
 use sluice_dataplane::rcu::Reader;
-use sluice_dataplane::service::{Delivery, EndpointSpec, Service, ServiceSpec};
+use crate::fixture::{endpoint, one_service, web};
+use sluice_dataplane::service::{Algorithm, EndpointSpec};
 
 const KEY: &[u8] = b"0123456789abcdef0123456789abcdef";
 const WAIT: Duration = Duration::from_secs(20);
@@ -18,21 +19,8 @@ const WAIT: Duration = Duration::from_secs(20);
 /// (10.0.1.1..3) of incarnations `inc + id`; each appliance numbers them
 /// its own way.
 fn snapshot(key: u32, inc: u32) -> Arc<Snapshot> {
-    let endpoints = (1..=3u16)
-        .map(|id| EndpointSpec {
-            id,
-            incarnation: inc + u32::from(id),
-            weight: 1,
-            draining: false,
-            addr: Addr::v4([10, 0, 1, u8::try_from(id).unwrap()]),
-            port: 0,
-            mac: [2, 0, 0, 0, 0, 1],
-            delivery: Delivery::L2,
-            counter: u32::from(id),
-        })
-        .collect();
-    let spec = ServiceSpec { name: "web".into(), key, algorithm: Algorithm::Maglev, flow_table: true, limit: 16, table_size: 0, endpoints };
-    Arc::new(Snapshot::new(1, &[], vec![Arc::new(Service::build(&spec).unwrap())], vec![], None, None))
+    let endpoints = (1..=3u16).map(|id| endpoint(id, inc + u32::from(id), Addr::v4([10, 0, 1, u8::try_from(id).unwrap()]))).collect();
+    Arc::new(one_service(&web(key, Algorithm::Maglev, true, endpoints)))
 }
 
 fn flow(i: u32) -> Flow {
@@ -374,23 +362,11 @@ async fn a_restarted_peer_gets_the_full_set_then_the_marker() {
 /// `snapshot(key, inc)` with endpoint 3's weight `w`.
 fn weighted(key: u32, inc: u32, w: u32) -> Arc<Snapshot> {
     let s = snapshot(key, inc);
-    let old = &s.services[0];
-    let endpoints = old
+    let endpoints = s.services[0]
         .endpoints()
-        .map(|e| EndpointSpec {
-            id: e.id,
-            incarnation: e.incarnation,
-            weight: if e.id == 3 { w } else { 1 },
-            draining: false,
-            addr: e.addr,
-            port: 0,
-            mac: [2, 0, 0, 0, 0, 1],
-            delivery: Delivery::L2,
-            counter: u32::from(e.id),
-        })
+        .map(|e| EndpointSpec { weight: if e.id == 3 { w } else { 1 }, ..endpoint(e.id, e.incarnation, e.addr) })
         .collect();
-    let spec = ServiceSpec { name: "web".into(), key, algorithm: Algorithm::Maglev, flow_table: true, limit: 16, table_size: 0, endpoints };
-    Arc::new(Snapshot::new(1, &[], vec![Arc::new(Service::build(&spec).unwrap())], vec![], None, None))
+    Arc::new(one_service(&web(key, Algorithm::Maglev, true, endpoints)))
 }
 
 /// Three siblings, gating on, each numbering its services its own way;

@@ -112,29 +112,14 @@ fn decode(b: &[u8; RECORD_LEN]) -> (u32, u16, u16) {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
     use super::*;
     use sluice_dataplane::addr::Addr;
-    use sluice_dataplane::service::{Algorithm, Delivery, EndpointSpec, Service, ServiceSpec};
+    use crate::fixture::{endpoint, one_service, web};
+    use sluice_dataplane::service::Algorithm;
 
     fn snap(eps: &[(u16, u8)]) -> Snapshot {
-        let endpoints = eps
-            .iter()
-            .map(|&(id, last)| EndpointSpec {
-                id,
-                incarnation: u32::from(id) + 7,
-                weight: 1,
-                draining: false,
-                addr: Addr::v4([10, 0, 0, last]),
-                port: 0,
-                mac: [2, 0, 0, 0, 0, 1],
-                delivery: Delivery::L2,
-                counter: u32::from(id),
-            })
-            .collect();
-        let spec = ServiceSpec { name: "web".into(), key: 3, algorithm: Algorithm::Random, flow_table: false, limit: 16, table_size: 0, endpoints };
-        Snapshot::new(1, &[], vec![Arc::new(Service::build(&spec).unwrap())], vec![], None, None)
+        let endpoints = eps.iter().map(|&(id, last)| endpoint(id, u32::from(id) + 7, Addr::v4([10, 0, 0, last]))).collect();
+        one_service(&web(3, Algorithm::Random, false, endpoints))
     }
 
     #[test]
