@@ -1,7 +1,8 @@
 //! Active health checks end to end, on the demo's configuration with
 //! passive health off and a check for each service: an HTTP `GET /healthz`
-//! on port 8080 for `web`, a DNS query on UDP port 5353 for `dns` (every
-//! 500 ms, timeout 300 ms, rise 2, fall 3). The checks leave from the
+//! on port 8080 for `web` (or a TCP check of that port: a SYN from a raw
+//! socket), a DNS query on UDP port 5353 for `dns` (every 500 ms, timeout
+//! 300 ms, rise 2, fall 3). The checks leave from the
 //! appliance's own address through its exception interface, cross the
 //! worker and the `back` port, and come back the same way.
 //!
@@ -17,8 +18,10 @@ use serde_json::Value;
 use sluice_tests::topology::{held_outcome, held_why, root, stop_cleanly, tempdir, Topology};
 use sluice_tests::{privileged, sluice_bin, wait_until};
 
-const CHECKS: &str = "
+const HTTP_CHECK: &str = "
     healthCheck: {protocol: http, port: 8080, path: /healthz, intervalMs: 500, timeoutMs: 300, rise: 2, fall: 3}";
+const TCP_CHECK: &str = "
+    healthCheck: {protocol: tcp, port: 8080, intervalMs: 500, timeoutMs: 300, rise: 2, fall: 3}";
 const DNS_CHECK: &str = "
     healthCheck: {protocol: dns, port: 5353, query: health.example, intervalMs: 500, timeoutMs: 300, rise: 2, fall: 3}";
 
@@ -27,13 +30,14 @@ const INTERVAL: Duration = Duration::from_millis(500);
 const FALL: u32 = 3;
 const RISE: u32 = 2;
 
-/// The demo configuration with passive health off and the checks above.
-fn config(prefix: &str) -> String {
+/// The demo configuration with passive health off, `web_check` for web and
+/// the DNS check above.
+fn config(prefix: &str, web_check: &str) -> String {
     let demo = std::fs::read_to_string(root().join("configs/demo.yaml")).unwrap().replace("filePrefix: sluice-demo", &format!("filePrefix: {prefix}"));
     let demo = demo.replace("  passive: true ", "  passive: false");
     assert!(demo.contains("passive: false"), "the demo's health section moved");
     let web = demo.find("  - name: web\n").expect("web");
-    let demo = format!("{}{}{}", &demo[..web + "  - name: web".len()], CHECKS, &demo[web + "  - name: web".len()..]);
+    let demo = format!("{}{}{}", &demo[..web + "  - name: web".len()], web_check, &demo[web + "  - name: web".len()..]);
     let dns = demo.find("    algorithm: random\n").expect("dns");
     format!("{}{}{}", &demo[..dns + "    algorithm: random".len()], DNS_CHECK, &demo[dns + "    algorithm: random".len()..])
 }
@@ -51,13 +55,28 @@ fn published(status: &Value, service: &str, id: u64) -> Value {
 #[test]
 #[cfg_attr(sluice_unprivileged, ignore = "needs root: network namespaces and DPDK")]
 fn http_and_dns_checks_through_the_exception_path_drain_a_stopped_backend_and_bring_it_back() {
+    drain_and_bring_back("ah", HTTP_CHECK, "http/8080");
+}
+
+/// The same with web's check a SYN to port 8080 from a raw socket: its
+/// SYN-ACK crosses the worker back to the kernel like any answer, and
+/// be2's closed port answers with an RST.
+#[test]
+#[cfg_attr(sluice_unprivileged, ignore = "needs root: network namespaces and DPDK")]
+fn tcp_checks_by_syn_through_the_exception_path_drain_a_stopped_backend_and_bring_it_back() {
+    drain_and_bring_back("at", TCP_CHECK, "tcp/8080");
+}
+
+/// Checks web by `web_check` (shown as `label`) and dns by DNS, stops be2,
+/// starts it again.
+fn drain_and_bring_back(name: &str, web_check: &str, label: &str) {
     privileged();
-    let prefix = format!("ah{}", std::process::id());
+    let prefix = format!("{name}{}", std::process::id());
     let topo = Topology::up(&prefix);
     let mut backends = topo.backends(&["20.0.0.1"]);
     let dir = tempdir(&prefix);
     let cfg = dir.join("appliance.yaml");
-    std::fs::write(&cfg, config(&prefix)).unwrap();
+    std::fs::write(&cfg, config(&prefix, web_check)).unwrap();
     let check = std::process::Command::new(sluice_bin()).args(["check", "--config", cfg.to_str().unwrap()]).output().unwrap();
     assert!(check.status.success(), "sluice check: {}{}", String::from_utf8_lossy(&check.stdout), String::from_utf8_lossy(&check.stderr));
     let mut lb = topo.spawn("lb", &[sluice_bin().to_str().unwrap(), "run", "--config", cfg.to_str().unwrap()]);
@@ -72,7 +91,7 @@ fn http_and_dns_checks_through_the_exception_path_drain_a_stopped_backend_and_br
     let st = topo.status();
     println!("checks: {}", st["health"]["checks"]);
     assert_eq!(st["health"]["passive"], false);
-    assert_eq!(checked(&st, "web", 1).unwrap()["check"], "http/8080");
+    assert_eq!(checked(&st, "web", 1).unwrap()["check"], label);
     assert_eq!(checked(&st, "dns", 1).unwrap()["check"], "dns/5353");
 
     // Connections held to every backend.

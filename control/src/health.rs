@@ -357,7 +357,8 @@ impl HealthTask {
             let held = reconciled.borrow().health.held.clone();
             let mut next = passive.status(&snap, &held, now);
             next.passive = on;
-            // The checks' status is made by their task every half second:
+            // The checks' status is made by their task every so often
+            // (`active::status_due`):
             // copied when it changed, else moved from the last status.
             let fresh = checks.has_changed().unwrap_or(false);
             status.send_modify(|h| {

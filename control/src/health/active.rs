@@ -20,21 +20,21 @@
 //! The verdicts (which endpoints are down) go to the health task, which
 //! lays them over passive health's and sends both to the reconciler.
 
-use std::cmp::Reverse;
-use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::{DefaultHasher, Hash, Hasher};
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sluice_admin_api::health::{CheckedEndpoint, Checks};
-use sluice_core::model::CheckDef;
+use sluice_core::model::{CheckDef, Probe};
 use sluice_dataplane::snapshot::Snapshot;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use super::syn::{Inline, Prober};
 use crate::reconcile::Published;
 
 /// What the active checks say, for the health task.
@@ -77,7 +77,7 @@ struct Target {
 #[derive(Debug)]
 pub(crate) struct Active {
     targets: HashMap<Key, Target>,
-    queue: BinaryHeap<Reverse<(Instant, u64, Key)>>,
+    queue: Calendar,
     epochs: u64,
     /// The most checks running at once.
     pub(crate) max_in_flight: usize,
@@ -85,6 +85,81 @@ pub(crate) struct Active {
     run: u64,
     failed: u64,
     late: u64,
+}
+
+/// The checks to start, by slot of [`BATCH`] since `origin`, rounded up
+/// (a check never starts before it is due): the checks of a slot start
+/// together, after one wake-up, and its list is read in one go where a heap
+/// of thousands of checks would cost a cache miss a level.
+#[derive(Debug)]
+struct Calendar {
+    origin: Instant,
+    slots: BTreeMap<u64, Vec<(u64, Key)>>,
+    len: usize,
+}
+
+impl Calendar {
+    fn new(origin: Instant) -> Calendar {
+        Calendar { origin, slots: BTreeMap::new(), len: 0 }
+    }
+
+    fn slot(&self, t: Instant) -> u64 {
+        let nanos = t.saturating_duration_since(self.origin).as_nanos().div_ceil(BATCH.as_nanos());
+        u64::try_from(nanos).unwrap_or(u64::MAX)
+    }
+
+    fn at(&self, slot: u64) -> Instant {
+        let nanos = u64::try_from(BATCH.as_nanos()).unwrap_or(u64::MAX);
+        self.origin + Duration::from_nanos(slot.saturating_mul(nanos))
+    }
+
+    fn push(&mut self, due: Instant, epoch: u64, key: Key) {
+        self.slots.entry(self.slot(due)).or_default().push((epoch, key));
+        self.len += 1;
+    }
+
+    /// The first point of the grid after `now`.
+    fn tick_after(&self, now: Instant) -> Instant {
+        let n = now.saturating_duration_since(self.origin).as_nanos() / BATCH.as_nanos() + 1;
+        self.at(u64::try_from(n).unwrap_or(u64::MAX))
+    }
+
+    /// When the first slot's checks are due.
+    fn next(&self) -> Option<Instant> {
+        self.slots.keys().next().map(|s| self.at(*s))
+    }
+
+    /// A check of the first slot, if it is due at `now`.
+    fn pop(&mut self, now: Instant) -> Option<(u64, Key)> {
+        let at = self.at(*self.slots.keys().next()?);
+        if at > now {
+            return None;
+        }
+        let mut first = self.slots.first_entry()?;
+        let item = first.get_mut().pop();
+        if first.get().is_empty() {
+            first.remove();
+        }
+        self.len -= usize::from(item.is_some());
+        item
+    }
+
+    fn retain(&mut self, mut keep: impl FnMut(u64, &Key) -> bool) {
+        for list in self.slots.values_mut() {
+            list.retain(|(epoch, k)| keep(*epoch, k));
+        }
+        self.slots.retain(|_, l| !l.is_empty());
+        self.len = self.slots.values().map(Vec::len).sum();
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    #[cfg(test)]
+    fn is_empty(&self) -> bool {
+        self.len == 0
+    }
 }
 
 /// A number from `what`, the same for the same input.
@@ -105,7 +180,7 @@ fn unit(x: u64) -> f64 {
 impl Active {
     /// No endpoint yet; at most `max_in_flight` checks at once.
     pub(crate) fn new(max_in_flight: usize) -> Active {
-        Active { targets: HashMap::new(), queue: BinaryHeap::new(), epochs: 0, max_in_flight: max_in_flight.max(1), in_flight: 0, run: 0, failed: 0, late: 0 }
+        Active { targets: HashMap::new(), queue: Calendar::new(Instant::now()), epochs: 0, max_in_flight: max_in_flight.max(1), in_flight: 0, run: 0, failed: 0, late: 0 }
     }
 
     /// Follows `snap`: every endpoint of a service `checks` names is
@@ -128,7 +203,7 @@ impl Active {
                 let interval = Duration::from_millis(u64::from(check.interval_ms));
                 let seed = hash((name, e.id, addr));
                 let due = now + interval.mul_f64(unit(seed));
-                self.queue.push(Reverse((due, self.epochs, key.clone())));
+                self.queue.push(due, self.epochs, key.clone());
                 let t = Target {
                     addr,
                     incarnation: e.incarnation,
@@ -169,13 +244,13 @@ impl Active {
         });
         if self.targets.len() != before || self.queue.len() > 2 * self.targets.len() + 64 {
             let targets = &self.targets;
-            self.queue.retain(|Reverse((_, epoch, k))| targets.get(k).is_some_and(|t| t.epoch == *epoch));
+            self.queue.retain(|epoch, k| targets.get(k).is_some_and(|t| t.epoch == epoch));
         }
     }
 
     /// When the next check is due, if any.
     pub(crate) fn next_due(&self) -> Option<Instant> {
-        self.queue.peek().map(|Reverse((t, _, _))| *t)
+        self.queue.next()
     }
 
     /// The checks due at `now` that may start (room allowing): (key,
@@ -183,13 +258,9 @@ impl Active {
     pub(crate) fn start_due(&mut self, now: Instant) -> Vec<(Key, u64, Arc<CheckDef>, IpAddr)> {
         let mut out = Vec::new();
         while self.in_flight < self.max_in_flight {
-            let Some(Reverse((due, epoch, _))) = self.queue.peek() else { break };
-            if *due > now {
-                break;
-            }
-            let (due, epoch) = (*due, *epoch);
-            let Some(Reverse((_, _, key))) = self.queue.pop() else { break };
+            let Some((epoch, key)) = self.queue.pop(now) else { break };
             let Some(t) = self.targets.get_mut(&key).filter(|t| t.epoch == epoch && !t.running) else { continue };
+            let due = t.due;
             let interval = Duration::from_millis(u64::from(t.check.interval_ms));
             if now.duration_since(due) > interval / 10 {
                 self.late += 1;
@@ -238,7 +309,7 @@ impl Active {
             }
         }
         let due = t.due.max(now);
-        self.queue.push(Reverse((due, epoch, key)));
+        self.queue.push(due, epoch, key);
         was != t.up
     }
 
@@ -293,12 +364,30 @@ pub(crate) fn max_in_flight() -> usize {
 
 /// Checks due within this of each other start together: at most this late
 /// (a tenth of the shortest interval), and the task wakes at most 100
-/// times a second to start checks.
-const BATCH: Duration = Duration::from_millis(10);
+/// times a second to start checks, and to read the answers of TCP checks.
+pub(crate) const BATCH: Duration = Duration::from_millis(10);
 
-/// How often the status is made again (and whenever an endpoint goes down
-/// or comes back).
+/// How often the status is made again: every half second, or every 0.2 ms
+/// per endpoint checked where that is longer (2 s for 10,000: making it
+/// costs each endpoint's strings, here and in the health task that copies
+/// it). An endpoint that goes down or comes back has it made again within
+/// [`STATUS_AFTER_CHANGE`] (its verdict goes out at once).
 const STATUS_EVERY: Duration = Duration::from_millis(500);
+const STATUS_PER_ENDPOINT: Duration = Duration::from_micros(200);
+/// The status after a change of state, at most this late (changes within
+/// it make it once).
+const STATUS_AFTER_CHANGE: Duration = Duration::from_millis(100);
+
+/// When the status is next made, after it was at `last`: never while
+/// nothing is checked and nothing changed.
+fn status_due(last: Instant, endpoints: usize, stale: bool) -> Option<Instant> {
+    let every = STATUS_PER_ENDPOINT.saturating_mul(u32::try_from(endpoints).unwrap_or(u32::MAX)).max(STATUS_EVERY);
+    match (stale, endpoints) {
+        (true, _) => Some(last + STATUS_AFTER_CHANGE),
+        (false, 0) => None,
+        (false, _) => Some(last + every),
+    }
+}
 
 /// The active checks' task, built; [`ActiveTask::run`] runs it.
 pub(crate) struct ActiveTask {
@@ -308,22 +397,73 @@ pub(crate) struct ActiveTask {
     pub(crate) max_in_flight: usize,
 }
 
+/// What runs the checks: TCP checks inline where a raw socket sends their
+/// SYNs, every other check in a task of its own.
+struct Runner {
+    inline: Option<Inline<(Key, u64)>>,
+    running: JoinSet<Result<Duration, String>>,
+    /// Which check each task runs: a task that panics or is aborted says
+    /// nothing of itself.
+    tasks: HashMap<tokio::task::Id, (Key, u64)>,
+    query_id: u16,
+}
+
+/// Results of checks: (endpoint, epoch of its record, result).
+type Results = Vec<(Key, u64, Result<Duration, String>)>;
+
+impl Runner {
+    fn new() -> Runner {
+        // TCP checks send a SYN each from raw sockets where they open.
+        Runner { inline: Prober::start().map(Inline::new), running: JoinSet::new(), tasks: HashMap::new(), query_id: 0 }
+    }
+
+    /// The inline checks answered, then those unanswered at their
+    /// deadline, then those that failed as they started.
+    fn step(&mut self, active: &mut Active, now: Instant) -> Results {
+        let mut out: Results = Vec::new();
+        if let Some(inline) = self.inline.as_mut() {
+            out.extend(inline.drain(now).into_iter().map(|((key, epoch), r)| (key, epoch, r)));
+            out.extend(inline.expired(now).into_iter().map(|((key, epoch), e)| (key, epoch, Err(e))));
+        }
+        for (key, epoch, check, addr) in active.start_due(now) {
+            let to = SocketAddr::new(addr, check.port);
+            if let Some(inline) = self.inline.as_mut().filter(|i| matches!(check.probe, Probe::Tcp) && i.covers(to)) {
+                let timeout = Duration::from_millis(u64::from(check.timeout_ms));
+                if let Err(e) = inline.send(to, timeout, (key.clone(), epoch), now) {
+                    out.push((key, epoch, Err(e)));
+                }
+                continue;
+            }
+            self.query_id = self.query_id.wrapping_add(1);
+            let id = self.query_id;
+            let task = self.running.spawn(async move { super::probe::check(&check, addr, id).await });
+            self.tasks.insert(task.id(), (key.clone(), epoch));
+            active.started(&key, epoch, task);
+        }
+        out
+    }
+
+    /// When to wake for the inline checks: at `tick` while any waits for
+    /// its answer, and at the next deadline.
+    fn next_wake(&self, tick: Instant) -> Option<Instant> {
+        let inline = self.inline.as_ref()?;
+        let tick = inline.waiting().then_some(tick);
+        [tick, inline.next_deadline()].into_iter().flatten().min()
+    }
+}
+
 impl ActiveTask {
     /// Checks until `cancel`.
     pub(crate) async fn run(self, cancel: CancellationToken) {
         let ActiveTask { mut published, verdicts, status, max_in_flight } = self;
         let mut active = Active::new(max_in_flight);
-        // TCP checks send a SYN each from raw sockets where they open.
-        let syn = super::syn::Prober::start();
-        let mut running: JoinSet<Result<Duration, String>> = JoinSet::new();
-        // Which check each task runs: a task that panics or is aborted
-        // says nothing of itself.
-        let mut tasks: HashMap<tokio::task::Id, (Key, u64)> = HashMap::new();
-        let mut query_id: u16 = 0;
-        let mut status_tick = tokio::time::interval(STATUS_EVERY);
-        status_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut runner = Runner::new();
+        // Made as [`status_due`] says: after a change of what is checked
+        // or of an endpoint's state, and every so often.
+        let (mut last_status, mut stale) = (Instant::now(), false);
         let mut follow = true;
-        let origin = Instant::now();
+        // Results of the checks' tasks, taken with the others.
+        let mut finished: Results = Vec::new();
         loop {
             if follow {
                 let p = published.borrow_and_update();
@@ -331,54 +471,56 @@ impl ActiveTask {
                 let snap = Arc::clone(&p.snapshot);
                 drop(p);
                 active.follow(&snap, &checks, Instant::now());
+                stale = true;
                 verdicts.send_if_modified(|v| {
                     let next = active.verdicts();
                     std::mem::replace(v, next.clone()) != next
                 });
                 follow = false;
             }
-            for (key, epoch, check, addr) in active.start_due(Instant::now()) {
-                query_id = query_id.wrapping_add(1);
-                let id = query_id;
-                let syn = syn.clone();
-                let task = running.spawn(async move { super::probe::check(&check, addr, id, syn.as_deref()).await });
-                tasks.insert(task.id(), (key.clone(), epoch));
-                active.started(&key, epoch, task);
+            let now = Instant::now();
+            let mut results = runner.step(&mut active, now);
+            results.append(&mut finished);
+            // True when an endpoint went down or came back.
+            if results.into_iter().fold(false, |changed, (key, epoch, r)| active.result(key, epoch, r, now) | changed) {
+                verdicts.send_replace(active.verdicts());
+                stale = true;
             }
-            // Woken on a grid of [`BATCH`]: the checks due meanwhile start
-            // together (a wake-up per check would cost more than the check).
-            let next = active.next_due().map(|t| {
-                let since = t.saturating_duration_since(origin);
-                let nanos = since.as_nanos().div_ceil(BATCH.as_nanos()) * BATCH.as_nanos();
-                origin + Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
-            });
-            let room = running.len() < active.max_in_flight;
+            if status_due(last_status, active.targets.len(), stale).is_some_and(|at| now >= at) {
+                status.send_replace(active.status());
+                (last_status, stale) = (now, false);
+            }
+            // Woken on the calendar's grid of [`BATCH`] (the checks due
+            // meanwhile start together: a wake-up per check would cost
+            // more than the check), every tick while an inline check waits
+            // for its answer, and at the next deadline.
+            let room = active.in_flight < active.max_in_flight;
+            let status_at = status_due(last_status, active.targets.len(), stale);
+            let next = [active.next_due().filter(|_| room), runner.next_wake(active.queue.tick_after(now)), status_at].into_iter().flatten().min();
             tokio::select! {
-                () = cancel.cancelled() => return,
+                () = cancel.cancelled() => {
+                    // The counts as they end.
+                    status.send_replace(active.status());
+                    return;
+                }
                 r = published.changed() => {
                     if r.is_err() {
                         return;
                     }
                     follow = true;
                 }
-                Some(done) = running.join_next_with_id(), if !running.is_empty() => {
+                Some(done) = runner.running.join_next_with_id(), if !runner.running.is_empty() => {
                     // A panic is a failed check; an aborted check's record
                     // is gone or new (its epoch refuses the result).
                     let (id, result) = match done {
                         Ok((id, r)) => (id, r),
                         Err(e) => (e.id(), Err(format!("the check's task ended: {e}"))),
                     };
-                    let Some((key, epoch)) = tasks.remove(&id) else { continue };
-                    if active.result(key, epoch, result, Instant::now()) {
-                        verdicts.send_replace(active.verdicts());
-                        // The status says so at once too.
-                        status.send_replace(active.status());
+                    if let Some((key, epoch)) = runner.tasks.remove(&id) {
+                        finished.push((key, epoch, result));
                     }
                 }
-                () = sleep_until(next), if next.is_some() && room => {}
-                _ = status_tick.tick() => {
-                    status.send_replace(active.status());
-                }
+                () = sleep_until(next), if next.is_some() => {}
             }
         }
     }
@@ -554,5 +696,40 @@ mod tests {
         // No check: nothing is followed.
         a.follow(&snap, &BTreeMap::new(), at);
         assert!(a.targets.is_empty() && a.queue.is_empty());
+    }
+
+    #[test]
+    fn the_calendar_never_starts_a_check_early_and_keeps_slot_order() {
+        let t0 = Instant::now();
+        let mut c = Calendar::new(t0);
+        let key = |id: u32| -> Key { (Arc::from("web"), id) };
+        c.push(t0 + Duration::from_millis(25), 1, key(1));
+        c.push(t0 + Duration::from_millis(3), 2, key(2));
+        c.push(t0 + Duration::from_millis(21), 3, key(3));
+        assert_eq!((c.len(), c.next()), (3, Some(t0 + BATCH)), "due at 3 ms: its slot ends at 10 ms");
+        assert_eq!(c.pop(t0 + Duration::from_millis(9)), None);
+        assert_eq!(c.pop(t0 + BATCH).map(|e| e.0), Some(2));
+        assert_eq!(c.next(), Some(t0 + 3 * BATCH), "21 and 25 ms share the slot that ends at 30 ms");
+        assert_eq!(c.pop(t0 + Duration::from_millis(29)), None);
+        let mut both: Vec<u64> = std::iter::from_fn(|| c.pop(t0 + Duration::from_millis(30)).map(|e| e.0)).collect();
+        both.sort_unstable();
+        assert_eq!(both, [1, 3]);
+        assert!(c.is_empty() && c.next().is_none());
+        assert_eq!(c.tick_after(t0 + Duration::from_millis(30)), t0 + 4 * BATCH, "the next point of the grid, not this one");
+        assert_eq!(c.tick_after(t0 + Duration::from_millis(31)), t0 + 4 * BATCH);
+        c.push(t0, 4, key(4));
+        c.push(t0 + Duration::from_secs(1), 5, key(5));
+        c.retain(|epoch, _| epoch == 5);
+        assert_eq!((c.len(), c.next()), (1, Some(t0 + Duration::from_secs(1))));
+    }
+
+    #[test]
+    fn the_status_is_made_after_a_change_and_less_often_for_many_endpoints() {
+        let t = Instant::now();
+        assert_eq!(status_due(t, 0, false), None, "nothing checked, nothing changed: never");
+        assert_eq!(status_due(t, 0, true), Some(t + STATUS_AFTER_CHANGE));
+        assert_eq!(status_due(t, 10_000, true), Some(t + STATUS_AFTER_CHANGE), "a change shows soon whatever the size");
+        assert_eq!(status_due(t, 30, false), Some(t + STATUS_EVERY));
+        assert_eq!(status_due(t, 10_000, false), Some(t + Duration::from_secs(2)));
     }
 }

@@ -20,23 +20,16 @@ use hyper_util::rt::TokioIo;
 use sluice_core::model::{CheckDef, Probe};
 use tokio::net::{TcpSocket, TcpStream, UdpSocket};
 
-use super::syn::{Answer, Prober};
 
 /// Checks `addr` as `check` says, within its timeout: the time it took,
-/// or why it failed. TCP checks go through `syn` (a SYN, its answer) where
-/// it covers the address's family, else connect a socket.
-pub(crate) async fn check(check: &CheckDef, addr: IpAddr, query_id: u16, syn: Option<&Prober>) -> Result<Duration, String> {
+/// or why it failed. TCP checks here connect a socket: the active checks'
+/// task sends a SYN instead where it has a raw socket ([`super::syn`]).
+pub(crate) async fn check(check: &CheckDef, addr: IpAddr, query_id: u16) -> Result<Duration, String> {
     let t0 = Instant::now();
     let to = SocketAddr::new(addr, check.port);
     let run = async {
         match &check.probe {
-            Probe::Tcp => match syn.filter(|p| p.covers(to)) {
-                Some(p) => match p.probe(to).await? {
-                    Answer::Open => Ok(()),
-                    Answer::Refused => Err("connection refused (RST)".to_owned()),
-                },
-                None => connect(to).await.map(drop),
-            },
+            Probe::Tcp => connect(to).await.map(drop),
             // Boxed: the HTTP client's state would make every check's
             // future (a TCP one too) as large as its own.
             Probe::Http { path, host, statuses, tls } => Box::pin(http(to, path, host.as_deref(), statuses, *tls)).await,
@@ -285,15 +278,9 @@ mod tests {
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = l.local_addr().unwrap().port();
         let lo = IpAddr::from([127, 0, 0, 1]);
-        assert!(check(&def(Probe::Tcp, port), lo, 1, None).await.is_ok());
-        let e = check(&def(Probe::Tcp, closed_port()), lo, 1, None).await.unwrap_err();
+        assert!(check(&def(Probe::Tcp, port), lo, 1).await.is_ok());
+        let e = check(&def(Probe::Tcp, closed_port()), lo, 1).await.unwrap_err();
         assert!(e.contains("refused"), "{e}");
-        // The same through SYNs (where raw sockets can be opened).
-        if let Some(syn) = super::super::syn::Prober::start() {
-            assert!(check(&def(Probe::Tcp, port), lo, 1, Some(&syn)).await.is_ok());
-            let e = check(&def(Probe::Tcp, closed_port()), lo, 1, Some(&syn)).await.unwrap_err();
-            assert!(e.contains("refused"), "{e}");
-        }
     }
 
     /// Serves one HTTP request per connection with `status`, returning the
@@ -328,16 +315,16 @@ mod tests {
         let lo = IpAddr::from([127, 0, 0, 1]);
         let (port, mut heads) = http_server(204).await;
         let probe = |statuses: Vec<(u16, u16)>| Probe::Http { path: "/healthz".into(), host: Some("web.example".into()), statuses, tls: false };
-        assert!(check(&def(probe(vec![(200, 299)]), port), lo, 1, None).await.is_ok());
+        assert!(check(&def(probe(vec![(200, 299)]), port), lo, 1).await.is_ok());
         let head = heads.recv().await.unwrap();
         assert!(head.starts_with("GET /healthz HTTP/1.1\r\n"), "{head}");
         assert!(head.to_ascii_lowercase().contains("host: web.example\r\n"), "{head}");
         // Without a host, the endpoint's address and port.
         let no_host = Probe::Http { path: "/".into(), host: None, statuses: vec![(200, 299)], tls: false };
-        assert!(check(&def(no_host, port), lo, 1, None).await.is_ok());
+        assert!(check(&def(no_host, port), lo, 1).await.is_ok());
         let head = heads.recv().await.unwrap();
         assert!(head.to_ascii_lowercase().contains(&format!("host: 127.0.0.1:{port}\r\n")), "{head}");
-        let e = check(&def(probe(vec![(200, 200)]), port), lo, 1, None).await.unwrap_err();
+        let e = check(&def(probe(vec![(200, 200)]), port), lo, 1).await.unwrap_err();
         assert_eq!(e, "HTTP status 204");
         // Something that does not speak HTTP fails.
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -347,7 +334,7 @@ mod tests {
                 let _ = c.write_all(b"be1\n").await;
             }
         });
-        assert!(check(&def(probe(vec![(200, 399)]), port), lo, 1, None).await.is_err());
+        assert!(check(&def(probe(vec![(200, 399)]), port), lo, 1).await.is_err());
     }
 
     /// Serves HTTPS with a self-signed certificate for `name`, each request
@@ -394,16 +381,16 @@ mod tests {
         let lo = IpAddr::from([127, 0, 0, 1]);
         let (port, mut names) = https_server("web.example", 200).await;
         let https = |host: Option<&str>, statuses: Vec<(u16, u16)>| Probe::Http { path: "/healthz".into(), host: host.map(Into::into), statuses, tls: true };
-        assert!(check(&def(https(Some("web.example"), vec![(200, 299)]), port), lo, 1, None).await.is_ok());
+        assert!(check(&def(https(Some("web.example"), vec![(200, 299)]), port), lo, 1).await.is_ok());
         assert_eq!(names.recv().await.unwrap().as_deref(), Some("web.example"));
         // Without a host: no server name; any certificate is taken.
-        assert!(check(&def(https(None, vec![(200, 299)]), port), lo, 1, None).await.is_ok());
+        assert!(check(&def(https(None, vec![(200, 299)]), port), lo, 1).await.is_ok());
         assert_eq!(names.recv().await.unwrap(), None);
-        let e = check(&def(https(None, vec![(204, 204)]), port), lo, 1, None).await.unwrap_err();
+        let e = check(&def(https(None, vec![(204, 204)]), port), lo, 1).await.unwrap_err();
         assert_eq!(e, "HTTP status 200");
         // Plain HTTP on a TLS port fails, and HTTPS on a plain HTTP one.
         let http = Probe::Http { path: "/".into(), host: None, statuses: vec![(100, 599)], tls: false };
-        assert!(check(&def(http, port), lo, 1, None).await.is_err());
+        assert!(check(&def(http, port), lo, 1).await.is_err());
         // A server that answers in clear text at once.
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let plain = l.local_addr().unwrap().port();
@@ -412,7 +399,7 @@ mod tests {
                 let _ = c.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n").await;
             }
         });
-        let e = check(&def(https(None, vec![(100, 599)]), plain), lo, 1, None).await.unwrap_err();
+        let e = check(&def(https(None, vec![(100, 599)]), plain), lo, 1).await.unwrap_err();
         assert!(e.starts_with("TLS: "), "{e}");
     }
 
@@ -437,13 +424,13 @@ mod tests {
             }
         });
         let udp = |send: &[u8], expect: &[u8]| def(Probe::Udp { send: send.to_vec(), expect: expect.to_vec() }, port);
-        assert!(check(&udp(b"ping", b"pong"), lo, 1, None).await.is_ok());
-        assert!(check(&udp(b"ping", b""), lo, 1, None).await.is_ok());
-        assert!(check(&udp(b"ping", b"pang"), lo, 1, None).await.unwrap_err().contains("does not contain"));
-        assert!(check(&udp(b"hi", b""), lo, 1, None).await.unwrap_err().contains("no answer within 300 ms"));
-        assert!(check(&def(Probe::Dns { name: "example.org".into() }, port), lo, 7, None).await.is_ok());
+        assert!(check(&udp(b"ping", b"pong"), lo, 1).await.is_ok());
+        assert!(check(&udp(b"ping", b""), lo, 1).await.is_ok());
+        assert!(check(&udp(b"ping", b"pang"), lo, 1).await.unwrap_err().contains("does not contain"));
+        assert!(check(&udp(b"hi", b""), lo, 1).await.unwrap_err().contains("no answer within 300 ms"));
+        assert!(check(&def(Probe::Dns { name: "example.org".into() }, port), lo, 7).await.is_ok());
         let closed = closed_port();
-        assert!(check(&def(Probe::Dns { name: ".".into() }, closed), lo, 7, None).await.unwrap_err().contains("unreachable"));
+        assert!(check(&def(Probe::Dns { name: ".".into() }, closed), lo, 7).await.unwrap_err().contains("unreachable"));
     }
 
     #[test]

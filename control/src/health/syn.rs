@@ -5,7 +5,8 @@
 //! SYN-ACK with an RST and the endpoint forgets the half-open connection
 //! (its application never sees it). A check of a TCP connection through
 //! a kernel socket costs its creation, registration, connection and close;
-//! this costs a send and a receive (bench/active_checks.sh measures both).
+//! this costs a send and a share of a receive (bench/active_checks.sh
+//! measures both).
 //!
 //! - **Ports:** the SYNs come from [`PORTS`] ports per family, each held
 //!   bound (not listening) by a TCP socket of the kernel's so that no
@@ -16,30 +17,36 @@
 //!   of its own; learnt once per endpoint address from a UDP socket
 //!   connected to it, and kept ([`MAX_SOURCES`] at most).
 //! - **Answers:** a raw socket of IPPROTO_TCP receives a copy of every TCP
-//!   segment the kernel receives; one task per family reads them and hands
-//!   each answer to the check waiting for it: from that endpoint's address
-//!   and port, to the SYN's port, acknowledging the SYN's sequence number.
+//!   segment the kernel receives. It is not watched: the active checks'
+//!   task reads what came ([`Inline::drain`]) each time it wakes, which is
+//!   at least every [`super::active::BATCH`] while checks wait for an
+//!   answer. Thousands of answers a second then cost a hundred wake-ups,
+//!   not one each; a check's time is read to within that tick. An answer
+//!   is taken from that endpoint's address and port, to the SYN's port,
+//!   acknowledging the SYN's sequence number.
+//! - **Deadlines:** the checks' task times them out itself ([`Inline`]):
+//!   no task, future or timer per check.
 //! - **Needs** `CAP_NET_RAW` (the appliance runs as root for DPDK); without
 //!   it TCP checks connect a socket each ([`super::probe`]).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use rustix::net::{AddressFamily, SocketFlags, SocketType};
-use tokio::sync::oneshot;
-
-use crate::ground::lock;
 
 /// Ports held per family.
 pub(crate) const PORTS: usize = 64;
-/// Bytes asked for each raw socket's receive buffer.
+/// Bytes asked for each raw socket's receive buffer: what the kernel's TCP
+/// receives between two reads.
 const RECV_BUFFER: usize = 4 << 20;
 /// Endpoint addresses whose source address is kept.
 const MAX_SOURCES: usize = 1 << 16;
+/// Segments read from one family's socket at most per drain (the rest at
+/// the next: a flood of the kernel's TCP does not hold the task).
+const MAX_READ: usize = 1 << 16;
 
 /// What an endpoint answered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,27 +58,29 @@ pub(crate) enum Answer {
 }
 
 /// A check waiting: (endpoint address, endpoint port, our port).
-type Key = (IpAddr, u16, u16);
+pub(crate) type Key = (IpAddr, u16, u16);
 
 /// One family's raw socket and the ports it sends from.
 struct Family {
-    /// A raw socket, which tokio's UDP socket drives as well (datagrams
-    /// sent to and received from an address).
-    raw: Arc<tokio::net::UdpSocket>,
+    /// A raw socket, non-blocking, read and written directly (no runtime
+    /// watches it).
+    raw: UdpSocket,
     ports: Vec<u16>,
     /// Holds the ports.
     _held: Vec<std::net::TcpListener>,
 }
 
 /// The prober: both families' raw sockets, the checks waiting for an
-/// answer, and the source address of each endpoint address.
+/// answer (their sequence number and tag), and the source address of each
+/// endpoint address.
 pub(crate) struct Prober {
     v4: Option<Family>,
     v6: Option<Family>,
-    waiting: Mutex<HashMap<Key, (u32, oneshot::Sender<Answer>)>>,
-    sources: Mutex<HashMap<IpAddr, IpAddr>>,
-    next_port: AtomicUsize,
-    next_seq: AtomicU32,
+    waiting: HashMap<Key, (u32, u64)>,
+    sources: HashMap<IpAddr, IpAddr>,
+    next_port: usize,
+    next_seq: u32,
+    buf: Vec<u8>,
 }
 
 impl std::fmt::Debug for Prober {
@@ -80,14 +89,13 @@ impl std::fmt::Debug for Prober {
     }
 }
 
-/// A raw TCP socket of `family`, non-blocking, registered with the runtime.
-fn raw(family: AddressFamily) -> io::Result<tokio::net::UdpSocket> {
+/// A raw TCP socket of `family`, non-blocking.
+fn raw(family: AddressFamily) -> io::Result<UdpSocket> {
     let fd: OwnedFd = rustix::net::socket_with(family, SocketType::RAW, SocketFlags::NONBLOCK | SocketFlags::CLOEXEC, Some(rustix::net::ipproto::TCP))?;
-    // Every TCP segment the kernel receives is copied here: room for a
-    // burst while the reader waits its turn (the kernel caps it at
-    // net.core.rmem_max).
+    // Every TCP segment the kernel receives is copied here: room for those
+    // of a tick (the kernel caps it at net.core.rmem_max).
     rustix::net::sockopt::set_socket_recv_buffer_size(&fd, RECV_BUFFER)?;
-    tokio::net::UdpSocket::from_std(UdpSocket::from(fd))
+    Ok(UdpSocket::from(fd))
 }
 
 /// `n` ports held by bound sockets that do not listen: a listener
@@ -117,13 +125,13 @@ fn hold_ports(v6: bool, n: usize) -> io::Result<(Vec<u16>, Vec<std::net::TcpList
 
 impl Prober {
     /// Opens the raw sockets (a family whose socket cannot be opened is
-    /// left out: its checks connect) and starts the readers; `None` when
-    /// neither opens (no `CAP_NET_RAW`).
-    pub(crate) fn start() -> Option<Arc<Prober>> {
+    /// left out: its checks connect); `None` when neither opens (no
+    /// `CAP_NET_RAW`).
+    pub(crate) fn start() -> Option<Prober> {
         let family = |v6: bool| -> io::Result<Family> {
             let raw = raw(if v6 { AddressFamily::INET6 } else { AddressFamily::INET })?;
             let (ports, held) = hold_ports(v6, PORTS)?;
-            Ok(Family { raw: Arc::new(raw), ports, _held: held })
+            Ok(Family { raw, ports, _held: held })
         };
         let (v4, v6) = (family(false), family(true));
         if let Err(e) = &v4 {
@@ -137,21 +145,7 @@ impl Prober {
             return None;
         }
         let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.subsec_nanos() | 1);
-        let p = Arc::new(Prober {
-            v4,
-            v6,
-            waiting: Mutex::new(HashMap::new()),
-            sources: Mutex::new(HashMap::new()),
-            next_port: AtomicUsize::new(0),
-            next_seq: AtomicU32::new(seed),
-        });
-        for v6 in [false, true] {
-            if let Some(f) = p.family(v6) {
-                let (weak, raw) = (Arc::downgrade(&p), Arc::clone(&f.raw));
-                tokio::spawn(async move { read_answers(&weak, &raw, v6).await });
-            }
-        }
-        Some(p)
+        Some(Prober { v4, v6, waiting: HashMap::new(), sources: HashMap::new(), next_port: 0, next_seq: seed, buf: vec![0; 2048] })
     }
 
     fn family(&self, v6: bool) -> Option<&Family> {
@@ -164,78 +158,153 @@ impl Prober {
     }
 
     /// The source address the kernel picks for `to`.
-    fn source(&self, to: IpAddr) -> io::Result<IpAddr> {
-        if let Some(s) = lock(&self.sources).get(&to) {
+    fn source(&mut self, to: IpAddr) -> io::Result<IpAddr> {
+        if let Some(s) = self.sources.get(&to) {
             return Ok(*s);
         }
         let any: SocketAddr = if to.is_ipv4() { ([0, 0, 0, 0], 0).into() } else { (std::net::Ipv6Addr::UNSPECIFIED, 0).into() };
         let u = UdpSocket::bind(any)?;
         u.connect(SocketAddr::new(to, 9))?;
         let s = u.local_addr()?.ip();
-        let mut sources = lock(&self.sources);
-        if sources.len() >= MAX_SOURCES {
-            sources.clear();
+        if self.sources.len() >= MAX_SOURCES {
+            self.sources.clear();
         }
-        sources.insert(to, s);
+        self.sources.insert(to, s);
         Ok(s)
     }
 
-    /// Sends a SYN to `to` and waits for its answer (the caller bounds the
-    /// wait).
-    pub(crate) async fn probe(&self, to: SocketAddr) -> Result<Answer, String> {
-        let fam = self.family(to.is_ipv6()).ok_or("no raw socket of this family")?;
+    /// Sends a SYN to `to` from a port no check of that endpoint waits on;
+    /// its answer is read by [`Prober::drain`] under `tag`.
+    pub(crate) fn send(&mut self, to: SocketAddr, tag: u64) -> Result<Key, String> {
         let src = self.source(to.ip()).map_err(|e| format!("no route: {e}"))?;
-        let seq = self.next_seq.fetch_add(0x9e37_79b9, Ordering::Relaxed);
-        let (tx, rx) = oneshot::channel();
-        // A port no check of this endpoint waits on.
-        let port = {
-            let mut waiting = lock(&self.waiting);
-            let start = self.next_port.fetch_add(1, Ordering::Relaxed);
-            let free = (0..fam.ports.len()).map(|i| fam.ports[(start + i) % fam.ports.len()]).find(|p| !waiting.contains_key(&(to.ip(), to.port(), *p)));
-            let Some(port) = free else { return Err(format!("{} checks of this endpoint at once already", fam.ports.len())) };
-            waiting.insert((to.ip(), to.port(), port), (seq, tx));
-            port
+        let fam = self.family(to.is_ipv6()).ok_or("no raw socket of this family")?;
+        let n = fam.ports.len();
+        let Some(port) = (0..n).map(|i| fam.ports[(self.next_port + i) % n]).find(|p| !self.waiting.contains_key(&(to.ip(), to.port(), *p))) else {
+            return Err(format!("{n} checks of this endpoint at once already"));
         };
-        let key = (to.ip(), to.port(), port);
-        let _gone = Waiting(self, key);
+        let seq = self.next_seq;
+        // A raw socket's send does not wait: a full send buffer is a
+        // failed check (sent again at its next interval).
         let syn = syn(src, to, port, seq);
-        fam.raw.send_to(&syn, SocketAddr::new(to.ip(), 0)).await.map_err(|e| format!("send: {e}"))?;
-        rx.await.map_err(|_| "the prober stopped".to_owned())
+        rustix::net::sendto(&fam.raw, &syn, rustix::net::SendFlags::empty(), &SocketAddr::new(to.ip(), 0)).map_err(|e| format!("send: {e}"))?;
+        self.next_port = self.next_port.wrapping_add(1);
+        self.next_seq = seq.wrapping_add(0x9e37_79b9);
+        let key = (to.ip(), to.port(), port);
+        self.waiting.insert(key, (seq, tag));
+        Ok(key)
     }
-}
 
-/// Takes a check's entry out of the table when it ends, answered or not.
-struct Waiting<'a>(&'a Prober, Key);
-
-impl Drop for Waiting<'_> {
-    fn drop(&mut self) {
-        lock(&self.0.waiting).remove(&self.1);
+    /// Forgets a check (an answer that comes later is not taken).
+    pub(crate) fn forget(&mut self, key: &Key) {
+        self.waiting.remove(key);
     }
-}
 
-/// Reads one family's TCP segments and answers the checks waiting; ends
-/// when the prober is dropped (at its next segment) or its socket fails.
-async fn read_answers(p: &std::sync::Weak<Prober>, raw: &tokio::net::UdpSocket, v6: bool) {
-    let mut buf = vec![0u8; 2048];
-    loop {
-        let (n, from) = match raw.recv_from(&mut buf).await {
-            Ok(r) => r,
-            Err(e) => {
-                tracing::warn!(error = %e, "active checks: the raw socket failed; TCP checks of this family now time out");
-                return;
-            }
-        };
-        // IPv4 raw sockets give the IP header, IPv6 ones do not.
-        let seg = buf.get(..n).unwrap_or_default();
-        let tcp = if v6 { Some(seg) } else { seg.first().and_then(|b| seg.get(usize::from(b & 0x0f) * 4..)) };
-        let Some((key, answer, ack)) = tcp.and_then(|t| answer_of(from.ip(), t)) else { continue };
-        let Some(prober) = p.upgrade() else { return };
-        let mut waiting = lock(&prober.waiting);
-        if waiting.get(&key).is_some_and(|(seq, _)| ack == seq.wrapping_add(1)) {
-            if let Some((_, tx)) = waiting.remove(&key) {
-                let _ = tx.send(answer);
+    /// Reads what both families' sockets received, and gives `answered`
+    /// the tag of each check answered and what the endpoint said.
+    pub(crate) fn drain(&mut self, mut answered: impl FnMut(u64, Answer)) {
+        for v6 in [false, true] {
+            let Some(fam) = (if v6 { self.v6.as_ref() } else { self.v4.as_ref() }) else { continue };
+            for _ in 0..MAX_READ {
+                let (n, from) = match fam.raw.recv_from(&mut self.buf) {
+                    Ok(r) => r,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "active checks: reading the raw socket failed");
+                        break;
+                    }
+                };
+                // IPv4 raw sockets give the IP header, IPv6 ones do not.
+                let seg = self.buf.get(..n).unwrap_or_default();
+                let tcp = if v6 { Some(seg) } else { seg.first().and_then(|b| seg.get(usize::from(b & 0x0f) * 4..)) };
+                let Some((key, answer, ack)) = tcp.and_then(|t| answer_of(from.ip(), t)) else { continue };
+                if self.waiting.get(&key).is_some_and(|(seq, _)| ack == seq.wrapping_add(1)) {
+                    if let Some((_, tag)) = self.waiting.remove(&key) {
+                        answered(tag, answer);
+                    }
+                }
             }
         }
+    }
+}
+
+/// TCP checks sent for a task that runs them without a task, a future or a
+/// timer each: what each check is to the caller (`T`), when it was sent,
+/// and the deadlines (one queue per timeout, in which they come in the
+/// order sent).
+pub(crate) struct Inline<T> {
+    prober: Prober,
+    pending: HashMap<u64, (T, Instant, Key)>,
+    deadlines: BTreeMap<Duration, VecDeque<(Instant, u64)>>,
+    next_tag: u64,
+}
+
+impl<T> Inline<T> {
+    pub(crate) fn new(prober: Prober) -> Inline<T> {
+        Inline { prober, pending: HashMap::new(), deadlines: BTreeMap::new(), next_tag: 0 }
+    }
+
+    /// Whether `to`'s family is probed here.
+    pub(crate) fn covers(&self, to: SocketAddr) -> bool {
+        self.prober.covers(to)
+    }
+
+    /// Sends a SYN to `to`, to be answered within `timeout`; the error of
+    /// a check that failed at once.
+    pub(crate) fn send(&mut self, to: SocketAddr, timeout: Duration, what: T, now: Instant) -> Result<(), String> {
+        let tag = self.next_tag;
+        let key = self.prober.send(to, tag)?;
+        self.next_tag += 1;
+        self.pending.insert(tag, (what, now, key));
+        self.deadlines.entry(timeout).or_default().push_back((now + timeout, tag));
+        Ok(())
+    }
+
+    /// The checks answered since the last drain, read at `now`, with their
+    /// results (the time from the SYN to `now`).
+    pub(crate) fn drain(&mut self, now: Instant) -> Vec<(T, Result<Duration, String>)> {
+        let mut out = Vec::new();
+        // Read even with no check waiting: what came meanwhile leaves
+        // room for the answers of the next.
+        let pending = &mut self.pending;
+        self.prober.drain(|tag, answer| {
+            if let Some((what, sent, _)) = pending.remove(&tag) {
+                out.push((
+                    what,
+                    match answer {
+                        Answer::Open => Ok(now.saturating_duration_since(sent)),
+                        Answer::Refused => Err("connection refused (RST)".to_owned()),
+                    },
+                ));
+            }
+        });
+        out
+    }
+
+    /// The checks unanswered at their deadline, forgotten by the prober.
+    pub(crate) fn expired(&mut self, now: Instant) -> Vec<(T, String)> {
+        let mut out = Vec::new();
+        for (timeout, queue) in &mut self.deadlines {
+            while let Some(&(_, tag)) = queue.front().filter(|(d, _)| *d <= now) {
+                queue.pop_front();
+                if let Some((what, _, key)) = self.pending.remove(&tag) {
+                    self.prober.forget(&key);
+                    out.push((what, format!("no answer within {} ms", timeout.as_millis())));
+                }
+            }
+        }
+        self.deadlines.retain(|_, q| !q.is_empty());
+        out
+    }
+
+    /// The earliest deadline.
+    pub(crate) fn next_deadline(&self) -> Option<Instant> {
+        self.deadlines.values().filter_map(|q| q.front().map(|(d, _)| *d)).min()
+    }
+
+    /// Whether checks wait for an answer.
+    pub(crate) fn waiting(&self) -> bool {
+        !self.pending.is_empty()
     }
 }
 
@@ -340,27 +409,60 @@ mod tests {
         assert_eq!(answer_of(from, &t[..19]), None);
     }
 
-    /// Over loopback (needs CAP_NET_RAW: skipped without it): a listener
-    /// answers, a closed port refuses, and the listener never accepts a
-    /// connection.
+    /// Over loopback (skipped without CAP_NET_RAW): a listener's answer
+    /// ends its check with the time taken, a closed port's with a refusal,
+    /// the listener never accepts a connection; a check past its deadline
+    /// is forgotten, and its answer, coming later, is not taken.
     #[tokio::test]
-    async fn a_listener_answers_and_a_closed_port_refuses() {
+    async fn checks_are_answered_when_drained_or_expire() {
         let Some(p) = Prober::start() else {
             eprintln!("no raw sockets here (CAP_NET_RAW): skipped");
             return;
         };
+        let mut inline = Inline::new(p);
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let open = l.local_addr().unwrap();
-        for _ in 0..3 {
-            assert_eq!(p.probe(open).await, Ok(Answer::Open));
-        }
         let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
-        assert_eq!(p.probe(closed).await, Ok(Answer::Refused));
-        let accepted = tokio::time::timeout(std::time::Duration::from_millis(200), l.accept()).await;
+        let second = Duration::from_secs(1);
+        let drained = |inline: &mut Inline<&'static str>, n: usize| {
+            let mut got = Vec::new();
+            for _ in 0..200 {
+                got.extend(inline.drain(Instant::now()));
+                if got.len() >= n {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            got.sort_by_key(|g| g.0);
+            got
+        };
+        let t0 = Instant::now();
+        for _ in 0..3 {
+            inline.send(open, second, "open", t0).unwrap();
+        }
+        inline.send(closed, second, "closed", t0).unwrap();
+        let got = drained(&mut inline, 4);
+        assert_eq!(got.len(), 4, "{got:?}");
+        assert_eq!(got[0], ("closed", Err("connection refused (RST)".to_owned())));
+        assert!(got[1..].iter().all(|g| g.0 == "open" && g.1.as_ref().is_ok_and(|d| *d < second)), "{got:?}");
+        assert!(!inline.waiting() && inline.prober.waiting.is_empty(), "every answered check left");
+        let accepted = tokio::time::timeout(Duration::from_millis(200), l.accept()).await;
         assert!(accepted.is_err(), "no connection was made");
-        assert!(lock(&p.waiting).is_empty(), "every answered check left");
+        assert_eq!(inline.next_deadline(), Some(t0 + second), "deadlines stay queued until they pass");
+        assert!(inline.expired(t0 + second).is_empty(), "all were answered");
+        assert_eq!(inline.next_deadline(), None);
+        // No time to answer: expired at once, forgotten by the prober, and
+        // the answer that comes anyway is not taken.
+        let t1 = Instant::now();
+        inline.send(open, Duration::ZERO, "late", t1).unwrap();
+        assert_eq!(inline.expired(t1), vec![("late", "no answer within 0 ms".to_owned())]);
+        assert!(inline.prober.waiting.is_empty());
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(inline.drain(Instant::now()).is_empty(), "a forgotten check's answer is dropped");
         if let Ok(l6) = tokio::net::TcpListener::bind("[::1]:0").await {
-            assert_eq!(p.probe(l6.local_addr().unwrap()).await, Ok(Answer::Open));
+            inline.send(l6.local_addr().unwrap(), second, "v6", Instant::now()).unwrap();
+            let got = drained(&mut inline, 1);
+            assert!(got.len() == 1 && got[0].1.is_ok(), "{got:?}");
         }
     }
 }
