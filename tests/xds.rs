@@ -970,8 +970,17 @@ async fn a_clusters_health_checks_configure_the_services_active_check() {
     wait("a second NACK", || server.nacks().len() == 2, dump).await;
     assert!(server.nacks()[1].1.contains("health check interval 50 ms is outside 100..=3600000"), "{:?}", server.nacks());
 
+    // Over TLS where the cluster's transport socket is TLS, as Envoy's checks are.
+    let mut tls = web_checked(vec![http.clone()]);
+    tls.transport_socket = Some(envoy_types::pb::envoy::config::core::v3::TransportSocket { name: "envoy.transport_sockets.tls".into(), config_type: None });
+    let mut s = snap("4", &base_clusters(), &base_clas());
+    s.add_cluster_with(tls, "web-https");
+    server.set_snapshot(DEFAULT_NODE, s);
+    wait("web checked over TLS", || check("web").is_some_and(|c| c.starts_with("https/80 ")), dump).await;
+    assert_eq!(check("web").unwrap(), "https/80 GET /healthz every 1000ms, timeout 500ms, rise 2, fall 4");
+
     // Without health_checks, no check.
-    server.set_snapshot(DEFAULT_NODE, snap("4", &base_clusters(), &base_clas()));
+    server.set_snapshot(DEFAULT_NODE, snap("5", &base_clusters(), &base_clas()));
     wait("web without a check", || check("web").is_none(), dump).await;
     a.stop().await;
     running.stop().await;

@@ -688,8 +688,11 @@ pub(crate) fn decode_cluster(c: &Cluster) -> Result<Option<L4Cluster>, Vec<Strin
 
 /// The active check of L4 cluster `c` (`health_checks`, at most one), on
 /// the service's port: `http_health_check` (path, `host`, else the
-/// endpoint's address, `expected_statuses`, else 200 as in Envoy);
-/// `tcp_health_check` without payloads, a connection; on a UDP service,
+/// endpoint's address, `expected_statuses`, else 200 as in Envoy), over TLS
+/// where the cluster's transport socket is TLS ([`tls`]);
+/// `tcp_health_check` without payloads, a connection; `custom_health_check`
+/// named [`DNS_CHECKER`], a DNS query (for the name a `StringValue` config
+/// holds, else `.`); on a UDP service,
 /// `tcp_health_check`'s `send` and `receive` are a UDP datagram and the
 /// bytes its answer must hold (Envoy has no UDP checker). `interval`,
 /// `timeout` (at most the interval), `healthy_threshold` (rise) and
@@ -705,7 +708,7 @@ fn health_check(c: &Cluster, port: u16, protocol: u8, errors: &mut Vec<String>) 
             return None;
         }
     };
-    let probe = probe_of(h, protocol, errors)?;
+    let probe = probe_of(h, tls(c, h), protocol, errors)?;
     let mut check = CheckDef::new(probe, port);
     let ms = |d: &envoy_types::pb::google::protobuf::Duration| u32::try_from(d.seconds.saturating_mul(1000).saturating_add(i64::from(d.nanos / 1_000_000))).unwrap_or(u32::MAX);
     check.interval_ms = h.interval.as_ref().map_or(check.interval_ms, ms);
@@ -722,9 +725,36 @@ fn health_check(c: &Cluster, port: u16, protocol: u8, errors: &mut Vec<String>) 
     }
 }
 
-/// The probe of health check `h` on a service of `protocol`.
-fn probe_of(h: &envoy_types::pb::envoy::config::core::v3::HealthCheck, protocol: u8, errors: &mut Vec<String>) -> Option<Probe> {
+/// The name of the custom health checker that is a DNS query (Envoy has
+/// none of its own).
+pub(crate) const DNS_CHECKER: &str = "sluice.health_checkers.dns";
+
+/// Whether check `h` of cluster `c` runs over TLS. Envoy's checks use the
+/// cluster's transport socket; with `transport_socket_match_criteria`, that
+/// of the first of the cluster's `transport_socket_matches` whose `match`
+/// fields the criteria all hold, else the cluster's. A socket is TLS when it
+/// is named `envoy.transport_sockets.tls` or its config is an
+/// `UpstreamTlsContext`.
+fn tls(c: &Cluster, h: &envoy_types::pb::envoy::config::core::v3::HealthCheck) -> bool {
+    use envoy_types::pb::envoy::config::core::v3::transport_socket::ConfigType;
+    let matched = h.transport_socket_match_criteria.as_ref().and_then(|criteria| {
+        c.transport_socket_matches
+            .iter()
+            .find(|m| m.r#match.as_ref().is_none_or(|m| m.fields.iter().all(|(k, v)| criteria.fields.get(k) == Some(v))))
+            .map(|m| m.transport_socket.as_ref())
+    });
+    matched.unwrap_or(c.transport_socket.as_ref()).is_some_and(|t| {
+        t.name == "envoy.transport_sockets.tls"
+            || matches!(&t.config_type, Some(ConfigType::TypedConfig(any)) if any.type_url.ends_with("/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext"))
+    })
+}
+
+/// The probe of health check `h` (HTTP over TLS if `tls`) on a service of
+/// `protocol`.
+fn probe_of(h: &envoy_types::pb::envoy::config::core::v3::HealthCheck, tls: bool, protocol: u8, errors: &mut Vec<String>) -> Option<Probe> {
+    use envoy_types::pb::envoy::config::core::v3::health_check::custom_health_check::ConfigType;
     use envoy_types::pb::envoy::config::core::v3::health_check::HealthChecker;
+    use envoy_types::pb::google::protobuf::StringValue;
     let bytes = payload_bytes;
     let probe = match &h.health_checker {
         Some(HealthChecker::HttpHealthCheck(_)) if protocol == proto::UDP => {
@@ -743,7 +773,7 @@ fn probe_of(h: &envoy_types::pb::envoy::config::core::v3::HealthCheck, protocol:
                 statuses.push((200, 200));
             }
             let path = if x.path.is_empty() { "/".to_owned() } else { x.path.clone() };
-            Probe::Http { path, host: (!x.host.is_empty()).then(|| x.host.clone()), statuses, tls: false }
+            Probe::Http { path, host: (!x.host.is_empty()).then(|| x.host.clone()), statuses, tls }
         }
         Some(HealthChecker::TcpHealthCheck(x)) if protocol == proto::UDP => {
             let send = match x.send.as_ref().map(bytes).transpose() {
@@ -771,8 +801,23 @@ fn probe_of(h: &envoy_types::pb::envoy::config::core::v3::HealthCheck, protocol:
             errors.push("health_checks: gRPC checks are not supported (use an HTTP or TCP check)".into());
             return None;
         }
+        Some(HealthChecker::CustomHealthCheck(x)) if x.name == DNS_CHECKER => match &x.config_type {
+            None => Probe::Dns { name: ".".to_owned() },
+            Some(ConfigType::TypedConfig(any)) if any.type_url == StringValue::type_url() => match StringValue::decode(any.value.as_slice()) {
+                Ok(v) if v.value.is_empty() => Probe::Dns { name: ".".to_owned() },
+                Ok(v) => Probe::Dns { name: v.value },
+                Err(e) => {
+                    errors.push(format!("health_checks: {DNS_CHECKER}'s config does not decode: {e}"));
+                    return None;
+                }
+            },
+            Some(ConfigType::TypedConfig(any)) => {
+                errors.push(format!("health_checks: {DNS_CHECKER}'s config is a {}, where a google.protobuf.StringValue (the name to query) is expected", any.type_url));
+                return None;
+            }
+        },
         Some(HealthChecker::CustomHealthCheck(x)) => {
-            errors.push(format!("health_checks: custom check {:?} is not supported (use an HTTP or TCP check)", x.name));
+            errors.push(format!("health_checks: custom check {:?} is not supported (use an HTTP or TCP check, or {DNS_CHECKER:?})", x.name));
             return None;
         }
         None => {

@@ -555,3 +555,58 @@ fn health_checks_map_to_the_services_check_as_envoy_means_them() {
     let not_hex = TcpHealthCheck { send: hex("ping"), ..udp };
     assert!(errs(&with(cluster("dns", "20.0.0.1", 53.0, "UDP"), HealthChecker::TcpHealthCheck(not_hex))).contains("is not hex"));
 }
+
+#[test]
+fn an_http_check_runs_over_tls_where_the_clusters_transport_socket_is_tls() {
+    use envoy_types::pb::envoy::config::cluster::v3::cluster::TransportSocketMatch;
+    use envoy_types::pb::envoy::config::core::v3::health_check::{HealthChecker, HttpHealthCheck};
+    use envoy_types::pb::envoy::config::core::v3::transport_socket::ConfigType;
+    use envoy_types::pb::envoy::config::core::v3::{HealthCheck, TransportSocket};
+    use envoy_types::pb::google::protobuf::Any;
+    let tls_of = |c: &Cluster| match l4(c).check.unwrap().probe {
+        Probe::Http { tls, .. } => tls,
+        p => panic!("{p:?}"),
+    };
+    let mut c = cluster("web", "20.0.0.1", 443.0, "TCP");
+    let check = HealthCheck { health_checker: Some(HealthChecker::HttpHealthCheck(HttpHealthCheck::default())), ..HealthCheck::default() };
+    c.health_checks = vec![check.clone()];
+    assert!(!tls_of(&c), "no transport socket: plain text");
+    let tls = TransportSocket { name: "envoy.transport_sockets.tls".into(), config_type: None };
+    c.transport_socket = Some(tls.clone());
+    assert!(tls_of(&c), "the cluster's TLS socket");
+    let by_type = TransportSocket {
+        name: "tls".into(),
+        config_type: Some(ConfigType::TypedConfig(Any { type_url: "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext".into(), value: vec![] })),
+    };
+    c.transport_socket = Some(by_type);
+    assert!(tls_of(&c), "a socket whose config is an UpstreamTlsContext");
+    // Criteria pick a socket among the matches: plain text for the check
+    // of a TLS cluster; none matching, the cluster's.
+    let raw = TransportSocket { name: "envoy.transport_sockets.raw_buffer".into(), config_type: None };
+    c.transport_socket_matches = vec![TransportSocketMatch { name: "plain".into(), r#match: Some(Struct { fields: [("hc".to_owned(), s("plain"))].into() }), transport_socket: Some(raw) }];
+    c.health_checks = vec![HealthCheck { transport_socket_match_criteria: Some(Struct { fields: [("hc".to_owned(), s("plain"))].into() }), ..check.clone() }];
+    assert!(!tls_of(&c));
+    c.health_checks = vec![HealthCheck { transport_socket_match_criteria: Some(Struct { fields: [("hc".to_owned(), s("other"))].into() }), ..check }];
+    assert!(tls_of(&c));
+}
+
+#[test]
+fn a_custom_dns_checker_is_a_dns_query() {
+    use envoy_types::pb::envoy::config::core::v3::health_check::custom_health_check::ConfigType;
+    use envoy_types::pb::envoy::config::core::v3::health_check::{CustomHealthCheck, HealthChecker};
+    use envoy_types::pb::envoy::config::core::v3::HealthCheck;
+    use envoy_types::pb::google::protobuf::{Any, StringValue};
+    let with = |name: &str, config_type: Option<ConfigType>| {
+        let mut c = cluster("dns", "20.0.0.1", 53.0, "UDP");
+        let custom = CustomHealthCheck { name: name.into(), config_type };
+        c.health_checks = vec![HealthCheck { health_checker: Some(HealthChecker::CustomHealthCheck(custom)), ..HealthCheck::default() }];
+        c
+    };
+    assert_eq!(l4(&with(DNS_CHECKER, None)).check.unwrap().probe, Probe::Dns { name: ".".into() });
+    let name = |v: &str| Some(ConfigType::TypedConfig(Any { type_url: StringValue::type_url(), value: StringValue { value: v.into() }.encode_to_vec() }));
+    assert_eq!(l4(&with(DNS_CHECKER, name("health.example"))).check.unwrap().probe, Probe::Dns { name: "health.example".into() });
+    assert!(errs(&with(DNS_CHECKER, name("not a name"))).contains("is not a DNS name"));
+    let other = Some(ConfigType::TypedConfig(Any { type_url: "type.googleapis.com/google.protobuf.Struct".into(), value: vec![] }));
+    assert!(errs(&with(DNS_CHECKER, other)).contains("where a google.protobuf.StringValue"));
+    assert!(errs(&with("envoy.health_checkers.redis", None)).contains("custom check \"envoy.health_checkers.redis\" is not supported"));
+}
