@@ -1106,7 +1106,10 @@ impl Siblings3 {
 /// shows in all three (reported: the time from appliance 2's new
 /// generation), appliance 2 alone is in the minority, and the gateway
 /// (BIRD, a real BGP speaker) drops its path and keeps the two others'.
-/// Given the same weight again, it agrees and is routed to again.
+/// Given the same weight again, it agrees and is routed to again. Stopped
+/// and started again with the other weight, it never announces: from its
+/// start until 3 s after its BGP session is up, the gateway never routes
+/// to it.
 #[test]
 #[cfg_attr(sluice_unprivileged, ignore = "needs root: network namespaces and DPDK")]
 fn three_siblings_one_with_another_weight_is_seen_by_all_and_only_its_path_is_dropped() {
@@ -1167,6 +1170,40 @@ fn three_siblings_one_with_another_weight_is_seen_by_all_and_only_its_path_is_dr
         f.rig.fail("appliance 2 did not come back after agreeing again");
     }
     eprintln!("appliance 2 routed to again {:?} after its file was restored", back.elapsed());
+
+    // Started again with the other weight: never announced.
+    let (code, _, err) = f.rig.lbs[2].proc.take().unwrap().stop("INT", Duration::from_secs(30));
+    assert_eq!(code, Some(0), "appliance 2 stops cleanly: {err}");
+    if !wait_until(Duration::from_secs(15), || f.routed(&[0, 1])) {
+        f.rig.fail("the gateway still routes to appliance 2 after it stopped");
+    }
+    f.rig.rewrite(2, &f.config(2, 3, false));
+    let started = Instant::now();
+    f.rig.start(2);
+    let via2 = format!("nexthop via {}", front4(2));
+    // Its BGP session with the gateway is up (`Rig::peered` also wants its route).
+    let session_up = |rig: &Rig| {
+        let st = rig.status(2);
+        st["bird"]["sessions"].as_array().is_some_and(|s| s.iter().any(|x| x["router"] != "plain") && s.iter().filter(|x| x["router"] != "plain").all(|x| x["bgp_state"] == "Established"))
+    };
+    let mut peered: Option<Instant> = None;
+    while peered.is_none_or(|t| t.elapsed() < Duration::from_secs(3)) {
+        let route = f.rig.gw_route(VIP4);
+        if route.contains(&via2) {
+            f.rig.fail(&format!("appliance 2, started with another weight, was routed to {:?} after its start: {route}", started.elapsed()));
+        }
+        if peered.is_none() && session_up(&f.rig) {
+            peered = Some(Instant::now());
+            eprintln!("appliance 2 peered with the gateway {:?} after its start, not routed to", started.elapsed());
+        }
+        if started.elapsed() > Duration::from_secs(90) {
+            f.rig.fail("appliance 2 did not peer with the gateway after its start");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let vips = f.rig.status(2)["bird"]["vips"].clone();
+    assert!(vips[0]["reason"].as_str().unwrap_or_default().contains("siblings.gate"), "{vips}");
+    assert_eq!(f.agreement(2)["services_mismatched"][0]["minority"], true);
 }
 
 /// Only appliance 0's active checks fail for backend 3 (backend 3 drops

@@ -23,7 +23,9 @@
 //!   one that changed last keeps its VIPs, and whatever the split exactly
 //!   one group is not in the minority, as long as the appliances see the
 //!   same sets. With `siblings.gate`, a service that stays in the
-//!   minority for [`GATE_AFTER`] has its VIPs withdrawn until it agrees.
+//!   minority for [`GATE_AFTER`] has its VIPs withdrawn until it agrees;
+//!   one that never agreed with a sibling since the appliance started, at
+//!   once (a new appliance with another configuration never announces it).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};

@@ -52,7 +52,7 @@ pub(crate) mod agree;
 pub(crate) mod verdicts;
 mod wire;
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
@@ -1154,8 +1154,8 @@ fn now_unix_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
-/// The last comparison with the siblings, and since when each service has
-/// been in the minority.
+/// The last comparison with the siblings, since when each service has been
+/// in the minority, and which services were ever compared outside it.
 #[derive(Debug, Default)]
 struct Agreement {
     /// Own services compared, and siblings with a set.
@@ -1163,6 +1163,10 @@ struct Agreement {
     compared: usize,
     mismatched: Vec<Mismatch>,
     minority_since: HashMap<String, Instant>,
+    /// Own services that agreed with a sibling at least once since this
+    /// appliance started ([`Agreement::note_agreed`]; while they are its
+    /// own).
+    agreed: HashSet<String>,
 }
 
 impl Agreement {
@@ -1183,14 +1187,38 @@ impl Agreement {
             let since = before.get(&m.service).copied().unwrap_or(now);
             self.minority_since.insert(m.service.clone(), since);
         }
+        self.note_agreed(&own.names);
+    }
+
+    /// Notes the services of `names` that agree with a sibling: the same
+    /// digest as every sibling compared that has the service, or as one at
+    /// least and not in the minority (the larger group, not the newer of two
+    /// alike); forgets those no longer here.
+    fn note_agreed(&mut self, names: &HashMap<u32, String>) {
+        let here: HashSet<&String> = names.values().collect();
+        self.agreed.retain(|s| here.contains(s));
+        if self.compared == 0 {
+            return;
+        }
+        let mismatched: HashMap<&String, &Mismatch> = self.mismatched.iter().map(|m| (&m.service, m)).collect();
+        for name in here {
+            let agrees = mismatched.get(name).is_none_or(|m| !m.minority && m.agree >= 2);
+            if agrees && !self.agreed.contains(name) {
+                self.agreed.insert(name.clone());
+            }
+        }
     }
 
     /// The services whose VIPs are withdrawn at `now`: in the minority for
-    /// [`agree::GATE_AFTER`] at least.
+    /// [`agree::GATE_AFTER`] at least, or at once for a service that never
+    /// agreed with a sibling since this appliance started (it starts with
+    /// another configuration than its siblings': it never announces that
+    /// service; the wait is for a rollout, where the siblings take the same
+    /// change a moment apart).
     fn gated(&self, now: Instant) -> BTreeMap<String, String> {
         self.mismatched
             .iter()
-            .filter(|m| self.minority_since.get(&m.service).is_some_and(|t| now.duration_since(*t) >= agree::GATE_AFTER))
+            .filter(|m| self.minority_since.get(&m.service).is_some_and(|t| !self.agreed.contains(&m.service) || now.duration_since(*t) >= agree::GATE_AFTER))
             .map(|m| (m.service.clone(), why_minority(m)))
             .collect()
     }

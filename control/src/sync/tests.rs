@@ -421,6 +421,70 @@ async fn three_siblings_see_a_table_that_differs_and_only_its_owner_withdraws() 
     }
 }
 
+/// An appliance that starts with another table than its two siblings'
+/// withdraws the service at once (it never announces it), where one that
+/// agreed before waits [`agree::GATE_AFTER`] (above); the siblings keep it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sibling_started_with_another_table_withdraws_at_once() {
+    let addrs = [free_port(), free_port(), free_port()];
+    let peers = |k: usize| addrs.iter().filter(|p| **p != addrs[k]).copied().collect::<Vec<_>>();
+    let mut nodes = Vec::new();
+    for (k, a) in addrs.iter().enumerate().take(2) {
+        let key = 5 + u32::try_from(k).unwrap();
+        nodes.push(node_with(SiblingsConfig { gate: true, ..cfg(*a, peers(k), KEY, 200_000) }, None, snapshot(key, 100 * key)).await);
+    }
+    for n in &mut nodes {
+        until(&mut n.status, "the other sibling's digests compared", |s| s.agreement.siblings_compared == 1).await;
+    }
+    let started = Instant::now();
+    let mut late = node_with(SiblingsConfig { gate: true, ..cfg(addrs[2], peers(2), KEY, 200_000) }, None, weighted(7, 700, 3)).await;
+    let st = until(&mut late.status, "both siblings compared", |s| s.agreement.siblings_compared == 2 && s.agreement.minority == 1).await;
+    let compared = started.elapsed();
+    let g = tokio::time::timeout(WAIT, late.gated.wait_for(|g| g.contains_key("web"))).await.unwrap().unwrap().clone();
+    let withdrawn = started.elapsed();
+    eprintln!("started with another table: compared {compared:?}, withdrawn {withdrawn:?} after its start ({st:?})");
+    assert!(g["web"].contains("in the minority"), "{g:?}");
+    assert!(withdrawn < agree::GATE_AFTER, "withdrawn {withdrawn:?} after its start: a new appliance must not wait as for a rollout");
+    for n in &nodes {
+        assert!(n.gated.borrow().is_empty(), "the majority withdraws nothing");
+    }
+    nodes.push(late);
+    for n in nodes {
+        n.stop.cancel();
+        n.task.await.unwrap();
+    }
+}
+
+/// Agreement is a digest equal to a sibling's: winning a tie of two
+/// alone, by being newer, is not; a service that never agreed is withdrawn
+/// at once when in the minority, one that agreed after [`agree::GATE_AFTER`].
+#[test]
+fn a_tie_won_by_being_newer_is_not_agreement() {
+    let names: HashMap<u32, String> = [(1, "web".to_owned()), (2, "dns".to_owned())].into();
+    let m = |service: &str, agree: usize, minority: bool| agree::Mismatch {
+        service: service.into(),
+        digest: [0; 32],
+        differ: vec!["b".into()],
+        absent: vec![],
+        agree,
+        minority,
+        largest: Some((1, [1; 32])),
+    };
+    let mut none = Agreement::default();
+    none.note_agreed(&names);
+    assert!(none.agreed.is_empty(), "no sibling compared, nothing agreed");
+    let mut a = Agreement { compared: 1, mismatched: vec![m("web", 1, false)], ..Agreement::default() };
+    a.note_agreed(&names);
+    assert_eq!(a.agreed, HashSet::from(["dns".to_owned()]), "web differs from its one sibling and is only the newer: not agreed");
+    let now = Instant::now();
+    a.mismatched = vec![m("web", 1, true), m("dns", 2, true)];
+    a.minority_since = [("web".to_owned(), now), ("dns".to_owned(), now)].into();
+    assert_eq!(a.gated(now).into_keys().collect::<Vec<_>>(), ["web"], "never agreed: at once");
+    assert_eq!(a.gated(now + agree::GATE_AFTER).len(), 2);
+    a.note_agreed(&[(1, "web".to_owned())].into());
+    assert!(a.agreed.is_empty(), "a service that left is forgotten");
+}
+
 /// Without `siblings.gate` the mismatch shows and nothing is withdrawn;
 /// a sibling's set is dropped when its connection ends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
