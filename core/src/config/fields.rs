@@ -262,7 +262,16 @@ pub(crate) fn name(n: Node<'_>, p: &mut Problems) -> Option<String> {
 /// The keys of a health check, in the file (`healthCheck:`) and in the
 /// `sluice.io/health-check` annotation alike.
 pub(crate) const HEALTH_CHECK_KEYS: &[&str] =
-    &["protocol", "port", "intervalMs", "timeoutMs", "rise", "fall", "path", "host", "expectStatus", "send", "expect", "query"];
+    &["protocol", "port", "intervalMs", "timeoutMs", "rise", "fall", "path", "host", "expectStatus", "send", "expect", "sendHex", "expectHex", "query"];
+
+/// The bytes of `text`, two hex digits a byte (spaces between them).
+fn hex_bytes(text: &str) -> Result<Vec<u8>, String> {
+    let digits: Vec<u8> = text.bytes().filter(|b| !b.is_ascii_whitespace()).collect();
+    if digits.len() % 2 != 0 || !digits.iter().all(u8::is_ascii_hexdigit) {
+        return Err(format!("{text:?} is not hex (two digits a byte)"));
+    }
+    Ok(digits.chunks(2).filter_map(|d| std::str::from_utf8(d).ok().and_then(|d| u8::from_str_radix(d, 16).ok())).collect())
+}
 
 /// An active health check: `protocol` (tcp, http, https, udp or dns) and
 /// `port` required; `intervalMs`, `timeoutMs`, `rise`, `fall`; `path`,
@@ -282,7 +291,7 @@ pub(crate) fn health_check(n: Node<'_>, p: &mut Problems) -> Option<CheckDef> {
         }
     };
     const WEB: &[&str] = &["http", "https"];
-    for (key, allowed) in [("path", WEB), ("host", WEB), ("expectStatus", WEB), ("send", &["udp"]), ("expect", &["udp"]), ("query", &["dns"])] {
+    for (key, allowed) in [("path", WEB), ("host", WEB), ("expectStatus", WEB), ("send", &["udp"]), ("expect", &["udp"]), ("sendHex", &["udp"]), ("expectHex", &["udp"]), ("query", &["dns"])] {
         only(key, allowed, p);
     }
     let text = |key: &str, p: &mut Problems| n.field(key, |n| n.string(p)).flatten();
@@ -307,8 +316,22 @@ pub(crate) fn health_check(n: Node<'_>, p: &mut Problems) -> Option<CheckDef> {
             Some(Probe::Http { path: text("path", p).unwrap_or_else(|| "/".to_owned()), host: text("host", p), statuses, tls: web == "https" })
         }
         Some("udp") => {
-            let send = n.required(p, "send", |n, p| n.string(p)).flatten().unwrap_or_default();
-            Some(Probe::Udp { send: send.into_bytes(), expect: text("expect", p).unwrap_or_default().into_bytes() })
+            // Each payload as text, or as hex (`...Hex`: two digits a byte,
+            // spaces allowed between them), not both.
+            let hex = |key: &str, p: &mut Problems| n.field(key, |k| k.string(p).and_then(|t| hex_bytes(&t).map_err(|why| k.bad(p, why)).ok())).flatten();
+            let payload = |key: &str, p: &mut Problems| match (text(key, p), hex(&format!("{key}Hex"), p)) {
+                (Some(_), Some(_)) => {
+                    n.field(key, |k| k.bad(p, format!("{key} and {key}Hex: give one")));
+                    None
+                }
+                (t, h) => t.map(String::into_bytes).or(h),
+            };
+            let send = payload("send", p);
+            let expect = payload("expect", p).unwrap_or_default();
+            if send.is_none() && n.field("send", |_| ()).is_none() && n.field("sendHex", |_| ()).is_none() {
+                n.bad(p, "a UDP check needs send or sendHex (the datagram it sends)");
+            }
+            send.map(|send| Probe::Udp { send, expect })
         }
         Some("dns") => Some(Probe::Dns { name: text("query", p).unwrap_or_else(|| ".".to_owned()) }),
         Some(other) => {
@@ -420,6 +443,8 @@ mod tests {
         assert_eq!(c.to_string(), "https/8443 GET / every 2000ms, timeout 1000ms, rise 2, fall 3");
         assert_eq!(check("{protocol: dns, port: 53}").unwrap().probe, Probe::Dns { name: ".".into() });
         assert_eq!(check("{protocol: udp, port: 53, send: ping, expect: pong}").unwrap().probe, Probe::Udp { send: b"ping".to_vec(), expect: b"pong".to_vec() });
+        let c = check("{protocol: udp, port: 9, sendHex: '00 01 ff', expectHex: 0A0b}").unwrap();
+        assert_eq!(c.probe, Probe::Udp { send: vec![0, 1, 255], expect: vec![10, 11] });
         for (text, why) in [
             ("{protocol: tcp}", "missing field \"port\""),
             ("{protocol: smtp, port: 25}", "not a health check protocol"),
@@ -427,7 +452,11 @@ mod tests {
             ("{protocol: tcp, port: 80, intervalMs: 50}", "out of range 100..=3600000"),
             ("{protocol: tcp, port: 80, intervalMs: 1000, timeoutMs: 2000}", "timeout 2000 ms is outside 10..=the interval (1000 ms)"),
             ("{protocol: tcp, port: 80, fall: 0}", "out of range 1..=100"),
-            ("{protocol: udp, port: 53}", "missing field \"send\""),
+            ("{protocol: udp, port: 53}", "needs send or sendHex"),
+            ("{protocol: udp, port: 53, send: a, sendHex: '61'}", "send and sendHex: give one"),
+            ("{protocol: udp, port: 53, sendHex: '6'}", "is not hex"),
+            ("{protocol: udp, port: 53, sendHex: zz}", "is not hex"),
+            ("{protocol: tcp, port: 80, sendHex: '61'}", "sendHex is for udp checks"),
             ("{protocol: http, port: 80, path: healthz}", "must start with /"),
             ("{protocol: http, port: 80, path: '/a<b>'}", "a URI's path and query characters"),
             ("{protocol: http, port: 80, expectStatus: 700}", "not a range of HTTP statuses"),
