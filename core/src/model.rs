@@ -271,6 +271,21 @@ pub struct CheckDef {
     pub rise: u32,
     /// Failures in a row that take it out.
     pub fall: u32,
+    /// Where the check is addressed.
+    pub target: CheckTarget,
+}
+
+/// Where a check is addressed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum CheckTarget {
+    /// The endpoint's own address.
+    #[default]
+    Endpoint,
+    /// A VIP of the service (the first routed to it, of the endpoint's
+    /// family), through the endpoint: for NAT-less endpoints that listen on
+    /// the VIP only. TCP checks only: a SYN to the VIP sent to the
+    /// endpoint's MAC, whose answer comes back from the VIP.
+    Vip,
 }
 
 /// `http/8080 GET /healthz every 500ms, timeout 300ms, rise 2, fall 3`.
@@ -281,6 +296,9 @@ impl std::fmt::Display for CheckDef {
             Probe::Http { path, .. } => write!(f, " GET {path}")?,
             Probe::Dns { name } => write!(f, " {name} A")?,
             Probe::Udp { .. } | Probe::Tcp => {}
+        }
+        if self.target == CheckTarget::Vip {
+            write!(f, " to the VIP")?;
         }
         write!(f, " every {}ms, timeout {}ms, rise {}, fall {}", self.interval_ms, self.timeout_ms, self.rise, self.fall)
     }
@@ -297,6 +315,7 @@ impl CheckDef {
             timeout_ms: limits::CHECK_TIMEOUT_MS_DEFAULT,
             rise: limits::CHECK_RISE_DEFAULT,
             fall: limits::CHECK_FALL_DEFAULT,
+            target: CheckTarget::Endpoint,
         }
     }
 
@@ -321,6 +340,9 @@ impl CheckDef {
             if !(1..=CHECK_COUNT_MAX).contains(&n) {
                 out.push(format!("health check {what} {n} is outside 1..={CHECK_COUNT_MAX}"));
             }
+        }
+        if self.target == CheckTarget::Vip && self.probe != Probe::Tcp {
+            out.push(format!("a check of the VIP (target: vip) is a TCP check; a {} check goes to the endpoint's own address", self.probe.name()));
         }
         match &self.probe {
             Probe::Http { path, host, statuses, .. } => {
@@ -724,7 +746,14 @@ impl Model {
                     continue;
                 }
                 let Some(table_size) = checked_table_size(s, limit, p) else { continue };
-                if let Some(problems) = s.check.as_ref().map(|c| c.problems()).filter(|v| !v.is_empty()) {
+                let mut problems = s.check.as_ref().map(|c| c.problems()).unwrap_or_default();
+                if s.check.as_ref().is_some_and(|c| c.target == CheckTarget::Vip) && s.delivery.unwrap_or(defaults.delivery) == DeliveryMode::IpIp {
+                    problems.push(format!(
+                        "service {:?} is delivered by IP-in-IP: a check of the VIP (target: vip) goes to endpoints delivered at layer 2 (delivery: l2)",
+                        s.name
+                    ));
+                }
+                if !problems.is_empty() {
                     for m in problems {
                         p.push(s.origin.problem(m));
                     }
@@ -1046,6 +1075,21 @@ mod tests {
         let b = a.clone();
         assert!(std::sync::Arc::ptr_eq(&a.origin, &b.origin), "a copy shares where it came from");
         assert!(std::sync::Arc::ptr_eq(&a.service, &b.service), "and its service's name");
+    }
+
+    #[test]
+    fn a_check_of_the_vip_is_refused_where_endpoints_are_delivered_by_ip_in_ip() {
+        let check = |target| Some(Arc::new(CheckDef { target, ..CheckDef::new(Probe::Tcp, 80) }));
+        let resolve = |delivery, target| {
+            let mut m = Model::default();
+            let s = ServiceDef { delivery, check: check(target), ..svc("web") };
+            m.set("t", Desired { services: vec![s], routes: vec![route("r", "web")], endpoints: Endpoints::default() });
+            m.resolve(&Defaults::default()).map(|_| ()).map_err(|p| p.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))
+        };
+        assert!(resolve(None, CheckTarget::Vip).is_ok(), "layer 2 by default");
+        assert!(resolve(Some(DeliveryMode::IpIp), CheckTarget::Endpoint).is_ok());
+        let e = resolve(Some(DeliveryMode::IpIp), CheckTarget::Vip).unwrap_err();
+        assert!(e.contains("service \"web\" is delivered by IP-in-IP: a check of the VIP (target: vip) goes to endpoints delivered at layer 2"), "{e}");
     }
 
     #[test]

@@ -13,7 +13,7 @@ use sluice_dataplane::parse::proto;
 
 use super::node::Node;
 use crate::problem::Problems;
-use crate::model::{limits, simple_name, CheckDef, Probe};
+use crate::model::{limits, simple_name, CheckDef, CheckTarget, Probe};
 
 /// Why `text` (an address, or `address/length`) may not be written as it
 /// is: IPv4 addresses are kept as IPv4-mapped IPv6 inside, so a mapped
@@ -262,7 +262,7 @@ pub(crate) fn name(n: Node<'_>, p: &mut Problems) -> Option<String> {
 /// The keys of a health check, in the file (`healthCheck:`) and in the
 /// `sluice.io/health-check` annotation alike.
 pub(crate) const HEALTH_CHECK_KEYS: &[&str] =
-    &["protocol", "port", "intervalMs", "timeoutMs", "rise", "fall", "path", "host", "expectStatus", "send", "expect", "sendHex", "expectHex", "query"];
+    &["protocol", "port", "target", "intervalMs", "timeoutMs", "rise", "fall", "path", "host", "expectStatus", "send", "expect", "sendHex", "expectHex", "query"];
 
 /// The bytes of `text`, two hex digits a byte (spaces between them).
 fn hex_bytes(text: &str) -> Result<Vec<u8>, String> {
@@ -274,7 +274,8 @@ fn hex_bytes(text: &str) -> Result<Vec<u8>, String> {
 }
 
 /// An active health check: `protocol` (tcp, http, https, udp or dns) and
-/// `port` required; `intervalMs`, `timeoutMs`, `rise`, `fall`; `path`,
+/// `port` required; `target` (endpoint, the default, or vip: tcp only);
+/// `intervalMs`, `timeoutMs`, `rise`, `fall`; `path`,
 /// `host` and `expectStatus` for http and https; `send` and `expect` for udp; `query` for
 /// dns. Every number bounded ([`CheckDef::problems`]).
 pub(crate) fn health_check(n: Node<'_>, p: &mut Problems) -> Option<CheckDef> {
@@ -345,7 +346,19 @@ pub(crate) fn health_check(n: Node<'_>, p: &mut Problems) -> Option<CheckDef> {
     let timeout = int("timeoutMs", CHECK_TIMEOUT_MS_MIN, CHECK_INTERVAL_MS_MAX, p);
     let rise = int("rise", 1, CHECK_COUNT_MAX, p);
     let fall = int("fall", 1, CHECK_COUNT_MAX, p);
+    let target = n
+        .field("target", |k| match k.string(p).as_deref() {
+            Some("endpoint") => Some(CheckTarget::Endpoint),
+            Some("vip") => Some(CheckTarget::Vip),
+            Some(other) => {
+                k.bad(p, format!("{other:?} is not a check target (endpoint: the endpoint's own address; vip: the service's VIP, through the endpoint)"));
+                None
+            }
+            None => None,
+        })
+        .flatten();
     let mut check = CheckDef::new(probe?, port? as u16);
+    check.target = target.unwrap_or_default();
     check.interval_ms = interval.unwrap_or(check.interval_ms);
     check.timeout_ms = timeout.unwrap_or(check.timeout_ms.min(check.interval_ms));
     check.rise = rise.unwrap_or(check.rise);
@@ -445,7 +458,14 @@ mod tests {
         assert_eq!(check("{protocol: udp, port: 53, send: ping, expect: pong}").unwrap().probe, Probe::Udp { send: b"ping".to_vec(), expect: b"pong".to_vec() });
         let c = check("{protocol: udp, port: 9, sendHex: '00 01 ff', expectHex: 0A0b}").unwrap();
         assert_eq!(c.probe, Probe::Udp { send: vec![0, 1, 255], expect: vec![10, 11] });
+        assert_eq!(c.target, CheckTarget::Endpoint, "the endpoint's own address by default");
+        let c = check("{protocol: tcp, port: 80, target: vip}").unwrap();
+        assert_eq!(c.target, CheckTarget::Vip);
+        assert_eq!(c.to_string(), "tcp/80 to the VIP every 2000ms, timeout 1000ms, rise 2, fall 3");
+        assert_eq!(check("{protocol: tcp, port: 80, target: endpoint}").unwrap().target, CheckTarget::Endpoint);
         for (text, why) in [
+            ("{protocol: tcp, port: 80, target: node}", "\"node\" is not a check target"),
+            ("{protocol: http, port: 80, target: vip}", "a check of the VIP (target: vip) is a TCP check; a http check"),
             ("{protocol: tcp}", "missing field \"port\""),
             ("{protocol: smtp, port: 25}", "not a health check protocol"),
             ("{protocol: tcp, port: 80, path: /}", "path is for http and https checks"),

@@ -898,10 +898,15 @@ metadata:
         let c = d.services[0].check.as_deref().unwrap();
         assert_eq!(c.probe, crate::model::Probe::Http { path: "/healthz".into(), host: None, statuses: vec![(200, 399)], tls: false });
         assert_eq!((c.port, c.interval_ms, c.timeout_ms, c.rise, c.fall), (8080, 1000, 1000, 2, 2));
+        let mut p = Problems::default();
+        let d = from_docs(&docs(&text.replace("path: /healthz, ", "target: vip, ").replace("protocol: http", "protocol: tcp")), "g", &mut p);
+        assert!(p.is_empty(), "{:?}", p.0);
+        assert_eq!(d.services[0].check.as_deref().unwrap().target, crate::model::CheckTarget::Vip, "a check of the VIP by annotation");
         for (value, want) in [
             ("'{protocol: http, port: 8080, intervalMs: 5}'", "sluice.io/health-check.intervalMs: 5 is out of range 100..=3600000"),
             ("'{protocol: tcp, port: 80, rise: 1, fal: 2}'", "sluice.io/health-check.fal: unknown field (did you mean \"fall\"?)"),
             ("'[tcp, 80]'", "sluice.io/health-check: expected a mapping, found a list"),
+            ("'{protocol: udp, port: 53, send: x, target: vip}'", "sluice.io/health-check: a check of the VIP (target: vip) is a TCP check; a udp check goes to the endpoint's own address"),
         ] {
             let mut p = Problems::default();
             from_docs(&docs(&text.replace("'{protocol: http, port: 8080, path: /healthz, intervalMs: 1000, fall: 2}'", value)), "g", &mut p);
