@@ -682,7 +682,7 @@ impl Compiler {
         };
         self.generation += 1;
         debug_assert!(Arc::ptr_eq(classifier, &last.snapshot.classifier));
-        let snapshot = Arc::new(last.snapshot.with_changed(self.generation, routes, &replaced, ports(topo), gateway_v4, gateway_v6));
+        let snapshot = Arc::new(last.snapshot.with_changed(self.generation, routes, &replaced, ports(topo), gateway_v4, gateway_v6).with_own(own(topo)));
         Ok(Compiled { snapshot, rebuilt, endpoints: statuses, service_slots: last.service_slots, new_slots: new, unresolved, next_hops: Arc::new(hops) })
     }
 
@@ -797,7 +797,7 @@ impl Compiler {
                 c
             }
         };
-        let snapshot = Arc::new(Snapshot::with_classifier(self.generation, &routes, classifier, services, ports(topo), gateway_v4, gateway_v6));
+        let snapshot = Arc::new(Snapshot::with_classifier(self.generation, &routes, classifier, services, ports(topo), gateway_v4, gateway_v6).with_own(own(topo)));
         Ok(Compiled { snapshot, rebuilt, endpoints: statuses.into(), service_slots: Arc::new(service_slots), new_slots: new, unresolved, next_hops: Arc::new(hops) })
     }
 }
@@ -823,6 +823,11 @@ fn gateways(topo: &Topology, neigh: &dyn Neighbors, hops: &mut Vec<(u8, Addr)>, 
 /// The ports as the snapshot has them.
 fn ports(topo: &Topology) -> Vec<PortInfo> {
     topo.ports.iter().map(|p| PortInfo { mac: p.mac, mtu: p.mtu, vlan: p.vlan }).collect()
+}
+
+/// The appliance's own addresses, every port's.
+fn own(topo: &Topology) -> Arc<[Addr]> {
+    topo.ports.iter().flat_map(|p| p.addresses.iter().map(|a| a.addr)).collect()
 }
 
 /// The compiler's numbering, lent to [`compile_service`].
@@ -1115,10 +1120,13 @@ mod tests {
         let states: Vec<&str> = a.endpoint_statuses().map(|e| e.state.name()).collect();
         assert_eq!(states, vec!["ready", "ready", "unresolved"]);
         assert!(a.snapshot.gateway_v4.is_some());
+        let own: Vec<Addr> = vec!["10.100.0.1".parse().unwrap(), "10.200.0.1".parse().unwrap()];
+        assert_eq!(&*a.snapshot.own, &own[..], "the ports' addresses: answers to them are the kernel's");
 
         // The missing MAC arrives: only "web" changes.
         neigh.insert((1, "10.200.0.12".parse().unwrap()), [2, 0xee, 0, 0, 0, 12]);
         let b = c.compile(&r1, &topo(), &neigh).unwrap();
+        assert_eq!(&*b.snapshot.own, &own[..], "and in a snapshot that changes a service only");
         assert_eq!(b.rebuilt, vec!["web".to_string()]);
         assert!(Arc::ptr_eq(&a.snapshot.services[0], &b.snapshot.services[0]), "dns reused");
         assert_eq!(b.snapshot.generation, a.snapshot.generation + 1);

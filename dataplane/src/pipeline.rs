@@ -15,7 +15,8 @@
 //!   dropped as `too_big_for_output` where none may be sent.
 //! - Source is a VIP: return traffic, sent to the gateway when it comes
 //!   from an endpoint of a service that VIP routes to (input port and source
-//!   MAC), dropped otherwise.
+//!   MAC), dropped otherwise; to the kernel when it is addressed to one of
+//!   the appliance's own addresses (the answer to a check of the VIP).
 //! - With several workers, a packet whose fate depends on a worker's state
 //!   (every fragment to a VIP, every packet of a service with a flow table,
 //!   ICMP errors included) is handed to the worker that owns its flow
@@ -524,12 +525,16 @@ impl State {
             return self.balance(cx, vip, p, pkt, pre);
         }
         if let Some(vip) = c.vip_index(p.flow.src) {
-            let gw = if p.v6 { snap.gateway_v6 } else { snap.gateway_v4 };
-            let Some(gw) = gw else { return Verdict::Drop(DropReason::NoGateway) };
             let from = pkt.data().get(6..12).and_then(|m| <[u8; 6]>::try_from(m).ok()).unwrap_or_default();
             if !snap.return_allowed(vip, cx.in_port, from) {
                 return Verdict::Drop(DropReason::ReturnNotFromEndpoint);
             }
+            if snap.is_own(p.flow.dst) {
+                // An endpoint's answer to the appliance's check of the VIP.
+                return Verdict::Exception;
+            }
+            let gw = if p.v6 { snap.gateway_v6 } else { snap.gateway_v4 };
+            let Some(gw) = gw else { return Verdict::Drop(DropReason::NoGateway) };
             let out = snap.ports.get(usize::from(gw.port)).copied().unwrap_or_default();
             if let Some(v) = self.too_big(cx, p, pkt, out.mtu) {
                 return v;

@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use crate::addr::Addr;
 use crate::chunked::Chunked;
 use crate::classify::{Classifier, RouteSpec};
 use crate::service::Service;
@@ -73,6 +74,10 @@ pub struct Snapshot {
     /// Per service index: the VIPs (indices) routed to it, sorted, as
     /// spans of one list; made and shared as `vip_routes` is.
     service_vips: Arc<Spans>,
+    /// The appliance's own addresses (every port's): return traffic to
+    /// one of them (an endpoint's answer to a check of the VIP) is the
+    /// kernel's, not the gateway's.
+    pub own: Arc<[Addr]>,
 }
 
 /// One 64-bit key for (input port, source MAC).
@@ -178,6 +183,7 @@ impl Snapshot {
             return_keys: return_keys.into(),
             vip_routes: Arc::new(vip_routes),
             service_vips,
+            own: Arc::from([]),
         }
     }
 
@@ -253,7 +259,25 @@ impl Snapshot {
             return_keys,
             vip_routes: Arc::clone(&self.vip_routes),
             service_vips: Arc::clone(&self.service_vips),
+            own: Arc::clone(&self.own),
         }
+    }
+
+    /// This snapshot with `own` as the appliance's own addresses.
+    pub fn with_own(self, own: Arc<[Addr]>) -> Snapshot {
+        Snapshot { own, ..self }
+    }
+
+    /// True when `a` is one of the appliance's own addresses.
+    #[inline(always)]
+    pub fn is_own(&self, a: Addr) -> bool {
+        self.own.contains(&a)
+    }
+
+    /// The VIPs routed to the service of index `service`, in VIP order.
+    pub fn vips_of(&self, service: usize) -> impl Iterator<Item = Addr> + '_ {
+        let (spans, vips) = &*self.service_vips;
+        span(spans, vips, service).iter().filter_map(|&v| self.classifier.vips().get(v as usize).copied())
     }
 
     /// True when a frame from `mac` received on port `port` may carry

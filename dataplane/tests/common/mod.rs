@@ -108,4 +108,5 @@ pub fn appliance(generation: u64) -> Snapshot {
         Some(NextHop { port: 0, mac: GW_MAC }),
         None,
     )
+    .with_own(std::sync::Arc::from([Addr::v4(APPLIANCE4), Addr::v6(APPLIANCE6)]))
 }
