@@ -150,3 +150,77 @@ fn drain_and_bring_back(name: &str, web_check: &str, label: &str) {
     }
     topo.remove();
 }
+
+/// A listener on port 7070 of VIP 20.0.0.1 only, that never accepts.
+const VIP_LISTENER: &str = "import socket, time
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(('20.0.0.1', 7070))
+s.listen(64)
+time.sleep(3600)";
+
+#[test]
+#[cfg_attr(sluice_unprivileged, ignore = "needs root: network namespaces and DPDK")]
+fn a_check_of_the_vip_reaches_each_endpoint_that_listens_on_the_vip_only() {
+    privileged();
+    let prefix = format!("av{}", std::process::id());
+    let topo = Topology::up(&prefix);
+    let mut backends = topo.backends(&["20.0.0.1"]);
+    let mut listeners: Vec<_> = (1..=3).map(|i| topo.spawn(&format!("be{i}"), &["python3", "-c", VIP_LISTENER])).collect();
+    let dir = tempdir(&prefix);
+    let cfg = dir.join("appliance.yaml");
+    let check = "
+    healthCheck: {protocol: tcp, port: 7070, target: vip, intervalMs: 500, timeoutMs: 300, rise: 2, fall: 3}";
+    let demo = std::fs::read_to_string(root().join("configs/demo.yaml")).unwrap().replace("filePrefix: sluice-demo", &format!("filePrefix: {prefix}"));
+    let demo = demo.replace("  passive: true ", "  passive: false");
+    let web = demo.find("  - name: web\n").expect("web") + "  - name: web".len();
+    std::fs::write(&cfg, format!("{}{check}{}", &demo[..web], &demo[web..])).unwrap();
+    let mut lb = topo.spawn("lb", &[sluice_bin().to_str().unwrap(), "run", "--config", cfg.to_str().unwrap()]);
+    let up = |st: &Value, id: u64| checked(st, "web", id).is_some_and(|e| e["state"] == "up" && e["checks"].as_u64() >= Some(2) && e["failures"] == 0);
+    if !wait_until(Duration::from_secs(30), || (0..3).all(|id| up(&topo.status(), id))) {
+        let st = topo.status();
+        let (code, out, err) = lb.stop("INT", Duration::from_secs(5));
+        panic!("the checks of the VIP did not all pass (exit {code:?}): {}\n{out}\n{err}", st["health"]);
+    }
+    let st = topo.status();
+    println!("checks: {}", st["health"]["checks"]);
+    assert_eq!(checked(&st, "web", 1).unwrap()["check"], "tcp/20.0.0.1:7070");
+    assert_eq!(checked(&st, "web", 1).unwrap()["address"], "10.200.0.12");
+    // Nothing listens on the backends' own addresses there: a check of
+    // those would fail.
+    let own = topo.output("lb", &["python3", "-c", "import socket; socket.create_connection(('10.200.0.12', 7070), timeout=2)"]);
+    assert!(String::from_utf8_lossy(&own.stderr).contains("ConnectionRefusedError"), "{own:?}");
+    // The prober resets the connections its SYN-ACKs opened: none piles up.
+    let half_open = |ns: &str| topo.output(ns, &["ss", "-Htn", "state", "syn-recv", "sport", "=", ":7070"]).stdout.split(|b| *b == b'\n').filter(|l| !l.is_empty()).count();
+    let n = half_open("be1");
+    println!("half-open connections on be1's port 7070: {n}");
+    assert!(n <= 2, "{n} half-open connections on be1: the checks' RSTs did not reach it");
+
+    // be2's listener stops: be2 out, the others stay.
+    let stopped = Instant::now();
+    listeners[1].stop("KILL", Duration::from_secs(5));
+    let out = |st: &Value| published(st, "web", 1) == "draining" && checked(st, "web", 1).is_some_and(|e| e["state"] == "down");
+    assert!(wait_until(Duration::from_secs(20), || out(&topo.status())), "be2 not drained: {}", topo.status()["health"]["checks"]);
+    let took = stopped.elapsed();
+    let st = topo.status();
+    println!("be2 out {:.2} s after its listener stopped: {}", took.as_secs_f64(), checked(&st, "web", 1).unwrap());
+    let bound = INTERVAL.mul_f64(f64::from(FALL) * 1.1) + Duration::from_millis(500);
+    assert!(took <= bound, "be2 out after {took:?}, over interval × fall ({bound:?} with the margins)");
+    assert!(checked(&st, "web", 1).unwrap()["last_error"].as_str().is_some_and(|e| e.contains("refused")), "{st}");
+    for id in [0, 2] {
+        assert!(checked(&st, "web", id).is_some_and(|e| e["state"] == "up" && e["failures"] == 0), "{}", st["health"]["checks"]);
+        assert_eq!(published(&st, "web", id), "ready");
+    }
+
+    // It listens again: back.
+    let started = Instant::now();
+    listeners[1] = topo.spawn("be2", &["python3", "-c", VIP_LISTENER]);
+    assert!(wait_until(Duration::from_secs(20), || published(&topo.status(), "web", 1) == "ready"), "be2 not back: {}", topo.status()["health"]["checks"]);
+    println!("be2 back {:.2} s after its listener started again", started.elapsed().as_secs_f64());
+
+    stop_cleanly(&mut lb);
+    for mut p in listeners.into_iter().chain(backends.drain(..)) {
+        p.stop("KILL", Duration::from_secs(5));
+    }
+    topo.remove();
+}

@@ -1,6 +1,9 @@
 //! IPv4 and IPv6 through one appliance (scripts/topology.sh with IPV6=1):
 //! TCP connections and UDP queries to an IPv4 and an IPv6 VIP all complete,
-//! NAT-less, with replies returned to the gateway of their family.
+//! NAT-less, with replies returned to the gateway of their family. Each
+//! service's endpoints are checked through the VIP of their family
+//! (`target: vip`): the IPv6 SYNs too reach the VIP at each endpoint's MAC,
+//! and their answers come back through the worker to the kernel.
 //!
 //! Found while building it: with IPv6 on in the appliance's namespace, the
 //! kernel also saw the frames net_af_packet copies from the data ports and
@@ -24,8 +27,10 @@ gateways:
   - {address: "fd00:100::2", port: front}
 services:
   - name: web4
+    healthCheck: {protocol: tcp, port: 80, target: vip, intervalMs: 500, timeoutMs: 300}
     endpoints: [{id: 0, address: 10.200.0.11}, {id: 1, address: 10.200.0.12}, {id: 2, address: 10.200.0.13}]
   - name: web6
+    healthCheck: {protocol: tcp, port: 80, target: vip, intervalMs: 500, timeoutMs: 300}
     endpoints: [{id: 0, address: "fd00:200::11"}, {id: 1, address: "fd00:200::12"}, {id: 2, address: "fd00:200::13"}]
 routes:
   - {name: web4, service: web4, vips: [20.0.0.1], protocols: [TCP, UDP], destinationPorts: ["80", "53"]}
@@ -54,6 +59,21 @@ fn ipv4_and_ipv6_vips_through_one_appliance() {
         let (code, out, err) = lb.stop("INT", Duration::from_secs(5));
         panic!("not ready (exit {code:?}):\n{out}\n{err}");
     }
+    // Every endpoint passes its check of the VIP of its family.
+    let checks = |s: &serde_json::Value| s["health"]["checks"]["endpoints"].clone();
+    let passed = |s: &serde_json::Value| {
+        checks(s).as_array().is_some_and(|e| e.len() == 6 && e.iter().all(|e| e["state"] == "up" && e["checks"].as_u64() >= Some(2) && e["failures"] == 0))
+    };
+    if !wait_until(Duration::from_secs(20), || passed(&topo.json("lb", &[bin.to_str().unwrap(), "status", "--json"]))) {
+        let s = topo.json("lb", &[bin.to_str().unwrap(), "status", "--json"]);
+        let (code, out, err) = lb.stop("INT", Duration::from_secs(5));
+        panic!("the checks of the VIPs did not all pass (exit {code:?}): {}\n{out}\n{err}", checks(&s));
+    }
+    let s = topo.json("lb", &[bin.to_str().unwrap(), "status", "--json"]);
+    let all = checks(&s);
+    let labels: Vec<&str> = all.as_array().unwrap().iter().filter_map(|e| e["check"].as_str()).collect();
+    assert_eq!(labels, vec!["tcp/20.0.0.1:80"; 3].into_iter().chain(vec!["tcp/[fd00:20::1]:80"; 3]).collect::<Vec<_>>());
+    println!("checks of the VIPs: {}", checks(&s));
     for vip in ["20.0.0.1", "fd00:20::1"] {
         let tcp = topo.client(&["short", vip, "200", "8"]);
         assert_eq!(tcp.get("failed"), None, "{vip}: {tcp:?}");

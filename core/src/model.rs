@@ -281,7 +281,7 @@ pub enum CheckTarget {
     /// The endpoint's own address.
     #[default]
     Endpoint,
-    /// A VIP of the service (the first routed to it, of the endpoint's
+    /// A VIP of the service (the lowest routed to it of the endpoint's
     /// family), through the endpoint: for NAT-less endpoints that listen on
     /// the VIP only. TCP checks only: a SYN to the VIP sent to the
     /// endpoint's MAC, whose answer comes back from the VIP.

@@ -27,7 +27,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sluice_admin_api::health::{CheckedEndpoint, Checks};
-use sluice_core::model::{CheckDef, Probe};
+use sluice_core::model::{CheckDef, CheckTarget, Probe};
 use sluice_dataplane::snapshot::Snapshot;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -50,6 +50,9 @@ type Key = (Arc<str>, u32);
 #[derive(Debug)]
 struct Target {
     addr: IpAddr,
+    /// For a check of the VIP: the lowest VIP routed to the service of the
+    /// endpoint's family (`None`: there is none, and the check fails saying so).
+    vip: Option<IpAddr>,
     incarnation: u32,
     check: Arc<CheckDef>,
     /// Changes whenever the record starts afresh: a result or a due time
@@ -71,6 +74,18 @@ struct Target {
     /// Checks of this record so far, and its own number: its jitter.
     round: u64,
     seed: u64,
+}
+
+/// A check to start.
+#[derive(Debug)]
+pub(crate) struct Due {
+    key: Key,
+    epoch: u64,
+    check: Arc<CheckDef>,
+    /// The endpoint's address.
+    addr: IpAddr,
+    /// The VIP checked through it, for a check of the VIP.
+    vip: Option<IpAddr>,
 }
 
 /// The checks' state, without the task around it.
@@ -191,11 +206,13 @@ impl Active {
             let Ok(i) = snap.services.binary_search_by(|s| s.name.as_str().cmp(name)) else { continue };
             let service = &snap.services[i];
             let shared: Arc<str> = Arc::from(name.as_str());
+            let vips: Vec<IpAddr> = if check.target == CheckTarget::Vip { snap.vips_of(i).map(|v| v.to_ip()).collect() } else { Vec::new() };
             for e in service.endpoints() {
                 let key: Key = (Arc::clone(&shared), u32::from(e.id));
                 let addr = e.addr.to_ip();
+                let vip = vips.iter().filter(|v| v.is_ipv4() == addr.is_ipv4()).min().copied();
                 seen.insert(key.clone(), ());
-                let same = self.targets.get(&key).is_some_and(|t| t.addr == addr && t.incarnation == e.incarnation && *t.check == **check);
+                let same = self.targets.get(&key).is_some_and(|t| t.addr == addr && t.vip == vip && t.incarnation == e.incarnation && *t.check == **check);
                 if same {
                     continue;
                 }
@@ -206,6 +223,7 @@ impl Active {
                 self.queue.push(due, self.epochs, key.clone());
                 let t = Target {
                     addr,
+                    vip,
                     incarnation: e.incarnation,
                     check: Arc::clone(check),
                     epoch: self.epochs,
@@ -253,9 +271,9 @@ impl Active {
         self.queue.next()
     }
 
-    /// The checks due at `now` that may start (room allowing): (key,
-    /// epoch, check, address) each, marked running.
-    pub(crate) fn start_due(&mut self, now: Instant) -> Vec<(Key, u64, Arc<CheckDef>, IpAddr)> {
+    /// The checks due at `now` that may start (room allowing), marked
+    /// running.
+    pub(crate) fn start_due(&mut self, now: Instant) -> Vec<Due> {
         let mut out = Vec::new();
         while self.in_flight < self.max_in_flight {
             let Some((epoch, key)) = self.queue.pop(now) else { break };
@@ -271,7 +289,7 @@ impl Active {
             // before this one ends (a result schedules it again if so).
             t.due = now.checked_sub(interval).map_or(due, |floor| due.max(floor)) + interval.mul_f64(0.9 + 0.2 * unit(t.seed ^ t.round));
             self.in_flight += 1;
-            out.push((key, epoch, Arc::clone(&t.check), t.addr));
+            out.push(Due { key, epoch, check: Arc::clone(&t.check), addr: t.addr, vip: t.vip });
         }
         out
     }
@@ -340,7 +358,11 @@ impl Active {
                 service: service.to_string(),
                 id: *id,
                 address: t.addr.to_string(),
-                check: format!("{}/{}", t.check.probe.name(), t.check.port),
+                check: match (t.check.target, t.vip) {
+                    (CheckTarget::Vip, Some(vip)) => format!("{}/{}", t.check.probe.name(), SocketAddr::new(vip, t.check.port)),
+                    (CheckTarget::Vip, None) => format!("{}/vip:{}", t.check.probe.name(), t.check.port),
+                    (CheckTarget::Endpoint, _) => format!("{}/{}", t.check.probe.name(), t.check.port),
+                },
                 state: if t.up { "up" } else { "down" }.to_owned(),
                 checks: t.checks,
                 failures: t.failures,
@@ -425,11 +447,23 @@ impl Runner {
             out.extend(inline.drain(now).into_iter().map(|((key, epoch), r)| (key, epoch, r)));
             out.extend(inline.expired(now).into_iter().map(|((key, epoch), e)| (key, epoch, Err(e))));
         }
-        for (key, epoch, check, addr) in active.start_due(now) {
+        for Due { key, epoch, check, addr, vip } in active.start_due(now) {
+            let timeout = Duration::from_millis(u64::from(check.timeout_ms));
+            if check.target == CheckTarget::Vip {
+                // A SYN to the VIP, through the endpoint (a TCP check).
+                let sent = match (vip, self.inline.as_mut()) {
+                    (None, _) => Err(format!("no {} VIP is routed to the service", if addr.is_ipv4() { "IPv4" } else { "IPv6" })),
+                    (Some(_), None) => Err("a check of the VIP needs raw sockets (CAP_NET_RAW)".to_owned()),
+                    (Some(vip), Some(inline)) => inline.send(SocketAddr::new(vip, check.port), Some(addr), timeout, (key.clone(), epoch), now),
+                };
+                if let Err(e) = sent {
+                    out.push((key, epoch, Err(e)));
+                }
+                continue;
+            }
             let to = SocketAddr::new(addr, check.port);
             if let Some(inline) = self.inline.as_mut().filter(|i| matches!(check.probe, Probe::Tcp) && i.covers(to)) {
-                let timeout = Duration::from_millis(u64::from(check.timeout_ms));
-                if let Err(e) = inline.send(to, timeout, (key.clone(), epoch), now) {
+                if let Err(e) = inline.send(to, None, timeout, (key.clone(), epoch), now) {
                     out.push((key, epoch, Err(e)));
                 }
                 continue;
@@ -599,7 +633,7 @@ mod tests {
     fn answer_all(a: &mut Active, now: Instant, ok: impl Fn(&Key) -> bool) -> usize {
         let due = a.start_due(now);
         let n = due.len();
-        for (key, epoch, _, _) in due {
+        for Due { key, epoch, .. } in due {
             let r = if ok(&key) { Ok(Duration::from_millis(1)) } else { Err("refused".to_owned()) };
             a.result(key, epoch, r, now);
         }
@@ -649,6 +683,38 @@ mod tests {
     }
 
     #[test]
+    fn a_check_of_the_vip_goes_through_each_endpoint_to_the_vip_of_its_family() {
+        use sluice_dataplane::addr::Addr;
+        use sluice_dataplane::classify::{RouteMatch, RouteSpec};
+        let one = crate::health::tests::snapshot_with(1, "web", 1);
+        let route = |vips: Vec<Addr>| RouteSpec { name: "r".into(), priority: 1, service: 0, matches: Arc::new(RouteMatch { vips, ..RouteMatch::default() }) };
+        let with = |vips: Vec<&str>| Snapshot::new(2, &[route(vips.iter().map(|v| v.parse().unwrap()).collect())], vec![Arc::clone(&one.services[0])], vec![], None, None);
+        let mut check = CheckDef::new(sluice_core::model::Probe::Tcp, 7070);
+        check.target = CheckTarget::Vip;
+        let checks: BTreeMap<String, Arc<CheckDef>> = [("web".to_owned(), Arc::new(check))].into();
+        let t0 = Instant::now();
+        let mut a = Active::new(100);
+        a.follow(&with(vec!["2001:db8::1", "20.0.0.7", "20.0.0.1"]), &checks, t0);
+        let mut due = a.start_due(t0 + Duration::from_secs(3));
+        due.sort_by_key(|d| d.key.1);
+        let got: Vec<(IpAddr, Option<IpAddr>)> = due.iter().map(|d| (d.addr, d.vip)).collect();
+        let v4 = |s: &str| s.parse::<IpAddr>().unwrap();
+        assert_eq!(got, vec![(v4("10.0.0.10"), Some(v4("20.0.0.1"))), (v4("10.0.0.11"), Some(v4("20.0.0.1")))], "the lowest IPv4 VIP, through each endpoint");
+        assert_eq!(a.status().endpoints[0].check, "tcp/20.0.0.1:7070");
+        for d in due {
+            a.result(d.key, d.epoch, Ok(Duration::ZERO), t0);
+        }
+        // The routes change the VIP: the records start afresh.
+        let epochs: Vec<u64> = a.targets.values().map(|t| t.epoch).collect();
+        a.follow(&with(vec!["20.0.0.9"]), &checks, t0);
+        assert!(a.targets.values().all(|t| t.vip == Some(v4("20.0.0.9")) && !epochs.contains(&t.epoch)));
+        // No VIP of the endpoints' family: said in the status.
+        a.follow(&with(vec!["2001:db8::1"]), &checks, t0);
+        assert!(a.targets.values().all(|t| t.vip.is_none()));
+        assert_eq!(a.status().endpoints[0].check, "tcp/vip:7070");
+    }
+
+    #[test]
     fn at_most_max_in_flight_and_the_rest_waits() {
         let snap = crate::health::tests::snapshot_with(1, "web", 29);
         let checks: BTreeMap<String, Arc<CheckDef>> = [("web".to_owned(), Arc::new(CheckDef::new(sluice_core::model::Probe::Tcp, 80)))].into();
@@ -660,7 +726,7 @@ mod tests {
         assert_eq!(started.len(), 5);
         assert!(a.start_due(late).is_empty(), "no room");
         assert_eq!(a.late, 5);
-        for (key, epoch, _, _) in started {
+        for Due { key, epoch, .. } in started {
             a.result(key, epoch, Ok(Duration::ZERO), late);
         }
         assert_eq!(a.start_due(late).len(), 5);
@@ -689,7 +755,7 @@ mod tests {
         a.follow(&snap, &[("web".to_owned(), Arc::new(check))].into(), at);
         assert!(a.verdicts().down.is_empty());
         assert_eq!(a.in_flight, 0);
-        for (key, epoch, _, _) in running {
+        for Due { key, epoch, .. } in running {
             assert!(!a.result(key, epoch, Err("late".into()), at), "a result of the old record is refused");
         }
         assert_eq!((a.in_flight, a.run), (0, 3));

@@ -10,8 +10,16 @@
 //!
 //! - **Ports:** the SYNs come from [`PORTS`] ports per family, each held
 //!   bound (not listening) by a TCP socket of the kernel's so that no
-//!   connection of the kernel's takes it; checks of one endpoint at once
-//!   take different ones.
+//!   connection of the kernel's takes it, taken in turn; an answer is told
+//!   by its address, ports and the sequence number it acknowledges.
+//! - **Checks of the VIP** (`target: vip`): the SYN to the VIP is a whole
+//!   IP packet sent from an `IPPROTO_RAW` socket to the endpoint's
+//!   address, so the kernel routes it (and resolves the MAC) as for the
+//!   endpoint and it reaches the VIP there, as the worker delivers the
+//!   VIP's traffic at layer 2. The answer comes from the VIP to the
+//!   appliance's address; the worker hands it to the kernel, and the
+//!   prober sends the RST that ends the half-open connection the same way
+//!   (the kernel's own would go to the VIP, not to that endpoint).
 //! - **Source address:** the kernel's route to the endpoint picks it (the
 //!   address of the exception interface that reaches it), as for a socket
 //!   of its own; learnt once per endpoint address from a UDP socket
@@ -57,14 +65,21 @@ pub(crate) enum Answer {
     Refused,
 }
 
-/// A check waiting: (endpoint address, endpoint port, our port).
-pub(crate) type Key = (IpAddr, u16, u16);
+/// A check waiting: (the address its answer comes from, that port, our
+/// port, our SYN's sequence number). The sequence number tells apart
+/// checks of one VIP through different endpoints from the same port.
+pub(crate) type Key = (IpAddr, u16, u16, u32);
 
-/// One family's raw socket and the ports it sends from.
+/// One family's raw sockets and the ports it sends from.
 struct Family {
     /// A raw socket, non-blocking, read and written directly (no runtime
     /// watches it).
     raw: UdpSocket,
+    /// A raw socket that sends whole IP packets (`IPPROTO_RAW`): a SYN to
+    /// a VIP, routed to the endpoint's address (the kernel takes the
+    /// route, and the next hop's MAC, from the address given to `sendto`,
+    /// the packet's destination from its header).
+    whole: Option<UdpSocket>,
     ports: Vec<u16>,
     /// Holds the ports.
     _held: Vec<std::net::TcpListener>,
@@ -76,7 +91,9 @@ struct Family {
 pub(crate) struct Prober {
     v4: Option<Family>,
     v6: Option<Family>,
-    waiting: HashMap<Key, (u32, u64)>,
+    /// Tag of each check waiting, and the endpoint a check of the VIP
+    /// went through (its SYN-ACK is answered with an RST the same way).
+    waiting: HashMap<Key, (u64, Option<IpAddr>)>,
     sources: HashMap<IpAddr, IpAddr>,
     next_port: usize,
     next_seq: u32,
@@ -95,6 +112,13 @@ fn raw(family: AddressFamily) -> io::Result<UdpSocket> {
     // Every TCP segment the kernel receives is copied here: room for those
     // of a tick (the kernel caps it at net.core.rmem_max).
     rustix::net::sockopt::set_socket_recv_buffer_size(&fd, RECV_BUFFER)?;
+    Ok(UdpSocket::from(fd))
+}
+
+/// A raw socket of `family` that sends whole IP packets, non-blocking.
+fn whole(family: AddressFamily) -> io::Result<UdpSocket> {
+    let fd: OwnedFd = rustix::net::socket_with(family, SocketType::RAW, SocketFlags::NONBLOCK | SocketFlags::CLOEXEC, Some(rustix::net::ipproto::RAW))?;
+    // It receives nothing (IPPROTO_RAW), so it is only written.
     Ok(UdpSocket::from(fd))
 }
 
@@ -129,9 +153,11 @@ impl Prober {
     /// `CAP_NET_RAW`).
     pub(crate) fn start() -> Option<Prober> {
         let family = |v6: bool| -> io::Result<Family> {
-            let raw = raw(if v6 { AddressFamily::INET6 } else { AddressFamily::INET })?;
+            let af = if v6 { AddressFamily::INET6 } else { AddressFamily::INET };
+            let raw = raw(af)?;
+            let whole = whole(af).map_err(|e| tracing::info!(error = %e, v6, "active checks: no raw socket for whole IP packets; checks of the VIP fail")).ok();
             let (ports, held) = hold_ports(v6, PORTS)?;
-            Ok(Family { raw, ports, _held: held })
+            Ok(Family { raw, whole, ports, _held: held })
         };
         let (v4, v6) = (family(false), family(true));
         if let Err(e) = &v4 {
@@ -173,25 +199,48 @@ impl Prober {
         Ok(s)
     }
 
-    /// Sends a SYN to `to` from a port no check of that endpoint waits on;
-    /// its answer is read by [`Prober::drain`] under `tag`.
-    pub(crate) fn send(&mut self, to: SocketAddr, tag: u64) -> Result<Key, String> {
-        let src = self.source(to.ip()).map_err(|e| format!("no route: {e}"))?;
+    /// Sends a SYN to `to`, through endpoint `via` for a check of the VIP
+    /// `to` (the SYN goes to the endpoint's MAC, as the worker sends the
+    /// VIP's traffic at layer 2). The ports are taken in turn: one
+    /// endpoint's checks, an interval apart, take different ones. Its
+    /// answer is read by [`Prober::drain`] under `tag`.
+    pub(crate) fn send(&mut self, to: SocketAddr, via: Option<IpAddr>, tag: u64) -> Result<Key, String> {
+        let hop = via.unwrap_or(to.ip());
+        if hop.is_ipv4() != to.is_ipv4() {
+            return Err(format!("{to} and the endpoint {hop} are of different families"));
+        }
+        let src = self.source(hop).map_err(|e| format!("no route: {e}"))?;
         let fam = self.family(to.is_ipv6()).ok_or("no raw socket of this family")?;
-        let n = fam.ports.len();
-        let Some(port) = (0..n).map(|i| fam.ports[(self.next_port + i) % n]).find(|p| !self.waiting.contains_key(&(to.ip(), to.port(), *p))) else {
-            return Err(format!("{n} checks of this endpoint at once already"));
-        };
+        let port = fam.ports[self.next_port % fam.ports.len()];
         let seq = self.next_seq;
         // A raw socket's send does not wait: a full send buffer is a
         // failed check (sent again at its next interval).
-        let syn = syn(src, to, port, seq);
-        rustix::net::sendto(&fam.raw, &syn, rustix::net::SendFlags::empty(), &SocketAddr::new(to.ip(), 0)).map_err(|e| format!("send: {e}"))?;
+        let syn = syn(src, to, port, seq, 0x02);
+        let sent = match via {
+            None => rustix::net::sendto(&fam.raw, &syn, rustix::net::SendFlags::empty(), &SocketAddr::new(to.ip(), 0)),
+            Some(via) => {
+                let whole = fam.whole.as_ref().ok_or("no raw socket for whole IP packets (IPPROTO_RAW)")?;
+                rustix::net::sendto(whole, &ip_packet(src, to.ip(), &syn), rustix::net::SendFlags::empty(), &SocketAddr::new(via, 0))
+            }
+        };
+        sent.map_err(|e| format!("send: {e}"))?;
         self.next_port = self.next_port.wrapping_add(1);
         self.next_seq = seq.wrapping_add(0x9e37_79b9);
-        let key = (to.ip(), to.port(), port);
-        self.waiting.insert(key, (seq, tag));
+        let key = (to.ip(), to.port(), port, seq);
+        self.waiting.insert(key, (tag, via));
         Ok(key)
+    }
+
+    /// Resets the half-open connection a check of the VIP through `via`
+    /// left at the endpoint (the kernel's own RST would go to the VIP,
+    /// which is not routed back to that endpoint).
+    fn reset(&mut self, key: &Key, via: IpAddr) {
+        let (vip, port, ours, seq) = *key;
+        let Ok(src) = self.source(via) else { return };
+        let Some(whole) = self.family(vip.is_ipv6()).and_then(|f| f.whole.as_ref()) else { return };
+        let rst = syn(src, SocketAddr::new(vip, port), ours, seq.wrapping_add(1), 0x04);
+        // Best effort: the endpoint forgets it anyway after its retries.
+        let _ = rustix::net::sendto(whole, &ip_packet(src, vip, &rst), rustix::net::SendFlags::empty(), &SocketAddr::new(via, 0));
     }
 
     /// Forgets a check (an answer that comes later is not taken).
@@ -203,8 +252,8 @@ impl Prober {
     /// the tag of each check answered and what the endpoint said.
     pub(crate) fn drain(&mut self, mut answered: impl FnMut(u64, Answer)) {
         for v6 in [false, true] {
-            let Some(fam) = (if v6 { self.v6.as_ref() } else { self.v4.as_ref() }) else { continue };
             for _ in 0..MAX_READ {
+                let Some(fam) = (if v6 { self.v6.as_ref() } else { self.v4.as_ref() }) else { break };
                 let (n, from) = match fam.raw.recv_from(&mut self.buf) {
                     Ok(r) => r,
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
@@ -217,11 +266,12 @@ impl Prober {
                 // IPv4 raw sockets give the IP header, IPv6 ones do not.
                 let seg = self.buf.get(..n).unwrap_or_default();
                 let tcp = if v6 { Some(seg) } else { seg.first().and_then(|b| seg.get(usize::from(b & 0x0f) * 4..)) };
-                let Some((key, answer, ack)) = tcp.and_then(|t| answer_of(from.ip(), t)) else { continue };
-                if self.waiting.get(&key).is_some_and(|(seq, _)| ack == seq.wrapping_add(1)) {
-                    if let Some((_, tag)) = self.waiting.remove(&key) {
-                        answered(tag, answer);
+                let Some((key, answer)) = tcp.and_then(|t| answer_of(from.ip(), t)) else { continue };
+                if let Some((tag, via)) = self.waiting.remove(&key) {
+                    if let (Answer::Open, Some(via)) = (answer, via) {
+                        self.reset(&key, via);
                     }
+                    answered(tag, answer);
                 }
             }
         }
@@ -249,11 +299,12 @@ impl<T> Inline<T> {
         self.prober.covers(to)
     }
 
-    /// Sends a SYN to `to`, to be answered within `timeout`; the error of
-    /// a check that failed at once.
-    pub(crate) fn send(&mut self, to: SocketAddr, timeout: Duration, what: T, now: Instant) -> Result<(), String> {
+    /// Sends a SYN to `to` (through endpoint `via`: a check of the VIP
+    /// `to`), to be answered within `timeout`; the error of a check that
+    /// failed at once.
+    pub(crate) fn send(&mut self, to: SocketAddr, via: Option<IpAddr>, timeout: Duration, what: T, now: Instant) -> Result<(), String> {
         let tag = self.next_tag;
-        let key = self.prober.send(to, tag)?;
+        let key = self.prober.send(to, via, tag)?;
         self.next_tag += 1;
         self.pending.insert(tag, (what, now, key));
         self.deadlines.entry(timeout).or_default().push_back((now + timeout, tag));
@@ -308,9 +359,10 @@ impl<T> Inline<T> {
     }
 }
 
-/// A segment from `from`: the check it answers, what it says, and what
-/// it acknowledges; `None` unless it is a SYN-ACK or an RST with ACK.
-fn answer_of(from: IpAddr, t: &[u8]) -> Option<(Key, Answer, u32)> {
+/// A segment from `from`: the check it answers (the sequence number it
+/// acknowledges, less one) and what it says; `None` unless it is a SYN-ACK
+/// or an RST with ACK.
+fn answer_of(from: IpAddr, t: &[u8]) -> Option<(Key, Answer)> {
     if t.len() < 20 {
         return None;
     }
@@ -324,18 +376,48 @@ fn answer_of(from: IpAddr, t: &[u8]) -> Option<(Key, Answer, u32)> {
         (false, true, true) => Answer::Refused,
         _ => return None,
     };
-    Some(((from, sport, dport), answer, ack))
+    Some(((from, sport, dport, ack.wrapping_sub(1)), answer))
 }
 
-/// A SYN from `src`:`sport` to `to`, with an MSS option, its checksum
-/// over the pseudo-header.
-fn syn(src: IpAddr, to: SocketAddr, sport: u16, seq: u32) -> [u8; 24] {
+/// The IP packet from `src` to `dst` carrying TCP segment `seg` (IPv4: DF,
+/// TTL 64, the kernel fills in the length, identification and checksum;
+/// IPv6: hop limit 64).
+fn ip_packet(src: IpAddr, dst: IpAddr, seg: &[u8]) -> Vec<u8> {
+    let len = u16::try_from(seg.len()).unwrap_or(u16::MAX);
+    let mut p = Vec::with_capacity(40 + seg.len());
+    match (src, dst) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => {
+            p.extend_from_slice(&[0x45, 0]);
+            p.extend_from_slice(&(len + 20).to_be_bytes());
+            p.extend_from_slice(&[0, 0, 0x40, 0, 64, 6, 0, 0]);
+            p.extend_from_slice(&s.octets());
+            p.extend_from_slice(&d.octets());
+        }
+        (s, d) => {
+            let v6 = |a: IpAddr| match a {
+                IpAddr::V4(a) => a.to_ipv6_mapped().octets(),
+                IpAddr::V6(a) => a.octets(),
+            };
+            p.extend_from_slice(&[0x60, 0, 0, 0]);
+            p.extend_from_slice(&len.to_be_bytes());
+            p.extend_from_slice(&[6, 64]);
+            p.extend_from_slice(&v6(s));
+            p.extend_from_slice(&v6(d));
+        }
+    }
+    p.extend_from_slice(seg);
+    p
+}
+
+/// A SYN (`flags` 0x02) or an RST (0x04) from `src`:`sport` to `to`, with
+/// an MSS option, its checksum over the pseudo-header.
+fn syn(src: IpAddr, to: SocketAddr, sport: u16, seq: u32, flags: u8) -> [u8; 24] {
     let mut t = [0u8; 24];
     t[0..2].copy_from_slice(&sport.to_be_bytes());
     t[2..4].copy_from_slice(&to.port().to_be_bytes());
     t[4..8].copy_from_slice(&seq.to_be_bytes());
     t[12] = 6 << 4; // six words: the header and the MSS option
-    t[13] = 0x02; // SYN
+    t[13] = flags;
     t[14..16].copy_from_slice(&64240u16.to_be_bytes());
     t[20..24].copy_from_slice(&[2, 4, 0x05, 0xb4]); // MSS 1460
     let mut sum: u32 = 0;
@@ -378,7 +460,7 @@ mod tests {
     fn a_syn_carries_its_checksum() {
         // Summing a segment with its checksum over the pseudo-header gives 0xffff.
         let (src, to) = (IpAddr::from([10, 0, 0, 1]), SocketAddr::from(([10, 0, 0, 2], 80)));
-        let t = syn(src, to, 40000, 12345);
+        let t = syn(src, to, 40000, 12345, 0x02);
         let mut sum: u32 = 0;
         for w in [10u16 << 8, 1, 10 << 8, 2, 6, 24] {
             sum += u32::from(w);
@@ -401,7 +483,7 @@ mod tests {
         t[2..4].copy_from_slice(&40000u16.to_be_bytes());
         t[8..12].copy_from_slice(&12346u32.to_be_bytes());
         t[13] = 0x12;
-        assert_eq!(answer_of(from, &t), Some(((from, 80, 40000), Answer::Open, 12346)));
+        assert_eq!(answer_of(from, &t), Some(((from, 80, 40000, 12345), Answer::Open)));
         t[13] = 0x14;
         assert_eq!(answer_of(from, &t).map(|a| a.1), Some(Answer::Refused));
         t[13] = 0x10;
@@ -438,9 +520,9 @@ mod tests {
         };
         let t0 = Instant::now();
         for _ in 0..3 {
-            inline.send(open, second, "open", t0).unwrap();
+            inline.send(open, None, second, "open", t0).unwrap();
         }
-        inline.send(closed, second, "closed", t0).unwrap();
+        inline.send(closed, None, second, "closed", t0).unwrap();
         let got = drained(&mut inline, 4);
         assert_eq!(got.len(), 4, "{got:?}");
         assert_eq!(got[0], ("closed", Err("connection refused (RST)".to_owned())));
@@ -454,13 +536,13 @@ mod tests {
         // No time to answer: expired at once, forgotten by the prober, and
         // the answer that comes anyway is not taken.
         let t1 = Instant::now();
-        inline.send(open, Duration::ZERO, "late", t1).unwrap();
+        inline.send(open, None, Duration::ZERO, "late", t1).unwrap();
         assert_eq!(inline.expired(t1), vec![("late", "no answer within 0 ms".to_owned())]);
         assert!(inline.prober.waiting.is_empty());
         std::thread::sleep(Duration::from_millis(100));
         assert!(inline.drain(Instant::now()).is_empty(), "a forgotten check's answer is dropped");
         if let Ok(l6) = tokio::net::TcpListener::bind("[::1]:0").await {
-            inline.send(l6.local_addr().unwrap(), second, "v6", Instant::now()).unwrap();
+            inline.send(l6.local_addr().unwrap(), None, second, "v6", Instant::now()).unwrap();
             let got = drained(&mut inline, 1);
             assert!(got.len() == 1 && got[0].1.is_ok(), "{got:?}");
         }

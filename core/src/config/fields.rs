@@ -273,6 +273,19 @@ fn hex_bytes(text: &str) -> Result<Vec<u8>, String> {
     Ok(digits.chunks(2).filter_map(|d| std::str::from_utf8(d).ok().and_then(|d| u8::from_str_radix(d, 16).ok())).collect())
 }
 
+/// A check's `target`: `endpoint` or `vip`.
+fn check_target(n: Node<'_>, p: &mut Problems) -> Option<CheckTarget> {
+    match n.string(p).as_deref() {
+        Some("endpoint") => Some(CheckTarget::Endpoint),
+        Some("vip") => Some(CheckTarget::Vip),
+        Some(other) => {
+            n.bad(p, format!("{other:?} is not a check target (endpoint: the endpoint's own address; vip: the service's VIP, through the endpoint)"));
+            None
+        }
+        None => None,
+    }
+}
+
 /// An active health check: `protocol` (tcp, http, https, udp or dns) and
 /// `port` required; `target` (endpoint, the default, or vip: tcp only);
 /// `intervalMs`, `timeoutMs`, `rise`, `fall`; `path`,
@@ -346,17 +359,7 @@ pub(crate) fn health_check(n: Node<'_>, p: &mut Problems) -> Option<CheckDef> {
     let timeout = int("timeoutMs", CHECK_TIMEOUT_MS_MIN, CHECK_INTERVAL_MS_MAX, p);
     let rise = int("rise", 1, CHECK_COUNT_MAX, p);
     let fall = int("fall", 1, CHECK_COUNT_MAX, p);
-    let target = n
-        .field("target", |k| match k.string(p).as_deref() {
-            Some("endpoint") => Some(CheckTarget::Endpoint),
-            Some("vip") => Some(CheckTarget::Vip),
-            Some(other) => {
-                k.bad(p, format!("{other:?} is not a check target (endpoint: the endpoint's own address; vip: the service's VIP, through the endpoint)"));
-                None
-            }
-            None => None,
-        })
-        .flatten();
+    let target = n.field("target", |k| check_target(k, p)).flatten();
     let mut check = CheckDef::new(probe?, port? as u16);
     check.target = target.unwrap_or_default();
     check.interval_ms = interval.unwrap_or(check.interval_ms);
