@@ -8,6 +8,12 @@
 //! their ratio is passive health's per-packet cost at its worst (a
 //! connection's other packets do not touch the table). The control side's
 //! sweep, which frees the slots, runs between timed bursts.
+//!
+//! `return_path/{no_own,own_4}`: return traffic (from the VIP, through the
+//! appliance to the gateway), without and with four own addresses of the
+//! appliance to compare each reply's destination with (none matches: the
+//! replies go to clients), in the same run; their ratio is what handing
+//! the answers to checks of the VIP to the kernel costs every reply.
 
 use std::hint::black_box;
 
@@ -15,7 +21,8 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Through
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sluice_bench::{appliance, frames, frames_with_flags};
+use sluice_bench::{appliance, frames, frames_with_flags, return_frames};
+use sluice_dataplane::addr::Addr;
 use sluice_dataplane::handshake::Handshakes;
 use sluice_dataplane::counters::WorkerCounters;
 use sluice_dataplane::memio::MemBuf;
@@ -109,5 +116,33 @@ fn passive_health(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, pipeline, passive_health);
+fn return_path(c: &mut Criterion) {
+    let mut g = c.benchmark_group("return_path");
+    g.throughput(Throughput::Elements(BURST as u64));
+    let a = appliance(1, 1, 1, 25);
+    let templates = return_frames(&a, 4096, 7, 25);
+    let ctr = WorkerCounters::new(1, 25);
+    let own: Arc<[Addr]> = Arc::from(["10.100.0.1", "10.200.0.1", "fd00:100::1", "fd00:200::1"].map(|s| s.parse().unwrap_or_else(|_| unreachable!())));
+    for (name, own) in [("no_own", Arc::from([])), ("own_4", own)] {
+        let snap = a.snapshot.clone().with_own(own);
+        let mut pl = Pipeline::new(&PipelineConfig::default(), 1);
+        let mut bufs: Vec<MemBuf> = templates[..BURST].iter().map(|f| MemBuf::new(f)).collect();
+        for b in &mut bufs {
+            assert_eq!(pl.process(&snap, 1, b, 1, &ctr), Verdict::Forward(0), "returned to the gateway");
+        }
+        let mut next = 0usize;
+        g.bench_function(name, |bench| {
+            bench.iter(|| {
+                for b in bufs.iter_mut() {
+                    b.reset(&templates[next & 4095]);
+                    next += 1;
+                    black_box(pl.process(&snap, 1, b, 1, &ctr));
+                }
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, pipeline, passive_health, return_path);
 criterion_main!(benches);

@@ -121,6 +121,24 @@ pub fn frames_with_flags(a: &Appliance, n: usize, seed: u64, flags: u8) -> Vec<V
         .collect()
 }
 
+/// `n` return frames (ACKs from the VIP: replies of established flows),
+/// each from the endpoint of its service that the route's first service
+/// has at index `h % endpoints`, on the back port, to varied clients.
+#[allow(clippy::cast_possible_truncation)] // synthetic addresses and ports
+pub fn return_frames(a: &Appliance, n: usize, seed: u64, endpoints: u16) -> Vec<Vec<u8>> {
+    (0..n as u64)
+        .map(|i| {
+            let h = hash_u64(i, seed);
+            let (v, port) = a.targets[0];
+            let client = [198, 51, (h >> 8) as u8, (h >> 16) as u8];
+            let tcp = craft::tcp(port, 1024 + (h >> 24) as u16 % 60000, 0x10, &[0; 6]);
+            let ip = craft::with_l4_checksum(craft::ipv4(v, client, proto::TCP, &tcp), 20);
+            let mac = [0x02, 0xee, 0, 0, 0, (h % u64::from(endpoints.max(1))) as u8];
+            craft::ether_with(BACK_MAC, mac, &[], ethertype::IPV4, &ip)
+        })
+        .collect()
+}
+
 /// Identifier list 0..n with weight 1.
 pub fn uniform(n: u16) -> Vec<(EndpointId, u32)> {
     (0..n).map(|i| (i, 1)).collect()
