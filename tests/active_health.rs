@@ -10,6 +10,12 @@
 //! both services within interval × fall (plus the jitter and one tick of
 //! the health task); connections held to be1 and be3 all the while are
 //! unaffected. When it starts again, it is back within interval × rise.
+//!
+//! A check of the VIP (`target: vip`): each backend listens on TCP port
+//! 7070 and UDP port 53 of the VIP only, as a NAT-less endpoint may. The
+//! SYN or datagram goes to the VIP at the endpoint's MAC, the answer comes
+//! back from the VIP to the appliance's own address and the worker hands
+//! it to the kernel; when be2's listeners stop, be2 alone goes down.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::{Duration, Instant};
@@ -171,13 +177,18 @@ fn a_check_of_the_vip_reaches_each_endpoint_that_listens_on_the_vip_only() {
     let cfg = dir.join("appliance.yaml");
     let check = "
     healthCheck: {protocol: tcp, port: 7070, target: vip, intervalMs: 500, timeoutMs: 300, rise: 2, fall: 3}";
+    // backend.py's UDP port 53 (on the VIP only) echoes what it gets.
+    let udp = "
+    healthCheck: {protocol: udp, port: 53, send: ping, expect: ping, target: vip, intervalMs: 500, timeoutMs: 300, rise: 2, fall: 3}";
     let demo = std::fs::read_to_string(root().join("configs/demo.yaml")).unwrap().replace("filePrefix: sluice-demo", &format!("filePrefix: {prefix}"));
     let demo = demo.replace("  passive: true ", "  passive: false");
     let web = demo.find("  - name: web\n").expect("web") + "  - name: web".len();
-    std::fs::write(&cfg, format!("{}{check}{}", &demo[..web], &demo[web..])).unwrap();
+    let demo = format!("{}{check}{}", &demo[..web], &demo[web..]);
+    let dns = demo.find("    algorithm: random\n").expect("dns") + "    algorithm: random".len();
+    std::fs::write(&cfg, format!("{}{udp}{}", &demo[..dns], &demo[dns..])).unwrap();
     let mut lb = topo.spawn("lb", &[sluice_bin().to_str().unwrap(), "run", "--config", cfg.to_str().unwrap()]);
-    let up = |st: &Value, id: u64| checked(st, "web", id).is_some_and(|e| e["state"] == "up" && e["checks"].as_u64() >= Some(2) && e["failures"] == 0);
-    if !wait_until(Duration::from_secs(30), || (0..3).all(|id| up(&topo.status(), id))) {
+    let up = |st: &Value, s: &str, id: u64| checked(st, s, id).is_some_and(|e| e["state"] == "up" && e["checks"].as_u64() >= Some(2) && e["failures"] == 0);
+    if !wait_until(Duration::from_secs(30), || ["web", "dns"].iter().all(|s| (0..3).all(|id| up(&topo.status(), s, id)))) {
         let st = topo.status();
         let (code, out, err) = lb.stop("INT", Duration::from_secs(5));
         panic!("the checks of the VIP did not all pass (exit {code:?}): {}\n{out}\n{err}", st["health"]);
@@ -186,6 +197,7 @@ fn a_check_of_the_vip_reaches_each_endpoint_that_listens_on_the_vip_only() {
     println!("checks: {}", st["health"]["checks"]);
     assert_eq!(checked(&st, "web", 1).unwrap()["check"], "tcp/20.0.0.1:7070");
     assert_eq!(checked(&st, "web", 1).unwrap()["address"], "10.200.0.12");
+    assert_eq!(checked(&st, "dns", 1).unwrap()["check"], "udp/20.0.0.1:53");
     // Nothing listens on the backends' own addresses there: a check of
     // those would fail.
     let own = topo.output("lb", &["python3", "-c", "import socket; socket.create_connection(('10.200.0.12', 7070), timeout=2)"]);
@@ -196,27 +208,32 @@ fn a_check_of_the_vip_reaches_each_endpoint_that_listens_on_the_vip_only() {
     println!("half-open connections on be1's port 7070: {n}");
     assert!(n <= 2, "{n} half-open connections on be1: the checks' RSTs did not reach it");
 
-    // be2's listener stops: be2 out, the others stay.
+    // be2's listeners stop: be2 out of both, the others stay.
     let stopped = Instant::now();
     listeners[1].stop("KILL", Duration::from_secs(5));
-    let out = |st: &Value| published(st, "web", 1) == "draining" && checked(st, "web", 1).is_some_and(|e| e["state"] == "down");
+    backends[1].stop("KILL", Duration::from_secs(5));
+    let out = |st: &Value| ["web", "dns"].iter().all(|s| published(st, s, 1) == "draining" && checked(st, s, 1).is_some_and(|e| e["state"] == "down"));
     assert!(wait_until(Duration::from_secs(20), || out(&topo.status())), "be2 not drained: {}", topo.status()["health"]["checks"]);
     let took = stopped.elapsed();
     let st = topo.status();
-    println!("be2 out {:.2} s after its listener stopped: {}", took.as_secs_f64(), checked(&st, "web", 1).unwrap());
-    let bound = INTERVAL.mul_f64(f64::from(FALL) * 1.1) + Duration::from_millis(500);
-    assert!(took <= bound, "be2 out after {took:?}, over interval × fall ({bound:?} with the margins)");
+    println!("be2 out {:.2} s after its listeners stopped: {} / {}", took.as_secs_f64(), checked(&st, "web", 1).unwrap(), checked(&st, "dns", 1).unwrap());
+    // A datagram unanswered fails only at its timeout (300 ms).
+    let bound = INTERVAL.mul_f64(f64::from(FALL) * 1.1) + Duration::from_millis(300) + Duration::from_millis(500);
+    assert!(took <= bound, "be2 out after {took:?}, over interval × fall + the timeout ({bound:?} with the margins)");
     assert!(checked(&st, "web", 1).unwrap()["last_error"].as_str().is_some_and(|e| e.contains("refused")), "{st}");
-    for id in [0, 2] {
-        assert!(checked(&st, "web", id).is_some_and(|e| e["state"] == "up" && e["failures"] == 0), "{}", st["health"]["checks"]);
-        assert_eq!(published(&st, "web", id), "ready");
+    assert!(checked(&st, "dns", 1).unwrap()["last_error"].as_str().is_some_and(|e| e.contains("no answer within 300 ms")), "{st}");
+    for (s, id) in [("web", 0), ("web", 2), ("dns", 0), ("dns", 2)] {
+        assert!(checked(&st, s, id).is_some_and(|e| e["state"] == "up" && e["failures"] == 0), "{}", st["health"]["checks"]);
+        assert_eq!(published(&st, s, id), "ready");
     }
 
     // It listens again: back.
     let started = Instant::now();
     listeners[1] = topo.spawn("be2", &["python3", "-c", VIP_LISTENER]);
-    assert!(wait_until(Duration::from_secs(20), || published(&topo.status(), "web", 1) == "ready"), "be2 not back: {}", topo.status()["health"]["checks"]);
-    println!("be2 back {:.2} s after its listener started again", started.elapsed().as_secs_f64());
+    backends[1] = topo.spawn("be2", &["python3", root().join("scripts/backend.py").to_str().unwrap(), "be2", "20.0.0.1"]);
+    let back = |st: &Value| ["web", "dns"].iter().all(|s| published(st, s, 1) == "ready");
+    assert!(wait_until(Duration::from_secs(20), || back(&topo.status())), "be2 not back: {}", topo.status()["health"]["checks"]);
+    println!("be2 back {:.2} s after its listeners started again", started.elapsed().as_secs_f64());
 
     stop_cleanly(&mut lb);
     for mut p in listeners.into_iter().chain(backends.drain(..)) {

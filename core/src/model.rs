@@ -283,8 +283,8 @@ pub enum CheckTarget {
     Endpoint,
     /// A VIP of the service (the lowest routed to it of the endpoint's
     /// family), through the endpoint: for NAT-less endpoints that listen on
-    /// the VIP only. TCP checks only: a SYN to the VIP sent to the
-    /// endpoint's MAC, whose answer comes back from the VIP.
+    /// the VIP only. TCP, UDP and DNS checks: a SYN or a datagram to the
+    /// VIP sent to the endpoint's MAC, whose answer comes back from the VIP.
     Vip,
 }
 
@@ -341,8 +341,8 @@ impl CheckDef {
                 out.push(format!("health check {what} {n} is outside 1..={CHECK_COUNT_MAX}"));
             }
         }
-        if self.target == CheckTarget::Vip && self.probe != Probe::Tcp {
-            out.push(format!("a check of the VIP (target: vip) is a TCP check; a {} check goes to the endpoint's own address", self.probe.name()));
+        if self.target == CheckTarget::Vip && matches!(self.probe, Probe::Http { .. }) {
+            out.push(format!("a check of the VIP (target: vip) is a tcp, udp or dns check; an {} check goes to the endpoint's own address", self.probe.name()));
         }
         match &self.probe {
             Probe::Http { path, host, statuses, .. } => {

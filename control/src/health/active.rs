@@ -449,28 +449,32 @@ impl Runner {
         }
         for Due { key, epoch, check, addr, vip } in active.start_due(now) {
             let timeout = Duration::from_millis(u64::from(check.timeout_ms));
-            if check.target == CheckTarget::Vip {
-                // A SYN to the VIP, through the endpoint (a TCP check).
-                let sent = match (vip, self.inline.as_mut()) {
-                    (None, _) => Err(format!("no {} VIP is routed to the service", if addr.is_ipv4() { "IPv4" } else { "IPv6" })),
-                    (Some(_), None) => Err("a check of the VIP needs raw sockets (CAP_NET_RAW)".to_owned()),
-                    (Some(vip), Some(inline)) => inline.send(SocketAddr::new(vip, check.port), Some(addr), timeout, (key.clone(), epoch), now),
+            // A check of the VIP goes to the VIP through the endpoint.
+            let (to, via) = match (check.target, vip) {
+                (CheckTarget::Endpoint, _) => (addr, None),
+                (CheckTarget::Vip, Some(vip)) => (vip, Some(addr)),
+                (CheckTarget::Vip, None) => {
+                    out.push((key, epoch, Err(format!("no {} VIP is routed to the service", if addr.is_ipv4() { "IPv4" } else { "IPv6" }))));
+                    continue;
+                }
+            };
+            if matches!(check.probe, Probe::Tcp) {
+                let to = SocketAddr::new(to, check.port);
+                let sent = match self.inline.as_mut() {
+                    Some(inline) if via.is_some() || inline.covers(to) => Some(inline.send(to, via, timeout, (key.clone(), epoch), now)),
+                    None if via.is_some() => Some(Err("a check of the VIP needs raw sockets (CAP_NET_RAW)".to_owned())),
+                    _ => None,
                 };
-                if let Err(e) = sent {
-                    out.push((key, epoch, Err(e)));
+                if let Some(sent) = sent {
+                    if let Err(e) = sent {
+                        out.push((key, epoch, Err(e)));
+                    }
+                    continue;
                 }
-                continue;
-            }
-            let to = SocketAddr::new(addr, check.port);
-            if let Some(inline) = self.inline.as_mut().filter(|i| matches!(check.probe, Probe::Tcp) && i.covers(to)) {
-                if let Err(e) = inline.send(to, None, timeout, (key.clone(), epoch), now) {
-                    out.push((key, epoch, Err(e)));
-                }
-                continue;
             }
             self.query_id = self.query_id.wrapping_add(1);
             let id = self.query_id;
-            let task = self.running.spawn(async move { super::probe::check(&check, addr, id).await });
+            let task = self.running.spawn(async move { super::probe::check(&check, to, via, id).await });
             self.tasks.insert(task.id(), (key.clone(), epoch));
             active.started(&key, epoch, task);
         }

@@ -24,9 +24,17 @@ use tokio::net::{TcpSocket, TcpStream, UdpSocket};
 /// Checks `addr` as `check` says, within its timeout: the time it took,
 /// or why it failed. TCP checks here connect a socket: the active checks'
 /// task sends a SYN instead where it has a raw socket ([`super::syn`]).
-pub(crate) async fn check(check: &CheckDef, addr: IpAddr, query_id: u16) -> Result<Duration, String> {
+/// With `via`, `addr` is a VIP checked through endpoint `via` (UDP and DNS
+/// checks here; TCP ones by SYN).
+pub(crate) async fn check(check: &CheckDef, addr: IpAddr, via: Option<IpAddr>, query_id: u16) -> Result<Duration, String> {
     let t0 = Instant::now();
     let to = SocketAddr::new(addr, check.port);
+    let ask = |datagram: Vec<u8>| async move {
+        match via {
+            None => exchange(to, &datagram).await,
+            Some(via) => exchange_via(to, via, &datagram).await,
+        }
+    };
     let run = async {
         match &check.probe {
             Probe::Tcp => connect(to).await.map(drop),
@@ -34,7 +42,7 @@ pub(crate) async fn check(check: &CheckDef, addr: IpAddr, query_id: u16) -> Resu
             // future (a TCP one too) as large as its own.
             Probe::Http { path, host, statuses, tls } => Box::pin(http(to, path, host.as_deref(), statuses, *tls)).await,
             Probe::Udp { send, expect } => {
-                let got = exchange(to, send).await?;
+                let got = ask(send.clone()).await?;
                 if expect.is_empty() || got.windows(expect.len()).any(|w| w == expect.as_slice()) {
                     Ok(())
                 } else {
@@ -42,8 +50,7 @@ pub(crate) async fn check(check: &CheckDef, addr: IpAddr, query_id: u16) -> Resu
                 }
             }
             Probe::Dns { name } => {
-                let q = dns_query(query_id, name);
-                let got = exchange(to, &q).await?;
+                let got = ask(dns_query(query_id, name)).await?;
                 dns_answer_ok(&got, query_id)
             }
         }
@@ -190,6 +197,42 @@ async fn exchange(to: SocketAddr, datagram: &[u8]) -> Result<Vec<u8>, String> {
     Ok(buf)
 }
 
+/// [`exchange`] with VIP `to` through endpoint `via`: the datagram is sent
+/// whole ([`super::syn::send_whole`]) from a UDP socket's port, which
+/// takes the answer from the VIP (the worker hands it to the kernel);
+/// anything else that comes to that port is passed over. A closed port's
+/// ICMP error does not reach an unconnected socket: it is a timeout.
+async fn exchange_via(to: SocketAddr, via: IpAddr, datagram: &[u8]) -> Result<Vec<u8>, String> {
+    if to.is_ipv4() != via.is_ipv4() {
+        return Err(format!("{to} and the endpoint {via} are of different families"));
+    }
+    let src = super::syn::source_for(via).map_err(|e| format!("no route: {e}"))?;
+    let s = UdpSocket::bind(SocketAddr::new(src, 0)).await.map_err(|e| format!("socket: {e}"))?;
+    let sport = s.local_addr().map_err(|e| format!("socket: {e}"))?.port();
+    let len = u16::try_from(8 + datagram.len()).map_err(|_| "a datagram too long".to_owned())?;
+    let mut u = Vec::with_capacity(usize::from(len));
+    u.extend_from_slice(&sport.to_be_bytes());
+    u.extend_from_slice(&to.port().to_be_bytes());
+    u.extend_from_slice(&len.to_be_bytes());
+    u.extend_from_slice(&[0, 0]);
+    u.extend_from_slice(datagram);
+    // A computed checksum of 0 is sent as all ones (0 is "none").
+    let c = match super::syn::l4_checksum(src, to.ip(), super::syn::UDP, &u) {
+        0 => 0xffff,
+        c => c,
+    };
+    u[6..8].copy_from_slice(&c.to_be_bytes());
+    super::syn::send_whole(&super::syn::ip_packet(src, to.ip(), super::syn::UDP, &u), via)?;
+    let mut buf = vec![0u8; 4096];
+    loop {
+        let (n, from) = s.recv_from(&mut buf).await.map_err(|e| format!("receive: {e}"))?;
+        if from == to {
+            buf.truncate(n);
+            return Ok(buf);
+        }
+    }
+}
+
 /// A DNS query for `name`, type A, class IN, recursion not asked.
 pub(crate) fn dns_query(id: u16, name: &str) -> Vec<u8> {
     let mut q = Vec::with_capacity(18 + name.len());
@@ -278,8 +321,8 @@ mod tests {
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = l.local_addr().unwrap().port();
         let lo = IpAddr::from([127, 0, 0, 1]);
-        assert!(check(&def(Probe::Tcp, port), lo, 1).await.is_ok());
-        let e = check(&def(Probe::Tcp, closed_port()), lo, 1).await.unwrap_err();
+        assert!(check(&def(Probe::Tcp, port), lo, None, 1).await.is_ok());
+        let e = check(&def(Probe::Tcp, closed_port()), lo, None, 1).await.unwrap_err();
         assert!(e.contains("refused"), "{e}");
     }
 
@@ -315,16 +358,16 @@ mod tests {
         let lo = IpAddr::from([127, 0, 0, 1]);
         let (port, mut heads) = http_server(204).await;
         let probe = |statuses: Vec<(u16, u16)>| Probe::Http { path: "/healthz".into(), host: Some("web.example".into()), statuses, tls: false };
-        assert!(check(&def(probe(vec![(200, 299)]), port), lo, 1).await.is_ok());
+        assert!(check(&def(probe(vec![(200, 299)]), port), lo, None, 1).await.is_ok());
         let head = heads.recv().await.unwrap();
         assert!(head.starts_with("GET /healthz HTTP/1.1\r\n"), "{head}");
         assert!(head.to_ascii_lowercase().contains("host: web.example\r\n"), "{head}");
         // Without a host, the endpoint's address and port.
         let no_host = Probe::Http { path: "/".into(), host: None, statuses: vec![(200, 299)], tls: false };
-        assert!(check(&def(no_host, port), lo, 1).await.is_ok());
+        assert!(check(&def(no_host, port), lo, None, 1).await.is_ok());
         let head = heads.recv().await.unwrap();
         assert!(head.to_ascii_lowercase().contains(&format!("host: 127.0.0.1:{port}\r\n")), "{head}");
-        let e = check(&def(probe(vec![(200, 200)]), port), lo, 1).await.unwrap_err();
+        let e = check(&def(probe(vec![(200, 200)]), port), lo, None, 1).await.unwrap_err();
         assert_eq!(e, "HTTP status 204");
         // Something that does not speak HTTP fails.
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -334,7 +377,7 @@ mod tests {
                 let _ = c.write_all(b"be1\n").await;
             }
         });
-        assert!(check(&def(probe(vec![(200, 399)]), port), lo, 1).await.is_err());
+        assert!(check(&def(probe(vec![(200, 399)]), port), lo, None, 1).await.is_err());
     }
 
     /// Serves HTTPS with a self-signed certificate for `name`, each request
@@ -381,16 +424,16 @@ mod tests {
         let lo = IpAddr::from([127, 0, 0, 1]);
         let (port, mut names) = https_server("web.example", 200).await;
         let https = |host: Option<&str>, statuses: Vec<(u16, u16)>| Probe::Http { path: "/healthz".into(), host: host.map(Into::into), statuses, tls: true };
-        assert!(check(&def(https(Some("web.example"), vec![(200, 299)]), port), lo, 1).await.is_ok());
+        assert!(check(&def(https(Some("web.example"), vec![(200, 299)]), port), lo, None, 1).await.is_ok());
         assert_eq!(names.recv().await.unwrap().as_deref(), Some("web.example"));
         // Without a host: no server name; any certificate is taken.
-        assert!(check(&def(https(None, vec![(200, 299)]), port), lo, 1).await.is_ok());
+        assert!(check(&def(https(None, vec![(200, 299)]), port), lo, None, 1).await.is_ok());
         assert_eq!(names.recv().await.unwrap(), None);
-        let e = check(&def(https(None, vec![(204, 204)]), port), lo, 1).await.unwrap_err();
+        let e = check(&def(https(None, vec![(204, 204)]), port), lo, None, 1).await.unwrap_err();
         assert_eq!(e, "HTTP status 200");
         // Plain HTTP on a TLS port fails, and HTTPS on a plain HTTP one.
         let http = Probe::Http { path: "/".into(), host: None, statuses: vec![(100, 599)], tls: false };
-        assert!(check(&def(http, port), lo, 1).await.is_err());
+        assert!(check(&def(http, port), lo, None, 1).await.is_err());
         // A server that answers in clear text at once.
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let plain = l.local_addr().unwrap().port();
@@ -399,7 +442,7 @@ mod tests {
                 let _ = c.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n").await;
             }
         });
-        let e = check(&def(https(None, vec![(100, 599)]), plain), lo, 1).await.unwrap_err();
+        let e = check(&def(https(None, vec![(100, 599)]), plain), lo, None, 1).await.unwrap_err();
         assert!(e.starts_with("TLS: "), "{e}");
     }
 
@@ -424,13 +467,20 @@ mod tests {
             }
         });
         let udp = |send: &[u8], expect: &[u8]| def(Probe::Udp { send: send.to_vec(), expect: expect.to_vec() }, port);
-        assert!(check(&udp(b"ping", b"pong"), lo, 1).await.is_ok());
-        assert!(check(&udp(b"ping", b""), lo, 1).await.is_ok());
-        assert!(check(&udp(b"ping", b"pang"), lo, 1).await.unwrap_err().contains("does not contain"));
-        assert!(check(&udp(b"hi", b""), lo, 1).await.unwrap_err().contains("no answer within 300 ms"));
-        assert!(check(&def(Probe::Dns { name: "example.org".into() }, port), lo, 7).await.is_ok());
+        assert!(check(&udp(b"ping", b"pong"), lo, None, 1).await.is_ok());
+        assert!(check(&udp(b"ping", b""), lo, None, 1).await.is_ok());
+        assert!(check(&udp(b"ping", b"pang"), lo, None, 1).await.unwrap_err().contains("does not contain"));
+        assert!(check(&udp(b"hi", b""), lo, None, 1).await.unwrap_err().contains("no answer within 300 ms"));
+        assert!(check(&def(Probe::Dns { name: "example.org".into() }, port), lo, None, 7).await.is_ok());
+        // The same datagrams sent whole (as to a VIP through an endpoint;
+        // here both are the loopback address), where raw sockets open.
+        if rustix::process::geteuid().is_root() {
+            assert_eq!(check(&udp(b"ping", b"pong"), lo, Some(lo), 1).await.map(drop), Ok(()));
+            assert!(check(&def(Probe::Dns { name: "example.org".into() }, port), lo, Some(lo), 8).await.is_ok());
+            assert!(check(&udp(b"hi", b""), lo, Some(lo), 1).await.unwrap_err().contains("no answer within 300 ms"));
+        }
         let closed = closed_port();
-        assert!(check(&def(Probe::Dns { name: ".".into() }, closed), lo, 7).await.unwrap_err().contains("unreachable"));
+        assert!(check(&def(Probe::Dns { name: ".".into() }, closed), lo, None, 7).await.unwrap_err().contains("unreachable"));
     }
 
     #[test]

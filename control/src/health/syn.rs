@@ -41,6 +41,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::os::fd::OwnedFd;
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use rustix::net::{AddressFamily, SocketFlags, SocketType};
@@ -75,11 +76,6 @@ struct Family {
     /// A raw socket, non-blocking, read and written directly (no runtime
     /// watches it).
     raw: UdpSocket,
-    /// A raw socket that sends whole IP packets (`IPPROTO_RAW`): a SYN to
-    /// a VIP, routed to the endpoint's address (the kernel takes the
-    /// route, and the next hop's MAC, from the address given to `sendto`,
-    /// the packet's destination from its header).
-    whole: Option<UdpSocket>,
     ports: Vec<u16>,
     /// Holds the ports.
     _held: Vec<std::net::TcpListener>,
@@ -115,11 +111,34 @@ fn raw(family: AddressFamily) -> io::Result<UdpSocket> {
     Ok(UdpSocket::from(fd))
 }
 
-/// A raw socket of `family` that sends whole IP packets, non-blocking.
-fn whole(family: AddressFamily) -> io::Result<UdpSocket> {
-    let fd: OwnedFd = rustix::net::socket_with(family, SocketType::RAW, SocketFlags::NONBLOCK | SocketFlags::CLOEXEC, Some(rustix::net::ipproto::RAW))?;
-    // It receives nothing (IPPROTO_RAW), so it is only written.
-    Ok(UdpSocket::from(fd))
+/// Sends the whole IP packet `packet` to `via` from a raw socket of its
+/// family (`IPPROTO_RAW`, opened once and shared: it is only written): the
+/// kernel takes the route, and the next hop's MAC, from `via`, and leaves
+/// the packet's own destination (a VIP) as it is. A check of the VIP so
+/// reaches the VIP at the endpoint's MAC, as the worker delivers the VIP's
+/// traffic at layer 2.
+pub(crate) fn send_whole(packet: &[u8], via: IpAddr) -> Result<(), String> {
+    static WHOLE: [OnceLock<Option<UdpSocket>>; 2] = [OnceLock::new(), OnceLock::new()];
+    let v6 = via.is_ipv6();
+    let socket = WHOLE[usize::from(v6)].get_or_init(|| {
+        let family = if v6 { AddressFamily::INET6 } else { AddressFamily::INET };
+        rustix::net::socket_with(family, SocketType::RAW, SocketFlags::NONBLOCK | SocketFlags::CLOEXEC, Some(rustix::net::ipproto::RAW))
+            .map(|fd: OwnedFd| UdpSocket::from(fd))
+            .map_err(|e| tracing::info!(error = %e, v6, "active checks: no raw socket for whole IP packets (CAP_NET_RAW); checks of the VIP fail"))
+            .ok()
+    });
+    let socket = socket.as_ref().ok_or("a check of the VIP needs a raw socket (CAP_NET_RAW)")?;
+    rustix::net::sendto(socket, packet, rustix::net::SendFlags::empty(), &SocketAddr::new(via, 0)).map_err(|e| format!("send: {e}"))?;
+    Ok(())
+}
+
+/// The source address the kernel picks for `to` (that of the exception
+/// interface that reaches it), from a UDP socket connected to it.
+pub(crate) fn source_for(to: IpAddr) -> io::Result<IpAddr> {
+    let any: SocketAddr = if to.is_ipv4() { ([0, 0, 0, 0], 0).into() } else { (std::net::Ipv6Addr::UNSPECIFIED, 0).into() };
+    let u = UdpSocket::bind(any)?;
+    u.connect(SocketAddr::new(to, 9))?;
+    Ok(u.local_addr()?.ip())
 }
 
 /// `n` ports held by bound sockets that do not listen: a listener
@@ -153,11 +172,9 @@ impl Prober {
     /// `CAP_NET_RAW`).
     pub(crate) fn start() -> Option<Prober> {
         let family = |v6: bool| -> io::Result<Family> {
-            let af = if v6 { AddressFamily::INET6 } else { AddressFamily::INET };
-            let raw = raw(af)?;
-            let whole = whole(af).map_err(|e| tracing::info!(error = %e, v6, "active checks: no raw socket for whole IP packets; checks of the VIP fail")).ok();
+            let raw = raw(if v6 { AddressFamily::INET6 } else { AddressFamily::INET })?;
             let (ports, held) = hold_ports(v6, PORTS)?;
-            Ok(Family { raw, whole, ports, _held: held })
+            Ok(Family { raw, ports, _held: held })
         };
         let (v4, v6) = (family(false), family(true));
         if let Err(e) = &v4 {
@@ -188,10 +205,7 @@ impl Prober {
         if let Some(s) = self.sources.get(&to) {
             return Ok(*s);
         }
-        let any: SocketAddr = if to.is_ipv4() { ([0, 0, 0, 0], 0).into() } else { (std::net::Ipv6Addr::UNSPECIFIED, 0).into() };
-        let u = UdpSocket::bind(any)?;
-        u.connect(SocketAddr::new(to, 9))?;
-        let s = u.local_addr()?.ip();
+        let s = source_for(to)?;
         if self.sources.len() >= MAX_SOURCES {
             self.sources.clear();
         }
@@ -216,14 +230,10 @@ impl Prober {
         // A raw socket's send does not wait: a full send buffer is a
         // failed check (sent again at its next interval).
         let syn = syn(src, to, port, seq, 0x02);
-        let sent = match via {
-            None => rustix::net::sendto(&fam.raw, &syn, rustix::net::SendFlags::empty(), &SocketAddr::new(to.ip(), 0)),
-            Some(via) => {
-                let whole = fam.whole.as_ref().ok_or("no raw socket for whole IP packets (IPPROTO_RAW)")?;
-                rustix::net::sendto(whole, &ip_packet(src, to.ip(), &syn), rustix::net::SendFlags::empty(), &SocketAddr::new(via, 0))
-            }
-        };
-        sent.map_err(|e| format!("send: {e}"))?;
+        match via {
+            None => drop(rustix::net::sendto(&fam.raw, &syn, rustix::net::SendFlags::empty(), &SocketAddr::new(to.ip(), 0)).map_err(|e| format!("send: {e}"))?),
+            Some(via) => send_whole(&ip_packet(src, to.ip(), TCP, &syn), via)?,
+        }
         self.next_port = self.next_port.wrapping_add(1);
         self.next_seq = seq.wrapping_add(0x9e37_79b9);
         let key = (to.ip(), to.port(), port, seq);
@@ -237,10 +247,9 @@ impl Prober {
     fn reset(&mut self, key: &Key, via: IpAddr) {
         let (vip, port, ours, seq) = *key;
         let Ok(src) = self.source(via) else { return };
-        let Some(whole) = self.family(vip.is_ipv6()).and_then(|f| f.whole.as_ref()) else { return };
         let rst = syn(src, SocketAddr::new(vip, port), ours, seq.wrapping_add(1), 0x04);
         // Best effort: the endpoint forgets it anyway after its retries.
-        let _ = rustix::net::sendto(whole, &ip_packet(src, vip, &rst), rustix::net::SendFlags::empty(), &SocketAddr::new(via, 0));
+        let _ = send_whole(&ip_packet(src, vip, TCP, &rst), via);
     }
 
     /// Forgets a check (an answer that comes later is not taken).
@@ -379,17 +388,21 @@ fn answer_of(from: IpAddr, t: &[u8]) -> Option<(Key, Answer)> {
     Some(((from, sport, dport, ack.wrapping_sub(1)), answer))
 }
 
-/// The IP packet from `src` to `dst` carrying TCP segment `seg` (IPv4: DF,
-/// TTL 64, the kernel fills in the length, identification and checksum;
-/// IPv6: hop limit 64).
-fn ip_packet(src: IpAddr, dst: IpAddr, seg: &[u8]) -> Vec<u8> {
+/// IP protocol numbers.
+const TCP: u8 = 6;
+pub(crate) const UDP: u8 = 17;
+
+/// The IP packet from `src` to `dst` carrying `seg`, a segment of protocol
+/// `proto` (IPv4: DF, TTL 64, the kernel fills in the length,
+/// identification and checksum; IPv6: hop limit 64).
+pub(crate) fn ip_packet(src: IpAddr, dst: IpAddr, proto: u8, seg: &[u8]) -> Vec<u8> {
     let len = u16::try_from(seg.len()).unwrap_or(u16::MAX);
     let mut p = Vec::with_capacity(40 + seg.len());
     match (src, dst) {
         (IpAddr::V4(s), IpAddr::V4(d)) => {
             p.extend_from_slice(&[0x45, 0]);
             p.extend_from_slice(&(len + 20).to_be_bytes());
-            p.extend_from_slice(&[0, 0, 0x40, 0, 64, 6, 0, 0]);
+            p.extend_from_slice(&[0, 0, 0x40, 0, 64, proto, 0, 0]);
             p.extend_from_slice(&s.octets());
             p.extend_from_slice(&d.octets());
         }
@@ -400,7 +413,7 @@ fn ip_packet(src: IpAddr, dst: IpAddr, seg: &[u8]) -> Vec<u8> {
             };
             p.extend_from_slice(&[0x60, 0, 0, 0]);
             p.extend_from_slice(&len.to_be_bytes());
-            p.extend_from_slice(&[6, 64]);
+            p.extend_from_slice(&[proto, 64]);
             p.extend_from_slice(&v6(s));
             p.extend_from_slice(&v6(d));
         }
@@ -420,17 +433,28 @@ fn syn(src: IpAddr, to: SocketAddr, sport: u16, seq: u32, flags: u8) -> [u8; 24]
     t[13] = flags;
     t[14..16].copy_from_slice(&64240u16.to_be_bytes());
     t[20..24].copy_from_slice(&[2, 4, 0x05, 0xb4]); // MSS 1460
+    let c = l4_checksum(src, to.ip(), TCP, &t);
+    t[16..18].copy_from_slice(&c.to_be_bytes());
+    t
+}
+
+/// The TCP or UDP checksum of `seg` (its checksum field zero) from `src` to
+/// `dst`, over the pseudo-header.
+pub(crate) fn l4_checksum(src: IpAddr, dst: IpAddr, proto: u8, seg: &[u8]) -> u16 {
     let mut sum: u32 = 0;
+    // Every slice but the last is of even length.
     let mut add = |b: &[u8]| {
         for w in b.chunks(2) {
             sum += u32::from(u16::from_be_bytes([w[0], *w.get(1).unwrap_or(&0)]));
         }
     };
-    match (src, to.ip()) {
+    let len = u32::try_from(seg.len()).unwrap_or(u32::MAX);
+    match (src, dst) {
         (IpAddr::V4(s), IpAddr::V4(d)) => {
             add(&s.octets());
             add(&d.octets());
-            add(&[0, 6, 0, 24]);
+            add(&[0, proto]);
+            add(&len.to_be_bytes()[2..]);
         }
         (s, d) => {
             let v6 = |a: IpAddr| match a {
@@ -439,17 +463,17 @@ fn syn(src: IpAddr, to: SocketAddr, sport: u16, seq: u32, flags: u8) -> [u8; 24]
             };
             add(&v6(s));
             add(&v6(d));
-            add(&[0, 0, 0, 24, 0, 0, 0, 6]);
+            add(&len.to_be_bytes());
+            add(&[0, 0, 0, proto]);
         }
     }
-    add(&t);
+    add(seg);
     while sum >> 16 != 0 {
         sum = (sum & 0xffff) + (sum >> 16);
     }
     #[allow(clippy::cast_possible_truncation)] // folded to 16 bits above
     let c = !(sum as u16);
-    t[16..18].copy_from_slice(&c.to_be_bytes());
-    t
+    c
 }
 
 #[cfg(test)]
@@ -473,6 +497,23 @@ mod tests {
         }
         assert_eq!(sum, 0xffff);
         assert_eq!((t[13], u16::from_be_bytes([t[2], t[3]])), (0x02, 80));
+    }
+
+    #[test]
+    fn checksums_of_odd_segments_and_of_ipv6_hold() {
+        // A UDP datagram of odd length, over each family: summing the
+        // pseudo-header and the datagram with its checksum gives 0xffff,
+        // which is what `l4_checksum` of it then returns the complement of.
+        for (src, dst) in [(IpAddr::from([10, 0, 0, 1]), IpAddr::from([20, 0, 0, 1])), ("fd00::1".parse().unwrap(), "fd00:20::1".parse().unwrap())] {
+            let mut u = vec![0x9c, 0x40, 0, 53, 0, 11, 0, 0, b'a', b'b', b'c'];
+            let c = l4_checksum(src, dst, UDP, &u);
+            u[6..8].copy_from_slice(&c.to_be_bytes());
+            assert_eq!(l4_checksum(src, dst, UDP, &u), 0, "{dst}");
+        }
+        let p = ip_packet(IpAddr::from([10, 0, 0, 1]), IpAddr::from([20, 0, 0, 1]), UDP, &[0; 9]);
+        assert_eq!((p[0], p[9], &p[16..20], p.len()), (0x45, UDP, &[20, 0, 0, 1][..], 29));
+        let p = ip_packet("fd00::1".parse().unwrap(), "fd00:20::1".parse().unwrap(), TCP, &[0; 20]);
+        assert_eq!((p[0], p[5], p[6], p.len()), (0x60, 20, TCP, 60));
     }
 
     #[test]

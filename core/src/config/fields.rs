@@ -287,7 +287,7 @@ fn check_target(n: Node<'_>, p: &mut Problems) -> Option<CheckTarget> {
 }
 
 /// An active health check: `protocol` (tcp, http, https, udp or dns) and
-/// `port` required; `target` (endpoint, the default, or vip: tcp only);
+/// `port` required; `target` (endpoint, the default, or vip: not http);
 /// `intervalMs`, `timeoutMs`, `rise`, `fall`; `path`,
 /// `host` and `expectStatus` for http and https; `send` and `expect` for udp; `query` for
 /// dns. Every number bounded ([`CheckDef::problems`]).
@@ -466,9 +466,12 @@ mod tests {
         assert_eq!(c.target, CheckTarget::Vip);
         assert_eq!(c.to_string(), "tcp/80 to the VIP every 2000ms, timeout 1000ms, rise 2, fall 3");
         assert_eq!(check("{protocol: tcp, port: 80, target: endpoint}").unwrap().target, CheckTarget::Endpoint);
+        assert_eq!(check("{protocol: dns, port: 53, target: vip}").unwrap().target, CheckTarget::Vip);
+        assert_eq!(check("{protocol: udp, port: 9, send: x, target: vip}").unwrap().target, CheckTarget::Vip);
         for (text, why) in [
             ("{protocol: tcp, port: 80, target: node}", "\"node\" is not a check target"),
-            ("{protocol: http, port: 80, target: vip}", "a check of the VIP (target: vip) is a TCP check; a http check"),
+            ("{protocol: http, port: 80, target: vip}", "a check of the VIP (target: vip) is a tcp, udp or dns check; an http check"),
+            ("{protocol: https, port: 443, target: vip}", "an https check goes to the endpoint's own address"),
             ("{protocol: tcp}", "missing field \"port\""),
             ("{protocol: smtp, port: 25}", "not a health check protocol"),
             ("{protocol: tcp, port: 80, path: /}", "path is for http and https checks"),

@@ -906,7 +906,7 @@ metadata:
             ("'{protocol: http, port: 8080, intervalMs: 5}'", "sluice.io/health-check.intervalMs: 5 is out of range 100..=3600000"),
             ("'{protocol: tcp, port: 80, rise: 1, fal: 2}'", "sluice.io/health-check.fal: unknown field (did you mean \"fall\"?)"),
             ("'[tcp, 80]'", "sluice.io/health-check: expected a mapping, found a list"),
-            ("'{protocol: udp, port: 53, send: x, target: vip}'", "sluice.io/health-check: a check of the VIP (target: vip) is a TCP check; a udp check goes to the endpoint's own address"),
+            ("'{protocol: https, port: 443, target: vip}'", "sluice.io/health-check: a check of the VIP (target: vip) is a tcp, udp or dns check; an https check goes to the endpoint's own address"),
         ] {
             let mut p = Problems::default();
             from_docs(&docs(&text.replace("'{protocol: http, port: 8080, path: /healthz, intervalMs: 1000, fall: 2}'", value)), "g", &mut p);
