@@ -80,6 +80,9 @@ fn drain_and_bring_back(name: &str, web_check: &str, label: &str) {
     let prefix = format!("{name}{}", std::process::id());
     let topo = Topology::up(&prefix);
     let mut backends = topo.backends(&["20.0.0.1"]);
+    // The first checks must find the backends listening: every check is to
+    // pass from the start.
+    topo.backends_listen(&[8080], &[5353]);
     let dir = tempdir(&prefix);
     let cfg = dir.join("appliance.yaml");
     std::fs::write(&cfg, config(&prefix, web_check)).unwrap();
@@ -173,6 +176,7 @@ fn a_check_of_the_vip_reaches_each_endpoint_that_listens_on_the_vip_only() {
     let topo = Topology::up(&prefix);
     let mut backends = topo.backends(&["20.0.0.1"]);
     let mut listeners: Vec<_> = (1..=3).map(|i| topo.spawn(&format!("be{i}"), &["python3", "-c", VIP_LISTENER])).collect();
+    topo.backends_listen(&[7070], &[53]);
     let dir = tempdir(&prefix);
     let cfg = dir.join("appliance.yaml");
     let check = "

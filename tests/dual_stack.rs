@@ -44,6 +44,8 @@ fn ipv4_and_ipv6_vips_through_one_appliance() {
     let prefix = format!("ds{}", std::process::id());
     let topo = Topology::up_dual_stack(&prefix);
     let _backends = topo.backends(&["20.0.0.1", "fd00:20::1"]);
+    // Every check of the VIP is to pass from the first.
+    topo.backends_listen(&[80], &[]);
     let dir = std::env::temp_dir().join(format!("sluice-{prefix}"));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();

@@ -65,6 +65,20 @@ impl Topology {
             .collect()
     }
 
+    /// Waits (up to 10 s) until something in each of be1..be3 listens on
+    /// each of the TCP ports `tcp` and has a socket bound to each of the UDP
+    /// ports `udp`: a test whose first health checks must pass starts the
+    /// appliance only then. Panics when they do not.
+    pub fn backends_listen(&self, tcp: &[u16], udp: &[u16]) {
+        let bound = |n: &str, flags: &str, port: u16| {
+            let sport = format!(":{port}");
+            !self.output(n, &["ss", flags, "sport", "=", &sport]).stdout.iter().all(u8::is_ascii_whitespace)
+        };
+        let listen = |n: &str| tcp.iter().all(|p| bound(n, "-Hltn", *p)) && udp.iter().all(|p| bound(n, "-Hlun", *p));
+        let all = || (1..=3).all(|i| listen(&format!("be{i}")));
+        assert!(wait_until(Duration::from_secs(10), all), "the backends do not listen on TCP {tcp:?} and UDP {udp:?}");
+    }
+
     /// Starts `client.py hold VIP N SECONDS FILE` without waiting: the file
     /// gets `{backend: [ok, broken]}` at the end, `FILE.ready` once every
     /// connection is open.
