@@ -13,6 +13,15 @@
 //!
 //! Identical candidate lists are shared. A lookup costs one hash probe, one
 //! binary search and, typically, one candidate check.
+//!
+//! The common case takes a shorter way: a destination port that has
+//! candidates of its own (an elementary interval of at most
+//! [`PORT_SPAN_MAX`] ports, as routes to single ports make) is also a key
+//! of a second open-addressing hash, on (VIP, protocol slot, port), whose
+//! slot holds the VIP's index and the candidates. A packet with ports
+//! probes it first: one probe instead of a probe and a binary search, and
+//! the VIP's index comes with it. Where ranges make wide intervals, the
+//! probe misses and the interval search answers as before.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -207,6 +216,26 @@ struct PortIndex {
     portless: Span,
 }
 
+/// The widest elementary interval whose ports are keys of
+/// [`Classifier`]'s port hash: a route to a few ports gets the one-probe
+/// way, a wide range stays with the interval search.
+pub const PORT_SPAN_MAX: u32 = 8;
+
+/// A slot of the port hash: 32 bytes, two to a cache line.
+#[derive(Clone, Copy, Debug, Default)]
+struct PortSlot {
+    /// The VIP.
+    key: u128,
+    /// The destination port.
+    port: u16,
+    /// The protocol slot, plus one (0: the slot is empty).
+    slot: u8,
+    /// The VIP's index.
+    vip: u32,
+    /// The candidates.
+    list: Span,
+}
+
 /// The port indexes' lists already made, to share.
 type Interned = (HashMap<Vec<u16>, Arc<[u16]>>, HashMap<Vec<Span>, Arc<[Span]>>);
 
@@ -216,6 +245,9 @@ pub struct Classifier {
     /// Open addressing: one cache line holds a slot's key and value.
     vip_slots: Vec<VipSlot>,
     vip_mask: usize,
+    /// (VIP, protocol slot, port) of the narrow intervals, open addressing.
+    port_slots: Vec<PortSlot>,
+    port_mask: usize,
     /// Per VIP, per slot.
     tables: Vec<[PortIndex; SLOTS]>,
     vips: Vec<Addr>,
@@ -239,6 +271,14 @@ struct VipSlot {
 #[allow(clippy::cast_possible_truncation)] // folding to the table size
 fn vip_hash(a: u128) -> usize {
     let x = (a as u64) ^ ((a >> 64) as u64).rotate_left(17);
+    (x.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) as usize
+}
+
+#[inline(always)]
+#[allow(clippy::cast_possible_truncation)] // folding to the table size
+fn port_hash(a: u128, slot: usize, port: u16) -> usize {
+    let pk = (u64::from(port) << 8 | slot as u64).wrapping_mul(0xff51_afd7_ed55_8ccd);
+    let x = (a as u64) ^ ((a >> 64) as u64).rotate_left(17) ^ pk;
     (x.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) as usize
 }
 
@@ -326,6 +366,7 @@ impl Classifier {
             }
             c.vip_slots[h] = VipSlot { key: v.0, index: u32::try_from(i).unwrap_or(EMPTY) };
         }
+        c.index_ports();
         // Grown by doubling, the pools would keep up to twice what they
         // hold for as long as the snapshot lives (10,000 VIPs: 1.4 MB of
         // empty table rows).
@@ -335,6 +376,39 @@ impl Classifier {
         c.ports.shrink_to_fit();
         c.bytes.shrink_to_fit();
         c
+    }
+
+    /// Fills the port hash: every port of each elementary interval of at
+    /// most [`PORT_SPAN_MAX`] ports that has candidates.
+    fn index_ports(&mut self) {
+        let mut keys: Vec<(u128, usize, u16, u32, Span)> = Vec::new();
+        for (vi, (t, v)) in self.tables.iter().zip(&self.vips).enumerate() {
+            let vi = u32::try_from(vi).unwrap_or(EMPTY);
+            for (s, pi) in t.iter().enumerate() {
+                for (i, list) in pi.lists.iter().enumerate() {
+                    let lo = u32::from(pi.bounds[i]);
+                    let hi = pi.bounds.get(i + 1).map_or(u32::from(u16::MAX) + 1, |&b| u32::from(b));
+                    if list.len == 0 || hi - lo > PORT_SPAN_MAX {
+                        continue;
+                    }
+                    for port in lo..hi {
+                        keys.push((v.0, s, u16::try_from(port).unwrap_or(u16::MAX), vi, *list));
+                    }
+                }
+            }
+        }
+        let cap = (keys.len() * 2).next_power_of_two().max(4);
+        self.port_slots = vec![PortSlot::default(); cap];
+        self.port_mask = cap - 1;
+        for (key, s, port, vip, list) in keys {
+            let mut h = port_hash(key, s, port) & self.port_mask;
+            while self.port_slots[h].slot != 0 {
+                h = (h + 1) & self.port_mask;
+            }
+            #[allow(clippy::cast_possible_truncation)] // below SLOTS
+            let slot = s as u8 + 1;
+            self.port_slots[h] = PortSlot { key, port, slot, vip, list };
+        }
     }
 
     /// Elementary destination-port intervals over the routes `ranks`.
@@ -442,15 +516,39 @@ impl Classifier {
         }
     }
 
+    /// The VIP index of `flow`'s destination and the lookup of `flow`, as
+    /// [`Classifier::vip_index`] and [`Classifier::classify`] would answer:
+    /// in one probe of the port hash when the packet has ports and its
+    /// (VIP, protocol, port) is a key there.
+    #[inline]
+    pub fn classify_with_vip(&self, flow: &Flow, has_ports: bool, l4: Option<&[u8]>) -> (Option<usize>, Lookup) {
+        if has_ports {
+            let s = slot_of(flow.proto);
+            #[allow(clippy::cast_possible_truncation)] // below SLOTS
+            let tag = s as u8 + 1;
+            let mut h = port_hash(flow.dst.0, s, flow.dport) & self.port_mask;
+            while let Some(slot) = self.port_slots.get(h) {
+                if slot.slot == 0 {
+                    break;
+                }
+                if slot.key == flow.dst.0 && slot.port == flow.dport && slot.slot == tag {
+                    return (Some(slot.vip as usize), self.first_match(slot.list, flow, has_ports, l4));
+                }
+                h = (h + 1) & self.port_mask;
+            }
+        }
+        match self.vip(flow.dst) {
+            Some(v) => (Some(v), self.classify_vip(v, flow, has_ports, l4)),
+            None => (None, Lookup::NotVip),
+        }
+    }
+
     /// Classifies a packet of `flow` (ports meaningful when `has_ports`)
     /// whose transport header onward is `l4` (empty when absent or when
     /// byte matches cannot be evaluated, e.g. for ICMP errors).
     #[inline]
     pub fn classify(&self, flow: &Flow, has_ports: bool, l4: Option<&[u8]>) -> Lookup {
-        match self.vip(flow.dst) {
-            Some(v) => self.classify_vip(v, flow, has_ports, l4),
-            None => Lookup::NotVip,
-        }
+        self.classify_with_vip(flow, has_ports, l4).1
     }
 
     /// [`Classifier::classify`] when the destination's VIP index `v` is
@@ -464,6 +562,12 @@ impl Classifier {
         } else {
             t.portless
         };
+        self.first_match(list, flow, has_ports, l4)
+    }
+
+    /// The first of the candidates `list` that `flow` matches.
+    #[inline(always)]
+    fn first_match(&self, list: Span, flow: &Flow, has_ports: bool, l4: Option<&[u8]>) -> Lookup {
         let Some(cands) = self.candidates.get(list.range()) else { return Lookup::NoRoute };
         for &k in cands {
             if let Some(cond) = self.conds.get(k as usize) {
@@ -548,6 +652,7 @@ impl Classifier {
             .sum();
         t + self.tables.capacity() * std::mem::size_of::<[PortIndex; SLOTS]>()
             + self.vip_slots.capacity() * std::mem::size_of::<VipSlot>()
+            + self.port_slots.capacity() * std::mem::size_of::<PortSlot>()
             + self.vips.capacity() * 16
             + self.routes.capacity() * std::mem::size_of::<Route>()
             + self.conds.capacity() * std::mem::size_of::<Cond>()
@@ -623,6 +728,40 @@ mod tests {
         assert_eq!(name(&c, c.classify(&flow("1.2.3.4", &vips[999], 5555, 80, proto::TCP), true, None)), Some("r999"));
         assert_eq!(c.classify(&flow("1.2.3.4", &vips[999], 5555, 81, proto::TCP), true, None), Lookup::NoRoute);
         assert_eq!(c.classify(&flow("1.2.3.4", &vips[999], 5555, 80, proto::UDP), true, None), Lookup::NoRoute);
+    }
+
+    /// Ports of narrow intervals are keys of the port hash, those of wide
+    /// ranges are not; either way the lookup is the same.
+    #[test]
+    fn narrow_ports_take_one_probe_and_wide_ranges_the_interval_search() {
+        let c = Classifier::build(&[
+            route("web", 0, &["20.0.0.1", "2001:db8::1"], &[(80, 80), (4000, 4001)], &[proto::TCP]),
+            route("range", 0, &["20.0.0.1"], &[(1000, 2000)], &[proto::UDP]),
+        ]);
+        let keyed = |vip: &str, s: usize, port: u16| c.port_slots.iter().any(|p| p.slot as usize == s + 1 && p.key == a(vip).0 && p.port == port);
+        let (tcp, udp) = (slot_of(proto::TCP), slot_of(proto::UDP));
+        for (vip, s, port, want) in [
+            ("20.0.0.1", tcp, 80, true),
+            ("2001:db8::1", tcp, 80, true),
+            ("20.0.0.1", tcp, 4001, true),
+            ("20.0.0.1", tcp, 81, false),
+            ("20.0.0.1", udp, 80, false),
+            ("20.0.0.1", udp, 1500, false),
+        ] {
+            assert_eq!(keyed(vip, s, port), want, "{vip} slot {s} port {port}");
+        }
+        assert_eq!(c.port_slots.iter().filter(|p| p.slot != 0).count(), 6);
+        for (dst, port, p, want) in [
+            ("20.0.0.1", 80, proto::TCP, Some("web")),
+            ("2001:db8::1", 4000, proto::TCP, Some("web")),
+            ("20.0.0.1", 1500, proto::UDP, Some("range")),
+            ("20.0.0.1", 80, proto::UDP, None),
+        ] {
+            let src = if dst.contains(':') { "2001::9" } else { "1.2.3.4" };
+            let (vip, l) = c.classify_with_vip(&flow(src, dst, 5555, port, p), true, None);
+            assert_eq!((vip, name(&c, l)), (c.vip_index(a(dst)), want), "{dst} {port}");
+        }
+        assert_eq!(c.classify_with_vip(&flow("1.2.3.4", "20.0.0.9", 5555, 80, proto::TCP), true, None), (None, Lookup::NotVip));
     }
 
     #[test]
@@ -801,7 +940,10 @@ mod tests {
         fn agrees_with_linear_scan(rs in routes(), fs in flows()) {
             let c = Classifier::build(&rs);
             for (f, has_ports, l4) in &fs {
-                let got = c.classify(f, *has_ports, l4.as_deref());
+                let (vip, got) = c.classify_with_vip(f, *has_ports, l4.as_deref());
+                // The port hash and the interval search agree.
+                prop_assert_eq!(vip, c.vip_index(f.dst));
+                prop_assert_eq!(got, vip.map_or(Lookup::NotVip, |v| c.classify_vip(v, f, *has_ports, l4.as_deref())));
                 let want = reference(&rs, f, *has_ports, l4.as_deref());
                 let is_vip = rs.iter().any(|r| r.matches.vips.contains(&f.dst));
                 match got {

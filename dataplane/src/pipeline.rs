@@ -283,13 +283,15 @@ impl Pipeline {
                 continue;
             }
             let p = &a.parsed;
-            let Some(vip) = c.vip_index(p.flow.dst) else { continue };
-            a.vip = u32::try_from(vip).unwrap_or(u32::MAX);
             if p.frag != Fragment::No || p.icmp_error {
+                a.vip = c.vip_index(p.flow.dst).map_or(u32::MAX, |v| u32::try_from(v).unwrap_or(u32::MAX));
                 continue;
             }
             let l4 = frame.get(usize::from(p.l4)..usize::from(p.ip_end));
-            let Lookup::Route(r) = c.classify_vip(vip, &p.flow, p.has_ports, l4) else { continue };
+            let (vip, lookup) = c.classify_with_vip(&p.flow, p.has_ports, l4);
+            let Some(vip) = vip else { continue };
+            a.vip = u32::try_from(vip).unwrap_or(u32::MAX);
+            let Lookup::Route(r) = lookup else { continue };
             let Some(s) = c.service_of(r) else { continue };
             let Some(svc) = snap.services.get(s as usize) else { continue };
             prefetch(std::sync::Arc::as_ptr(svc).cast());
@@ -510,8 +512,18 @@ impl State {
     /// The verdict for a parsed IP packet.
     #[inline(always)]
     fn decide<P: PacketBuf>(&mut self, cx: &Cx<'_>, p: &Parsed, pkt: &mut P) -> Verdict {
-        let vip = cx.snap.classifier.vip_index(p.flow.dst);
-        self.decide_with(cx, p, pkt, vip, None)
+        let c = &cx.snap.classifier;
+        if p.frag != Fragment::No || p.icmp_error {
+            return self.decide_with(cx, p, pkt, c.vip_index(p.flow.dst), None);
+        }
+        // The common case: the VIP and the route in one lookup.
+        let l4 = pkt.data().get(usize::from(p.l4)..usize::from(p.ip_end));
+        let (vip, lookup) = c.classify_with_vip(&p.flow, p.has_ports, l4);
+        let pre = match lookup {
+            Lookup::Route(r) => c.service_of(r).map(|service| Classified { service, hash: flow_hash(&p.flow) }),
+            Lookup::NoRoute | Lookup::NotVip => None,
+        };
+        self.decide_with(cx, p, pkt, vip, pre)
     }
 
     /// [`State::decide`] given what is known already: the index of the
