@@ -1,7 +1,11 @@
 //! Runs one stage of the pipeline N times over prepared frames, for
 //! `bench/instructions.sh`, which counts instructions with callgrind.
 //!
-//!   STAGE=parse|classify|hash|rewrite|refresh|process|cidr|none N=100000 ROUTES=1|100|10000
+//!   STAGE=parse|classify|interval|hash|rewrite|refresh|process|cidr|none N=100000 ROUTES=1|100|10000
+//!
+//! `classify` is the lookup the pipeline makes (the port hash first);
+//! `interval` the same lookup by the VIP's hash and the interval search
+//! only, as before the port hash: its baseline, in the same binary.
 //!
 //! `cidr` is one source-prefix check (`Cidr::contains`, family-aware) of
 //! an address of either family against a prefix of either family.
@@ -23,6 +27,7 @@ enum Stage {
     None,
     Parse,
     Classify,
+    Interval,
     Hash,
     Refresh,
     Rewrite,
@@ -34,6 +39,7 @@ fn main() {
     let stage = match std::env::var("STAGE").unwrap_or_default().as_str() {
         "parse" => Stage::Parse,
         "classify" => Stage::Classify,
+        "interval" => Stage::Interval,
         "hash" => Stage::Hash,
         "refresh" => Stage::Refresh,
         "rewrite" => Stage::Rewrite,
@@ -76,7 +82,11 @@ fn main() {
             }
             Stage::Classify => {
                 let q = black_box(&parsed[k]);
-                black_box(c.classify(&q.flow, q.has_ports, t[k].get(34..)));
+                black_box(c.classify_with_vip(&q.flow, q.has_ports, t[k].get(34..)));
+            }
+            Stage::Interval => {
+                let q = black_box(&parsed[k]);
+                black_box(c.vip_index(q.flow.dst).map(|v| c.classify_vip(v, &q.flow, q.has_ports, t[k].get(34..))));
             }
             Stage::Hash => {
                 black_box(flow_hash(black_box(&parsed[k].flow)));
