@@ -10,9 +10,12 @@
 //!   1), a 16-bit deadline (the expiry second modulo 2^16) and a 32-bit
 //!   [`FlowPin`];
 //! - the full key of way `w` of bucket `b` ([`FlowKey`]: the 5-tuple and the
-//!   service) is `keys[b * 8 + w]`, a line of its own, read only when a
-//!   signature matches: a miss reads one line, a hit two, and two flows
-//!   never share a pin (a signature only filters);
+//!   service, as six words) is line `b * 8 + w` of the keys, a line of its
+//!   own, read only when a signature matches: a miss reads one line, a hit
+//!   two, and two flows never share a pin (a signature only filters);
+//! - both are arrays of 64-byte-aligned lines ([`Lines`]): the zeroed
+//!   memory they come from starts 16 bytes past a page, where 64-byte
+//!   records would each straddle two lines and a hit read four;
 //! - a way is live while `deadline - now` (modulo 2^16) is in
 //!   `1..=MAX_TIMEOUT`; [`FlowTable::advance`] clears expired ways long
 //!   before the modulo could make one look live again;
@@ -239,7 +242,7 @@ pub struct FlowKey {
 }
 
 /// One flow-table bucket: 64 bytes, a cache line's worth.
-#[derive(Clone, Copy, Debug, Default, bytemuck::Zeroable)]
+#[derive(Clone, Copy, Debug, Default, bytemuck::Zeroable, bytemuck::Pod)]
 #[repr(C)]
 struct Bucket {
     sig: [u16; FLOW_WAYS],
@@ -248,6 +251,71 @@ struct Bucket {
 }
 
 const _: () = assert!(std::mem::size_of::<Bucket>() == 64 && std::mem::size_of::<FlowKey>() == 64);
+
+/// Words of a cache line.
+const LINE_WORDS: usize = 8;
+
+/// A cache line, as words.
+type Line = [u64; LINE_WORDS];
+
+/// Zeroed cache lines, each 64-byte aligned: a zeroed slice of words one
+/// line longer than asked, used from its first word on a line boundary.
+/// The slice is allocated as zeroed memory (untouched pages, see the
+/// module's comment) with the words' alignment only: an allocation
+/// declared 64-byte aligned would be written over whole.
+#[derive(Debug)]
+struct Lines {
+    words: Box<[u64]>,
+    /// The first word on a line boundary.
+    start: usize,
+    len: usize,
+}
+
+impl Lines {
+    fn zeroed(len: usize) -> Lines {
+        let words: Box<[u64]> = bytemuck::zeroed_slice_box(len * LINE_WORDS + LINE_WORDS - 1);
+        // Words are 8-byte aligned: how many words past a line the slice starts.
+        let past = (words.as_ptr() as usize / 8) % LINE_WORDS;
+        Lines { words, start: (LINE_WORDS - past) % LINE_WORDS, len }
+    }
+
+    #[inline(always)]
+    fn all(&self) -> &[Line] {
+        let (lines, _) = self.words[self.start..].as_chunks::<LINE_WORDS>();
+        &lines[..self.len]
+    }
+
+    #[inline(always)]
+    fn all_mut(&mut self) -> &mut [Line] {
+        let (lines, _) = self.words[self.start..].as_chunks_mut::<LINE_WORDS>();
+        &mut lines[..self.len]
+    }
+
+    #[inline(always)]
+    fn get(&self, i: usize) -> &Line {
+        &self.all()[i]
+    }
+
+    #[inline(always)]
+    fn get_mut(&mut self, i: usize) -> &mut Line {
+        &mut self.all_mut()[i]
+    }
+
+    /// Bytes held (the extra line included).
+    fn bytes(&self) -> usize {
+        std::mem::size_of_val(&*self.words)
+    }
+}
+
+/// A key as the table holds it: the 5-tuple and the service in six words
+/// of a line (the other two zero).
+#[inline(always)]
+#[allow(clippy::cast_possible_truncation)] // the halves of 128-bit addresses
+fn key_line(k: &FlowKey) -> Line {
+    let (s, d) = (k.flow.src.0, k.flow.dst.0);
+    let rest = u64::from(k.flow.sport) | u64::from(k.flow.dport) << 16 | u64::from(k.flow.proto) << 32;
+    [s as u64, (s >> 64) as u64, d as u64, (d >> 64) as u64, rest, u64::from(k.service), 0, 0]
+}
 
 /// Remaining seconds of a way with `deadline` at `now` (modulo 2^16);
 /// live when in `1..=MAX_TIMEOUT`.
@@ -285,8 +353,10 @@ pub struct TableStats {
 /// The flow table of one worker.
 #[derive(Debug)]
 pub struct FlowTable {
-    buckets: Box<[Bucket]>,
-    keys: Box<[FlowKey]>,
+    /// [`Bucket`]s.
+    buckets: Lines,
+    /// Keys ([`key_line`]), `FLOW_WAYS` lines a bucket.
+    keys: Lines,
     mask: usize,
     timeouts: FlowTimeouts,
     /// The latest second given to [`FlowTable::advance`].
@@ -307,8 +377,8 @@ impl FlowTable {
     pub fn new(capacity: usize, timeouts: FlowTimeouts) -> FlowTable {
         let buckets = capacity.div_ceil(FLOW_WAYS).next_power_of_two().max(1);
         FlowTable {
-            buckets: bytemuck::zeroed_slice_box(buckets),
-            keys: bytemuck::zeroed_slice_box(buckets * FLOW_WAYS),
+            buckets: Lines::zeroed(buckets),
+            keys: Lines::zeroed(buckets * FLOW_WAYS),
             mask: buckets - 1,
             timeouts: timeouts.clamped(),
             now: 0,
@@ -321,7 +391,17 @@ impl FlowTable {
 
     /// Number of entries it holds at most.
     pub fn capacity(&self) -> usize {
-        self.buckets.len() * FLOW_WAYS
+        self.buckets.len * FLOW_WAYS
+    }
+
+    #[inline(always)]
+    fn bucket(&self, b: usize) -> &Bucket {
+        bytemuck::cast_ref(self.buckets.get(b))
+    }
+
+    #[inline(always)]
+    fn bucket_mut(&mut self, b: usize) -> &mut Bucket {
+        bytemuck::cast_mut(self.buckets.get_mut(b))
     }
 
     /// The timeouts in force.
@@ -341,7 +421,7 @@ impl FlowTable {
     /// Where the bucket of a flow lives (for a prefetch; not read).
     #[inline(always)]
     pub fn bucket_addr(&self, hash: u64, service: u32) -> *const u8 {
-        self.buckets.as_ptr().wrapping_add(self.place(hash, service).0).cast()
+        self.buckets.all().as_ptr().wrapping_add(self.place(hash, service).0).cast()
     }
 
     /// One pass over the bucket of `key` (whose [`flow_hash`] is `hash`) at
@@ -350,7 +430,8 @@ impl FlowTable {
     #[inline]
     pub fn probe(&self, key: &FlowKey, hash: u64, now: u32) -> (Slot, Option<FlowPin>) {
         let (b, sig) = self.place(hash, key.service);
-        let bucket = &self.buckets[b];
+        let bucket = self.bucket(b);
+        let kl = key_line(key);
         let (mut victim, mut nearest) = (0, u16::MAX);
         for w in 0..FLOW_WAYS {
             let r = remaining(bucket.deadline[w], now);
@@ -360,7 +441,7 @@ impl FlowTable {
                 }
                 continue;
             }
-            if bucket.sig[w] == sig && self.keys[b * FLOW_WAYS + w] == *key {
+            if bucket.sig[w] == sig && *self.keys.get(b * FLOW_WAYS + w) == kl {
                 return (Slot { bucket: b, way: w, sig, hit: true, evicts: false }, Some(FlowPin(bucket.pin[w])));
             }
             if r < nearest {
@@ -383,13 +464,13 @@ impl FlowTable {
     #[allow(clippy::cast_possible_truncation)] // seconds modulo 2^16
     pub fn set(&mut self, slot: Slot, key: &FlowKey, pin: FlowPin, now: u32) {
         let deadline = (now as u16).wrapping_add(self.timeouts.of(pin.state()));
-        let b = &mut self.buckets[slot.bucket];
+        let b = self.bucket_mut(slot.bucket);
         b.sig[slot.way] = slot.sig;
         b.deadline[slot.way] = deadline;
         b.pin[slot.way] = pin.0;
         if !slot.hit {
             self.stats.evictions += u64::from(slot.evicts);
-            self.keys[slot.bucket * FLOW_WAYS + slot.way] = *key;
+            *self.keys.get_mut(slot.bucket * FLOW_WAYS + slot.way) = key_line(key);
             self.written = true;
         }
     }
@@ -429,20 +510,24 @@ impl FlowTable {
         self.now = now;
         if elapsed >= u64::from(MAX_TIMEOUT) {
             if self.written {
-                for b in self.buckets.iter_mut().filter(|b| b.sig != [0; FLOW_WAYS]) {
-                    b.sig = [0; FLOW_WAYS];
+                for l in self.buckets.all_mut() {
+                    let b: &mut Bucket = bytemuck::cast_mut(l);
+                    if b.sig != [0; FLOW_WAYS] {
+                        b.sig = [0; FLOW_WAYS];
+                    }
                 }
                 self.written = false;
             }
             self.owed = 0;
             return;
         }
-        let n = self.buckets.len() as u64;
+        let n = self.buckets.len as u64;
         self.owed = self.owed.saturating_add(elapsed * n);
         let due = (self.owed / SWEEP_PERIOD + 1).min(n);
         self.owed = self.owed.saturating_sub(due * SWEEP_PERIOD);
         for _ in 0..due {
-            let b = &mut self.buckets[self.cursor];
+            let cursor = self.cursor;
+            let b = self.bucket_mut(cursor);
             for w in 0..FLOW_WAYS {
                 if b.sig[w] != 0 && !is_live(b.sig[w], remaining(b.deadline[w], now)) {
                     b.sig[w] = 0;
@@ -454,7 +539,14 @@ impl FlowTable {
 
     /// Live entries (walks the whole table: for status, not the fast path).
     pub fn len(&self, now: u32) -> usize {
-        self.buckets.iter().map(|b| (0..FLOW_WAYS).filter(|&w| is_live(b.sig[w], remaining(b.deadline[w], now))).count()).sum()
+        self.buckets
+            .all()
+            .iter()
+            .map(|l| {
+                let b: &Bucket = bytemuck::cast_ref(l);
+                (0..FLOW_WAYS).filter(|&w| is_live(b.sig[w], remaining(b.deadline[w], now))).count()
+            })
+            .sum()
     }
 
     /// True when no entry is live.
@@ -615,6 +707,20 @@ mod tests {
         s.lines().find_map(|l| l.strip_prefix("VmRSS:"))?.trim().trim_end_matches("kB").trim().parse().ok()
     }
 
+    /// Every bucket and every key is one cache line, not two halves: the
+    /// zeroed memory they come from is not 64-byte aligned itself.
+    #[test]
+    fn buckets_and_keys_are_whole_cache_lines() {
+        for n in [8usize, 1024, 65536, 262_144, 1 << 20] {
+            let t = FlowTable::new(n, FlowTimeouts::default());
+            for (what, l) in [("buckets", &t.buckets), ("keys", &t.keys)] {
+                assert_eq!(l.all().as_ptr() as usize % 64, 0, "{what} of a table of {n}");
+                assert!(l.all().len() == l.len && l.len > 0, "{what}");
+            }
+            assert_eq!(t.keys.len, t.buckets.len * FLOW_WAYS);
+        }
+    }
+
     #[test]
     fn a_table_is_resident_only_where_flows_landed() {
         // 2^19 buckets and 2^22 keys: hundreds of MB of table, of which
@@ -627,7 +733,7 @@ mod tests {
         let flows = if thp { 8 } else { 1000 };
         let before = rss_kib().expect("VmRSS in /proc/self/status");
         let mut t = FlowTable::new(4 << 20, FlowTimeouts::default());
-        let size_kib = ((std::mem::size_of_val(&*t.buckets) + std::mem::size_of_val(&*t.keys)) / 1024) as u64;
+        let size_kib = ((t.buckets.bytes() + t.keys.bytes()) / 1024) as u64;
         assert!(size_kib >= 256 * 1024, "{size_kib} KiB");
         for i in 0..flows {
             put(&mut t, &key(i), tcp(1), 1);
