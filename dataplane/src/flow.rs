@@ -281,14 +281,12 @@ impl Lines {
 
     #[inline(always)]
     fn all(&self) -> &[Line] {
-        let (lines, _) = self.words[self.start..].as_chunks::<LINE_WORDS>();
-        &lines[..self.len]
+        bytemuck::cast_slice(&self.words[self.start..self.start + self.len * LINE_WORDS])
     }
 
     #[inline(always)]
     fn all_mut(&mut self) -> &mut [Line] {
-        let (lines, _) = self.words[self.start..].as_chunks_mut::<LINE_WORDS>();
-        &mut lines[..self.len]
+        bytemuck::cast_slice_mut(&mut self.words[self.start..self.start + self.len * LINE_WORDS])
     }
 
     #[inline(always)]
@@ -302,9 +300,17 @@ impl Lines {
     }
 
     /// Bytes held (the extra line included).
+    #[cfg(test)]
     fn bytes(&self) -> usize {
         std::mem::size_of_val(&*self.words)
     }
+}
+
+/// True when two lines hold the same words: compared whole, without a
+/// branch per word (nor a call to `memcmp`).
+#[inline(always)]
+fn same_line(a: &Line, b: &Line) -> bool {
+    a.iter().zip(b).fold(0, |d, (x, y)| d | (x ^ y)) == 0
 }
 
 /// A key as the table holds it: the 5-tuple and the service in six words
@@ -424,6 +430,16 @@ impl FlowTable {
         self.buckets.all().as_ptr().wrapping_add(self.place(hash, service).0).cast()
     }
 
+    /// Where the key of the flow of `service` whose [`flow_hash`] is `hash`
+    /// would be, when a way of its bucket has its signature (for a
+    /// prefetch once the bucket is in the cache: reads the bucket only).
+    #[inline(always)]
+    pub fn key_addr(&self, hash: u64, service: u32) -> Option<*const u8> {
+        let (b, sig) = self.place(hash, service);
+        let w = self.bucket(b).sig.iter().position(|&s| s == sig)?;
+        Some(self.keys.all().as_ptr().wrapping_add(b * FLOW_WAYS + w).cast())
+    }
+
     /// One pass over the bucket of `key` (whose [`flow_hash`] is `hash`) at
     /// second `now`: its pin when it has a live entry, and the slot it has
     /// or would take.
@@ -441,7 +457,7 @@ impl FlowTable {
                 }
                 continue;
             }
-            if bucket.sig[w] == sig && *self.keys.get(b * FLOW_WAYS + w) == kl {
+            if bucket.sig[w] == sig && same_line(self.keys.get(b * FLOW_WAYS + w), &kl) {
                 return (Slot { bucket: b, way: w, sig, hit: true, evicts: false }, Some(FlowPin(bucket.pin[w])));
             }
             if r < nearest {

@@ -190,6 +190,14 @@ impl Handshakes {
         (s, (hash >> 34 & TAG_MASK).max(1))
     }
 
+    /// Where the slot of the flow of forward hash `hash` lives (for a
+    /// prefetch; not read).
+    #[inline(always)]
+    pub fn slot_addr(&self, hash: u64) -> *const u8 {
+        #[allow(clippy::cast_possible_truncation)] // masked to the table
+        self.slots.as_ptr().wrapping_add((hash & self.mask) as usize).cast()
+    }
+
     /// A SYN of the flow of forward hash `hash` sent to `endpoint` (of
     /// incarnation `incarnation`) of service `service`. Returns false when
     /// it was not sampled (its slot holds another handshake).

@@ -112,6 +112,8 @@ struct Ahead {
     service: u32,
     /// Its flow hash, when `service` is set.
     hash: u64,
+    /// A TCP SYN (without ACK), when `service` is set.
+    syn: bool,
 }
 
 impl Ahead {
@@ -263,7 +265,8 @@ impl Pipeline {
     /// overlap instead of adding up. Stage 1 parses and classifies each
     /// packet (frames requested first) and requests its service; stage 2
     /// its table entry, flow-table bucket and service counters; stage 3 the
-    /// endpoint its table entry names and that endpoint's counters. Only
+    /// key of the bucket's way with the flow's signature, the endpoint its
+    /// table entry names and that endpoint's counters. Only
     /// the common case (a whole datagram to a VIP, not an ICMP error) is
     /// looked at. Reads only: no state, verdict or counter changes.
     pub fn prefetch_burst<P: PacketBuf>(&mut self, snap: &Snapshot, ctr: &WorkerCounters, pkts: &[P], prefetch: impl Fn(*const u8)) {
@@ -278,6 +281,7 @@ impl Pipeline {
             a.frame = Ahead::frame_of(frame);
             a.vip = u32::MAX;
             a.service = u32::MAX;
+            a.syn = false;
             a.ip = frame.first().is_some_and(|b| b & 1 == 0) && matches!(parse_into(frame, &mut a.parsed), Ok(Kind::Ip));
             if !a.ip {
                 continue;
@@ -297,6 +301,7 @@ impl Pipeline {
             prefetch(std::sync::Arc::as_ptr(svc).cast());
             a.service = s;
             a.hash = flow_hash(&p.flow);
+            a.syn = p.flow.proto == 6 && p.has_ports && l4.and_then(|l| l.get(TCP_FLAGS)).is_some_and(|f| f & (TCP_SYN | TCP_ACK) == TCP_SYN);
         }
         for a in &self.ahead[..pkts.len()] {
             let Some(svc) = snap.services.get(a.service as usize) else { continue };
@@ -308,12 +313,25 @@ impl Pipeline {
             if svc.flow_table {
                 prefetch(self.state.flows.bucket_addr(a.hash, svc.key));
             }
+            if a.syn {
+                // Passive health records the SYN in its slot.
+                if let Some(hs) = self.state.handshakes.as_deref() {
+                    prefetch(hs.slot_addr(a.hash));
+                }
+            }
             if let Some(sc) = ctr.services.get(svc.key as usize) {
                 prefetch(std::ptr::from_ref(sc).cast());
             }
         }
         for a in &self.ahead[..pkts.len()] {
             let Some(svc) = snap.services.get(a.service as usize) else { continue };
+            if svc.flow_table {
+                // The bucket requested a stage ago: the key of the way
+                // whose signature matches, which a hit compares.
+                if let Some(k) = self.state.flows.key_addr(a.hash, svc.key) {
+                    prefetch(k);
+                }
+            }
             if svc.algorithm != Algorithm::Maglev {
                 continue;
             }
