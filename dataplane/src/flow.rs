@@ -300,7 +300,6 @@ impl Lines {
     }
 
     /// Bytes held (the extra line included).
-    #[cfg(test)]
     fn bytes(&self) -> usize {
         std::mem::size_of_val(&*self.words)
     }
@@ -408,6 +407,11 @@ impl FlowTable {
     #[inline(always)]
     fn bucket_mut(&mut self, b: usize) -> &mut Bucket {
         bytemuck::cast_mut(self.buckets.get_mut(b))
+    }
+
+    /// Bytes of memory its buckets and keys take (resident or not).
+    pub fn bytes(&self) -> usize {
+        self.buckets.bytes() + self.keys.bytes()
     }
 
     /// The timeouts in force.

@@ -162,7 +162,8 @@ pub struct Worker<IO: PacketIo> {
     latency: Option<Recorder>,
 }
 
-/// Snapshots whose tables take at least this much memory get the
+/// Snapshots whose tables take at least this much memory (with the
+/// worker's flow table, when a service keeps flow state) get the
 /// look-ahead stages ([`Pipeline::prefetch_burst`]): smaller ones stay in
 /// the cache, where the stages would only repeat work.
 pub const STAGED_MIN_HEAP_BYTES: usize = 256 << 10;
@@ -481,7 +482,9 @@ impl<IO: PacketIo> Worker<IO> {
         ctr.generation.set(snap.generation);
         pipeline.begin_round();
         if staged.0 != snap.generation {
-            *staged = (snap.generation, snap.heap_bytes() >= *staged_min_heap);
+            // The flow table counts where a service keeps flow state.
+            let flows = if snap.services.iter().any(|s| s.flow_table) { pipeline.flows().bytes() } else { 0 };
+            *staged = (snap.generation, snap.heap_bytes() + flows >= *staged_min_heap);
         }
         let staged = staged.1;
         let capacity = *stash_capacity;
