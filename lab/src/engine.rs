@@ -110,7 +110,10 @@ impl Generator {
             }
             frames += n;
             count += 1;
-            i = (i + 1) % self.datagrams.len();
+            i += 1;
+            if i == self.datagrams.len() {
+                i = 0;
+            }
         }
         if frames == 0 {
             return;
@@ -128,22 +131,19 @@ impl Generator {
             if at + n > got {
                 break;
             }
+            let flow = usize::try_from(d.flow).unwrap_or(usize::MAX);
+            let seq0 = self.seq.get(flow).copied().unwrap_or(0);
+            let mut l4_added = 0u64;
             for (k, t) in d.frames.iter().enumerate() {
-                if !io.set_len(&mut burst[at + k], t.bytes.len()) {
+                let buf = &mut burst[at + k];
+                if !io.set_len(buf, t.bytes.len()) {
                     // Templates are checked against the buffer size before
-                    // the start; a frame that still does not fit is not sent.
+                    // the start; a frame that still does not fit is not
+                    // sent (nor the rest of its datagram).
                     break 'datagrams;
                 }
                 lens[at + k] = u16::try_from(t.bytes.len()).unwrap_or(u16::MAX);
-            }
-            let flow = usize::try_from(d.flow).unwrap_or(usize::MAX);
-            let seq0 = self.seq.get(flow).copied().unwrap_or(0);
-            if let Some(s) = self.seq.get_mut(flow) {
-                *s = s.wrapping_add(u32::try_from(n).unwrap_or(1));
-            }
-            let mut l4_added = 0u64;
-            for (k, t) in d.frames.iter().enumerate() {
-                let b = burst[at + k].data_mut();
+                let b = buf.data_mut();
                 b.copy_from_slice(&t.bytes);
                 let seq = seq0.wrapping_add(u32::try_from(k).unwrap_or(0));
                 if let Some(s) = t.stamp {
@@ -163,6 +163,9 @@ impl Generator {
                     None => {}
                 }
             }
+            if let Some(s) = self.seq.get_mut(flow) {
+                *s = s.wrapping_add(u32::try_from(n).unwrap_or(1));
+            }
             if let Some(c) = d.l4_check {
                 let b = burst[at].data_mut();
                 let old = u16::from_be_bytes([b[c.offset], b[c.offset + 1]]);
@@ -174,7 +177,10 @@ impl Generator {
             }
             at += n;
             built += 1;
-            self.next = (self.next + 1) % self.datagrams.len();
+            self.next += 1;
+            if self.next == self.datagrams.len() {
+                self.next = 0;
+            }
         }
         // Buffers past the last whole datagram (allocation fell short, or
         // a frame did not fit): freed unsent.
