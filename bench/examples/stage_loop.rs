@@ -5,7 +5,7 @@
 //!
 //! `classify` is the lookup the pipeline makes (the port hash first);
 //! `interval` the same lookup by the VIP's hash and the interval search
-//! only, as before the port hash: its baseline, in the same binary.
+//! only, without the port hash: its baseline, in the same binary.
 //!
 //! `cidr` is one source-prefix check (`Cidr::contains`, family-aware) of
 //! an address of either family against a prefix of either family.

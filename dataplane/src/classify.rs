@@ -21,7 +21,7 @@
 //! slot holds the VIP's index and the candidates. A packet with ports
 //! probes it first: one probe instead of a probe and a binary search, and
 //! the VIP's index comes with it. Where ranges make wide intervals, the
-//! probe misses and the interval search answers as before.
+//! probe misses and the interval search answers.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
