@@ -170,6 +170,7 @@ impl Collector for SluiceCollector {
         bird_metrics(&mut e, sh)?;
         kube_metrics(&mut e, sh)?;
         worker_metrics(&mut e, sh, now)?;
+        latency_metrics(&mut e, sh)?;
         port_metrics(&mut e, sh)
     }
 }
@@ -542,6 +543,33 @@ fn worker_metrics(e: &mut DescriptorEncoder<'_>, sh: &Shared, now: Instant) -> f
 }
 
 /// The ports: their counters, loss below DPDK and link.
+/// Each packet's time through the workers, as quantiles since start,
+/// while the workers record it (`dpdk.latencyHistogram: true`; `/latency`
+/// gives the same figures in microseconds).
+fn latency_metrics(e: &mut DescriptorEncoder<'_>, sh: &Shared) -> fmt::Result {
+    let Some(v) = super::latency::view(sh) else { return Ok(()) };
+    let quantiles = |p: &super::latency::Percentiles| -> [(&'static str, f64); 5] {
+        [("0.5", p.p50), ("0.9", p.p90), ("0.99", p.p99), ("0.999", p.p999), ("1", p.max)].map(|(q, us)| (q, us / 1e6))
+    };
+    family(
+        e,
+        "sluice_latency_seconds",
+        "A packet's time through the workers (from its burst's arrival to its poll round's last transmit), every worker's packets since start, by quantile (1: the longest).",
+        Kind::Gauge,
+        quantiles(&v.all).map(|(q, x)| (vec![("quantile", s(q))], V::F(x))),
+    )?;
+    family(
+        e,
+        "sluice_worker_latency_seconds",
+        "A packet's time through one worker since start, by quantile (1: the longest).",
+        Kind::Gauge,
+        v.workers.iter().flat_map(|w| {
+            quantiles(&w.percentiles).map(|(q, x)| (vec![("worker", s(w.lcore.to_string())), ("quantile", s(q))], V::F(x)))
+        }),
+    )?;
+    family(e, "sluice_latency_packets", "Packets whose time through the workers was recorded.", Kind::Counter, one(f(v.all.packets)))
+}
+
 fn port_metrics(e: &mut DescriptorEncoder<'_>, sh: &Shared) -> fmt::Result {
     let stats: Vec<(Labels, PortStats)> = sh
         .ports
@@ -586,4 +614,42 @@ fn port_metrics(e: &mut DescriptorEncoder<'_>, sh: &Shared) -> fmt::Result {
         sh.ports.iter().filter_map(|p| Some((vec![("port", s(p.meta.name.clone()))], f(u64::from(p.port.link_up()?))))),
     )?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use sluice_dataplane::counters::WorkerCounters;
+    use sluice_dataplane::latency::{histogram, SharedLatency};
+
+    use super::*;
+    use crate::admin::state::{IdlePool, WorkerEntry};
+
+    /// The value of the sample `series` (name and labels as written).
+    fn sample(text: &str, series: &str) -> Option<f64> {
+        text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+    }
+
+    #[test]
+    fn latency_quantiles_are_exported_in_seconds_only_while_the_workers_record() {
+        let entry = |lcore, latency| WorkerEntry { lcore, counters: Arc::new(WorkerCounters::new(1, 1)), latency };
+        let render_of = |sh: Shared| render(&registry(Arc::new(sh), Arc::default()));
+        let off = render_of(Shared::new("c.yaml".into(), Vec::new(), Arc::new(IdlePool), vec![entry(1, None)], 2_000_000_000));
+        assert!(!off.contains("latency"), "{off}");
+
+        // Worker 1: 100 packets at 4 us (2 GHz ticks), one at 1 ms.
+        let l = Arc::new(SharedLatency::default());
+        let mut h = histogram();
+        h.record_n(8_000, 100).unwrap();
+        h.record(2_000_000).unwrap();
+        l.add(&h);
+        let on = render_of(Shared::new("c.yaml".into(), Vec::new(), Arc::new(IdlePool), vec![entry(1, Some(l)), entry(2, None)], 2_000_000_000));
+        let near = |got: Option<f64>, want: f64| got.is_some_and(|g| (g - want).abs() <= want * 0.01 + 1e-8);
+        assert!(near(sample(&on, r#"sluice_latency_seconds{quantile="0.5"}"#), 4e-6), "{on}");
+        assert!(near(sample(&on, r#"sluice_latency_seconds{quantile="1"}"#), 1e-3), "{on}");
+        assert!(near(sample(&on, r#"sluice_worker_latency_seconds{worker="1",quantile="0.99"}"#), 4e-6), "{on}");
+        assert_eq!(sample(&on, "sluice_latency_packets_total{}"), Some(101.0), "{on}");
+        assert!(!on.contains(r#"worker_latency_seconds{worker="2""#), "a worker that does not record has no series: {on}");
+    }
 }
