@@ -13,6 +13,8 @@ PKGS=(
   tshark
   # traffic and peers for the end-to-end tests and demo
   socat netcat-openbsd python3 bird2 curl bc
+  # monitoring: promtool and a real scraper for configs/monitoring (tests/monitoring.rs)
+  prometheus
   # benchmarks (instruction counts; bench/compare_ns.sh: the kernel load balancers)
   valgrind nftables nftlb haproxy ipvsadm
 )
@@ -30,9 +32,10 @@ if ((${#missing[@]})); then
   # bird2 starts a system daemon on install; Sluice runs its own instance.
   if command -v systemctl >/dev/null 2>&1; then systemctl disable --now bird >/dev/null 2>&1 || true; fi
   pkill -x bird >/dev/null 2>&1 || true
-  # haproxy and nftlb start system daemons on install too; bench/compare_ns.sh
-  # runs its own instances inside its namespaces.
-  if command -v systemctl >/dev/null 2>&1; then systemctl disable --now haproxy nftlb >/dev/null 2>&1 || true; fi
+  # haproxy, nftlb and prometheus start system daemons on install too;
+  # bench/compare_ns.sh and tests/monitoring.rs run their own instances.
+  if command -v systemctl >/dev/null 2>&1; then systemctl disable --now haproxy nftlb prometheus >/dev/null 2>&1 || true; fi
+  pkill -x prometheus >/dev/null 2>&1 || true
 else
   echo "setup: all packages present"
 fi
