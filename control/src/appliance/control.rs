@@ -38,6 +38,7 @@ use crate::sources::{self, FileState, SourceMsg};
 use crate::health::HealthTask;
 use crate::sync::SyncTask;
 use super::stall::{StallWatch, EXIT_STALLED};
+use super::notify::{self, Notifier};
 
 /// What the control runtime needs.
 #[derive(Debug)]
@@ -121,6 +122,7 @@ pub(super) async fn run(p: Parts, stop: CancellationToken) -> Result<()> {
         tasks.work.cancel();
     }
     info!("{why}: stopping");
+    notify::stopping();
     let wait = Duration::from_millis(settings.borrow().routing.bird.withdraw_wait_ms);
     stop_in_order(tasks, &bird, wait, &neighbours, &exception_ifaces).await;
     if faults > 0 {
@@ -257,6 +259,7 @@ fn spawn_admin(tasks: &mut Tasks, shared: &Arc<Shared>, listener: tokio::net::Tc
     let (forwarding_tx, forwarding) = watch::channel(not_forwarding(shared, Instant::now()));
     let sh = Arc::clone(shared);
     let mut stalls = StallWatch::new(shared.workers.len(), stall_exit);
+    let mut notifier = Notifier::from_env();
     tasks.spawn(Group::Admin, "health sampler", move |c| async move {
         let mut t = tokio::time::interval(health::SAMPLE_EVERY);
         loop {
@@ -267,6 +270,9 @@ fn spawn_admin(tasks: &mut Tasks, shared: &Arc<Shared>, listener: tokio::net::Tc
                     health::sample(&sh, now);
                     let why = not_forwarding(&sh, now);
                     forwarding_tx.send_if_modified(|w| std::mem::replace(w, why.clone()) != why);
+                    if let Some(n) = notifier.as_mut() {
+                        n.sample(now, &health::unhealthy(&sh, now), &health::unready(&sh, now));
+                    }
                     if let Some(why) = stalls.check(&sh, now) {
                         error!(reason = %why, status = EXIT_STALLED, "a worker is stalled: exiting for the supervisor to start Sluice again");
                         sluice_ffi::process::exit_now(EXIT_STALLED);

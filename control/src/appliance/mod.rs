@@ -18,6 +18,7 @@ mod bringup;
 mod control;
 pub mod eal;
 mod loss;
+mod notify;
 mod plan;
 mod stall;
 mod steps;
