@@ -13,7 +13,8 @@
 //!   the rules loaded. Every dashboard query and every rule runs over that
 //!   data without error, and names only metrics the live `/metrics`
 //!   exports (a family declared there, with or without samples yet);
-//! - the traffic the test sends shows on the dashboard's traffic panels.
+//! - the traffic the test sends shows on the dashboard's traffic panels,
+//!   and in the last minute `/status` and `sluice status` report.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeSet;
@@ -239,6 +240,15 @@ fn every_dashboard_query_and_rule_runs_on_a_live_appliance_through_prometheus() 
     let counts = topo.client(&["short", "20.0.0.1", "200", "8"]);
     assert_eq!(counts.get("failed"), None, "{counts:?}");
     std::thread::sleep(Duration::from_secs(3));
+
+    // The last minute, as the appliance counts it: every connection's
+    // packets (SYN, ACK, request, FIN, ACK at least) balanced.
+    let minute = &topo.status()["last_minute"];
+    let (rx, balanced) = (minute["rx_packets"].as_u64().unwrap_or(0), minute["balanced"].as_u64().unwrap_or(0));
+    assert!(balanced >= 200 * 5 && rx >= balanced, "{minute}");
+    assert!(minute["seconds"].as_f64().is_some_and(|s| s > 0.0 && s <= 60.0), "{minute}");
+    let text = String::from_utf8(topo.output("lb", &[sluice_bin().to_str().unwrap(), "status"]).stdout).unwrap();
+    assert!(text.lines().nth(2).is_some_and(|l| l.starts_with("last ") && l.contains(" received, ") && l.contains(" balanced, ")), "{text}");
 
     let metrics = String::from_utf8(topo.output("lb", &["curl", "-sf", "127.0.0.1:9091/metrics"]).stdout).unwrap();
     let live = exported(&metrics);

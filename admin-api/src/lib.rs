@@ -26,4 +26,4 @@ mod status;
 pub mod sync;
 pub mod xds;
 
-pub use status::{Endpoint, EndpointState, Mac, MacError, Port, PortLoss, Route, Service, Source, Status, Worker};
+pub use status::{Endpoint, EndpointState, LastMinute, Mac, MacError, Port, PortLoss, Route, Service, Source, Status, Worker};

@@ -63,6 +63,10 @@ pub struct Status<Services = Vec<Service<'static>>, Routes = Vec<Route<'static>>
     /// Packets dropped, by reason (the reasons that dropped any), summed
     /// over the workers.
     pub drops: Vec<(String, u64)>,
+    /// What was received, balanced, dropped and lost over the last minute
+    /// (absent from an appliance older than this field).
+    #[serde(default)]
+    pub last_minute: Option<LastMinute>,
     /// The services (or the one asked for).
     pub services: Services,
     /// The routes (or those of the service asked for).
@@ -73,6 +77,29 @@ pub struct Status<Services = Vec<Service<'static>>, Routes = Vec<Route<'static>>
     pub endpoints_total: usize,
     /// Endpoints left out of the list.
     pub endpoints_omitted: usize,
+}
+
+/// Totals over the last minute (or since the start, when it is younger),
+/// from counters the appliance samples once a second: `sluice status`
+/// prints them, and a dashboard's rates over a minute agree with them.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LastMinute {
+    /// Seconds the totals cover: 60, or less just after the start.
+    pub seconds: f64,
+    /// Packets the workers received from the ports.
+    pub rx_packets: u64,
+    /// Packets load-balanced to an endpoint.
+    pub balanced: u64,
+    /// Packets the workers dropped.
+    pub drops: u64,
+    /// Those drops by reason (the reasons that dropped any).
+    pub drops_by_reason: Vec<(String, u64)>,
+    /// Frames the ports lost before DPDK received them.
+    pub lost_below_dpdk: u64,
+    /// Frames the devices dropped for want of receive descriptors (DPDK `imissed`).
+    pub rx_missed: u64,
+    /// Receive failures for want of an mbuf.
+    pub rx_nombuf: u64,
 }
 
 /// What the reconciler last did with a source's state.

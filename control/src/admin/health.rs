@@ -46,6 +46,9 @@ pub(crate) fn sample(sh: &Shared, now: Instant) {
             l.lagging_since = Some(now);
         }
     }
+    drop(live);
+    let totals = super::window::Totals::read(sh);
+    lock(&sh.window).record(now, totals);
 }
 
 /// Counts every worker's silence from `now`, the moment the workers were

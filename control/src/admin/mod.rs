@@ -15,6 +15,7 @@ mod metrics;
 pub mod state;
 mod tables;
 mod views;
+mod window;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -283,6 +283,8 @@ pub struct Shared {
     pub reconciled: std::sync::OnceLock<Reconciled>,
     /// Per worker, what the health sampler saw last.
     pub(crate) liveness: Mutex<Vec<WorkerLiveness>>,
+    /// The last minute's samples of the totals (the health sampler keeps them).
+    pub(crate) window: Mutex<super::window::Window>,
     /// The xDS source's status channel, while it runs.
     pub(crate) xds: StatusSlot<crate::sources::xds::XdsStatus>,
     /// The BIRD driver's status channel (set once, when the driver starts).
@@ -319,6 +321,7 @@ impl Shared {
             state: Mutex::new(ControlState::default()),
             reconciled: std::sync::OnceLock::new(),
             liveness: Mutex::new(liveness),
+            window: Mutex::new(super::window::Window::default()),
             xds: Mutex::new(None),
             bird: std::sync::OnceLock::new(),
             kube: Mutex::new(None),

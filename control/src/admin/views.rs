@@ -161,6 +161,8 @@ pub(super) fn status(sh: &Shared, query: &StatusQuery) -> Result<String, NoServi
         .filter(|(_, n)| *n > 0)
         .collect();
     let ports = sh.ports.iter().map(convert::port).collect();
+    let totals = super::window::Totals::read(sh);
+    let last_minute = Some(lock(&sh.window).last_minute(now, &totals));
     let workers = worker_views(sh);
     let xds = sh.xds().map(convert::xds);
     let bird = sh.bird().map(convert::bird);
@@ -195,6 +197,7 @@ pub(super) fn status(sh: &Shared, query: &StatusQuery) -> Result<String, NoServi
         snapshots_pending: st.snapshots_pending,
         next_hops_unresolved: st.unresolved,
         sources: st.sources.iter().map(|(name, s)| (name.clone(), convert::source(s))).collect(),
+        last_minute,
         mbufs_in_use: sh.pool.in_use(),
         mbufs: sh.pool.capacity(),
         ports,

@@ -143,6 +143,7 @@ pub(crate) fn render(st: &api::Status) -> String {
         }
     };
     let _ = writeln!(o, "healthy: {} | ready: {}", health(st.healthy, &st.not_healthy), health(st.ready, &st.not_ready));
+    last_minute(&mut o, st.last_minute.as_ref());
     sources(&mut o, &st.sources);
     if let Some(x) = &st.xds {
         xds(&mut o, x);
@@ -185,6 +186,28 @@ pub(crate) fn render(st: &api::Status) -> String {
         table(&mut o, &["REASON", "PACKETS"], &rows);
     }
     o
+}
+
+/// What came in, went out, was dropped and lost over the last minute.
+fn last_minute(o: &mut String, m: Option<&api::LastMinute>) {
+    let Some(m) = m else {
+        let _ = writeln!(o, "last minute: not reported (the appliance is older than this sluice)");
+        return;
+    };
+    if m.seconds <= 0.0 {
+        let _ = writeln!(o, "last minute: no sample yet");
+        return;
+    }
+    let reasons = if m.drops_by_reason.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", m.drops_by_reason.iter().map(|(r, n)| format!("{r} {n}")).collect::<Vec<_>>().join(", "))
+    };
+    let _ = writeln!(
+        o,
+        "last {:.0} s: {} received, {} balanced, {} DROPPED{reasons}, {} LOST below DPDK, {} missed (no descriptor), {} without an mbuf",
+        m.seconds, m.rx_packets, m.balanced, m.drops, m.lost_below_dpdk, m.rx_missed, m.rx_nombuf
+    );
 }
 
 /// What became of each source's last state.
@@ -512,6 +535,31 @@ mod tests {
         // NAME DEVICE MAC MTU LINK (empty device and MAC take no column).
         assert_eq!(row("p0")[..3], ["p0", "0", "?"], "{text}");
         assert_eq!(row("web"), ["web", "1", "2001:db8::6", "-", "unresolved", "0", "-"], "{text}");
+    }
+
+    #[test]
+    fn the_last_minute_comes_second_with_drops_by_reason() {
+        let mut st = api::Status { ready: true, healthy: true, ..api::Status::default() };
+        st.last_minute = Some(api::LastMinute {
+            seconds: 60.0,
+            rx_packets: 60_000,
+            balanced: 59_400,
+            drops: 600,
+            drops_by_reason: vec![("no_route".into(), 590), ("ttl_expired".into(), 10)],
+            lost_below_dpdk: 6,
+            rx_missed: 0,
+            rx_nombuf: 0,
+        });
+        let text = render(&st);
+        assert_eq!(
+            text.lines().nth(2),
+            Some("last 60 s: 60000 received, 59400 balanced, 600 DROPPED (no_route 590, ttl_expired 10), 6 LOST below DPDK, 0 missed (no descriptor), 0 without an mbuf"),
+            "{text}"
+        );
+        st.last_minute = None;
+        assert!(render(&st).contains("last minute: not reported"), "an older appliance");
+        st.last_minute = Some(api::LastMinute::default());
+        assert!(render(&st).contains("last minute: no sample yet"));
     }
 
     #[test]
