@@ -5,9 +5,10 @@
 //!   systemd unit (which `systemd-analyze verify` finds nothing to say
 //!   about), the hugepages drop-in, the default configuration (which
 //!   `sluice check` accepts), the CRDs, the dashboard and the rules;
-//! - `/usr/bin/sluice` passes the demo's traffic in network namespaces
-//!   with only the capabilities the unit's `CapabilityBoundingSet` leaves
-//!   it (`setpriv --bounding-set`);
+//! - `/usr/bin/sluice`, configured with the README's example (one VIP, two
+//!   backends), passes real TCP connections in the demo's network
+//!   namespaces with only the capabilities the unit's
+//!   `CapabilityBoundingSet` leaves it (`setpriv --bounding-set`);
 //! - `dpkg -r` removes the binaries and keeps the edited configuration;
 //!   `dpkg -P` removes the rest.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -32,6 +33,15 @@ fn ok(cmd: &[&str]) -> String {
 
 fn installed() -> bool {
     run(&["dpkg-query", "-W", "-f=${Status}", "sluice"]).stdout.starts_with(b"install ok")
+}
+
+/// The configuration example of the README's Configure section: one VIP,
+/// two backends.
+fn readme_example() -> String {
+    let text = std::fs::read_to_string(root().join("README.md")).unwrap();
+    let section = &text[text.find("\n## Configure").expect("the README's Configure section")..];
+    let start = section.find("```yaml\n").expect("a YAML example") + "```yaml\n".len();
+    section[start..start + section[start..].find("```").unwrap()].to_owned()
 }
 
 /// Purges the package however the test ends.
@@ -59,7 +69,7 @@ fn bounding_set(unit: &str) -> String {
 
 #[test]
 #[cfg_attr(sluice_unprivileged, ignore = "needs root: dpkg, network namespaces and DPDK")]
-fn the_package_installs_passes_the_demos_traffic_with_the_units_capabilities_and_removes() {
+fn the_package_installs_runs_the_readme_example_with_the_units_capabilities_and_removes() {
     privileged();
     assert!(!installed(), "a sluice package is installed on this machine: this test installs and purges its own");
     let prefix = format!("pk{}", std::process::id());
@@ -97,9 +107,11 @@ fn the_package_installs_passes_the_demos_traffic_with_the_units_capabilities_and
     let topo = Topology::up(&prefix);
     let _backends = topo.backends(&["20.0.0.1"]);
     topo.backends_listen(&[80], &[]);
-    let cfg = dir.join("sluice.yaml");
     let installed_cfg = std::fs::read_to_string("/etc/sluice/sluice.yaml").unwrap();
-    std::fs::write(&cfg, installed_cfg.replace("filePrefix: sluice-demo", &format!("filePrefix: {prefix}"))).unwrap();
+    let cfg = dir.join("sluice.yaml");
+    let example = readme_example().replace("iface=eth1", "iface=lbf").replace("iface=eth2", "iface=lbb").replace("filePrefix: sluice}", &format!("filePrefix: {prefix}}}"));
+    assert!(example.contains("iface=lbf") && example.contains(&prefix), "the README's example moved:\n{example}");
+    std::fs::write(&cfg, example).unwrap();
     let mut lb = topo.spawn("lb", &["setpriv", "--bounding-set", &caps, "--", "/usr/bin/sluice", "run", "--config", cfg.to_str().unwrap()]);
     let ready = wait_until(Duration::from_secs(30), || {
         let out = topo.output("lb", &["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "127.0.0.1:9091/readyz"]);
@@ -112,7 +124,8 @@ fn the_package_installs_passes_the_demos_traffic_with_the_units_capabilities_and
     let counts = topo.client(&["short", "20.0.0.1", "150", "8"]);
     assert_eq!(counts.get("failed"), None, "{counts:?}");
     assert_eq!(counts.values().sum::<u64>(), 150, "{counts:?}");
-    assert!(["be1", "be2", "be3"].iter().all(|b| counts.get(*b).is_some_and(|n| *n > 0)), "every backend takes connections: {counts:?}");
+    assert!(["be1", "be2"].iter().all(|b| counts.get(*b).is_some_and(|n| *n > 0)), "both backends take connections: {counts:?}");
+    assert_eq!(counts.get("be3"), None, "be3 is not in the example: {counts:?}");
     stop_cleanly(&mut lb);
     topo.remove();
 

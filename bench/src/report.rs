@@ -95,16 +95,17 @@ impl Results {
         self.json["command"].as_str().unwrap_or("(not recorded)").to_owned()
     }
 
+    /// The machine and the date under a table; the commit measured stays in
+    /// the results file (`machine.git_rev`), out of the README.
     fn machine_line(&self) -> String {
         let m = &self.json["machine"];
         let la = m["loadavg"].as_array().map(|a| a.iter().map(plain).collect::<Vec<_>>().join(" ")).unwrap_or_default();
         format!(
-            "{}, {} cores, kernel {}, DPDK {}, git {}, load average {} at the start, {}",
+            "{}, {} cores, kernel {}, DPDK {}, load average {} at the start, {}",
             plain(&m["cpu_model"]),
             plain(&m["cores"]),
             plain(&m["kernel"]),
             plain(&m["dpdk"]),
-            plain(&m["git_rev"]),
             la,
             plain(&m["date"])
         )
