@@ -82,7 +82,7 @@ pub enum DropReason {
     /// (RFC 8200 4.1 allows it only right after the IPv6 header).
     Ipv6HopByHopNotFirst,
     /// IPv4 without DF too big for its tunnel once encapsulated: the
-    /// appliance does not fragment, and no ICMP error is due (README:
+    /// appliance does not fragment, and no ICMP error is due (docs/ports.md:
     /// "Tunnels and the MTU").
     EncapTooBigNoDf,
     /// 802.1Q/802.1ad-tagged frame on a port that serves no VLAN, or a
