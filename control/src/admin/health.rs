@@ -47,8 +47,13 @@ pub(crate) fn sample(sh: &Shared, now: Instant) {
         }
     }
     drop(live);
-    let totals = super::window::Totals::read(sh);
-    lock(&sh.window).record(now, totals);
+    // The totals (ports' statistics included) only when a sample is kept:
+    // once a second, not at every tick. One lock at a time.
+    let due = lock(&sh.window).due(now);
+    if due {
+        let totals = super::window::Totals::read(sh);
+        lock(&sh.window).record(now, totals);
+    }
 }
 
 /// Counts every worker's silence from `now`, the moment the workers were

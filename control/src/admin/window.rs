@@ -74,10 +74,16 @@ pub(crate) struct Window {
 }
 
 impl Window {
-    /// Keeps `t`, read at `now`, when a second has passed since the last
-    /// sample kept; lets go of those that no longer start a window.
+    /// Whether a sample read at `now` would be kept: a second has passed
+    /// since the last one (the totals are read only then).
+    pub(crate) fn due(&self, now: Instant) -> bool {
+        self.samples.back().is_none_or(|(at, _)| now.saturating_duration_since(*at) >= EVERY)
+    }
+
+    /// Keeps `t`, read at `now`, when it is [`due`](Self::due); lets go of
+    /// the samples that no longer start a window.
     pub(crate) fn record(&mut self, now: Instant, t: Totals) {
-        if self.samples.back().is_some_and(|(at, _)| now.saturating_duration_since(*at) < EVERY) {
+        if !self.due(now) {
             return;
         }
         self.samples.push_back((now, t));
