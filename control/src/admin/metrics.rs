@@ -542,7 +542,6 @@ fn worker_metrics(e: &mut DescriptorEncoder<'_>, sh: &Shared, now: Instant) -> f
     Ok(())
 }
 
-/// The ports: their counters, loss below DPDK and link.
 /// Each packet's time through the workers, as quantiles since start,
 /// while the workers record it (`dpdk.latencyHistogram: true`; `/latency`
 /// gives the same figures in microseconds).
@@ -570,6 +569,7 @@ fn latency_metrics(e: &mut DescriptorEncoder<'_>, sh: &Shared) -> fmt::Result {
     family(e, "sluice_latency_packets", "Packets whose time through the workers was recorded.", Kind::Counter, one(f(v.all.packets)))
 }
 
+/// The ports: their counters, loss below DPDK and link.
 fn port_metrics(e: &mut DescriptorEncoder<'_>, sh: &Shared) -> fmt::Result {
     let stats: Vec<(Labels, PortStats)> = sh
         .ports
