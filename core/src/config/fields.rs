@@ -201,15 +201,14 @@ pub(crate) fn byte_match(n: Node<'_>, p: &mut Problems) -> Option<ByteMatch> {
 
 /// A service's endpoint limit (identifiers are `0..limit`).
 pub(crate) fn endpoint_limit(n: Node<'_>, p: &mut Problems) -> Option<u32> {
-    let (lo, hi) = (limits::ENDPOINT_LIMIT_MIN, limits::ENDPOINT_LIMIT_MAX);
-    n.int(p, i64::from(lo), i64::from(hi)).map(|v| v as u32)
+    n.bounded(p).map(|v| v as u32)
 }
 
 /// A lookup-table size: a prime, at most [`limits::TABLE_SIZE_MAX`] (that
 /// it is not below the endpoint limit is checked when the service is
 /// resolved, as the limit may come from the defaults).
 pub(crate) fn table_size(n: Node<'_>, p: &mut Problems) -> Option<u32> {
-    let m = n.int(p, 1, i64::from(limits::TABLE_SIZE_MAX))? as u32;
+    let m = n.bounded(p)? as u32;
     if !is_prime(m) {
         n.bad(p, format!("table size {m} is not a prime (the next prime is {})", next_prime(m)));
         return None;
@@ -259,11 +258,6 @@ pub(crate) fn name(n: Node<'_>, p: &mut Problems) -> Option<String> {
     Some(s)
 }
 
-/// The keys of a health check, in the file (`healthCheck:`) and in the
-/// `sluice.io/health-check` annotation alike.
-pub(crate) const HEALTH_CHECK_KEYS: &[&str] =
-    &["protocol", "port", "target", "intervalMs", "timeoutMs", "rise", "fall", "path", "host", "expectStatus", "send", "expect", "sendHex", "expectHex", "query"];
-
 /// The bytes of `text`, two hex digits a byte (spaces between them).
 fn hex_bytes(text: &str) -> Result<Vec<u8>, String> {
     let digits: Vec<u8> = text.bytes().filter(|b| !b.is_ascii_whitespace()).collect();
@@ -292,13 +286,12 @@ fn check_target(n: Node<'_>, p: &mut Problems) -> Option<CheckTarget> {
 /// `host` and `expectStatus` for http and https; `send` and `expect` for udp; `query` for
 /// dns. Every number bounded ([`CheckDef::problems`]).
 pub(crate) fn health_check(n: Node<'_>, p: &mut Problems) -> Option<CheckDef> {
-    use limits::{CHECK_COUNT_MAX, CHECK_INTERVAL_MS_MAX, CHECK_INTERVAL_MS_MIN, CHECK_TIMEOUT_MS_MIN};
     let before = p.0.len();
-    if !n.mapping(p, HEALTH_CHECK_KEYS) {
+    if !n.section(p) {
         return None;
     }
     let protocol = n.required(p, "protocol", |n, p| n.string(p)).flatten();
-    let port = n.required(p, "port", |n, p| n.int(p, 1, 65535)).flatten();
+    let port = n.required(p, "port", |n, p| n.bounded(p)).flatten();
     let only = |key: &str, allowed: &[&str], p: &mut Problems| {
         if !protocol.as_deref().is_some_and(|x| allowed.contains(&x)) {
             n.field(key, |k| k.bad(p, format!("{key} is for {} checks", allowed.join(" and "))));
@@ -354,11 +347,11 @@ pub(crate) fn health_check(n: Node<'_>, p: &mut Problems) -> Option<CheckDef> {
         }
         None => None,
     };
-    let int = |key: &str, lo: u32, hi: u32, p: &mut Problems| n.field(key, |n| n.int(p, i64::from(lo), i64::from(hi))).flatten().map(|v| v as u32);
-    let interval = int("intervalMs", CHECK_INTERVAL_MS_MIN, CHECK_INTERVAL_MS_MAX, p);
-    let timeout = int("timeoutMs", CHECK_TIMEOUT_MS_MIN, CHECK_INTERVAL_MS_MAX, p);
-    let rise = int("rise", 1, CHECK_COUNT_MAX, p);
-    let fall = int("fall", 1, CHECK_COUNT_MAX, p);
+    let int = |key: &str, p: &mut Problems| n.field(key, |n| n.bounded(p)).flatten().map(|v| v as u32);
+    let interval = int("intervalMs", p);
+    let timeout = int("timeoutMs", p);
+    let rise = int("rise", p);
+    let fall = int("fall", p);
     let target = n.field("target", |k| check_target(k, p)).flatten();
     let mut check = CheckDef::new(probe?, port? as u16);
     check.target = target.unwrap_or_default();
@@ -447,7 +440,7 @@ mod tests {
         let check = |text: &str| {
             let v = document(text, &mut Budget::default()).unwrap();
             let mut p = Problems::default();
-            health_check(Node::root(&v, "f"), &mut p).ok_or_else(|| p.0.iter().map(|x| x.to_string()).collect::<Vec<_>>().join("; "))
+            health_check(Node::root(&v, "f").with_schema(&crate::config::schema::FILE, "services[].healthCheck"), &mut p).ok_or_else(|| p.0.iter().map(|x| x.to_string()).collect::<Vec<_>>().join("; "))
         };
         let c = check("{protocol: tcp, port: 80}").unwrap();
         assert_eq!((c.probe.clone(), c.port, c.interval_ms, c.timeout_ms, c.rise, c.fall), (Probe::Tcp, 80, 2000, 1000, 2, 3));

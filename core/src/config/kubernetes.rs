@@ -73,7 +73,7 @@ pub struct KubeConfig {
 
 /// Checks the section; `path` is the configuration file's.
 pub(crate) fn parse(n: Node<'_>, p: &mut Problems, path: &Path) -> Option<KubeConfig> {
-    n.mapping(p, &["gateway", "namespace", "kubeconfig", "gatewayClass", "algorithmConfiguration", "allowAlgorithmChange"]);
+    n.section(p);
     let gateway = n.required(p, "gateway", fields::name).flatten();
     let namespace = n.required(p, "namespace", |n, p| {
         let s = n.string(p)?;
@@ -115,7 +115,7 @@ mod tests {
     fn one(text: &str) -> Result<KubeConfig, Vec<String>> {
         let v = crate::config::yaml::document(text, &mut crate::config::yaml::Budget::default()).unwrap();
         let mut p = Problems::default();
-        let c = parse(Node::root(&v, "c.yaml"), &mut p, Path::new("/etc/sluice/c.yaml"));
+        let c = parse(Node::root(&v, "c.yaml").with_schema(&crate::config::schema::FILE, "kubernetes"), &mut p, Path::new("/etc/sluice/c.yaml"));
         if p.is_empty() {
             Ok(c.unwrap())
         } else {

@@ -30,6 +30,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use super::node::Node;
+use super::schema;
 use crate::problem::{Problem, Problems};
 use super::yaml::{self, Budget, Value};
 use super::{fields, route_fields};
@@ -347,7 +348,10 @@ impl Mapping {
 fn annotation<'d>(d: &'d Object, key: &str, path: &'d mut String, p: &mut Problems) -> Option<Node<'d>> {
     let v = meta(&d.value, "annotations")?.get(key)?;
     *path = d.sub(&format!("metadata.annotations.{key}"));
-    let n = Node::at(v, &d.file, path);
+    let mut n = Node::at(v, &d.file, path);
+    if let Some(k) = schema::ANNOTATIONS.get(key) {
+        n = n.with_schema(&schema::ANNOTATIONS, k.path);
+    }
     if v.as_str().is_none() {
         n.bad(p, format!("annotation values are strings: quote it (found {})", v.kind()));
         return None;
@@ -463,7 +467,7 @@ fn health_check_annotation(n: Node<'_>, p: &mut Problems) -> Option<crate::model
             return None;
         }
     };
-    fields::health_check(Node::at(&v, n.file(), n.path()), p)
+    fields::health_check(Node::at(&v, n.file(), n.path()).with_schema(&schema::FILE, "services[].healthCheck"), p)
 }
 
 fn refusal(reason: Reason, p: Problems) -> Option<Refusal> {
@@ -565,6 +569,8 @@ fn route(d: &Object, gateway: &str, gw_namespace: Option<&str>) -> Option<Mapped
             return;
         }
         backend = Some(backends[0].clone());
+        // The fields it shares with the file's routes[] are declared there.
+        let spec = spec.with_schema(&schema::FILE, "routes[]");
         if let Some(r) = route_fields(spec, p, name.to_owned(), backends[0].clone()) {
             desired.routes.push(r);
         }
@@ -834,6 +840,37 @@ endpoints:
         let mut p = Problems::default();
         from_docs(&docs(&text), "sllb-a", &mut p);
         assert!(p.0.iter().any(|e| e.message.contains("169.111.100.2 has no identifier")), "{:?}", p.0);
+    }
+
+    /// Every Service annotation of the reference is read (its example
+    /// changes the service) and bounded as the reference says.
+    #[test]
+    fn every_documented_annotation_is_read_and_bounded() {
+        let with = |annotations: &str| {
+            let text = format!(
+                "kind: Gateway\nmetadata: {{name: g}}\n---\nkind: Service\nmetadata:\n  name: s\n  \
+                 labels: {{service.kubernetes.io/service-proxy-name: g}}\n  annotations: {{{annotations}}}\n"
+            );
+            let mut p = Problems::default();
+            let d = from_docs(&docs(&text), "g", &mut p);
+            (d, p.0.iter().map(ToString::to_string).collect::<Vec<_>>())
+        };
+        let (plain, none) = with("");
+        assert!(none.is_empty(), "{none:?}");
+        let mut read = 0;
+        for k in schema::ANNOTATIONS.keys.iter().filter(|k| k.path != ENDPOINT_IDS) {
+            let (d, p) = with(&format!("{}: {}", k.path, k.example));
+            assert!(p.is_empty(), "{}: {p:?}", k.path);
+            assert_ne!(d.services, plain.services, "{}: its example {} changes nothing", k.path, k.example);
+            read += 1;
+            if let schema::Kind::Int(lo, hi) = k.kind {
+                for v in [lo - 1, hi + 1] {
+                    let (_, p) = with(&format!("{}: \"{v}\"", k.path));
+                    assert!(p.iter().any(|m| m.contains(&format!("{v} is out of range {lo}..={hi}"))), "{}: {v}: {p:?}", k.path);
+                }
+            }
+        }
+        assert_eq!(read, schema::ANNOTATIONS.keys.len() - 1);
     }
 
     #[test]

@@ -17,6 +17,7 @@ pub mod kubernetes;
 pub mod manifests;
 pub mod node;
 pub mod router;
+pub mod schema;
 pub mod siblings;
 pub mod tls;
 pub mod xds;
@@ -343,7 +344,15 @@ impl ApplianceConfig {
                 || "no port".to_owned(),
                 |p| {
                     let addrs: Vec<String> = p.addresses.iter().map(ToString::to_string).collect();
-                    format!("{} on {:?} (mtu {}, addresses [{}], kernelInterface {:?})", p.name, p.device, p.mtu, addrs.join(", "), p.kernel_interface)
+                    let vlan = if p.vlan == 0 { String::new() } else { format!(", vlan {}", p.vlan) };
+                    format!(
+                        "{} on {:?} (mtu {}{vlan}, addresses [{}], kernelInterface {:?})",
+                        p.name,
+                        p.device,
+                        p.mtu,
+                        addrs.join(", "),
+                        p.kernel_interface
+                    )
                 },
             )
         };
@@ -396,11 +405,6 @@ impl ApplianceConfig {
     }
 }
 
-const TOP: &[&str] = &[
-    "dpdk", "ports", "gateways", "defaults", "flowTable", "admin", "capacity", "services", "routes", "manifests",
-    "xds-control-plane", "bird", "gatewayRouters", "kubernetes", "siblings", "health",
-];
-
 /// Reads and checks the file (not the manifests it points to).
 pub fn load(path: &Path) -> Result<ApplianceConfig, Vec<Problem>> {
     let file = path.display().to_string();
@@ -418,9 +422,9 @@ pub fn parse_str(text: &str, path: &Path) -> Result<ApplianceConfig, Vec<Problem
 /// Checks a parsed document read from `path`.
 pub(crate) fn parse(v: &Value, path: &Path) -> Result<ApplianceConfig, Vec<Problem>> {
     let file = path.display().to_string();
-    let root = Node::root(v, &file);
+    let root = Node::config_root(v, &file);
     let mut p = Problems::default();
-    root.mapping(&mut p, TOP);
+    root.section(&mut p);
 
     let dpdk = root.field("dpdk", |n| dpdk(n, &mut p)).unwrap_or_else(dpdk_defaults);
     let ports = ports_section(&root, &mut p);
@@ -443,12 +447,10 @@ pub(crate) fn parse(v: &Value, path: &Path) -> Result<ApplianceConfig, Vec<Probl
     let mut passive_health = PassiveHealthConfig::default();
     root.field("health", |n| {
         let h = &mut passive_health;
-        n.mapping(&mut p, &["passive", "fall", "ejectionSeconds"]);
+        n.section(&mut p);
         n.field("passive", |n| n.boolean(&mut p).map(|v| h.enabled = v));
-        let (lo, hi) = bounds::HEALTH_FALL;
-        n.field("fall", |n| n.int(&mut p, lo, hi).map(|v| h.fall = v as u32));
-        let (lo, hi) = bounds::HEALTH_EJECTION_SECONDS;
-        n.field("ejectionSeconds", |n| n.int(&mut p, lo, hi).map(|v| h.ejection_secs = v as u32));
+        n.field("fall", |n| n.bounded(&mut p).map(|v| h.fall = v as u32));
+        n.field("ejectionSeconds", |n| n.bounded(&mut p).map(|v| h.ejection_secs = v as u32));
     });
     if siblings.as_ref().is_some_and(|s| s.kubernetes_pods) && kubernetes.is_none() {
         root.field("siblings", |n| {
@@ -525,10 +527,8 @@ fn gateways_section(root: &Node<'_>, p: &mut Problems, ports: &[PortConfig]) -> 
 fn flow_table_section(root: &Node<'_>, p: &mut Problems) -> (usize, FlowTimeouts) {
     let (mut flow_entries, mut flow_timeouts) = (65536usize, FlowTimeouts::default());
     root.field("flowTable", |n| {
-        n.mapping(p, &["entries", "tcpEstablishedSeconds", "tcpClosingSeconds", "udpSeconds", "otherSeconds", "idleSeconds"]);
-        let (lo, hi) = bounds::FLOW_ENTRIES;
-        n.field("entries", |n| n.int(p, lo, hi).map(|e| flow_entries = e as usize));
-        let (lo, hi) = bounds::FLOW_TIMEOUT_SECONDS;
+        n.section(p);
+        n.field("entries", |n| n.bounded(p).map(|e| flow_entries = e as usize));
         let t = &mut flow_timeouts;
         for (key, to) in [
             ("tcpEstablishedSeconds", &mut t.tcp_established),
@@ -536,11 +536,8 @@ fn flow_table_section(root: &Node<'_>, p: &mut Problems) -> (usize, FlowTimeouts
             ("udpSeconds", &mut t.udp),
             ("otherSeconds", &mut t.other),
         ] {
-            n.field(key, |n| n.int(p, lo, hi).map(|e| *to = e as u16));
+            n.field(key, |n| n.bounded(p).map(|e| *to = e as u16));
         }
-        n.field("idleSeconds", |n| {
-            n.bad(p, "replaced by one timeout per protocol state: tcpEstablishedSeconds (default 3600), tcpClosingSeconds (60), udpSeconds (300), otherSeconds (60)");
-        });
     });
     (flow_entries, flow_timeouts)
 }
@@ -552,7 +549,7 @@ fn admin_section(root: &Node<'_>, p: &mut Problems) -> (SocketAddr, u32, u32) {
     let mut admin: SocketAddr = ([127, 0, 0, 1], 9091).into();
     let (mut admin_max_connections, mut admin_request_timeout_secs) = (16u32, 10u32);
     root.field("admin", |n| {
-        n.mapping(p, &["listen", "maxConnections", "requestTimeoutSeconds"]);
+        n.section(p);
         n.field("listen", |n| {
             let s = n.string(p)?;
             let host = s.trim().strip_prefix('[').and_then(|h| h.split_once(']')).map_or("", |(h, _)| h);
@@ -562,10 +559,8 @@ fn admin_section(root: &Node<'_>, p: &mut Problems) -> (SocketAddr, u32, u32) {
             }
             n.parse::<SocketAddr>(p, "an address:port (127.0.0.1:9091, [::1]:9091)").map(|a| admin = a)
         });
-        let (lo, hi) = bounds::ADMIN_CONNECTIONS;
-        n.field("maxConnections", |n| n.int(p, lo, hi).map(|v| admin_max_connections = v as u32));
-        let (lo, hi) = bounds::ADMIN_TIMEOUT_SECONDS;
-        n.field("requestTimeoutSeconds", |n| n.int(p, lo, hi).map(|v| admin_request_timeout_secs = v as u32));
+        n.field("maxConnections", |n| n.bounded(p).map(|v| admin_max_connections = v as u32));
+        n.field("requestTimeoutSeconds", |n| n.bounded(p).map(|v| admin_request_timeout_secs = v as u32));
     });
     (admin, admin_max_connections, admin_request_timeout_secs)
 }
@@ -576,15 +571,10 @@ fn admin_section(root: &Node<'_>, p: &mut Problems) -> (SocketAddr, u32, u32) {
 fn capacity_section(root: &Node<'_>, p: &mut Problems, defaults: &mut Defaults) -> (u32, u32) {
     let (mut max_services, mut max_endpoints) = (4096u32, 65536u32);
     root.field("capacity", |n| {
-        n.mapping(p, &["services", "endpoints", "tableMemoryMB"]);
-        let (lo, hi) = bounds::SERVICES;
-        n.field("services", |n| n.int(p, lo, hi).map(|e| max_services = e as u32));
-        let (lo, hi) = bounds::ENDPOINTS;
-        n.field("endpoints", |n| n.int(p, lo, hi).map(|e| max_endpoints = e as u32));
-        let (lo, hi) = (limits::TABLE_MEMORY_MB_MIN, limits::TABLE_MEMORY_MB_MAX);
-        n.field("tableMemoryMB", |n| {
-            n.int(p, i64::from(lo), i64::from(hi)).map(|e| defaults.table_memory_mb = e as u32)
-        });
+        n.section(p);
+        n.field("services", |n| n.bounded(p).map(|e| max_services = e as u32));
+        n.field("endpoints", |n| n.bounded(p).map(|e| max_endpoints = e as u32));
+        n.field("tableMemoryMB", |n| n.bounded(p).map(|e| defaults.table_memory_mb = e as u32));
     });
     (max_services, max_endpoints)
 }
@@ -594,7 +584,7 @@ fn capacity_section(root: &Node<'_>, p: &mut Problems, defaults: &mut Defaults) 
 /// either is missing or wrong (the gateway is not looked at when the
 /// directory is missing).
 fn manifests_section(n: Node<'_>, p: &mut Problems, path: &Path) -> Option<ManifestsConfig> {
-    n.mapping(p, &["directory", "gateway"]);
+    n.section(p);
     let dir = n.required(p, "directory", |n, p| n.string(p))?;
     let gateway = n.required(p, "gateway", fields::name)??;
     let base = path.parent().unwrap_or(Path::new("."));
@@ -629,23 +619,7 @@ fn dpdk_defaults() -> DpdkConfig {
 
 fn dpdk(n: Node<'_>, p: &mut Problems) -> DpdkConfig {
     let mut d = dpdk_defaults();
-    n.mapping(
-        p,
-        &[
-            "lcores",
-            "memoryMB",
-            "hugepages",
-            "filePrefix",
-            "mbufs",
-            "descriptors",
-            "extraArgs",
-            "busyPoll",
-            "idlePauseMaxMicros",
-            "rxInterrupts",
-            "latencyHistogram",
-            "stallExitSeconds",
-        ],
-    );
+    n.section(p);
     n.field("lcores", |n| {
         if let Some(s) = n.string(p) {
             match cores(&s) {
@@ -654,22 +628,17 @@ fn dpdk(n: Node<'_>, p: &mut Problems) -> DpdkConfig {
             }
         }
     });
-    let (lo, hi) = bounds::MEMORY_MB;
-    n.field("memoryMB", |n| n.int(p, lo, hi).map(|v| d.memory_mb = v as u32));
+    n.field("memoryMB", |n| n.bounded(p).map(|v| d.memory_mb = v as u32));
     n.field("hugepages", |n| n.boolean(p).map(|v| d.hugepages = v));
     n.field("filePrefix", |n| fields::name(n, p).map(|v| d.file_prefix = v));
-    let (lo, hi) = bounds::MBUFS;
-    n.field("mbufs", |n| n.int(p, lo, hi).map(|v| d.mbufs = v as u32));
-    let (lo, hi) = bounds::DESCRIPTORS;
-    n.field("descriptors", |n| n.int(p, lo, hi).map(|v| d.descriptors = v as u16));
+    n.field("mbufs", |n| n.bounded(p).map(|v| d.mbufs = v as u32));
+    n.field("descriptors", |n| n.bounded(p).map(|v| d.descriptors = v as u16));
     n.field("extraArgs", |n| n.each(p, |n, p| d.extra_args.extend(n.string(p))));
     n.field("busyPoll", |n| n.boolean(p).map(|v| d.busy_poll = v));
-    let (lo, hi) = bounds::IDLE_PAUSE_MAX_MICROS;
-    n.field("idlePauseMaxMicros", |n| n.int(p, lo, hi).map(|v| d.idle_pause_max_us = v as u32));
+    n.field("idlePauseMaxMicros", |n| n.bounded(p).map(|v| d.idle_pause_max_us = v as u32));
     n.field("rxInterrupts", |n| n.boolean(p).map(|v| d.rx_interrupts = v));
     n.field("latencyHistogram", |n| n.boolean(p).map(|v| d.latency_histogram = v));
-    let (lo, hi) = bounds::STALL_EXIT_SECONDS;
-    n.field("stallExitSeconds", |n| n.int(p, lo, hi).map(|v| d.stall_exit_secs = v as u32));
+    n.field("stallExitSeconds", |n| n.bounded(p).map(|v| d.stall_exit_secs = v as u32));
     d
 }
 
@@ -765,7 +734,7 @@ fn if_addr(n: Node<'_>, p: &mut Problems) -> Option<IfAddr> {
 }
 
 fn port(n: Node<'_>, p: &mut Problems, before: &[PortConfig]) -> Option<PortConfig> {
-    n.mapping(p, &["name", "device", "addresses", "mtu", "vlan", "kernelInterface"]);
+    n.section(p);
     let name = n.required(p, "name", |n, p| {
         let name = fields::name(n, p)?;
         if before.iter().any(|b| b.name == name) {
@@ -783,8 +752,7 @@ fn port(n: Node<'_>, p: &mut Problems, before: &[PortConfig]) -> Option<PortConf
     });
     let mut addresses = Vec::new();
     n.field("addresses", |n| n.each(p, |n, p| addresses.extend(if_addr(n, p))));
-    let (lo, hi) = (i64::from(limits::MTU_MIN), i64::from(limits::MTU_MAX));
-    let mtu = n.field("mtu", |n| n.int(p, lo, hi)).flatten().unwrap_or(1500) as u16;
+    let mtu = n.field("mtu", |n| n.bounded(p)).flatten().unwrap_or(1500) as u16;
     if mtu < limits::MTU_MIN_IPV6 {
         if let Some(a) = addresses.iter().find(|a| !a.addr.is_v4()) {
             let at = n.v.get("mtu").map_or(n.v.pos(), Value::pos);
@@ -794,7 +762,7 @@ fn port(n: Node<'_>, p: &mut Problems, before: &[PortConfig]) -> Option<PortConf
             ));
         }
     }
-    let vlan = n.field("vlan", |n| n.int(p, 1, 4094)).flatten().map_or(0, |v| v as u16);
+    let vlan = n.field("vlan", |n| n.bounded(p)).flatten().map_or(0, |v| v as u16);
     let default_if = format!("sl{}-{}", before.len(), name.clone().flatten().as_deref().unwrap_or(""));
     let kernel_interface = n.field("kernelInterface", |n| n.string(p)).flatten().unwrap_or(default_if);
     if kernel_interface.len() > 15 {
@@ -811,7 +779,7 @@ fn port(n: Node<'_>, p: &mut Problems, before: &[PortConfig]) -> Option<PortConf
 }
 
 fn gateway(n: Node<'_>, p: &mut Problems, ports: &[PortConfig]) -> Option<GatewayConfig> {
-    n.mapping(p, &["address", "port", "mac"]);
+    n.section(p);
     let address = n.required(p, "address", fields::addr).flatten();
     let port = n
         .required(p, "port", |n, p| {
@@ -829,7 +797,7 @@ fn gateway(n: Node<'_>, p: &mut Problems, ports: &[PortConfig]) -> Option<Gatewa
 
 fn defaults(n: Node<'_>, p: &mut Problems) -> Defaults {
     let mut d = Defaults::default();
-    n.mapping(p, &["algorithm", "endpointLimit", "flowTable", "delivery"]);
+    n.section(p);
     n.field("algorithm", |n| n.parse(p, "an algorithm").map(|a| d.algorithm = a));
     n.field("endpointLimit", |n| fields::endpoint_limit(n, p).map(|v| d.limit = v));
     n.field("flowTable", |n| n.boolean(p).map(|v| d.flow_table = v));
@@ -844,7 +812,7 @@ fn origin(n: &Node<'_>) -> Origin {
 /// Service settings shared by the inline form and manifests' annotations
 /// are parsed by their callers; this is the inline form.
 fn service(n: Node<'_>, p: &mut Problems, out: &mut Desired) {
-    n.mapping(p, &["name", "algorithm", "endpointLimit", "tableSize", "flowTable", "delivery", "healthCheck", "endpoints"]);
+    n.section(p);
     let Some(name) = n.required(p, "name", fields::name).flatten() else { return };
     let def = ServiceDef {
         name: name.clone(),
@@ -862,10 +830,10 @@ fn service(n: Node<'_>, p: &mut Problems, out: &mut Desired) {
     let mut eps = Vec::new();
     n.field("endpoints", |n| {
         n.each(p, |n, p| {
-            n.mapping(p, &["id", "address", "weight", "draining", "mac"]);
-            let id = n.required(p, "id", |n, p| n.int(p, 0, i64::from(limits::ENDPOINT_LIMIT_MAX) - 1)).flatten();
+            n.section(p);
+            let id = n.required(p, "id", |n, p| n.bounded(p)).flatten();
             let address = n.required(p, "address", fields::addr).flatten();
-            let weight = n.field("weight", |n| n.int(p, 0, i64::from(limits::WEIGHT_MAX))).flatten().unwrap_or(1);
+            let weight = n.field("weight", |n| n.bounded(p)).flatten().unwrap_or(1);
             let draining = n.field("draining", |n| n.boolean(p)).flatten().unwrap_or(false);
             let mac = n.field("mac", |n| fields::mac(n, p)).flatten();
             if let (Some(id), Some(address)) = (id, address) {
@@ -897,7 +865,7 @@ pub(crate) fn route_fields(n: Node<'_>, p: &mut Problems, name: String, service:
     if !have_dst {
         n.bad(p, "missing field \"destinationCIDRs\" (the VIPs)");
     }
-    let priority = n.field("priority", |n| n.int(p, i64::from(i32::MIN), i64::from(i32::MAX))).flatten().unwrap_or(0) as i32;
+    let priority = n.field("priority", |n| n.bounded(p)).flatten().unwrap_or(0) as i32;
     let mut m = RouteMatch { vips, ..RouteMatch::default() };
     n.field("sourceCIDRs", |n| n.each(p, |n, p| m.src_cidrs.extend(fields::cidr(n, p))));
     n.field("sourcePorts", |n| n.each(p, |n, p| m.src_ports.extend(fields::port_range(n, p))));
@@ -924,13 +892,7 @@ pub(crate) fn route_fields(n: Node<'_>, p: &mut Problems, name: String, service:
 }
 
 fn route_inline(n: Node<'_>, p: &mut Problems) -> Option<RouteDef> {
-    n.mapping(
-        p,
-        &[
-            "name", "service", "priority", "vips", "destinationCIDRs", "sourceCIDRs", "sourcePorts", "destinationPorts",
-            "protocols", "byteMatches",
-        ],
-    );
+    n.section(p);
     let name = n.required(p, "name", fields::name).flatten();
     let service = n.required(p, "service", fields::name).flatten();
     let r = route_fields(n, p, name.clone().unwrap_or_default(), service.clone().unwrap_or_default());

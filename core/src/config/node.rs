@@ -5,8 +5,19 @@
 use std::fmt;
 use std::str::FromStr;
 
+use super::schema::{self, Kind, Table};
 use super::yaml::{Data, Value};
 use crate::problem::{Pos, Problems};
+
+/// Where a node's keys are declared: the table, the path in it of the node
+/// the schema was attached to, and how much of the node's own path that
+/// node's path takes (the rest maps into the table).
+#[derive(Clone, Copy, Debug)]
+struct Schema {
+    table: &'static Table,
+    root: &'static str,
+    skip: usize,
+}
 
 /// A YAML value with its file and path.
 #[derive(Clone, Copy, Debug)]
@@ -15,17 +26,45 @@ pub(crate) struct Node<'a> {
     pub(crate) v: &'a Value,
     file: &'a str,
     path: &'a str,
+    schema: Option<Schema>,
 }
 
 impl<'a> Node<'a> {
     /// The document root.
     pub(crate) fn root(v: &'a Value, file: &'a str) -> Node<'a> {
-        Node { v, file, path: "" }
+        Node { v, file, path: "", schema: None }
+    }
+
+    /// The root of a configuration file: its keys are those of
+    /// [`schema::FILE`].
+    pub(crate) fn config_root(v: &'a Value, file: &'a str) -> Node<'a> {
+        Node::root(v, file).with_schema(&schema::FILE, "")
     }
 
     /// A value whose path starts with `path`.
     pub(crate) fn at(v: &'a Value, file: &'a str, path: &'a str) -> Node<'a> {
-        Node { v, file, path }
+        Node { v, file, path, schema: None }
+    }
+
+    /// The same value, read as the mapping at `root` of `table` (a
+    /// manifest's spec as a file's `routes[]`, an annotation as the
+    /// annotations' key): [`Node::section`] and [`Node::bounded`] take its
+    /// keys and bounds from there.
+    pub(crate) fn with_schema(self, table: &'static Table, root: &'static str) -> Node<'a> {
+        Node { schema: Some(Schema { table, root, skip: self.path.len() }), ..self }
+    }
+
+    /// Its path in its schema's table, without indices.
+    fn schema_path(&self) -> Option<(&'static Table, String)> {
+        let s = self.schema?;
+        let rest = schema::normalize(self.path.get(s.skip..).unwrap_or(""));
+        let rest = rest.trim_start_matches('.');
+        let path = match (s.root.is_empty(), rest.is_empty()) {
+            (_, true) => s.root.to_owned(),
+            (true, false) => rest.to_owned(),
+            (false, false) => format!("{}.{rest}", s.root),
+        };
+        Some((s.table, path))
     }
 
     /// Its path.
@@ -64,7 +103,7 @@ impl<'a> Node<'a> {
             return None;
         }
         let path = self.child_path(key);
-        Some(f(Node { v, file: self.file, path: &path }))
+        Some(f(Node { v, file: self.file, path: &path, schema: self.schema }))
     }
 
     /// Like [`Node::field`], reporting the field as missing (at this
@@ -101,6 +140,45 @@ impl<'a> Node<'a> {
         true
     }
 
+    /// Checks that it is a mapping of the keys its schema declares at its
+    /// path, refusing those declared removed with what replaced them.
+    pub(crate) fn section(&self, p: &mut Problems) -> bool {
+        let Some((table, path)) = self.schema_path() else {
+            self.bad(p, "no keys are declared here (a fault of the parser: please report it)");
+            return false;
+        };
+        if !self.mapping(p, table.children(&path)) {
+            return false;
+        }
+        for name in table.children(&path) {
+            let Some(key) = table.get(&if path.is_empty() { (*name).to_owned() } else { format!("{path}.{name}") }) else { continue };
+            if let Kind::Removed(by) = key.kind {
+                self.field(name, |n| n.bad(p, format!("replaced by {by}")));
+            }
+        }
+        true
+    }
+
+    /// A whole number within the bounds its schema declares at its path.
+    pub(crate) fn bounded(&self, p: &mut Problems) -> Option<i64> {
+        match self.schema_path().and_then(|(t, path)| t.get(&path)).map(|k| k.kind) {
+            Some(Kind::Int(lo, hi)) => self.int(p, lo, hi),
+            _ => {
+                self.bad(p, "no bounds are declared here (a fault of the parser: please report it)");
+                None
+            }
+        }
+    }
+
+    /// The bounds, in milliseconds, its schema declares for a duration at
+    /// its path.
+    pub(crate) fn duration_bounds(&self) -> Option<(u64, u64)> {
+        match self.schema_path().and_then(|(t, path)| t.get(&path)).map(|k| k.kind) {
+            Some(Kind::Duration(lo, hi)) => Some((lo, hi)),
+            _ => None,
+        }
+    }
+
     /// Calls `f` for each element of a list (a single value counts as a
     /// list of one).
     pub(crate) fn each(&self, p: &mut Problems, mut f: impl FnMut(Node<'_>, &mut Problems)) {
@@ -108,7 +186,7 @@ impl<'a> Node<'a> {
             Data::Seq(items) => {
                 for (i, v) in items.iter().enumerate() {
                     let path = format!("{}[{i}]", self.path);
-                    f(Node { v, file: self.file, path: &path }, p);
+                    f(Node { v, file: self.file, path: &path, schema: self.schema }, p);
                 }
             }
             _ => f(*self, p),

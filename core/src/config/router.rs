@@ -192,21 +192,21 @@ impl RouterConfig {
 }
 
 /// Bounds of the numbers a GatewayRouter sets.
-mod bounds {
+pub(crate) mod bounds {
     /// AS numbers (0 is reserved).
-    pub(super) const ASN: (i64, i64) = (1, 4_294_967_295);
+    pub(crate) const ASN: (i64, i64) = (1, 4_294_967_295);
     /// TCP ports.
-    pub(super) const PORT: (i64, i64) = (1, 65535);
+    pub(crate) const PORT: (i64, i64) = (1, 65535);
     /// Hold time in milliseconds (BGP: 0 or at least 3 s; BIRD: at most 65535 s).
-    pub(super) const HOLD_MS: (u64, u64) = (3000, 65_535_000);
+    pub(crate) const HOLD_MS: (u64, u64) = (3000, 65_535_000);
     /// BFD intervals in milliseconds.
-    pub(super) const BFD_INTERVAL_MS: (u64, u64) = (10, 60_000);
+    pub(crate) const BFD_INTERVAL_MS: (u64, u64) = (10, 60_000);
     /// BFD detection multiplier.
-    pub(super) const MULTIPLIER: (i64, i64) = (1, 255);
+    pub(crate) const MULTIPLIER: (i64, i64) = (1, 255);
     /// Milliseconds to wait after withdrawing every VIP before stopping.
-    pub(super) const WITHDRAW_WAIT_MS: (i64, i64) = (0, 60_000);
+    pub(crate) const WITHDRAW_WAIT_MS: (i64, i64) = (0, 60_000);
     /// GatewayRouters at most.
-    pub(super) const ROUTERS: usize = 64;
+    pub(crate) const ROUTERS: usize = 64;
 }
 
 /// How BIRD is run.
@@ -265,8 +265,12 @@ pub struct RoutingConfig {
     pub routers: Vec<RouterConfig>,
 }
 
-/// An interval within `lo..=hi` milliseconds.
-fn interval(n: Node<'_>, p: &mut Problems, (lo, hi): (u64, u64)) -> Option<Interval> {
+/// An interval within the bounds the schema declares for it.
+fn interval(n: Node<'_>, p: &mut Problems) -> Option<Interval> {
+    let Some((lo, hi)) = n.duration_bounds() else {
+        n.bad(p, "no bounds are declared here (a fault of the parser: please report it)");
+        return None;
+    };
     let i: Interval = n.parse(p, "a duration")?;
     if !(lo..=hi).contains(&i.ms) {
         n.bad(p, format!("{i} is out of range {}..={}", Interval::ms(lo), Interval::ms(hi)));
@@ -276,29 +280,26 @@ fn interval(n: Node<'_>, p: &mut Problems, (lo, hi): (u64, u64)) -> Option<Inter
 }
 
 fn bfd(n: Node<'_>, p: &mut Problems) -> Option<Bfd> {
-    n.mapping(p, &["switch", "minTx", "minRx", "multiplier"]);
+    n.section(p);
     let mut b = Bfd::default();
     n.field("switch", |n| n.boolean(p).map(|v| b.switch = v));
-    n.field("minTx", |n| interval(n, p, bounds::BFD_INTERVAL_MS).map(|v| b.min_tx = v));
-    n.field("minRx", |n| interval(n, p, bounds::BFD_INTERVAL_MS).map(|v| b.min_rx = v));
-    let (lo, hi) = bounds::MULTIPLIER;
-    n.field("multiplier", |n| n.int(p, lo, hi).map(|v| b.multiplier = v as u8));
+    n.field("minTx", |n| interval(n, p).map(|v| b.min_tx = v));
+    n.field("minRx", |n| interval(n, p).map(|v| b.min_rx = v));
+    n.field("multiplier", |n| n.bounded(p).map(|v| b.multiplier = v as u8));
     Some(b)
 }
 
 fn bgp(n: Node<'_>, p: &mut Problems) -> Option<Bgp> {
-    n.mapping(p, &["localASN", "remoteASN", "holdTime", "localPort", "remotePort", "bfd"]);
-    let (lo, hi) = bounds::ASN;
-    let local_asn = n.required(p, "localASN", |n, p| n.int(p, lo, hi)).flatten();
-    let remote_asn = n.required(p, "remoteASN", |n, p| n.int(p, lo, hi)).flatten();
-    let hold_time = n.field("holdTime", |n| interval(n, p, bounds::HOLD_MS)).unwrap_or(Some(Interval::ms(90_000)));
+    n.section(p);
+    let local_asn = n.required(p, "localASN", |n, p| n.bounded(p)).flatten();
+    let remote_asn = n.required(p, "remoteASN", |n, p| n.bounded(p)).flatten();
+    let hold_time = n.field("holdTime", |n| interval(n, p)).unwrap_or(Some(Interval::ms(90_000)));
     if let Some(h) = hold_time.filter(|h| h.ms % 1000 != 0) {
         let at = n.v.get("holdTime").map(Value::pos).or(n.pos());
         p.add(n.file(), at, &format!("{}.holdTime", n.path()), format!("hold time {h} is not whole seconds"));
     }
-    let (lo, hi) = bounds::PORT;
-    let local_port = n.field("localPort", |n| n.int(p, lo, hi)).unwrap_or(Some(179));
-    let remote_port = n.field("remotePort", |n| n.int(p, lo, hi)).unwrap_or(Some(179));
+    let local_port = n.field("localPort", |n| n.bounded(p)).unwrap_or(Some(179));
+    let remote_port = n.field("remotePort", |n| n.bounded(p)).unwrap_or(Some(179));
     let bfd = n.field("bfd", |n| bfd(n, p)).unwrap_or(Some(Bfd::default()));
     Some(Bgp {
         local_asn: local_asn? as u32,
@@ -312,13 +313,15 @@ fn bgp(n: Node<'_>, p: &mut Problems) -> Option<Bgp> {
 
 /// The fields of a GatewayRouter (its `spec` in a manifest), named `name`.
 pub(crate) fn router_spec(n: Node<'_>, p: &mut Problems, name: String) -> Option<GatewayRouter> {
+    // The file's gatewayRouters[] without the name, which is the manifest's.
+    let n = n.with_schema(&super::schema::FILE, "gatewayRouters[]");
     n.mapping(p, &["address", "interface", "bgp"]);
     router_spec_fields(n, p, name)
 }
 
 /// One entry of the file's `gatewayRouters:` list.
 fn router_inline(n: Node<'_>, p: &mut Problems) -> Option<(GatewayRouter, Origin)> {
-    n.mapping(p, &["name", "address", "interface", "bgp"]);
+    n.section(p);
     let name = n.required(p, "name", fields::name).flatten();
     // The same fields as a manifest's spec, with the name beside them.
     let spec = router_spec_fields(n, p, name.clone().unwrap_or_default());
@@ -349,7 +352,7 @@ pub(crate) fn parse_bird(root: &Node<'_>, p: &mut Problems, prefix: &str, base: 
 }
 
 fn bird_fields(n: Node<'_>, p: &mut Problems, base: &Path, b: &mut BirdConfig) {
-    n.mapping(p, &["mode", "binary", "socket", "configFile", "routerId", "withdrawWaitMs"]);
+    n.section(p);
     n.field("mode", |n| match n.string(p).as_deref().map(str::trim) {
         Some("supervised") => b.mode = BirdMode::Supervised,
         Some("external") => b.mode = BirdMode::External,
@@ -384,8 +387,7 @@ fn bird_fields(n: Node<'_>, p: &mut Problems, base: &Path, b: &mut BirdConfig) {
         }
         Some(())
     });
-    let (lo, hi) = bounds::WITHDRAW_WAIT_MS;
-    n.field("withdrawWaitMs", |n| n.int(p, lo, hi).map(|v| b.withdraw_wait_ms = v as u64));
+    n.field("withdrawWaitMs", |n| n.bounded(p).map(|v| b.withdraw_wait_ms = v as u64));
 }
 
 /// Adds the GatewayRouters of the configuration's manifests directory to
@@ -631,7 +633,7 @@ pub mod testing {
     pub(crate) fn check_on(text: &str, ports: &[PortConfig]) -> Result<(Option<Ipv4Addr>, Vec<RouterConfig>), Vec<String>> {
         let v = document(text, &mut Budget::default()).unwrap();
         let mut p = Problems::default();
-        let list = Node::root(&v, "c.yaml").field("gatewayRouters", |n| parse_list(n, &mut p)).unwrap_or_default();
+        let list = Node::config_root(&v, "c.yaml").field("gatewayRouters", |n| parse_list(n, &mut p)).unwrap_or_default();
         let out = resolve(list, ports, None, &mut p);
         if p.is_empty() {
             Ok(out)

@@ -143,7 +143,7 @@ pub(crate) fn read_key(path: &Path) -> Result<SharedKey, KeyError> {
 
 /// Checks the section; `path` is the configuration file's.
 pub(crate) fn parse(n: Node<'_>, p: &mut Problems, path: &Path) -> Option<SiblingsConfig> {
-    n.mapping(p, &["listen", "peers", "kubernetesPods", "keyFile", "startupWaitMs", "maxRecordsPerSecond", "gate"]);
+    n.section(p);
     let listen = n.required(p, "listen", address).flatten();
     let kubernetes_pods = n.field("kubernetesPods", |n| n.boolean(p)).flatten().unwrap_or(false);
     let mut peers = Vec::new();
@@ -183,10 +183,8 @@ pub(crate) fn parse(n: Node<'_>, p: &mut Problems, path: &Path) -> Option<Siblin
             }
         })
         .flatten();
-    let (lo, hi) = STARTUP_WAIT_MS;
-    let startup_wait_ms = n.field("startupWaitMs", |n| n.int(p, lo, hi)).flatten().map_or(5000, |v| v as u32);
-    let (lo, hi) = RECORDS_PER_SECOND;
-    let max_records_per_second = n.field("maxRecordsPerSecond", |n| n.int(p, lo, hi)).flatten().map_or(200_000, |v| v as u32);
+    let startup_wait_ms = n.field("startupWaitMs", |n| n.bounded(p)).flatten().map_or(5000, |v| v as u32);
+    let max_records_per_second = n.field("maxRecordsPerSecond", |n| n.bounded(p)).flatten().map_or(200_000, |v| v as u32);
     let gate = n.field("gate", |n| n.boolean(p)).flatten().unwrap_or(false);
     let (key_file, key) = key?;
     if !peers_ok || (peers.is_empty() && !kubernetes_pods) {
@@ -202,7 +200,7 @@ mod tests {
     fn one(text: &str, dir: &Path) -> Result<SiblingsConfig, Vec<String>> {
         let v = crate::config::yaml::document(text, &mut crate::config::yaml::Budget::default()).unwrap();
         let mut p = Problems::default();
-        let c = parse(Node::root(&v, "c.yaml"), &mut p, &dir.join("c.yaml"));
+        let c = parse(Node::root(&v, "c.yaml").with_schema(&crate::config::schema::FILE, "siblings"), &mut p, &dir.join("c.yaml"));
         if p.is_empty() {
             Ok(c.unwrap())
         } else {

@@ -194,10 +194,6 @@ pub struct XdsConfig {
     pub mode: Mode,
 }
 
-/// The keys of the section.
-pub(crate) const KEYS: &[&str] =
-    &["enabled", "server-address", "client-cert-path", "client-key-path", "ca-cert-path", "node-id", "node-cluster", "mode"];
-
 /// Default `node-cluster`.
 pub(crate) const DEFAULT_NODE_CLUSTER: &str = "sluice";
 
@@ -233,7 +229,7 @@ fn node_field(c: Node<'_>, p: &mut Problems, what: &str) -> Option<String> {
 /// directory (relative paths are from there). `None` when the section is
 /// disabled or has problems (which are in `p`).
 pub(crate) fn parse(n: Node<'_>, p: &mut Problems, base: &Path) -> Option<XdsConfig> {
-    if !n.mapping(p, KEYS) {
+    if !n.section(p) {
         return None;
     }
     let before = p.0.len();
@@ -341,7 +337,7 @@ mod file_tests {
             "xds-control-plane:\n  enabled: true\n  server-address: \"xds.example.com\"\n  client-cert-path: /nonexistent/c.crt\n  mode: fast\n  node-id: \"a b\"\n  tls: on\n",
         );
         assert_eq!(got, [
-            "c.yaml:8:3: xds-control-plane.tls: unknown field (known: enabled, server-address, client-cert-path, client-key-path, ca-cert-path, node-id, node-cluster, mode)",
+            "c.yaml:8:3: xds-control-plane.tls: unknown field (known: enabled, server-address, ca-cert-path, client-cert-path, client-key-path, node-id, node-cluster, mode)",
             "c.yaml:4:19: xds-control-plane.server-address: \"xds.example.com\" is not a server address: \"xds.example.com\" has no port: write host:port",
             "c.yaml:5:21: xds-control-plane.client-cert-path: client-cert-path is set without client-key-path: mutual TLS needs both",
             "c.yaml:5:21: xds-control-plane.client-cert-path: a client certificate needs ca-cert-path: TLS to the server is verified with that CA",
