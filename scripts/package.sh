@@ -42,6 +42,7 @@ install -m644 configs/k8s/crds/*.yaml "$root/usr/share/sluice/crds/"
 cp -r configs/k8s "$root/usr/share/sluice/k8s"
 install -m644 configs/monitoring/sluice-dashboard.json configs/monitoring/sluice-rules.yaml "$root/usr/share/sluice/monitoring/"
 install -m644 README.md "$root/usr/share/doc/sluice/README.md"
+install -m644 docs/configuration.md "$root/usr/share/doc/sluice/configuration.md"
 install -m644 configs/*.yaml "$root/usr/share/doc/sluice/examples/"
 
 # Runtime dependencies: the packages that own the shared libraries the
