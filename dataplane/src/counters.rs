@@ -105,6 +105,11 @@ pub struct WorkerCounters {
     pub generation: Counter,
     /// Live flow-table entries evicted to make room.
     pub flow_evictions: Counter,
+    /// Live flow-table entries at the last count (a gauge, counted once
+    /// a second a few buckets a round: [`crate::flow::FlowTable::census`]).
+    pub flow_entries: Counter,
+    /// The flow table's entries at most (a gauge).
+    pub flow_capacity: Counter,
     /// Pins pushed to the sync ring for sibling appliances.
     pub sync_exported: Counter,
     /// Pins not pushed because the sync ring was full (the flow's next
@@ -154,6 +159,8 @@ impl WorkerCounters {
             interrupt_wakeups: Counter::default(),
             generation: Counter::default(),
             flow_evictions: Counter::default(),
+            flow_entries: Counter::default(),
+            flow_capacity: Counter::default(),
             sync_exported: Counter::default(),
             sync_ring_full: Counter::default(),
             sync_pin_hits: Counter::default(),

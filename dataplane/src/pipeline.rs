@@ -253,6 +253,16 @@ impl Pipeline {
         &self.state.flows
     }
 
+    /// Moves the flow table's count of live entries on (a step, see
+    /// [`FlowTable::census`]) and publishes it, with the table's capacity,
+    /// in `ctr`; `now_ms` is the clock [`Pipeline::process`] is given.
+    pub fn flow_census(&mut self, now_ms: u64, ctr: &WorkerCounters) {
+        let now_s = u32::try_from(now_ms / 1000).unwrap_or(u32::MAX).saturating_add(1);
+        let flows = &mut self.state.flows;
+        ctr.flow_entries.set(flows.census(now_s) as u64);
+        ctr.flow_capacity.set(flows.capacity() as u64);
+    }
+
     /// Fragment state change made by the last [`Pipeline::process`].
     pub fn frag_event(&self) -> FragEvent {
         self.state.frag_event

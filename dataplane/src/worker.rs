@@ -562,6 +562,7 @@ impl<IO: PacketIo> Worker<IO> {
         } else {
             ctr.busy_polls.add(1);
         }
+        pipeline.flow_census(now_ms, ctr);
         total
     }
 

@@ -523,6 +523,20 @@ fn worker_metrics(e: &mut DescriptorEncoder<'_>, sh: &Shared, now: Instant) -> f
     )?;
     family(
         e,
+        "sluice_worker_flow_entries",
+        "Live entries of a worker's flow table, counted once a second (flows pinned to their endpoint: flowTable services).",
+        Kind::Gauge,
+        sh.workers.iter().map(|w| (worker(w), f(w.counters.flow_entries.get()))),
+    )?;
+    family(
+        e,
+        "sluice_worker_flow_capacity",
+        "Entries a worker's flow table holds at most (flowTable.entries, rounded up); beyond it live flows are evicted (flow_evictions).",
+        Kind::Gauge,
+        sh.workers.iter().map(|w| (worker(w), f(w.counters.flow_capacity.get()))),
+    )?;
+    family(
+        e,
         "sluice_worker_snapshot_generation",
         "Snapshot generation a worker uses.",
         Kind::Gauge,
