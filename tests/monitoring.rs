@@ -24,10 +24,8 @@ use std::time::Duration;
 
 use serde_json::Value;
 use sluice_tests::topology::{root, stop_cleanly, tempdir, Topology};
+use sluice_tests::prometheus::{self, as_sent, dashboard_queries, query};
 use sluice_tests::{privileged, sluice_bin, wait_until};
-
-/// Where Prometheus listens, in the appliance's namespace.
-const PROMETHEUS: &str = "127.0.0.1:9099";
 
 fn monitoring() -> PathBuf {
     root().join("configs/monitoring")
@@ -47,28 +45,6 @@ fn promtool_passes_the_rules_and_their_unit_tests() {
     assert!(checked.contains("SUCCESS"), "{checked}");
     let tested = promtool(&["test", "rules", "sluice-rules.test.yaml"], &dir);
     assert!(tested.contains("SUCCESS"), "{tested}");
-}
-
-/// Every query of the dashboard: `panels[].targets[].expr`, rows' panels
-/// included.
-fn dashboard_queries(d: &Value) -> Vec<String> {
-    fn walk(panels: &Value, out: &mut Vec<String>) {
-        for p in panels.as_array().into_iter().flatten() {
-            for t in p["targets"].as_array().into_iter().flatten() {
-                out.push(t["expr"].as_str().unwrap_or_else(|| panic!("a target without an expr in panel {}", p["title"])).to_owned());
-            }
-            walk(&p["panels"], out);
-        }
-    }
-    let mut out = Vec::new();
-    walk(&d["panels"], &mut out);
-    out
-}
-
-/// The dashboard's queries as Grafana would send them with every appliance
-/// chosen: its variables replaced by their values.
-fn as_sent(expr: &str) -> String {
-    expr.replace("$__rate_interval", "1m").replace("$instance", ".*")
 }
 
 /// The metric names (`sluice_...`) an expression reads.
@@ -167,18 +143,6 @@ siblings:
     format!("{}{}{}", &demo[..services], extra, &demo[services..])
 }
 
-/// Prometheus' answer to the instant query `q` (its `data`), or the error.
-fn query(topo: &Topology, q: &str) -> Result<Value, String> {
-    let url = format!("http://{PROMETHEUS}/api/v1/query");
-    let arg = format!("query={q}");
-    let v = topo.json("lb", &["curl", "-sS", "-G", "--data-urlencode", &arg, &url]);
-    if v["status"] == "success" {
-        Ok(v["data"].clone())
-    } else {
-        Err(format!("{q}: {v}"))
-    }
-}
-
 #[test]
 #[cfg_attr(sluice_unprivileged, ignore = "needs root: network namespaces and DPDK")]
 fn every_dashboard_query_and_rule_runs_on_a_live_appliance_through_prometheus() {
@@ -209,32 +173,7 @@ fn every_dashboard_query_and_rule_runs_on_a_live_appliance_through_prometheus() 
         panic!("the appliance did not serve (exit {code:?}):\n{out}\n{err}");
     }
 
-    let prom_cfg = dir.join("prometheus.yml");
-    std::fs::write(
-        &prom_cfg,
-        format!(
-            "global: {{scrape_interval: 1s, evaluation_interval: 1s}}\nrule_files: [{}]\nscrape_configs:\n  - job_name: sluice\n    static_configs: [{{targets: ['127.0.0.1:9091']}}]\n",
-            monitoring().join("sluice-rules.yaml").display()
-        ),
-    )
-    .unwrap();
-    let data = dir.join("tsdb");
-    let mut prometheus = topo.spawn(
-        "lb",
-        &[
-            "prometheus",
-            &format!("--config.file={}", prom_cfg.display()),
-            &format!("--storage.tsdb.path={}", data.display()),
-            &format!("--web.listen-address={PROMETHEUS}"),
-        ],
-    );
-    let scraping = wait_until(Duration::from_secs(30), || {
-        query(&topo, "up{job=\"sluice\"}").is_ok_and(|d| d["result"].as_array().is_some_and(|r| r.len() == 1 && r[0]["value"][1] == "1"))
-    });
-    if !scraping {
-        let (_, _, err) = prometheus.stop("TERM", Duration::from_secs(5));
-        panic!("Prometheus does not scrape the appliance:\n{err}");
-    }
+    let mut prometheus = prometheus::start(&topo, &dir, Some(&monitoring().join("sluice-rules.yaml")));
 
     // Traffic, then two more scrapes.
     let counts = topo.client(&["short", "20.0.0.1", "200", "8"]);
@@ -274,7 +213,7 @@ fn every_dashboard_query_and_rule_runs_on_a_live_appliance_through_prometheus() 
     assert!(rate > 0.0, "web's packets per second on the dashboard: {web:?}");
 
     // Prometheus evaluated every rule without error.
-    let rules_state = topo.json("lb", &["curl", "-sS", &format!("http://{PROMETHEUS}/api/v1/rules")]);
+    let rules_state = topo.json("lb", &["curl", "-sS", &format!("http://{}/api/v1/rules", prometheus::LISTEN)]);
     let evaluated: Vec<Value> = rules_state["data"]["groups"].as_array().into_iter().flatten().flat_map(|g| g["rules"].as_array().cloned().unwrap_or_default()).collect();
     assert_eq!(evaluated.len(), rules.len(), "{rules_state}");
     for r in &evaluated {

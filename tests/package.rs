@@ -1,14 +1,20 @@
-//! The Debian package (`scripts/package.sh`), installed and used as an
-//! operator would:
+//! The walk-through of a newcomer, as far as a test can go: install the
+//! Debian package (`scripts/package.sh`), configure one VIP with two
+//! backends from the configuration reference alone, send traffic and see it
+//! on the installed dashboard's panels through a real Prometheus:
 //!
 //! - it builds, and `dpkg -i` installs it: the binaries in `/usr/bin`, the
 //!   systemd unit (which `systemd-analyze verify` finds nothing to say
 //!   about), the hugepages drop-in, the default configuration (which
 //!   `sluice check` accepts), the CRDs, the dashboard and the rules;
-//! - `/usr/bin/sluice`, configured with the README's example (one VIP, two
-//!   backends), passes real TCP connections in the demo's network
-//!   namespaces with only the capabilities the unit's
-//!   `CapabilityBoundingSet` leaves it (`setpriv --bounding-set`);
+//! - `/usr/bin/sluice`, configured with the first example of
+//!   `docs/configuration.md` (one VIP, two backends; the README shows the
+//!   same), passes real TCP connections in the demo's network namespaces
+//!   with only the capabilities the unit's `CapabilityBoundingSet` leaves
+//!   it (`setpriv --bounding-set`);
+//! - Prometheus scraping it answers the installed dashboard's queries with
+//!   that traffic: packets per service and endpoint, and the flow table
+//!   holding the connections' pins;
 //! - `dpkg -r` removes the binaries and keeps the edited configuration;
 //!   `dpkg -P` removes the rest.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -18,6 +24,7 @@ use std::process::{Command, Output};
 use std::time::Duration;
 
 use sluice_tests::topology::{root, stop_cleanly, tempdir, Topology};
+use sluice_tests::prometheus::{self, as_sent, panel_query, query, values_by};
 use sluice_tests::{privileged, sluice_bin, wait_until};
 
 fn run(cmd: &[&str]) -> Output {
@@ -35,11 +42,11 @@ fn installed() -> bool {
     run(&["dpkg-query", "-W", "-f=${Status}", "sluice"]).stdout.starts_with(b"install ok")
 }
 
-/// The configuration example of the README's Configure section: one VIP,
-/// two backends.
-fn readme_example() -> String {
-    let text = std::fs::read_to_string(root().join("README.md")).unwrap();
-    let section = &text[text.find("\n## Configure").expect("the README's Configure section")..];
+/// The first YAML example after `heading` in the file at `path` (from the
+/// repository's top).
+fn example(path: &str, heading: &str) -> String {
+    let text = std::fs::read_to_string(root().join(path)).unwrap();
+    let section = &text[text.find(heading).unwrap_or_else(|| panic!("{path}: no {heading:?}"))..];
     let start = section.find("```yaml\n").expect("a YAML example") + "```yaml\n".len();
     section[start..start + section[start..].find("```").unwrap()].to_owned()
 }
@@ -69,7 +76,7 @@ fn bounding_set(unit: &str) -> String {
 
 #[test]
 #[cfg_attr(sluice_unprivileged, ignore = "needs root: dpkg, network namespaces and DPDK")]
-fn the_package_installs_runs_the_readme_example_with_the_units_capabilities_and_removes() {
+fn a_newcomer_installs_the_package_configures_from_the_reference_and_sees_traffic_on_the_dashboard() {
     privileged();
     assert!(!installed(), "a sluice package is installed on this machine: this test installs and purges its own");
     let prefix = format!("pk{}", std::process::id());
@@ -109,8 +116,10 @@ fn the_package_installs_runs_the_readme_example_with_the_units_capabilities_and_
     topo.backends_listen(&[80], &[]);
     let installed_cfg = std::fs::read_to_string("/etc/sluice/sluice.yaml").unwrap();
     let cfg = dir.join("sluice.yaml");
-    let example = readme_example().replace("iface=eth1", "iface=lbf").replace("iface=eth2", "iface=lbb").replace("filePrefix: sluice}", &format!("filePrefix: {prefix}}}"));
-    assert!(example.contains("iface=lbf") && example.contains(&prefix), "the README's example moved:\n{example}");
+    let reference = example("docs/configuration.md", "\n### One VIP, two backends");
+    assert_eq!(example("README.md", "\n## Configure"), reference, "the README shows the reference's first example");
+    let example = reference.replace("iface=eth1", "iface=lbf").replace("iface=eth2", "iface=lbb").replace("filePrefix: sluice}", &format!("filePrefix: {prefix}}}"));
+    assert!(example.contains("iface=lbf") && example.contains(&prefix), "the reference's example moved:\n{example}");
     std::fs::write(&cfg, example).unwrap();
     let mut lb = topo.spawn("lb", &["setpriv", "--bounding-set", &caps, "--", "/usr/bin/sluice", "run", "--config", cfg.to_str().unwrap()]);
     let ready = wait_until(Duration::from_secs(30), || {
@@ -121,11 +130,41 @@ fn the_package_installs_runs_the_readme_example_with_the_units_capabilities_and_
         let (code, out, err) = lb.stop("INT", Duration::from_secs(5));
         panic!("/usr/bin/sluice with {caps} did not become ready (exit {code:?}):\n{out}\n{err}");
     }
+    // Prometheus scrapes it from before the traffic, as it would.
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string("/usr/share/sluice/monitoring/sluice-dashboard.json").unwrap()).unwrap();
+    let mut prometheus = prometheus::start(&topo, &dir, Some(Path::new("/usr/share/sluice/monitoring/sluice-rules.yaml")));
     let counts = topo.client(&["short", "20.0.0.1", "150", "8"]);
     assert_eq!(counts.get("failed"), None, "{counts:?}");
     assert_eq!(counts.values().sum::<u64>(), 150, "{counts:?}");
     assert!(["be1", "be2"].iter().all(|b| counts.get(*b).is_some_and(|n| *n > 0)), "both backends take connections: {counts:?}");
     assert_eq!(counts.get("be3"), None, "be3 is not in the example: {counts:?}");
+
+    // The installed dashboard, through Prometheus: the traffic per service
+    // and per endpoint, and the flow table holding the connections' pins
+    // (closed connections stay pinned for flowTable.tcpClosingSeconds).
+    let panel = |title: &str, label: &str| {
+        let q = as_sent(&panel_query(&dashboard, title));
+        query(&topo, &q).map(|d| values_by(&d, label)).unwrap_or_else(|e| panic!("{title}: {e}"))
+    };
+    let shown = wait_until(Duration::from_secs(20), || {
+        let web = panel("Packets per service", "service");
+        let endpoints = panel("Packets per endpoint", "address");
+        let flows = panel("Flow table use", "worker");
+        web.iter().any(|(s, v)| s == "web" && *v > 0.0)
+            && ["10.200.0.11", "10.200.0.12"].iter().all(|a| endpoints.iter().any(|(e, v)| e == a && *v > 0.0))
+            && flows.iter().any(|(_, v)| *v > 0.0)
+    });
+    assert!(
+        shown,
+        "the dashboard shows the traffic: per service {:?}, per endpoint {:?}, flow table use {:?}",
+        panel("Packets per service", "service"),
+        panel("Packets per endpoint", "address"),
+        panel("Flow table use", "worker")
+    );
+    let entries = query(&topo, "sum(sluice_worker_flow_entries)").map(|d| values_by(&d, "")).unwrap();
+    assert!(entries.first().is_some_and(|(_, v)| *v >= 150.0), "150 connections' pins: {entries:?}");
+    let _ = prometheus.stop("TERM", Duration::from_secs(10));
     stop_cleanly(&mut lb);
     topo.remove();
 

@@ -13,6 +13,7 @@
 
 pub mod fake_apiserver;
 pub mod http;
+pub mod prometheus;
 pub mod topology;
 pub mod xds_server;
 
