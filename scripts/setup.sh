@@ -15,6 +15,8 @@ PKGS=(
   socat netcat-openbsd python3 bird2 curl bc
   # monitoring: promtool and a real scraper for configs/monitoring (tests/monitoring.rs)
   prometheus
+  # the container image (scripts/image.sh, tests/image.rs)
+  buildah debootstrap debian-archive-keyring gnupg fuse-overlayfs
   # benchmarks (instruction counts; bench/compare_ns.sh: the kernel load balancers)
   valgrind nftables nftlb haproxy ipvsadm
 )
