@@ -8,7 +8,10 @@
 //! - a broken configuration is rejected and the last good one keeps
 //!   serving;
 //! - SIGINT stops it with exit status 0 and every mbuf back in the pool;
-//! - no namespace is left behind.
+//! - no namespace is left behind;
+//! - in a namespace that forwards IPv4 (as a Kubernetes node's pods inherit
+//!   it) the kernel leaves the VIPs' traffic to the appliance, and with
+//!   `/proc/sys` read-only (an unprivileged container) it starts and serves.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::PathBuf;
@@ -103,6 +106,95 @@ fn load_balances_real_traffic_and_reloads_without_disturbing_other_flows() {
     stop_cleanly(&mut lb);
     topo.remove();
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A namespace that forwards IPv4: the kernel, which sees every frame DPDK
+/// reads through `net_af_packet`, routed each SYN to a VIP, found no route
+/// and answered "net unreachable" through the exception interface; the
+/// client gave up before the backend's SYN-ACK came. Forwarding turned on
+/// again while it runs (a container runtime starting on the host writes
+/// `net.ipv4.ip_forward`, which sets every interface's) is set back, and
+/// counted.
+#[test]
+#[cfg_attr(sluice_unprivileged, ignore = "needs root: network namespaces and DPDK")]
+fn connections_complete_when_the_namespace_forwards_ipv4() {
+    privileged();
+    let prefix = format!("sf{}", std::process::id());
+    let (topo, mut lb, dir, _backends) = started_in_a_forwarding_namespace(&prefix, &[]);
+    all_connections_complete(&topo, 200);
+
+    let restored = || {
+        let m = topo.output("lb", &["curl", "-sf", "127.0.0.1:9091/metrics"]);
+        String::from_utf8_lossy(&m.stdout)
+            .lines()
+            .find_map(|l| l.strip_prefix("sluice_port_kernel_settings_restored_total{port=\"front\"} ")?.parse::<u64>().ok())
+    };
+    assert_eq!(restored(), Some(0));
+    let out = topo.output("lb", &["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(wait_until(Duration::from_secs(5), || restored() == Some(1)), "forwarding on lbf was not set back: {:?}", restored());
+    let lbf = topo.output("lb", &["cat", "/proc/sys/net/ipv4/conf/lbf/forwarding"]);
+    assert_eq!(String::from_utf8_lossy(&lbf.stdout).trim(), "0");
+    all_connections_complete(&topo, 200);
+
+    stop_cleanly(&mut lb);
+    topo.remove();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A pod as Kubernetes makes it without `privileged`: forwarding on (the
+/// node forwards, the namespace inherits it) and `/proc/sys` mounted
+/// read-only. The appliance wrote its interfaces' settings there and did not
+/// start at all.
+#[test]
+#[cfg_attr(sluice_unprivileged, ignore = "needs root: network namespaces and DPDK")]
+fn starts_and_serves_with_proc_sys_read_only() {
+    privileged();
+    let prefix = format!("sr{}", std::process::id());
+    let read_only = ["unshare", "--mount", "--propagation", "private", "sh", "-c", "mount -o bind,ro /proc/sys /proc/sys && exec \"$@\"", "sh"];
+    let (topo, mut lb, dir, _backends) = started_in_a_forwarding_namespace(&prefix, &read_only);
+    all_connections_complete(&topo, 200);
+    stop_cleanly(&mut lb);
+    topo.remove();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The demo in namespaces of `prefix` whose appliance namespace forwards
+/// IPv4, the appliance started under `wrap` (a command that runs the rest of
+/// its arguments) and ready: the topology, the appliance, its directory and
+/// the backends.
+fn started_in_a_forwarding_namespace(prefix: &str, wrap: &[&str]) -> (Topology, Proc, PathBuf, Vec<Proc>) {
+    let topo = Topology::up(prefix);
+    let out = topo.output("lb", &["sysctl", "-qw", "net.ipv4.conf.all.forwarding=1"]);
+    assert!(out.status.success(), "{out:?}");
+    let backends = topo.backends(&["20.0.0.1", "20.0.0.2"]);
+    topo.backends_listen(&[80], &[]);
+    let dir = tempdir(prefix);
+    let cfg = dir.join("appliance.yaml");
+    let base = std::fs::read_to_string(root().join("configs/demo.yaml"))
+        .unwrap()
+        .replace("filePrefix: sluice-demo", &format!("filePrefix: {prefix}"));
+    std::fs::write(&cfg, &base).unwrap();
+    let bin = sluice_bin();
+    let mut cmd = wrap.to_vec();
+    cmd.extend([bin.to_str().unwrap(), "run", "--config", cfg.to_str().unwrap()]);
+    let mut lb = topo.spawn("lb", &cmd);
+    let ready = wait_until(Duration::from_secs(30), || {
+        topo.output("lb", &[bin.to_str().unwrap(), "status", "--json"]).status.success()
+            && topo.status()["endpoints"].as_array().is_some_and(|e| e.len() == 6 && e.iter().all(|e| e["state"] == "ready"))
+    });
+    if !ready {
+        let (code, out, err) = lb.stop("INT", Duration::from_secs(5));
+        panic!("the appliance did not become ready (exit {code:?}):\n{out}\n{err}");
+    }
+    (topo, lb, dir, backends)
+}
+
+/// `n` short connections to the VIP from the client: every one completes.
+fn all_connections_complete(topo: &Topology, n: u64) {
+    let counts = topo.client(&["short", "20.0.0.1", &n.to_string(), "16"]);
+    assert_eq!(counts.get("failed"), None, "{counts:?}");
+    assert_eq!(counts.values().sum::<u64>(), n, "{counts:?}");
 }
 
 fn tempdir(prefix: &str) -> PathBuf {

@@ -622,6 +622,13 @@ fn port_metrics(e: &mut DescriptorEncoder<'_>, sh: &Shared) -> fmt::Result {
     )?;
     family(
         e,
+        "sluice_port_kernel_settings_restored",
+        "Times the kernel interface under a net_af_packet or net_af_xdp port was found forwarding IPv4 or filtering reverse paths loosely again (a write of net.ipv4.ip_forward sets every interface's forwarding), the kernel answering the traffic DPDK reads, and was set back.",
+        Kind::Counter,
+        sh.ports.iter().map(|p| (vec![("port", s(p.meta.name.clone()))], f(p.kernel_settings_restored.load(Ordering::Relaxed)))),
+    )?;
+    family(
+        e,
         "sluice_port_link_up",
         "1 when a port's link is up.",
         Kind::Gauge,

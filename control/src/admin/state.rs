@@ -12,6 +12,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -104,6 +105,10 @@ pub struct PortEntry {
     pub(crate) tap: Option<Arc<dyn PortProbe>>,
     /// Loss below DPDK, refreshed by the loss sampler.
     pub(crate) loss: Mutex<PortLoss>,
+    /// Times the kernel interface under the port (`net_af_packet`,
+    /// `net_af_xdp`) was found forwarding IPv4 or filtering loosely again,
+    /// and set back.
+    pub(crate) kernel_settings_restored: AtomicU64,
 }
 
 /// A worker and its counters.

@@ -247,6 +247,7 @@ mod tests {
             port: Arc::new(Silent),
             tap: None,
             loss: std::sync::Mutex::default(),
+            kernel_settings_restored: std::sync::atomic::AtomicU64::new(0),
         }
     }
 

@@ -12,6 +12,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -21,7 +22,7 @@ use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
 use super::loss::LossSampler;
 use crate::admin::state::{Shared, StatusSlot};
@@ -281,6 +282,18 @@ fn spawn_admin(tasks: &mut Tasks, shared: &Arc<Shared>, listener: tokio::net::Tc
             }
         }
     });
+    let mut kernel = KernelWatch::new(Arc::clone(shared), loss.kernel_interfaces());
+    if !kernel.ifaces.is_empty() {
+        tasks.spawn(Group::Admin, "kernel interfaces' settings", move |c| async move {
+            let mut t = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tokio::select! {
+                    () = c.cancelled() => return,
+                    _ = t.tick() => kernel.check(),
+                }
+            }
+        });
+    }
     tasks.spawn(Group::Admin, "loss sampler", move |c| async move {
         let mut t = tokio::time::interval(Duration::from_secs(1));
         loop {
@@ -291,6 +304,49 @@ fn spawn_admin(tasks: &mut Tasks, shared: &Arc<Shared>, listener: tokio::net::Tc
         }
     });
     forwarding
+}
+
+/// The kernel interfaces under the ports, kept left to DPDK: set back
+/// where something turned IPv4 forwarding on again (counted per port,
+/// warned about), checked once a second.
+struct KernelWatch {
+    shared: Arc<Shared>,
+    /// The port's index and its kernel interface.
+    ifaces: Vec<(usize, String)>,
+    /// Per interface, whether the last check failed (warned about once a
+    /// streak).
+    failing: Vec<bool>,
+}
+
+impl KernelWatch {
+    fn new(shared: Arc<Shared>, ifaces: Vec<(usize, String)>) -> KernelWatch {
+        let failing = vec![false; ifaces.len()];
+        KernelWatch { shared, ifaces, failing }
+    }
+
+    fn check(&mut self) {
+        for ((i, iface), failing) in self.ifaces.iter().zip(&mut self.failing) {
+            match crate::routing::keep_left_to_dpdk(iface) {
+                Ok(restored) => {
+                    *failing = false;
+                    if restored {
+                        if let Some(p) = self.shared.ports.get(*i) {
+                            p.kernel_settings_restored.fetch_add(1, Ordering::Relaxed);
+                        }
+                        warn!(
+                            interface = %iface,
+                            "the kernel interface under a port forwarded IPv4 or filtered reverse paths loosely again (was net.ipv4.ip_forward written?), so the kernel answered the traffic DPDK reads there: set back"
+                        );
+                    }
+                }
+                Err(e) if !*failing => {
+                    *failing = true;
+                    warn!(interface = %iface, error = %e, "cannot keep the kernel interface under a port left to DPDK");
+                }
+                Err(_) => {}
+            }
+        }
+    }
 }
 
 /// The neighbour task, and the follower that asks it for the next hops of

@@ -134,6 +134,12 @@ impl LossSampler {
         LossSampler { shared, ports, netlink }
     }
 
+    /// The kernel interfaces under the ports (`net_af_packet`,
+    /// `net_af_xdp`), by the port's index in `shared.ports`.
+    pub(super) fn kernel_interfaces(&self) -> Vec<(usize, String)> {
+        self.ports.iter().enumerate().filter_map(|(i, t)| Some((i, t.iface.clone()?))).collect()
+    }
+
     /// Takes one sample of every port.
     pub(super) async fn sample(&mut self) {
         let mut kernel = Vec::with_capacity(self.ports.len());

@@ -26,7 +26,7 @@ mod workers;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -487,6 +487,7 @@ impl Appliance {
                 port: Arc::new(DpdkPort(p.port.stats_reader())),
                 tap: p.tap.as_ref().map(|t| Arc::new(DpdkPort(t.stats_reader())) as Arc<dyn PortProbe>),
                 loss: Mutex::new(PortLoss::default()),
+                kernel_settings_restored: AtomicU64::new(0),
             })
             .collect();
         let shared = Arc::new(Shared::new(

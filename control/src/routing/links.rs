@@ -36,9 +36,12 @@ use std::net::IpAddr;
 use futures_util::{StreamExt, TryStreamExt};
 use rtnetlink::packet_core::{NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_CREATE, NLM_F_REPLACE, NLM_F_REQUEST};
 use rtnetlink::packet_route::address::{AddressAttribute, AddressFlags, AddressHeaderFlags, AddressMessage};
-use rtnetlink::packet_route::link::{LinkAttribute, LinkFlags, LinkMessage, Stats64};
+use rtnetlink::packet_core::DefaultNla;
+use rtnetlink::packet_route::link::{AfSpecInet, AfSpecUnspec, LinkAttribute, LinkFlags, LinkMessage, Stats64};
 use rtnetlink::packet_route::tc::{TcAttribute, TcHandle, TcMessage};
 use rtnetlink::packet_route::RouteNetlinkMessage;
+use rtnetlink::sys::protocols::NETLINK_ROUTE;
+use rtnetlink::sys::{Socket, SocketAddr};
 use rtnetlink::{Handle, LinkUnspec};
 
 use super::{errno, RoutingError};
@@ -120,43 +123,126 @@ pub(crate) fn counters_of(link: &LinkMessage) -> Option<LinkCounters> {
 /// Turns off duplicate address detection on interface `name` (procfs, in
 /// the calling thread's network namespace; a plain write, not a tokio
 /// blocking task, which could run in another namespace). Without IPv6 on
-/// the interface there is nothing to do.
+/// the interface there is nothing to do. Where `/proc/sys` cannot be
+/// written (a container without `privileged`) this is warned about and
+/// left: the addresses Sluice gives the interface skip detection anyway
+/// (`nodad`), only the kernel's link-local one is tentative for its first
+/// second or two.
 fn no_dad(name: &str) -> Result<(), RoutingError> {
     // Dots in interface names are slashes in sysctl paths (eth0.100).
     let path = format!("/proc/sys/net/ipv6/conf/{}/accept_dad", name.replace('.', "/"));
-    match std::fs::write(&path, "0") {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-            Err(RoutingError::Sysctl { iface: name.to_owned(), path, source: e })
+    write_sysctl(name, path, "0", "IPv6 next hops on it resolve only once its link-local address has passed duplicate address detection, a second or two after the link comes up")
+}
+
+/// Writes `value` to the sysctl at `path` (of interface `name`). A sysctl
+/// that does not exist (the interface has no IPv6) is nothing to do. Where
+/// `/proc/sys` is read-only or not ours (a container without `privileged`,
+/// a user namespace) the write is warned about with `otherwise`, what the
+/// kernel then does, and the appliance goes on: it must start there.
+fn write_sysctl(name: &str, path: String, value: &str, otherwise: &str) -> Result<(), RoutingError> {
+    match std::fs::write(&path, value) {
+        Err(e) if matches!(e.kind(), std::io::ErrorKind::ReadOnlyFilesystem | std::io::ErrorKind::PermissionDenied) => {
+            tracing::warn!(
+                interface = name,
+                path,
+                value,
+                error = %e,
+                "cannot write this sysctl here (/proc/sys is read-only in a container without privileged): {otherwise}; set it before Sluice starts (in Kubernetes, the tuning CNI plugin of the interface's attachment sets an interface's sysctls)"
+            );
+            Ok(())
         }
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(RoutingError::Sysctl { iface: name.to_owned(), path, source: e }),
         _ => Ok(()),
+    }
+}
+
+/// `IFLA_INET_CONF`: IPv4's per-interface settings in `IFLA_AF_SPEC`.
+const IFLA_INET_CONF: u16 = 1;
+/// `IPV4_DEVCONF_FORWARDING`, `net.ipv4.conf.<if>.forwarding`.
+const IPV4_DEVCONF_FORWARDING: u16 = 1;
+/// `IPV4_DEVCONF_RP_FILTER`, `net.ipv4.conf.<if>.rp_filter`.
+const IPV4_DEVCONF_RP_FILTER: u16 = 8;
+
+/// Sets IPv4 settings of interface `name`, each an `IPV4_DEVCONF_*` number
+/// and its value, through netlink (`RTM_SETLINK` with `IFLA_AF_SPEC` →
+/// `AF_INET` → `IFLA_INET_CONF`), which changes what
+/// `/proc/sys/net/ipv4/conf/<name>/` shows and needs only `CAP_NET_ADMIN`
+/// in the namespace: a container without `privileged` has `/proc/sys`
+/// read-only. A blocking socket opened in the calling thread's namespace.
+fn set_ipv4_conf(name: &str, what: &str, settings: &[(u16, u32)]) -> Result<(), RoutingError> {
+    // The nested settings: a 4-byte attribute header (length 8, type) and
+    // the value each, in the host's byte order.
+    let mut conf = Vec::with_capacity(settings.len() * 8);
+    for &(kind, value) in settings {
+        conf.extend_from_slice(&8u16.to_ne_bytes());
+        conf.extend_from_slice(&kind.to_ne_bytes());
+        conf.extend_from_slice(&value.to_ne_bytes());
+    }
+    // By name: the kernel looks the interface up when the index is 0.
+    let mut link = LinkMessage::default();
+    link.attributes.push(LinkAttribute::IfName(name.to_owned()));
+    link.attributes.push(LinkAttribute::AfSpecUnspec(vec![AfSpecUnspec::Inet(vec![AfSpecInet::Other(DefaultNla::new(
+        IFLA_INET_CONF,
+        conf,
+    ))])]));
+    let mut req = NetlinkMessage::from(RouteNetlinkMessage::SetLink(link));
+    req.header.flags = NLM_F_REQUEST | NLM_F_ACK;
+    req.header.sequence_number = 1;
+    req.finalize();
+    let mut buf = vec![0; req.buffer_len()];
+    req.serialize(&mut buf);
+    let io = |source| RoutingError::Io { iface: name.to_owned(), op: what.to_owned(), source };
+    let mut socket = Socket::new(NETLINK_ROUTE).map_err(io)?;
+    socket.bind_auto().map_err(io)?;
+    socket.connect(&SocketAddr::new(0, 0)).map_err(io)?;
+    socket.send(&buf, 0).map_err(io)?;
+    let (answer, _) = socket.recv_from_full().map_err(io)?;
+    match NetlinkMessage::<RouteNetlinkMessage>::deserialize(&answer) {
+        Ok(NetlinkMessage { payload: NetlinkPayload::Error(e), .. }) if e.code.is_none() => Ok(()),
+        // No such interface: nothing to set (DPDK's port on it says so).
+        Ok(NetlinkMessage { payload: NetlinkPayload::Error(e), .. }) if e.code.is_some_and(|c| c.get() == -libc::ENODEV) => Ok(()),
+        Ok(NetlinkMessage { payload: NetlinkPayload::Error(e), .. }) => {
+            Err(RoutingError::netlink(name, what, rtnetlink::Error::NetlinkError(e)))
+        }
+        other => Err(RoutingError::Unexpected { iface: name.to_owned(), op: what.to_owned(), what: format!("{other:?}") }),
     }
 }
 
 /// Makes the kernel leave interface `name` to DPDK: a `net_af_packet` or
 /// `net_af_xdp` port only copies (or takes) frames, and a kernel that also
-/// handled them would answer them itself. IPv6 goes off on the interface
-/// (IPv6 sends "unreachable" for what it cannot route, even with
-/// forwarding off). IPv4 cannot be turned off, and the kernel takes a
-/// packet to any of its addresses on any interface: a SYN-ACK to the
-/// exception interface's address, seen here before it comes through the
-/// tap, finds no socket (BIRD binds its sessions to the tap) and is
-/// answered with a reset, so the appliance's own IPv4 connections (BGP)
-/// were reset at once. Strict reverse-path filtering drops everything that
-/// arrives here for the kernel, since nothing is routed through this
-/// interface; it only holds while `conf/all/rp_filter` is not 2 (the
-/// kernel applies the larger of the two), which is warned about.
-/// Procfs writes, in the calling thread's namespace.
+/// handled them would answer them itself.
+///
+/// - IPv4 forwarding goes off on the interface. A host that forwards
+///   (every Kubernetes node, and the pods' namespaces inherit it) routed
+///   each SYN to a VIP, found no route and sent the client "net
+///   unreachable" through the exception interface, before the backend's
+///   SYN-ACK: connections failed. With forwarding off on the interface the
+///   kernel drops what is not its own without a word.
+/// - Strict reverse-path filtering: the kernel takes a packet to any of its
+///   addresses on any interface, so a SYN-ACK to the exception interface's
+///   address, seen here before it comes through the tap, found no socket
+///   (BIRD binds its sessions to the tap) and was answered with a reset:
+///   the appliance's own IPv4 connections (BGP) were reset at once. Strict
+///   filtering drops everything that arrives here for the kernel, since
+///   nothing is routed through this interface; it only holds while
+///   `conf/all/rp_filter` is not 2 (the kernel applies the larger of the
+///   two), which is warned about.
+/// - IPv6 goes off on the interface (IPv6 sends "unreachable" for what it
+///   cannot route, even with forwarding off).
+///
+/// The IPv4 settings are set through netlink, which works where
+/// `/proc/sys` is read-only (a container without `privileged`); IPv6 has no
+/// such way, and is left on with a warning there. In the calling thread's
+/// namespace.
 pub fn leave_to_dpdk(name: &str) -> Result<(), RoutingError> {
+    set_ipv4_conf(
+        name,
+        "turning IPv4 forwarding off and reverse-path filtering to strict",
+        &[(IPV4_DEVCONF_FORWARDING, 0), (IPV4_DEVCONF_RP_FILTER, 1)],
+    )?;
     // Dots in interface names are slashes in sysctl paths (eth0.100).
-    let dir = name.replace('.', "/");
-    for (path, value) in [(format!("/proc/sys/net/ipv6/conf/{dir}/disable_ipv6"), "1"), (format!("/proc/sys/net/ipv4/conf/{dir}/rp_filter"), "1")] {
-        match std::fs::write(&path, value) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                return Err(RoutingError::Sysctl { iface: name.to_owned(), path, source: e });
-            }
-            _ => {}
-        }
-    }
+    let path = format!("/proc/sys/net/ipv6/conf/{}/disable_ipv6", name.replace('.', "/"));
+    write_sysctl(name, path, "1", "the kernel also handles the IPv6 frames DPDK reads on this interface and answers what it cannot route with \"unreachable\"")?;
     if std::fs::read_to_string("/proc/sys/net/ipv4/conf/all/rp_filter").is_ok_and(|v| v.trim() == "2") {
         tracing::warn!(
             interface = name,
@@ -164,6 +250,29 @@ pub fn leave_to_dpdk(name: &str) -> Result<(), RoutingError> {
         );
     }
     Ok(())
+}
+
+/// Whether interface `name` still has the IPv4 settings [`leave_to_dpdk`]
+/// gave it (forwarding off, strict reverse-path filtering), setting them
+/// again where not; true when it had to. Writing `net.ipv4.ip_forward` or
+/// `conf.all.forwarding` sets every interface's forwarding: a container
+/// runtime starting on the host does, and the kernel then answers the VIPs'
+/// traffic again. Reads procfs and writes through netlink, in the calling
+/// thread's namespace.
+pub fn keep_left_to_dpdk(name: &str) -> Result<bool, RoutingError> {
+    let dir = name.replace('.', "/");
+    let read = |key: &str| {
+        std::fs::read_to_string(format!("/proc/sys/net/ipv4/conf/{dir}/{key}")).ok().and_then(|v| v.trim().parse::<u32>().ok())
+    };
+    if read("forwarding").is_none_or(|v| v == 0) && read("rp_filter").is_none_or(|v| v == 1) {
+        return Ok(false);
+    }
+    set_ipv4_conf(
+        name,
+        "turning IPv4 forwarding off and reverse-path filtering to strict again",
+        &[(IPV4_DEVCONF_FORWARDING, 0), (IPV4_DEVCONF_RP_FILTER, 1)],
+    )?;
+    Ok(true)
 }
 
 /// The kernel's default transmit queue of a tap interface, in frames.

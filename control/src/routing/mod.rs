@@ -20,7 +20,7 @@ mod neighbours;
 
 use std::net::IpAddr;
 
-pub use links::{configure_interface, exception_queue_len, leave_to_dpdk, link_counters, mac_str, take_down, LinkCounters};
+pub use links::{configure_interface, exception_queue_len, keep_left_to_dpdk, leave_to_dpdk, link_counters, mac_str, take_down, LinkCounters};
 pub use neighbours::{NeighMap, Neighbours};
 
 /// Errors of the kernel side of the exception path.
@@ -58,6 +58,17 @@ pub enum RoutingError {
         op: String,
         /// What came back.
         what: String,
+    },
+    /// A netlink socket of its own could not be opened or used.
+    #[error("{op} on interface {iface:?}: {source}")]
+    Io {
+        /// Interface name.
+        iface: String,
+        /// What was being done.
+        op: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
     },
     /// A sysctl of the interface could not be set.
     #[error("interface {iface:?}: cannot write {path}: {source}")]
