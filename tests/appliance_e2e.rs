@@ -130,7 +130,9 @@ fn connections_complete_when_the_namespace_forwards_ipv4() {
             .find_map(|l| l.strip_prefix("sluice_port_kernel_settings_restored_total{port=\"front\"} ")?.parse::<u64>().ok())
     };
     assert_eq!(restored(), Some(0));
-    let out = topo.output("lb", &["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
+    // Off and on again, as a runtime starting on a host that did not
+    // forward turns it on (a write of the value it holds changes nothing).
+    let out = topo.output("lb", &["sysctl", "-qw", "net.ipv4.ip_forward=0", "net.ipv4.ip_forward=1"]);
     assert!(out.status.success(), "{out:?}");
     assert!(wait_until(Duration::from_secs(5), || restored() == Some(1)), "forwarding on lbf was not set back: {:?}", restored());
     let lbf = topo.output("lb", &["cat", "/proc/sys/net/ipv4/conf/lbf/forwarding"]);
