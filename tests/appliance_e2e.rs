@@ -31,23 +31,7 @@ fn load_balances_real_traffic_and_reloads_without_disturbing_other_flows() {
         .map(|i| topo.spawn(&format!("be{i}"), &["python3", backend.to_str().unwrap(), &format!("be{i}"), "20.0.0.1", "20.0.0.2"]))
         .collect();
 
-    let dir = tempdir(&prefix);
-    let cfg = dir.join("appliance.yaml");
-    let base = std::fs::read_to_string(root().join("configs/demo.yaml"))
-        .unwrap()
-        .replace("filePrefix: sluice-demo", &format!("filePrefix: {prefix}"));
-    std::fs::write(&cfg, &base).unwrap();
-    let bin = sluice_bin();
-    let mut lb = topo.spawn("lb", &[bin.to_str().unwrap(), "run", "--config", cfg.to_str().unwrap()]);
-
-    let ready = wait_until(Duration::from_secs(30), || {
-        topo.output("lb", &[bin.to_str().unwrap(), "status", "--json"]).status.success()
-            && topo.status()["endpoints"].as_array().is_some_and(|e| e.len() == 6 && e.iter().all(|e| e["state"] == "ready"))
-    });
-    if !ready {
-        let (code, out, err) = lb.stop("INT", Duration::from_secs(5));
-        panic!("the appliance did not become ready (exit {code:?}):\n{out}\n{err}");
-    }
+    let Demo { mut lb, dir, cfg, base } = start_demo(&topo, &prefix, &[]);
 
     // Hundreds of real TCP connections, all complete, spread over the backends.
     let counts = topo.client(&["short", "20.0.0.1", "450", "16"]);
@@ -171,6 +155,24 @@ fn started_in_a_forwarding_namespace(prefix: &str, wrap: &[&str]) -> (Topology, 
     assert!(out.status.success(), "{out:?}");
     let backends = topo.backends(&["20.0.0.1", "20.0.0.2"]);
     topo.backends_listen(&[80], &[]);
+    let Demo { lb, dir, .. } = start_demo(&topo, prefix, wrap);
+    (topo, lb, dir, backends)
+}
+
+/// The appliance of [`start_demo`]: the process, its directory, its
+/// configuration file and what was first written there.
+struct Demo {
+    lb: Proc,
+    dir: PathBuf,
+    cfg: PathBuf,
+    base: String,
+}
+
+/// Starts `sluice run` with the demo's configuration (DPDK prefix `prefix`)
+/// in the appliance's namespace of `topo`, under `wrap` (a command that runs
+/// the rest of its arguments; none: directly), and waits until its six
+/// endpoints are ready; panics with its output when they are not in 30 s.
+fn start_demo(topo: &Topology, prefix: &str, wrap: &[&str]) -> Demo {
     let dir = tempdir(prefix);
     let cfg = dir.join("appliance.yaml");
     let base = std::fs::read_to_string(root().join("configs/demo.yaml"))
@@ -189,7 +191,7 @@ fn started_in_a_forwarding_namespace(prefix: &str, wrap: &[&str]) -> (Topology, 
         let (code, out, err) = lb.stop("INT", Duration::from_secs(5));
         panic!("the appliance did not become ready (exit {code:?}):\n{out}\n{err}");
     }
-    (topo, lb, dir, backends)
+    Demo { lb, dir, cfg, base }
 }
 
 /// `n` short connections to the VIP from the client: every one completes.
