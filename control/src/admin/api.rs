@@ -40,7 +40,7 @@ pub(super) fn source(s: &SourceStatus) -> api::Source {
 /// A port: its description, its counters and its tap's, and its loss
 /// below DPDK.
 pub(super) fn port(p: &PortEntry) -> api::Port {
-    let PortEntry { meta, port, tap, loss, kernel_settings_restored: _ } = p;
+    let PortEntry { meta, port, tap, loss, kernel_settings_restored: _, exception_dropped: _ } = p;
     let PortMeta { name, device, driver, kernel_interface, mac, mtu } = meta;
     let PortLoss { below_dpdk, source, exact } = lock(loss).clone();
     let s = port.stats().unwrap_or_default();

@@ -629,6 +629,16 @@ fn port_metrics(e: &mut DescriptorEncoder<'_>, sh: &Shared) -> fmt::Result {
     )?;
     family(
         e,
+        "sluice_port_exception_dropped",
+        "Frames the kernel sent to the appliance through a port's exception interface (ARP and neighbour probes, BGP, BFD, ICMP) and dropped because the interface's transmit queue was full: the workers read them too slowly.",
+        Kind::Counter,
+        sh.ports
+            .iter()
+            .filter(|p| !p.meta.kernel_interface.is_empty())
+            .map(|p| (vec![("port", s(p.meta.name.clone()))], f(p.exception_dropped.load(Ordering::Relaxed)))),
+    )?;
+    family(
+        e,
         "sluice_port_link_up",
         "1 when a port's link is up.",
         Kind::Gauge,

@@ -109,6 +109,10 @@ pub struct PortEntry {
     /// `net_af_xdp`) was found forwarding IPv4 or filtering loosely again,
     /// and set back.
     pub(crate) kernel_settings_restored: AtomicU64,
+    /// Frames the kernel dropped on their way to the appliance through the
+    /// port's exception interface (its transmit queue full: the workers
+    /// read them too slowly), refreshed by the loss sampler.
+    pub(crate) exception_dropped: AtomicU64,
 }
 
 /// A worker and its counters.

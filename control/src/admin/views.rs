@@ -248,6 +248,7 @@ mod tests {
             tap: None,
             loss: std::sync::Mutex::default(),
             kernel_settings_restored: std::sync::atomic::AtomicU64::new(0),
+            exception_dropped: std::sync::atomic::AtomicU64::new(0),
         }
     }
 

@@ -24,7 +24,13 @@
 //! counter, or the kernel's count that did not move over the period),
 //! false before the first sample and while frames arrive (a lower bound).
 //! Whoever compares the figure with counts taken elsewhere waits for it.
+//!
+//! The sampler also reads what the kernel lost on the way back: frames it
+//! sent into a port's exception interface and dropped because the
+//! interface's transmit queue was full (`tx_dropped`, counted since DPDK
+//! created the interface at start).
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -95,6 +101,8 @@ struct Tracked {
     last_kernel: Option<u64>,
     /// Frames that may be in flight between the two counters.
     in_flight: u64,
+    /// The port's exception interface, if it has one.
+    exception: Option<String>,
 }
 
 impl Tracked {
@@ -129,7 +137,13 @@ impl LossSampler {
         let (backlog, cpus) = backlog_and_cpus();
         let ports = ports
             .iter()
-            .map(|p| Tracked { iface: kernel_iface(p), base: None, last_kernel: None, in_flight: in_flight(p, queues, descriptors, backlog, cpus) })
+            .map(|p| Tracked {
+                iface: kernel_iface(p),
+                base: None,
+                last_kernel: None,
+                in_flight: in_flight(p, queues, descriptors, backlog, cpus),
+                exception: Some(p.kernel_interface.clone()).filter(|i| !i.is_empty()),
+            })
             .collect();
         LossSampler { shared, ports, netlink }
     }
@@ -151,6 +165,15 @@ impl LossSampler {
                 None => None,
             };
             kernel.push(k);
+        }
+        for (t, entry) in self.ports.iter().zip(&self.shared.ports) {
+            let Some(i) = &t.exception else { continue };
+            match link_counters(&self.netlink, i).await {
+                Ok(c) => {
+                    entry.exception_dropped.fetch_max(c.tx_dropped, Ordering::Relaxed);
+                }
+                Err(e) => debug!(iface = %i, error = %e, "exception interface counters unavailable"),
+            }
         }
         tokio::time::sleep(SETTLE).await;
         for ((t, entry), k) in self.ports.iter_mut().zip(&self.shared.ports).zip(kernel) {
@@ -219,7 +242,7 @@ mod tests {
     /// lost was one more than the client sent).
     #[test]
     fn frames_waiting_in_the_ring_are_never_counted_as_lost() {
-        let mut t = Tracked { iface: Some("lbf".into()), base: None, last_kernel: None, in_flight: 32 };
+        let mut t = Tracked { iface: Some("lbf".into()), base: None, last_kernel: None, in_flight: 32, exception: None };
         let mut published = 0;
         // (kernel received, DPDK received, truly lost so far)
         let samples = [
@@ -243,7 +266,7 @@ mod tests {
     /// that flag.
     #[test]
     fn the_figure_is_exact_only_once_the_port_was_quiet_for_a_period() {
-        let mut t = Tracked { iface: Some("lbf".into()), base: None, last_kernel: None, in_flight: 32 };
+        let mut t = Tracked { iface: Some("lbf".into()), base: None, last_kernel: None, in_flight: 32, exception: None };
         let mut cur = PortLoss::default();
         assert!(!cur.exact, "nothing sampled yet");
         // (kernel received, DPDK received, truly lost so far, exact)

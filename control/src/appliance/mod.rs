@@ -488,6 +488,7 @@ impl Appliance {
                 tap: p.tap.as_ref().map(|t| Arc::new(DpdkPort(t.stats_reader())) as Arc<dyn PortProbe>),
                 loss: Mutex::new(PortLoss::default()),
                 kernel_settings_restored: AtomicU64::new(0),
+                exception_dropped: AtomicU64::new(0),
             })
             .collect();
         let shared = Arc::new(Shared::new(
