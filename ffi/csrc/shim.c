@@ -29,6 +29,13 @@ int sluice_pktmbuf_alloc_bulk(struct rte_mempool *mp, struct rte_mbuf **mbufs, u
 	return rte_pktmbuf_alloc_bulk(mp, mbufs, n);
 }
 
+/* rte_mbuf_raw_alloc for a burst: the mbufs as the pool holds them, not
+ * reset (next NULL, nb_segs 1 and refcnt 1, as every free mbuf is). */
+int sluice_mbuf_raw_alloc_bulk(struct rte_mempool *mp, struct rte_mbuf **mbufs, unsigned int n)
+{
+	return rte_mempool_get_bulk(mp, (void **)mbufs, n);
+}
+
 struct rte_mbuf *sluice_pktmbuf_alloc(struct rte_mempool *mp)
 {
 	return rte_pktmbuf_alloc(mp);

@@ -17,6 +17,7 @@ struct rte_ring;
 uint16_t sluice_rx_burst(uint16_t port, uint16_t queue, struct rte_mbuf **pkts, uint16_t n);
 uint16_t sluice_tx_burst(uint16_t port, uint16_t queue, struct rte_mbuf **pkts, uint16_t n);
 int sluice_pktmbuf_alloc_bulk(struct rte_mempool *mp, struct rte_mbuf **mbufs, unsigned int n);
+int sluice_mbuf_raw_alloc_bulk(struct rte_mempool *mp, struct rte_mbuf **mbufs, unsigned int n);
 struct rte_mbuf *sluice_pktmbuf_alloc(struct rte_mempool *mp);
 void sluice_pktmbuf_free(struct rte_mbuf *m);
 void sluice_prefetch0(const void *p);

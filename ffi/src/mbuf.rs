@@ -144,6 +144,28 @@ impl Mbuf {
         true
     }
 
+    /// Makes this a new single-segment frame of `n` bytes, as
+    /// `rte_pktmbuf_reset` would for a send: DPDK's headroom before the
+    /// data, no offload flags, no packet type, no VLAN tag to insert.
+    /// Returns false (and changes nothing) when `n` bytes do not fit after
+    /// the headroom. For mbufs from [`Mempool::alloc_raw_bulk`](crate::Mempool::alloc_raw_bulk).
+    #[inline]
+    pub fn reset_to(&mut self, n: usize) -> bool {
+        let m = self.raw_mut();
+        let off = m.buf_len.min(crate::MBUF_HEADROOM);
+        let Ok(n16) = u16::try_from(n) else { return false };
+        if m.nb_segs != 1 || n16 > m.buf_len - off {
+            return false;
+        }
+        m.data_off = off;
+        m.data_len = n16;
+        m.pkt_len = u32::from(n16);
+        m.ol_flags = 0;
+        m.__bindgen_anon_1.packet_type = 0;
+        m.vlan_tci = 0;
+        true
+    }
+
     /// Prefetches the first cache line of packet data.
     #[inline(always)]
     pub fn prefetch(&self) {

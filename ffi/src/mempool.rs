@@ -190,6 +190,32 @@ impl Mempool {
         n
     }
 
+    /// [`Mempool::alloc_bulk`] without the reset: each mbuf is as the pool
+    /// holds it, direct, alone (no next segment) and with a reference count
+    /// of one, as DPDK keeps every free mbuf, but its data offset, lengths
+    /// and flags are what its last user left. For a sender that sets them
+    /// itself ([`Mbuf::reset_to`]), where the reset would write every field
+    /// twice.
+    pub fn alloc_raw_bulk(&self, burst: &mut Burst<Mbuf>, n: usize) -> usize {
+        let len = burst.len();
+        if n == 0 || n > BURST - len {
+            return 0;
+        }
+        // SAFETY: as in `alloc_bulk`; rte_mempool_get_bulk fills all `n` or
+        // none, with mbufs that satisfy rte_mbuf_raw_alloc's guarantees
+        // (direct, refcnt 1, nb_segs 1, next NULL), and their stale data
+        // offset and length still lie inside their buffer (DPDK invariant
+        // kept by every earlier user), so they are valid owned mbufs.
+        unsafe {
+            let dst = burst.as_mut_ptr().add(len).cast::<*mut sys::rte_mbuf>();
+            if sys::sluice_mbuf_raw_alloc_bulk(self.ptr.as_ptr(), dst, burst_u32(n)) != 0 {
+                return 0;
+            }
+            burst.set_len(len + n);
+        }
+        n
+    }
+
     pub(crate) fn as_ptr(&self) -> *mut sys::rte_mempool {
         self.ptr.as_ptr()
     }

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use sluice_dataplane::io::{Burst, PacketBuf};
-use sluice_ffi::{ring_port, Eal, Error, Mempool, Port, PortConfig, Ring, DEFAULT_DATA_ROOM};
+use sluice_ffi::{ring_port, Eal, Error, Mbuf, Mempool, Port, PortConfig, Ring, DEFAULT_DATA_ROOM};
 
 fn eal_args() -> Vec<String> {
     let vdevs = ["net_null0", "net_null1", "net_null2", "net_null3", "net_null9"].map(|d| format!("--vdev={d}"));
@@ -182,6 +182,34 @@ fn prepend_and_adj_move_the_frame_start() {
             assert!(!PacketBuf::adj(&mut m, 9));
             assert_eq!(pool.in_use(), 1);
         }
+        assert_eq!(pool.in_use(), 0);
+    });
+}
+
+#[test]
+fn raw_mbufs_are_as_their_last_user_left_them_until_reset_to_a_frame() {
+    on_main(|eal| {
+        // One mbuf, no cache: the one freed is the one allocated next.
+        let pool = Mempool::new(eal, "fwd_raw", 1, 0, DEFAULT_DATA_ROOM).unwrap();
+        {
+            let mut m = pool.alloc().unwrap();
+            m.append(100).unwrap();
+            assert!(PacketBuf::adj(&mut m, 30));
+        }
+        let mut burst: Burst<Mbuf> = Burst::new();
+        assert_eq!(pool.alloc_raw_bulk(&mut burst, 2), 0, "all or none");
+        assert_eq!(pool.alloc_raw_bulk(&mut burst, 1), 1);
+        let m = &mut burst[0];
+        assert_eq!((m.headroom(), m.len()), (128 + 30, 70), "not reset");
+        let room = usize::from(DEFAULT_DATA_ROOM) - 128;
+        assert!(!m.reset_to(room + 1));
+        assert_eq!((m.headroom(), m.len()), (128 + 30, 70), "a refused reset changes nothing");
+        assert!(m.reset_to(60));
+        assert_eq!((m.headroom(), m.len(), m.pkt_len()), (128, 60, 60));
+        assert!(m.reset_to(room));
+        assert_eq!(m.tailroom(), 0);
+        assert_eq!(pool.in_use(), 1);
+        drop(burst);
         assert_eq!(pool.in_use(), 0);
     });
 }
