@@ -24,7 +24,7 @@ mod stamp;
 
 pub use engine::{run, Control, GenIo, Generator, Lanes, Timing, TxCounters};
 pub use queues::GenQueues;
-pub use mix::{build, Datagram, Kind, MixError, MixSpec};
+pub use mix::{build, Datagram, Kind, MixError, MixSpec, Plan, PlanError};
 pub use pace::{Pacer, Schedule};
 pub use rx::{Endpoint, EndpointBy, Receiver};
 
@@ -125,7 +125,7 @@ mod tests {
     /// Runs `datagrams` sends through `io` with a clock that ticks 1 per read.
     fn go(io: &mut Loop, s: &MixSpec, limit: u64) -> (Generator, Receiver) {
         let ds = build(s).unwrap();
-        let mut g = Generator::new(ds, s.flows, Timing::Rate(Pacer::new(1000, 0, 0, 0)), Some(limit));
+        let mut g = Generator::new(Plan::new(&ds).unwrap(), s.flows, Timing::Rate(Pacer::new(1000, 0, 0, 0)), Some(limit));
         let mut r = Receiver::new(s.flows, 1000, EndpointBy::Auto).unwrap();
         let ctl = Control::default();
         let mut t = 0u64;
@@ -207,13 +207,39 @@ mod tests {
         assert_eq!(ids[2], ids[3]);
     }
 
+    /// Unfragmented mixes take the one-frame path: every frame leaves with
+    /// valid checksums and its flow's next sequence number, as the
+    /// fragment path's frames do.
+    #[test]
+    fn one_frame_datagrams_leave_with_valid_checksums_and_their_flows_sequence() {
+        let s = spec(vec![Kind::TcpSyn, Kind::TcpData, Kind::Udp], 0);
+        assert!(Plan::new(&build(&s).unwrap()).unwrap().single);
+        let mut io = lo(0, false);
+        let (g, r) = go(&mut io, &s, 95);
+        assert_eq!((g.counters.sent, r.received), (95, 95));
+        let mut next = vec![0u32; 10];
+        for f in &io.seen {
+            let Ok(Frame::Ip(p)) = parse(f) else { panic!("unparsable frame") };
+            let ip = &f[usize::from(p.l3)..usize::from(p.ip_end)];
+            if !p.v6 {
+                assert_eq!(checksum::sum(&ip[..20]), 0xffff, "IPv4 header checksum");
+            }
+            let l4 = usize::from(p.l4 - p.l3);
+            assert_eq!(sluice_dataplane::craft::with_l4_checksum(ip.to_vec(), l4), ip, "transport checksum");
+            let st = stamp::read(&f[f.len() - stamp::STAMP_LEN..]).unwrap();
+            assert_eq!(st.seq, next[st.flow as usize], "flow {}", st.flow);
+            next[st.flow as usize] += 1;
+        }
+        assert_eq!(next.iter().sum::<u32>(), 95);
+    }
+
     #[test]
     fn allocation_failures_are_counted_not_sent() {
         let s = spec(vec![Kind::Udp], 0);
         let mut io = lo(0, false);
         io.alloc_budget = 100;
         let ds = build(&s).unwrap();
-        let mut g = Generator::new(ds, s.flows, Timing::Rate(Pacer::new(1000, 0, 0, 0)), Some(200));
+        let mut g = Generator::new(Plan::new(&ds).unwrap(), s.flows, Timing::Rate(Pacer::new(1000, 0, 0, 0)), Some(200));
         let mut r = Receiver::new(s.flows, 1000, EndpointBy::Auto).unwrap();
         let ctl = Control::default();
         let mut t = 0u64;

@@ -136,6 +136,148 @@ pub struct Datagram {
     pub(crate) l4_check: Option<L4Check>,
 }
 
+/// A [`Slot`] has a stamp.
+pub(crate) const STAMPED: u8 = 1;
+/// Its stamp sits at an odd offset from the start of what the transport
+/// checksum covers.
+pub(crate) const ODD: u8 = 2;
+/// It carries the datagram's IPv4 identification (`id`, header checksum
+/// at `id_check`).
+pub(crate) const V4_ID: u8 = 4;
+/// It carries the datagram's IPv6 fragment identification (`id`).
+pub(crate) const V6_ID: u8 = 8;
+/// It holds the transport checksum (at `l4`) that its datagram's stamps
+/// update.
+pub(crate) const L4: u8 = 16;
+/// That checksum is UDP's (a zero result is sent as 0xffff).
+pub(crate) const UDP: u8 = 32;
+
+/// One frame as the sender reads it: where its bytes lie in
+/// [`Plan::bytes`], and what it writes into each copy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Slot {
+    /// Offset of its bytes in the arena.
+    pub(crate) off: usize,
+    /// Its length.
+    pub(crate) len: u16,
+    /// Offset of the stamp ([`STAMPED`]).
+    pub(crate) stamp: u16,
+    /// Offset of the identification ([`V4_ID`], [`V6_ID`]).
+    pub(crate) id: u16,
+    /// Offset of the IPv4 header checksum ([`V4_ID`]).
+    pub(crate) id_check: u16,
+    /// Offset of the transport checksum ([`L4`]).
+    pub(crate) l4: u16,
+    /// The template's transport checksum, inverted ([`L4`]).
+    pub(crate) l4_inverted: u16,
+    /// [`STAMPED`], [`ODD`], [`V4_ID`], [`V6_ID`], [`L4`], [`UDP`].
+    pub(crate) flags: u8,
+    /// Frames of the datagram this frame starts; 0 for a later fragment.
+    pub(crate) frames: u8,
+    /// The flow id its stamp carries.
+    pub(crate) flow: u32,
+}
+
+/// Every frame of a mix in send order, their bytes back to back in one
+/// arena: a frame is one slot read and one copy, with no pointer to
+/// follow (a `Vec` per datagram and per frame were three dependent
+/// loads).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Plan {
+    /// The frames' bytes.
+    pub(crate) bytes: Vec<u8>,
+    /// One per frame.
+    pub(crate) slots: Vec<Slot>,
+    /// Where each datagram's first frame is in `slots`.
+    pub(crate) starts: Vec<u32>,
+    /// Every datagram is one frame (slot `i` is datagram `i`).
+    pub(crate) single: bool,
+}
+
+/// Why a mix cannot be laid out for sending.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum PlanError {
+    /// A frame longer than 65,535 bytes, a datagram of more than 255
+    /// frames, more than 2^32 frames, or a transport checksum outside its
+    /// frame.
+    #[error(
+        "datagram {0} cannot be laid out for sending (frames of at most 65535 bytes, at most 255 per datagram, \
+         2^32 in all, a transport checksum inside its frame)"
+    )]
+    Layout(usize),
+}
+
+impl Plan {
+    /// Lays `datagrams` out in one arena, in order.
+    pub fn new(datagrams: &[Datagram]) -> Result<Plan, PlanError> {
+        let total: usize = datagrams.iter().flat_map(|d| &d.frames).map(|f| f.bytes.len()).sum();
+        let frames: usize = datagrams.iter().map(|d| d.frames.len()).sum();
+        let mut plan = Plan {
+            bytes: Vec::with_capacity(total),
+            slots: Vec::with_capacity(frames),
+            starts: Vec::with_capacity(datagrams.len()),
+            single: frames == datagrams.len(),
+        };
+        let u16_of = |v: usize, i: usize| u16::try_from(v).map_err(|_| PlanError::Layout(i));
+        for (i, d) in datagrams.iter().enumerate() {
+            plan.starts.push(u32::try_from(plan.slots.len()).map_err(|_| PlanError::Layout(i))?);
+            let n = u8::try_from(d.frames.len()).map_err(|_| PlanError::Layout(i))?;
+            for (k, t) in d.frames.iter().enumerate() {
+                let mut s = Slot {
+                    off: plan.bytes.len(),
+                    len: u16_of(t.bytes.len(), i)?,
+                    stamp: 0,
+                    id: 0,
+                    id_check: 0,
+                    l4: 0,
+                    l4_inverted: 0,
+                    flags: 0,
+                    frames: if k == 0 { n } else { 0 },
+                    flow: d.flow,
+                };
+                if let Some(at) = t.stamp {
+                    s.stamp = u16_of(at, i)?;
+                    s.flags |= STAMPED | if t.stamp_odd { ODD } else { 0 };
+                }
+                match t.ip_id {
+                    Some(IpId::V4 { id, check }) => {
+                        s.id = u16_of(id, i)?;
+                        s.id_check = u16_of(check, i)?;
+                        s.flags |= V4_ID;
+                    }
+                    Some(IpId::V6(id)) => {
+                        s.id = u16_of(id, i)?;
+                        s.flags |= V6_ID;
+                    }
+                    None => {}
+                }
+                if let (0, Some(c)) = (k, d.l4_check) {
+                    let Some(&[hi, lo]) = t.bytes.get(c.offset..c.offset + 2) else {
+                        return Err(PlanError::Layout(i));
+                    };
+                    s.l4 = u16_of(c.offset, i)?;
+                    s.l4_inverted = !u16::from_be_bytes([hi, lo]);
+                    s.flags |= L4 | if c.udp { UDP } else { 0 };
+                }
+                plan.bytes.extend_from_slice(&t.bytes);
+                plan.slots.push(s);
+            }
+        }
+        Ok(plan)
+    }
+
+    /// How many datagrams it sends in a round.
+    pub fn datagrams(&self) -> usize {
+        self.starts.len()
+    }
+
+    /// The bytes of `slot`.
+    #[inline(always)]
+    pub(crate) fn frame(&self, slot: &Slot) -> &[u8] {
+        &self.bytes[slot.off..slot.off + usize::from(slot.len)]
+    }
+}
+
 fn nth_v4(base: Ipv4Addr, i: u32) -> [u8; 4] {
     u32::from(base).wrapping_add(i).to_be_bytes()
 }
@@ -439,6 +581,54 @@ mod tests {
             assert_eq!(second.frag, Fragment::Later);
             assert_eq!(usize::from(second.ip_end), d.frames[1].bytes.len());
         }
+    }
+
+    /// The plan holds every template's bytes, in send order, and what each
+    /// frame writes per send.
+    #[test]
+    fn the_plan_lays_every_frame_out_in_order() {
+        let mut s = spec();
+        s.fragment_percent = 100;
+        let ds = build(&s).unwrap();
+        let plan = Plan::new(&ds).unwrap();
+        assert!(!plan.single, "UDP flows are fragmented");
+        assert_eq!(plan.datagrams(), ds.len());
+        let mut k = 0;
+        for (i, d) in ds.iter().enumerate() {
+            assert_eq!(plan.starts[i] as usize, k);
+            for (j, f) in d.frames.iter().enumerate() {
+                let slot = plan.slots[k];
+                assert_eq!(plan.frame(&slot), &f.bytes[..], "datagram {i} frame {j}");
+                assert_eq!(usize::from(slot.frames), if j == 0 { d.frames.len() } else { 0 });
+                assert_eq!(slot.flow, d.flow);
+                assert_eq!(f.stamp.map(|_| usize::from(slot.stamp)), f.stamp);
+                assert_eq!(slot.flags & STAMPED != 0, f.stamp.is_some());
+                assert_eq!(slot.flags & ODD != 0, f.stamp_odd);
+                match (f.ip_id, j, d.l4_check) {
+                    (Some(IpId::V4 { id, check }), ..) => {
+                        assert_eq!((usize::from(slot.id), usize::from(slot.id_check)), (id, check));
+                        assert_eq!(slot.flags & (V4_ID | V6_ID), V4_ID);
+                    }
+                    (Some(IpId::V6(id)), ..) => {
+                        assert_eq!(usize::from(slot.id), id);
+                        assert_eq!(slot.flags & (V4_ID | V6_ID), V6_ID);
+                    }
+                    (None, ..) => assert_eq!(slot.flags & (V4_ID | V6_ID), 0),
+                }
+                if let (0, Some(c)) = (j, d.l4_check) {
+                    assert_eq!(usize::from(slot.l4), c.offset);
+                    assert_eq!(!slot.l4_inverted, u16::from_be_bytes([f.bytes[c.offset], f.bytes[c.offset + 1]]));
+                    assert_eq!(slot.flags & UDP != 0, c.udp);
+                } else {
+                    assert_eq!(slot.flags & L4, 0);
+                }
+                k += 1;
+            }
+        }
+        assert_eq!(k, plan.slots.len());
+        let unfragmented = Plan::new(&build(&spec()).unwrap()).unwrap();
+        assert!(unfragmented.single);
+        assert_eq!(Plan::new(&[raw(0, vec![0; 70_000])]), Err(PlanError::Layout(0)));
     }
 
     #[test]

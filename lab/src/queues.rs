@@ -39,11 +39,12 @@ impl PacketIo for GenQueues {
 impl GenIo for GenQueues {
     #[inline]
     fn alloc(&mut self, burst: &mut Burst<Mbuf>, n: usize) -> usize {
-        self.pool.alloc_bulk(burst, n)
+        // Not reset here: `set_len` sets what a send reads, once.
+        self.pool.alloc_raw_bulk(burst, n)
     }
 
     #[inline]
     fn set_len(&self, buf: &mut Mbuf, len: usize) -> bool {
-        buf.set_len(len)
+        buf.reset_to(len)
     }
 }

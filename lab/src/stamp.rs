@@ -11,8 +11,6 @@
 //! time the varying part is written and checksums are updated
 //! incrementally ([`varying_sum`], [`add_to_checksum`]).
 
-use sluice_dataplane::checksum::fold;
-
 /// Bytes of the stamp.
 pub(crate) const STAMP_LEN: usize = 20;
 /// First four bytes of every stamp ("SLG1").
@@ -60,27 +58,41 @@ pub(crate) fn read(buf: &[u8]) -> Option<Stamp> {
     })
 }
 
-/// The one's-complement sum the varying part adds to a checksum when it
-/// goes from zeros to (`seq`, `tsc`). `odd`: the stamp starts at an odd
-/// offset from the start of what the checksum covers (RFC 1071: the sum of
-/// byte-swapped data is the byte-swapped sum).
+/// The one's-complement sum of the timestamp's four 16-bit words, once per
+/// burst (every frame of a burst carries the same timestamp).
 #[inline(always)]
-pub(crate) fn varying_sum(seq: u32, tsc: u64, odd: bool) -> u64 {
-    let words = u64::from(seq >> 16)
-        + u64::from(seq & 0xffff)
-        + (tsc >> 48)
-        + ((tsc >> 32) & 0xffff)
-        + ((tsc >> 16) & 0xffff)
-        + (tsc & 0xffff);
-    let s = fold(words);
+pub(crate) fn tsc_words(tsc: u64) -> u64 {
+    (tsc >> 48) + ((tsc >> 32) & 0xffff) + ((tsc >> 16) & 0xffff) + (tsc & 0xffff)
+}
+
+/// The one's-complement sum the varying part adds to a checksum when it
+/// goes from zeros to (`seq`, a timestamp whose [`tsc_words`] are
+/// `tsc_words`). `odd`: the stamp starts at an odd offset from the start
+/// of what the checksum covers (RFC 1071: the sum of byte-swapped data is
+/// the byte-swapped sum).
+#[inline(always)]
+pub(crate) fn varying_sum(seq: u32, tsc_words: u64, odd: bool) -> u64 {
+    let s = fold_small(u64::from(seq >> 16) + u64::from(seq & 0xffff) + tsc_words);
     u64::from(if odd { s.swap_bytes() } else { s })
 }
 
-/// Checksum field `check` after `added` (a one's-complement sum of words
-/// that went from zero to their new value) joined what it covers.
+/// Checksum field value after `added` (a one's-complement sum of words
+/// that went from zero to their new value, below 2^31) joined what it
+/// covers; `inverted` is the field's value before, inverted.
 #[inline(always)]
-pub(crate) fn add_to_checksum(check: u16, added: u64) -> u16 {
-    !fold(u64::from(!check) + added)
+pub(crate) fn add_to_checksum(inverted: u16, added: u64) -> u16 {
+    !fold_small(u64::from(inverted) + added)
+}
+
+/// Folds a one's-complement sum below 2^32 to 16 bits: two folds always
+/// suffice (the first leaves at most 0x1fffe), so there is no loop to
+/// mispredict.
+#[inline(always)]
+#[allow(clippy::cast_possible_truncation)] // two folds leave at most 16 bits
+fn fold_small(acc: u64) -> u16 {
+    debug_assert!(acc < 1 << 32);
+    let a = (acc & 0xffff) + (acc >> 16);
+    ((a & 0xffff) + (a >> 16)) as u16
 }
 
 #[cfg(test)]
@@ -114,12 +126,23 @@ mod tests {
             let c0 = checksum(&data);
             for (seq, tsc) in [(1u32, 2u64), (u32::MAX, u64::MAX), (0x1234_5678, 0x9abc_def0_1122_3344)] {
                 write_varying(&mut data[lead..], seq, tsc);
-                let c1 = add_to_checksum(c0, varying_sum(seq, tsc, lead % 2 == 1));
+                let c1 = add_to_checksum(!c0, varying_sum(seq, tsc_words(tsc), lead % 2 == 1));
                 let full = checksum(&data);
                 // 0x0000 and 0xffff are the same one's-complement value.
                 assert!(c1 == full || (c1 ^ full) == 0xffff && (c1 == 0 || full == 0), "lead {lead}: {c1:04x} vs {full:04x}");
                 write_varying(&mut data[lead..], 0, 0);
             }
+        }
+    }
+
+    /// Two folds give what the folding loop gives, for every sum the
+    /// sender makes (below 2^32).
+    #[test]
+    fn two_folds_are_the_folding_loop() {
+        use sluice_dataplane::checksum::fold;
+        let edges = [0u64, 1, 0xffff, 0x1_0000, 0x1_fffe, 0x1_ffff, 0xfffe_ffff, 0xffff_0000, 0xffff_ffff];
+        for acc in edges.into_iter().chain((0..1u64 << 32).step_by(65_521)) {
+            assert_eq!(fold_small(acc), fold(acc), "{acc:#x}");
         }
     }
 }

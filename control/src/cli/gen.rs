@@ -463,6 +463,8 @@ pub fn run(args: &GenArgs) -> Result<ExitCode> {
     let own_mac = ports[0].mac()?.0;
 
     let ToSend { datagrams, flows, mean, recorded } = to_send(args, kinds, own_mac, room)?;
+    let frames = core::Plan::new(&datagrams)?;
+    drop(datagrams);
     debug_assert!(usize::from(MAX_FRAME) <= room);
 
     let hz = eal.tsc_hz();
@@ -482,7 +484,7 @@ pub fn run(args: &GenArgs) -> Result<ExitCode> {
         receiver,
         ctl: Arc::clone(&ctl),
         result: Arc::clone(&result),
-        datagrams,
+        frames,
         recorded,
         hz,
         target_pps,
@@ -549,7 +551,8 @@ struct Job {
     ctl: Arc<Control>,
     /// Where the loop leaves its [`Outcome`] for the main lcore.
     result: Arc<Mutex<Option<Outcome>>>,
-    datagrams: Vec<Datagram>,
+    /// The frames to send, laid out for the sender.
+    frames: core::Plan,
     /// From a capture: when each frame was recorded (nanoseconds).
     recorded: Option<Vec<u64>>,
     hz: u64,
@@ -564,10 +567,10 @@ impl Job {
     /// closes the queues (so that their mbufs are back in the pool) and
     /// leaves the outcome in `result`.
     fn run(self) {
-        let Job { mut io, receiver, ctl, result, datagrams, recorded, hz, target_pps, flows, limit, lanes } = self;
+        let Job { mut io, receiver, ctl, result, frames, recorded, hz, target_pps, flows, limit, lanes } = self;
         let start = sluice_ffi::tsc();
         let timing = timing_for(recorded, target_pps, hz, start);
-        let mut gen = Generator::new(datagrams, flows, timing, limit);
+        let mut gen = Generator::new(frames, flows, timing, limit);
         let mut rx = receiver;
         core::run(&mut io, lanes, &mut gen, &mut rx, &ctl, sluice_ffi::tsc);
         // Sending lasted from `start` to the drain's start.
@@ -601,7 +604,7 @@ fn timing_for(recorded: Option<Vec<u64>>, target_pps: Option<u64>, hz: u64, star
 fn drive(eal: &Eal, args: &GenArgs, job: Job, ctl: &Arc<Control>, stop_signal: &Arc<AtomicBool>) -> Result<LcoreId> {
     let worker = eal.worker_lcores().first().copied();
     let lcore = worker.unwrap_or_else(|| eal.main_lcore());
-    tracing::info!(%lcore, flows = job.flows, datagrams = job.datagrams.len(), target_pps = ?job.target_pps, "generating");
+    tracing::info!(%lcore, flows = job.flows, datagrams = job.frames.datagrams(), target_pps = ?job.target_pps, "generating");
     let (duration, quiet) = (args.duration, args.quiet);
     match worker {
         Some(l) => {
