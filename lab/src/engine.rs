@@ -406,7 +406,7 @@ mod tests {
     /// Every length copies exactly, on either side of the fixed-size moves.
     #[test]
     fn frames_of_every_length_are_copied_exactly() {
-        let src: Vec<u8> = (0..300u32).map(|i| (i * 7 + 3) as u8).collect();
+        let src: Vec<u8> = (0..300u32).map(|i| u8::try_from((i * 7 + 3) % 256).unwrap_or(0)).collect();
         for n in 0..=300 {
             let mut dst = vec![0xaa_u8; n];
             copy_frame(&mut dst, &src[..n]);

@@ -217,7 +217,7 @@ mod tests {
         let mut io = lo(0, false);
         let (g, r) = go(&mut io, &s, 95);
         assert_eq!((g.counters.sent, r.received), (95, 95));
-        let mut next = vec![0u32; 10];
+        let mut next = [0u32; 10];
         for f in &io.seen {
             let Ok(Frame::Ip(p)) = parse(f) else { panic!("unparsable frame") };
             let ip = &f[usize::from(p.l3)..usize::from(p.ip_end)];
