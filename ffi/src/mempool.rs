@@ -172,22 +172,7 @@ impl Mempool {
     /// when the pool has fewer than `n` free (or `burst` has less room);
     /// returns how many were added.
     pub fn alloc_bulk(&self, burst: &mut Burst<Mbuf>, n: usize) -> usize {
-        let len = burst.len();
-        if n == 0 || n > BURST - len {
-            return 0;
-        }
-        // SAFETY: the `n` slots after `len` are free capacity for mbuf
-        // pointers (Mbuf is repr(transparent) over a non-null pointer);
-        // rte_pktmbuf_alloc_bulk fills all `n` or none (returns non-zero);
-        // only on success does set_len take them as owned mbufs.
-        unsafe {
-            let dst = burst.as_mut_ptr().add(len).cast::<*mut sys::rte_mbuf>();
-            if sys::sluice_pktmbuf_alloc_bulk(self.ptr.as_ptr(), dst, burst_u32(n)) != 0 {
-                return 0;
-            }
-            burst.set_len(len + n);
-        }
-        n
+        self.take_bulk(burst, n, sys::sluice_pktmbuf_alloc_bulk)
     }
 
     /// [`Mempool::alloc_bulk`] without the reset: each mbuf is as the pool
@@ -197,18 +182,32 @@ impl Mempool {
     /// itself ([`Mbuf::reset_to`]), where the reset would write every field
     /// twice.
     pub fn alloc_raw_bulk(&self, burst: &mut Burst<Mbuf>, n: usize) -> usize {
+        self.take_bulk(burst, n, sys::sluice_mbuf_raw_alloc_bulk)
+    }
+
+    /// Appends `n` mbufs from `get` (one of the shim's bulk allocations,
+    /// which fill all `n` or none and return non-zero for none).
+    fn take_bulk(
+        &self,
+        burst: &mut Burst<Mbuf>,
+        n: usize,
+        get: unsafe extern "C" fn(*mut sys::rte_mempool, *mut *mut sys::rte_mbuf, u32) -> i32,
+    ) -> usize {
         let len = burst.len();
         if n == 0 || n > BURST - len {
             return 0;
         }
-        // SAFETY: as in `alloc_bulk`; rte_mempool_get_bulk fills all `n` or
-        // none, with mbufs that satisfy rte_mbuf_raw_alloc's guarantees
-        // (direct, refcnt 1, nb_segs 1, next NULL), and their stale data
-        // offset and length still lie inside their buffer (DPDK invariant
-        // kept by every earlier user), so they are valid owned mbufs.
+        // SAFETY: the `n` slots after `len` are free capacity for mbuf
+        // pointers (Mbuf is repr(transparent) over a non-null pointer);
+        // `get` fills all `n` or none; only on success does set_len take
+        // them as owned mbufs. Both allocations hand out valid direct mbufs
+        // with refcnt 1: reset ones, or raw ones that hold
+        // rte_mbuf_raw_alloc's guarantees (nb_segs 1, next NULL) with a
+        // stale data offset and length that still lie inside their buffer
+        // (a DPDK invariant every earlier user kept).
         unsafe {
             let dst = burst.as_mut_ptr().add(len).cast::<*mut sys::rte_mbuf>();
-            if sys::sluice_mbuf_raw_alloc_bulk(self.ptr.as_ptr(), dst, burst_u32(n)) != 0 {
+            if get(self.ptr.as_ptr(), dst, burst_u32(n)) != 0 {
                 return 0;
             }
             burst.set_len(len + n);

@@ -12,7 +12,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use sluice_dataplane::checksum::update16;
-use crate::mix::{Plan, L4, ODD, STAMPED, UDP, V4_ID, V6_ID};
+use crate::mix::{Plan, Slot, L4, ODD, STAMPED, UDP, V4_ID, V6_ID};
 use crate::pace::{Pacer, Schedule};
 use crate::rx::Receiver;
 use crate::stamp;
@@ -217,13 +217,7 @@ impl Generator {
                 *s = s.wrapping_add(u32::try_from(n).unwrap_or(1));
             }
             if head.flags & L4 != 0 {
-                let b = burst[at].data_mut();
-                let c = usize::from(head.l4);
-                let mut new = stamp::add_to_checksum(head.l4_inverted, l4_added);
-                if head.flags & UDP != 0 && new == 0 {
-                    new = 0xffff;
-                }
-                b[c..c + 2].copy_from_slice(&new.to_be_bytes());
+                write_l4_check(burst[at].data_mut(), &head, l4_added);
             }
             at += n;
             built += 1;
@@ -234,9 +228,7 @@ impl Generator {
         }
         (at, built)
     }
-}
 
-impl Generator {
     /// [`Generator::build`] where every datagram is one frame (no
     /// fragments, so no identification to write): fills the first `count`
     /// buffers of `burst` (fewer if one does not take its frame); returns
@@ -274,12 +266,7 @@ impl Generator {
             if s.flags & STAMPED != 0 {
                 stamp::write_varying(&mut b[usize::from(s.stamp)..], q, now);
                 if s.flags & L4 != 0 {
-                    let c = usize::from(s.l4);
-                    let mut new = stamp::add_to_checksum(s.l4_inverted, stamp::varying_sum(q, tsc, s.flags & ODD != 0));
-                    if s.flags & UDP != 0 && new == 0 {
-                        new = 0xffff;
-                    }
-                    b[c..c + 2].copy_from_slice(&new.to_be_bytes());
+                    write_l4_check(b, s, stamp::varying_sum(q, tsc, s.flags & ODD != 0));
                 }
             }
             built += 1;
@@ -291,6 +278,19 @@ impl Generator {
         *next = i;
         built
     }
+}
+
+/// Writes the transport checksum of the datagram `head` starts into its
+/// first frame `b`: the template's, with `added` (what its stamps add)
+/// joined; UDP sends a zero result as 0xffff.
+#[inline(always)]
+fn write_l4_check(b: &mut [u8], head: &Slot, added: u64) {
+    let c = usize::from(head.l4);
+    let mut new = stamp::add_to_checksum(head.l4_inverted, added);
+    if head.flags & UDP != 0 && new == 0 {
+        new = 0xffff;
+    }
+    b[c..c + 2].copy_from_slice(&new.to_be_bytes());
 }
 
 /// Copies a template into a buffer of its length. Frames of 32 to 128

@@ -180,8 +180,7 @@ pub(crate) struct Slot {
 
 /// Every frame of a mix in send order, their bytes back to back in one
 /// arena: a frame is one slot read and one copy, with no pointer to
-/// follow (a `Vec` per datagram and per frame were three dependent
-/// loads).
+/// follow.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Plan {
     /// The frames' bytes.
