@@ -299,20 +299,7 @@ done
 # 3. Generator Mpps per core against dpdk-testpmd txonly, same port kind
 #    (net_null, which swallows), one sending core each, 64-byte frames.
 if command -v dpdk-testpmd >/dev/null; then
-  "$SLUICE" gen -q --json "$WORK/gen-null.json" --port net_null0,no-rx=1 --dst-mac "$FRONT_MAC" \
-    --vips 20.0.0.1 --proto udp --sizes 64 --flows 1024 --rate max --duration "$SECS" --drain-ms 0 \
-    --lcores 0,1 --file-prefix "$TAG-gn" --mbufs 16383 2>"$WORK/gen-null.log"
-  gpps=$(field "$WORK/gen-null.json" offered_pps)
-  fifo="$WORK/tp.in"; mkfifo "$fifo"
-  dpdk-testpmd -l 0,1 --no-huge -m 1024 --no-pci --no-telemetry --file-prefix="$TAG-tp" --vdev=net_null0,no-rx=1 -- \
-    -i --forward-mode=txonly --txpkts=60 --burst=32 --nb-cores=1 --total-num-mbufs=16383 --auto-start <"$fifo" >"$WORK/tp.log" 2>&1 &
-  tp=$!
-  exec 7>"$fifo"
-  for _ in $(seq 1 300); do grep -q "testpmd>" "$WORK/tp.log" && break; kill -0 "$tp" 2>/dev/null || break; sleep 0.1; done
-  sleep 1; echo "show port stats all" >&7; sleep "$SECS"; echo "show port stats all" >&7; sleep 0.3
-  echo "stop" >&7; echo "quit" >&7; exec 7>&-
-  wait "$tp" || true
-  tpps=$(awk '/Tx-pps:/ { v = $2 } END { print v + 0 }' "$WORK/tp.log")
+  read -r gpps tpps < <(SLUICE="$SLUICE" SECS="$SECS" ROUNDS=1 RAW=1 bench/gen_vs_txonly.sh)
   ratio=$(python3 -c "import sys; g,t=float(sys.argv[1]),float(sys.argv[2]); print(f'{g/t:.3f}' if t else 'null')" "$gpps" "$tpps")
   echo "lab: generator on net_null: sluice gen $(python3 -c "print(f'{$gpps/1e6:.3f}')") Mpps/core, testpmd txonly $(python3 -c "print(f'{$tpps/1e6:.3f}')") Mpps/core, ratio $ratio"
   runs+=("$(printf '{"system":"sluice-gen","mode":"txonly","port":"net_null","offered_pps":%d,"delivered_pps":%d,"lost":0,"latency_us":null,"cpu_pct":100,"mpps_per_core":%.4f,"frame_bytes":64}' "${gpps%.*}" "${gpps%.*}" "$(python3 -c "print($gpps/1e6)")")")
