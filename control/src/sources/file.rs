@@ -22,6 +22,10 @@ use crate::problem::Problem;
 const DEBOUNCE: Duration = Duration::from_millis(30);
 /// The safety-net poll.
 const POLL: Duration = Duration::from_secs(2);
+/// The trigger of the source's first read, as it starts.
+const START: &str = "start";
+/// The trigger of the read after the manifests directory moved.
+const MANIFESTS_MOVED: &str = "manifests directory moved";
 
 /// What the files hold: a digest of the configuration file and of every
 /// manifest (names and contents), so that an edit is seen even when it
@@ -203,28 +207,39 @@ async fn run_counting(
     let mut manifests_dir = initial.config.manifests.as_ref().map(|m| m.directory.clone());
     watches.rewatch(watched_dirs(&path, manifests_dir.as_deref()));
 
-    let mut fp = fingerprint(&path, manifests_dir.as_deref());
+    // Nothing read by this source yet: its first pass reads the files again,
+    // now that they are watched, since the appliance read them before it
+    // started its ports and workers and they may have changed since. Such a
+    // second look (also after the manifests directory moved, once the new
+    // one is watched) sends only what differs from what was last sent.
+    let mut fp = Fingerprint::default();
+    let mut again = Some(START);
     let mut last = Sent::State(Box::new(initial));
     let mut poll = tokio::time::interval(POLL);
     poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        let trigger = tokio::select! {
-            () = cancel.cancelled() => return,
-            Some(()) = hup.recv() => "SIGHUP",
-            Some(paths) = ev_rx.recv() => {
-                if !paths.is_empty() && !paths.iter().any(|p| wakes_for(p, &path, manifests_dir.as_deref())) {
-                    continue; // another file of a watched directory (a log, an editor's swap file)
+        let second_look = again.take();
+        let trigger = if let Some(t) = second_look {
+            t
+        } else {
+            tokio::select! {
+                () = cancel.cancelled() => return,
+                Some(()) = hup.recv() => "SIGHUP",
+                Some(paths) = ev_rx.recv() => {
+                    if !paths.is_empty() && !paths.iter().any(|p| wakes_for(p, &path, manifests_dir.as_deref())) {
+                        continue; // another file of a watched directory (a log, an editor's swap file)
+                    }
+                    wakes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    tokio::time::sleep(DEBOUNCE).await;
+                    while ev_rx.try_recv().is_ok() {}
+                    "file change"
                 }
-                wakes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                tokio::time::sleep(DEBOUNCE).await;
-                while ev_rx.try_recv().is_ok() {}
-                "file change"
-            }
-            _ = poll.tick() => {
-                if fingerprint(&path, manifests_dir.as_deref()) == fp {
-                    continue;
+                _ = poll.tick() => {
+                    if fingerprint(&path, manifests_dir.as_deref()) == fp {
+                        continue;
+                    }
+                    "file change (poll)"
                 }
-                "file change (poll)"
             }
         };
         debug!(trigger, "woken");
@@ -240,10 +255,16 @@ async fn run_counting(
             if dir != manifests_dir {
                 manifests_dir = dir;
                 watches.rewatch(watched_dirs(&path, manifests_dir.as_deref()));
-                fp = fingerprint(&path, manifests_dir.as_deref());
+                // What was read came from the old watches: look again.
+                fp = Fingerprint::default();
+                again = Some(MANIFESTS_MOVED);
             }
         }
         let (msg, now) = message(outcome, trigger);
+        if second_look.is_some() && now == last {
+            debug!(trigger, "the configuration reads as it was last sent");
+            continue;
+        }
         // Every change is sent, even when it reads the same as before: only
         // the reconciler knows whether that state was accepted (it skips an
         // unchanged accepted state and refuses a refused one again, so each
@@ -348,6 +369,31 @@ mod tests {
                 (_, m) => panic!("edit {n}: unexpected {m:?}"),
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        cancel.cancel();
+        task.await.unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// The file changes after the appliance read it and before its source
+    /// watches it (the appliance starts its ports and workers between the
+    /// two): the source reads it again when it starts, and sends the change.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_change_before_the_source_watches_is_sent() {
+        let dir = std::env::temp_dir().join(format!("sluice-filesrc-early-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("c.yaml");
+        write(&path, &GOOD.replace("%N", "0"));
+        let initial = read(&path).unwrap();
+        write(&path, &GOOD.replace("%N", "1"));
+        let (tx, mut rx) = mpsc::channel(16);
+        let (_hup_tx, hup_rx) = mpsc::channel(1);
+        let cancel = CancellationToken::new();
+        let task = tokio::spawn(run(path.clone(), initial, tx, hup_rx, cancel.clone()));
+        match tokio::time::timeout(Duration::from_secs(6), rx.recv()).await {
+            Ok(Some(SourceMsg::File { state, trigger })) => assert_eq!((state.config.inline.services[0].name.as_str(), trigger.as_str()), ("s1", "start")),
+            other => panic!("the change made before the source watched was not sent: {other:?}"),
         }
         cancel.cancel();
         task.await.unwrap();
