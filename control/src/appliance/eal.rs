@@ -2,17 +2,10 @@
 
 use crate::config::{ApplianceConfig, PortConfig};
 
-/// Number of cores in an EAL core list like `0,1` or `0-3,6`.
+/// Number of lcores in a core list like `0,1`, `0-3,6` or `0@0,1@0,2@1`
+/// (0 when it is not one).
 pub fn count_lcores(list: &str) -> usize {
-    list.split(',')
-        .map(|part| match part.split_once('-') {
-            Some((a, b)) => match (a.trim().parse::<usize>(), b.trim().parse::<usize>()) {
-                (Ok(a), Ok(b)) if b >= a => b - a + 1,
-                _ => 0,
-            },
-            None => usize::from(part.trim().parse::<usize>().is_ok()),
-        })
-        .sum()
+    crate::config::cores(list).map_or(0, |c| c.len())
 }
 
 /// The EAL arguments that open `device`: `-a ADDR` for a PCI device,
@@ -107,7 +100,8 @@ pub(crate) fn data_room(ports: &[PortConfig]) -> u16 {
 /// The EAL arguments for `cfg` with `workers` workers.
 pub fn eal_args(cfg: &ApplianceConfig, workers: usize) -> Vec<String> {
     let d = &cfg.dpdk;
-    let mut a = vec!["-l".to_owned(), d.lcores.clone(), "-m".to_owned(), d.memory_mb.to_string()];
+    let lcores = if crate::config::cores_are_placed(&d.lcores) { "--lcores" } else { "-l" };
+    let mut a = vec![lcores.to_owned(), d.lcores.clone(), "-m".to_owned(), d.memory_mb.to_string()];
     a.extend(memory_arg(d.hugepages, &d.extra_args).map(String::from));
     a.push(format!("--file-prefix={}", d.file_prefix));
     a.push("--no-telemetry".into());
@@ -158,6 +152,19 @@ mod tests {
         assert_eq!(count_lcores("0-3,6"), 5);
         assert_eq!(count_lcores("3-1"), 0);
         assert_eq!(count_lcores("x"), 0);
+        assert_eq!(count_lcores("0@0,1@0,2@1"), 3);
+    }
+
+    /// Lcores placed on CPUs go to EAL as `--lcores`, a plain list as `-l`.
+    #[test]
+    fn placed_lcores_are_eals_lcores_argument() {
+        let args = |lcores: &str| {
+            let text = format!("dpdk: {{lcores: \"{lcores}\"}}\nports:\n  - {{name: a, device: net_null0}}\n");
+            let cfg = crate::config::parse_str(&text, std::path::Path::new("c.yaml")).unwrap();
+            eal_args(&cfg, count_lcores(lcores) - 1)[..2].to_vec()
+        };
+        assert_eq!(args("0@0,1@0,2@1"), ["--lcores", "0@0,1@0,2@1"]);
+        assert_eq!(args("0,1"), ["-l", "0,1"]);
     }
 
     #[test]

@@ -642,14 +642,25 @@ fn dpdk(n: Node<'_>, p: &mut Problems) -> DpdkConfig {
     d
 }
 
-/// The cores of a core list (`0,1`, `0-3`, `0,2-5`), or why it is not a
-/// usable one: each core once, below DPDK's `RTE_MAX_LCORE`. One core runs
-/// a worker with the control runtime beside it; with more, the first runs
-/// the control runtime and the others workers.
-fn cores(s: &str) -> Result<Vec<u32>, CoresError> {
+/// The lcores of a core list (`0,1`, `0-3`, `0,2-5`), or of lcores placed
+/// on CPUs as EAL's `--lcores` writes them (`0@0,1@0,2@1`: lcores 0 and 1
+/// share CPU 0, lcore 2 runs on CPU 1), or why it is not a usable one:
+/// each lcore once, below DPDK's `RTE_MAX_LCORE`, each CPU a number. One
+/// lcore runs a worker with the control runtime beside it; with more, the
+/// first runs the control runtime and the others workers.
+pub fn cores(s: &str) -> Result<Vec<u32>, CoresError> {
     let max = bounds::DPDK_CORES;
     let mut cores: Vec<u32> = Vec::new();
     for part in s.split(',') {
+        let part = match part.split_once('@') {
+            Some((lcore, cpu)) => {
+                let (Ok(_), Ok(_)) = (lcore.trim().parse::<u32>(), cpu.trim().parse::<u32>()) else {
+                    return Err(CoresError::NotAList(s.to_owned()));
+                };
+                lcore
+            }
+            None => part,
+        };
         let (a, b) = part.split_once('-').unwrap_or((part, part));
         let (Ok(a), Ok(b)) = (a.trim().parse::<u32>(), b.trim().parse::<u32>()) else {
             return Err(CoresError::NotAList(s.to_owned()));
@@ -670,11 +681,17 @@ fn cores(s: &str) -> Result<Vec<u32>, CoresError> {
     Ok(cores)
 }
 
+/// Whether a core list (`dpdk.lcores`) places its lcores on CPUs
+/// (`0@0,1@0,2@1`): EAL takes it as `--lcores` then, as `-l` otherwise.
+pub fn cores_are_placed(s: &str) -> bool {
+    s.contains('@')
+}
+
 /// Why a core list (`dpdk.lcores`) cannot be used.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub(crate) enum CoresError {
+pub enum CoresError {
     /// It is not a list of cores and core ranges.
-    #[error("{0:?} is not a core list (like 0,1 or 0-3)")]
+    #[error("{0:?} is not a core list (like 0,1 or 0-3, or 0@0,1@0,2@1 to place lcores on CPUs)")]
     NotAList(String),
     /// A range whose first core is above its last.
     #[error("core range {0}-{1} is reversed (write {1}-{0})")]
@@ -1009,6 +1026,14 @@ gateways:
         assert_eq!(cores("0-4294967295").unwrap_err().to_string(), "core 4294967295 is beyond DPDK's limit (cores are 0..127)");
         assert!(cores("0;1").unwrap_err().to_string().contains("not a core list"));
         assert_eq!(cores("5"), Ok(vec![5]), "one core: a worker, the control runtime beside it");
+        // Lcores placed on CPUs (EAL's --lcores): two workers and the
+        // control side on two CPUs.
+        assert_eq!(cores("0@0,1@0,2@1"), Ok(vec![0, 1, 2]));
+        assert!(cores_are_placed("0@0,1@0,2@1") && !cores_are_placed("0-2"));
+        assert_eq!(cores("0@0,0@1").unwrap_err().to_string(), "core 0 is listed twice");
+        for bad in ["0-2@1", "(0-2)@1", "1@", "@1", "1@x"] {
+            assert!(cores(bad).unwrap_err().to_string().contains("not a core list"), "{bad}");
+        }
         // Defaults count too: 9 ports x 1 worker x 1024 descriptors > 8191 mbufs.
         let ports: String = (0..9).map(|i| format!("  - {{name: p{i}, device: net_null{i}}}\n")).collect();
         assert_eq!(problems(&format!("ports:\n{ports}")), [

@@ -194,7 +194,7 @@ const DELIVERIES: &[&str] = &["l2", "ipip"];
 pub static FILE: Table = Table::new(&[
     // dpdk
     key("dpdk", Kind::Section, "The DPDK environment (EAL) of the appliance's process. Takes effect at restart."),
-    key("dpdk.lcores", Kind::Text("a core list: 0,1 or 0-3 or 0,2-5"), "Cores (EAL `-l`): the first runs the control thread, the others a poll-mode worker each; one core (`0`) runs one worker with the control thread beside it.").default("\"0,1\"").example("\"0\""),
+    key("dpdk.lcores", Kind::Text("a core list: 0,1 or 0-3 or 0,2-5, or lcores placed on CPUs: 0@0,1@0,2@1"), "Cores (EAL `-l`): the first runs the control thread, the others a poll-mode worker each; one core (`0`) runs one worker with the control thread beside it. Written `lcore@cpu` (EAL `--lcores`), lcores share CPUs: `0@0,1@0,2@1` runs two workers on a two-CPU machine, the first sharing its CPU with the control thread.").default("\"0,1\"").example("\"0\""),
     key("dpdk.memoryMB", Kind::Int(b::MEMORY_MB.0, b::MEMORY_MB.1), "DPDK memory in MB (EAL `-m`); the packet buffers must fit (about 2.3 KB each).").default("512").example("1024"),
     key("dpdk.hugepages", Kind::Bool, "Use hugepages (reserve them first: the package's sysctl.d drop-in does); false runs with `--no-huge` (laptops, CI).").default("false").example("true"),
     key("dpdk.filePrefix", Kind::Text("a name"), "EAL `--file-prefix`: one per DPDK process on the machine; also names BIRD's run directory.").default("sluice").example("edge-a"),
