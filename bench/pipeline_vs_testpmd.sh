@@ -5,12 +5,16 @@
 # virtual devices, the same lcores and EAL arguments, alternating round by
 # round. The front port replays a generated pcap forever
 # (net_pcap0,rx_pcap=FILE,infinite_rx=1), the back port swallows
-# (net_null1,no-rx=1); one forwarding lcore each.
+# (net_null1,no-rx=1); one forwarding lcore each, or WORKERS of them (each
+# front queue replaying the same file: net_pcap gives one receive queue per
+# rx_pcap), with testpmd on as many forwarding lcores and queues.
 #
 # Cases (bench/gen_pipeline_case.py): 1 route; 100 routes (10 VIPs x 10
 # ports, 100 services); 10,000 routes (500 VIPs x 20 ports) over 1,000
-# services x 25 endpoints with 100,000 flows; each IPv4 and IPv6, maglev and
-# random. Prints Mpps per core and the ratio sluice/testpmd (of the medians)
+# services x 25 endpoints with 100,000 flows (r10000) or 1,000,000 flows
+# (r10000x1m, not in the default set: its pcap takes a minute to make and
+# 3.3 GB of mbufs); each IPv4 and IPv6, maglev and random. Prints Mpps (per
+# core with one worker) and the ratio sluice/testpmd (of the medians)
 # for each, and writes them as JSON under bench/results/.
 #
 # What bounds the ratio is measured in the same rounds: testpmd's own
@@ -29,6 +33,10 @@
 #   STATELESS_BASE=1 bench/pipeline_vs_testpmd.sh # also the same build with defaults.flowTable:
 #                                                 # false, same rounds: with flow state/without
 #   REFS= bench/pipeline_vs_testpmd.sh            # testpmd io only (no reference modes)
+#   WORKERS=2 bench/pipeline_vs_testpmd.sh        # two workers against testpmd with two
+#                                                 # forwarding lcores; LCORES defaults to
+#                                                 # 0@0,1@0,2@1 then (EAL --lcores: the main
+#                                                 # lcore and the first worker share CPU 0)
 #
 # Needs root (DPDK), dpdk-testpmd (Debian package dpdk), python3, curl and a
 # release build (cargo build --release -p sluice).
@@ -38,7 +46,10 @@ cd "$(dirname "$0")/.."
 ROUNDS=${ROUNDS:-3}
 SECS=${SECS:-4}
 WARM=${WARM:-1}
-LCORES=${LCORES:-0,1}
+WORKERS=${WORKERS:-1}
+if [ "$WORKERS" = 1 ]; then LCORES=${LCORES:-0,1}; else LCORES=${LCORES:-0@0,1@0,2@1}; fi
+# EAL takes lcores placed on CPUs (lcore@cpu) as --lcores, a plain list as -l.
+case "$LCORES" in *@*) LFLAG=--lcores ;; *) LFLAG=-l ;; esac
 SLUICE=${SLUICE:-target/release/sluice}
 SLUICE_WORKER=${SLUICE_WORKER:-}   # body of the config's worker: mapping, e.g. 'busyPoll: true'
 ALL="r1-v4-maglev r1-v6-maglev r100-v4-maglev r100-v6-maglev r10000-v4-maglev r10000-v6-maglev
@@ -75,6 +86,7 @@ case_args() {
     r1) echo "--routes 1 --per-vip 1 --services 1 --flows 4096" ;;
     r100) echo "--routes 100 --per-vip 10 --services 100 --flows 4096" ;;
     r10000) echo "--routes 10000 --per-vip 20 --services 1000 --flows 100000" ;;
+    r10000x1m) echo "--routes 10000 --per-vip 20 --services 1000 --flows 1000000" ;;
     *) echo "unknown case $1" >&2; return 1 ;;
   esac | sed "s/\$/ --endpoints 25 --family ${fam#v} --algorithm $alg/"
 }
@@ -83,7 +95,9 @@ case_args() {
 eal_of() {
   local mem mbufs
   mem=$(awk '/memoryMB:/ {print $2}' "$1"); mbufs=$(awk '/mbufs:/ {print $2}' "$1")
-  echo "-l $LCORES -m $mem --no-huge --no-telemetry --no-pci --vdev=net_pcap0,rx_pcap=$2,infinite_rx=1 --vdev=net_null1,no-rx=1 MBUFS=$mbufs"
+  local rx i
+  rx=$(for i in $(seq 1 "$WORKERS"); do printf 'rx_pcap=%s,' "$2"; done)
+  echo "$LFLAG $LCORES -m $mem --no-huge --no-telemetry --no-pci --vdev=net_pcap0,${rx}infinite_rx=1 --vdev=net_null1,no-rx=1 MBUFS=$mbufs"
 }
 
 testpmd_mpps() { # yaml pcap prefix [forward mode, default io]
@@ -92,7 +106,7 @@ testpmd_mpps() { # yaml pcap prefix [forward mode, default io]
   rm -f "$fifo"; mkfifo "$fifo"
   # shellcheck disable=SC2086
   dpdk-testpmd $eal --file-prefix="$3" -- -i --forward-mode="${4:-io}" --auto-start \
-    --nb-cores=1 --burst=32 --rxd=1024 --txd=1024 --mbcache=256 --total-num-mbufs="$mbufs" <"$fifo" >"$log" 2>&1 &
+    --nb-cores="$WORKERS" --rxq="$WORKERS" --txq="$WORKERS" --burst=32 --rxd=1024 --txd=1024 --mbcache=256 --total-num-mbufs="$mbufs" <"$fifo" >"$log" 2>&1 &
   local tp=$!
   exec 7>"$fifo"
   # Sample only once it forwards (loading a large pcap takes a while).
@@ -128,33 +142,45 @@ sluice_mpps() { # yaml admin [binary]
   t1=$(date +%s.%N); c1=$(metric "$2" tx_packets)
   local rx bal drops
   rx=$(metric "$2" rx_packets); bal=$(metric "$2" balanced_packets)
-  drops=$(curl -sf "http://$2/metrics" | awk '/^sluice_drops_total/ { s += $2 } END { printf "%d\n", s }')
+  # With more than one worker, a worker hands the packets of flows another
+  # owns to that one (dataplane/src/steer.rs); each front queue replays every
+  # flow, so half of them go across, and at this overload the owner's queue
+  # overflows: those drops are counted under steer_queue_full, reported here
+  # (share of received) and written to the JSON. Any other drop fails.
+  drops=$(curl -sf "http://$2/metrics" | awk '/^sluice_drops_total/ && !/reason="steer_queue_full"/ { s += $2 } END { printf "%d\n", s }')
+  steer=$(curl -sf "http://$2/metrics" | awk '/^sluice_drops_total/ && /reason="steer_queue_full"/ { s += $2 } END { printf "%d\n", s }')
+  if [ "$WORKERS" = 1 ]; then drops=$((drops + steer)); fi
   kill -INT "$SPID"; wait "$SPID" || { cat "$log" >&2; echo "sluice run failed at shutdown" >&2; SPID=; return 1; }
   SPID=
   grep -q 'mbufs_in_use=0' "$log" || { cat "$log" >&2; echo "mbufs not returned" >&2; return 1; }
   grep -q 'port=front.*mac=02:70:63:61:70:00' "$log" || { cat "$log" >&2; echo "net_pcap MAC is not the generator's" >&2; return 1; }
   [ "$drops" -eq 0 ] || { echo "sluice dropped $drops packets (rx $rx, balanced $bal)" >&2; return 1; }
+  if [ "$WORKERS" != 1 ]; then
+    echo "$steer $rx" | awk '{ printf "%.4f\n", $2 ? $1 / $2 : 0 }' >>"$WORK/steer"
+    echo "  (sluice: $steer of $rx received dropped at a full steering queue)" >&2
+  fi
   echo "$c0 $c1 $t0 $t1" | awk '{ printf "%.3f\n", ($2 - $1) / ($4 - $3) / 1e6 }'
 }
 
 median() { sort -g | awk '{ a[n++] = $1 } END { print (n % 2) ? a[int(n/2)] : (a[n/2-1] + a[n/2]) / 2 }'; }
 
-echo "pipeline vs testpmd: lcores $LCORES, $ROUNDS round(s) of ${SECS}s after ${WARM}s warm-up; load: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "pipeline vs testpmd: $WORKERS worker(s), lcores $LCORES, $ROUNDS round(s) of ${SECS}s after ${WARM}s warm-up; load: $(cut -d' ' -f1-3 /proc/loadavg)"
 json_cases=()
 for c in $CASES; do
   args=$(case_args "$c")
   admin="127.0.0.1:$(free_port)"
   # shellcheck disable=SC2086
   python3 bench/gen_pipeline_case.py $args --out "$WORK/$c" --prefix "pvt-sl-$$" --admin "$admin" \
-    ${SLUICE_WORKER:+--worker "$SLUICE_WORKER"} >/dev/null
+    --lcores "$LCORES" --queues "$WORKERS" ${SLUICE_WORKER:+--worker "$SLUICE_WORKER"} >/dev/null
   base_yaml="$WORK/$c.yaml"
   if [ -n "${STATELESS_BASE:-}" ]; then
     # shellcheck disable=SC2086
     python3 bench/gen_pipeline_case.py $args --out "$WORK/$c-stateless" --prefix "pvt-sl-$$" --admin "$admin" \
-      ${SLUICE_WORKER:+--worker "$SLUICE_WORKER"} --stateless >/dev/null
+      --lcores "$LCORES" --queues "$WORKERS" ${SLUICE_WORKER:+--worker "$SLUICE_WORKER"} --stateless >/dev/null
     base_yaml="$WORK/$c-stateless.yaml"
   fi
   tp=(); sl=(); bs=(); declare -A rf=()
+  rm -f "$WORK/steer"
   for r in $(seq 1 "$ROUNDS"); do
     t=$(testpmd_mpps "$WORK/$c.yaml" "$WORK/$c.pcap" "pvt-tp-$$")
     s=$(sluice_mpps "$WORK/$c.yaml" "$admin")
@@ -172,7 +198,7 @@ for c in $CASES; do
   done
   mt=$(printf '%s\n' "${tp[@]}" | median); ms=$(printf '%s\n' "${sl[@]}" | median)
   ratio=$(echo "$ms / $mt" | bc -l)
-  printf '%-18s median: testpmd io %7.3f Mpps/core   sluice run %7.3f Mpps/core   ratio %.3f' "$c" "$mt" "$ms" "$ratio"
+  printf '%-18s median: testpmd io %7.3f Mpps   sluice run %7.3f Mpps   ratio %.3f' "$c" "$mt" "$ms" "$ratio"
   base_json=
   if [ -n "${SLUICE_BASE:-}${STATELESS_BASE:-}" ]; then
     mb=$(printf '%s\n' "${bs[@]}" | median)
@@ -183,19 +209,20 @@ for c in $CASES; do
   for m in $REFS; do
     # shellcheck disable=SC2086
     mr=$(printf '%s\n' ${rf[$m]} | median)
-    printf '\n%-18s median: testpmd %-6s %7.3f Mpps/core   of io %.3f   sluice/%s %.3f' "$c" "$m" "$mr" "$(echo "$mr / $mt" | bc -l)" "$m" "$(echo "$ms / $mr" | bc -l)"
+    printf '\n%-18s median: testpmd %-6s %7.3f Mpps   of io %.3f   sluice/%s %.3f' "$c" "$m" "$mr" "$(echo "$mr / $mt" | bc -l)" "$m" "$(echo "$ms / $mr" | bc -l)"
     # shellcheck disable=SC2086
     refs_json+=("$(printf '"%s":{"mpps":[%s],"median":%s,"of_io":%.4f,"sluice_ratio":%.4f}' "$m" "$(echo ${rf[$m]} | tr ' ' ,)" "$mr" "$(echo "$mr / $mt" | bc -l)" "$(echo "$ms / $mr" | bc -l)")")
   done
   [ ${#refs_json[@]} -gt 0 ] && base_json+=$(IFS=,; printf ',"testpmd_refs":{%s}' "${refs_json[*]}")
+  [ -s "$WORK/steer" ] && base_json+=$(printf ',"steer_dropped_share":[%s]' "$(paste -sd, "$WORK/steer")")
   echo
   json_cases+=("$(printf '{"case":"%s","args":"%s","testpmd_mpps":[%s],"sluice_mpps":[%s],"testpmd_median":%s,"sluice_median":%s,"ratio":%.4f%s}' \
     "$c" "$args" "$(IFS=,; echo "${tp[*]}")" "$(IFS=,; echo "${sl[*]}")" "$mt" "$ms" "$ratio" "$base_json")")
 done
 mkdir -p "$(dirname "$OUT")"
 {
-  printf '{"bench":"pipeline_vs_testpmd","date":"%s","commit":"%s","lcores":"%s","rounds":%s,"secs":%s,"warm":%s,"loadavg":"%s","cases":[' \
-    "$(date -u +%FT%TZ)" "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" "$LCORES" "$ROUNDS" "$SECS" "$WARM" "$(cut -d' ' -f1-3 /proc/loadavg)"
+  printf '{"bench":"pipeline_vs_testpmd","date":"%s","commit":"%s","workers":%s,"lcores":"%s","rounds":%s,"secs":%s,"warm":%s,"loadavg":"%s","cases":[' \
+    "$(date -u +%FT%TZ)" "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" "$WORKERS" "$LCORES" "$ROUNDS" "$SECS" "$WARM" "$(cut -d' ' -f1-3 /proc/loadavg)"
   (IFS=,; echo -n "${json_cases[*]}")
   echo ']}'
 } >"$OUT"
