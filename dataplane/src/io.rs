@@ -37,6 +37,11 @@ pub trait PacketBuf {
     /// where the backend can issue one).
     #[inline(always)]
     fn prefetch(&self) {}
+    /// A hint that the buffer's own description (where its frame is, how
+    /// long it is) is read soon: for a buffer another core touched last,
+    /// before [`PacketBuf::prefetch`], which reads it.
+    #[inline(always)]
+    fn prefetch_meta(&self) {}
 }
 
 /// What [`PacketIo::wait`] did.

@@ -371,9 +371,39 @@ impl Pipeline {
         now_ms: u64,
         ctr: &WorkerCounters,
     ) -> Verdict {
+        self.process_staged(index, snap, in_port, pkt, now_ms, ctr, true)
+    }
+
+    /// [`Pipeline::process_ahead`] for a packet another worker handed over
+    /// (as [`Pipeline::process_steered`]: never steered again).
+    #[inline]
+    pub fn process_ahead_steered<P: PacketBuf>(
+        &mut self,
+        index: usize,
+        snap: &Snapshot,
+        in_port: u8,
+        pkt: &mut P,
+        now_ms: u64,
+        ctr: &WorkerCounters,
+    ) -> Verdict {
+        self.process_staged(index, snap, in_port, pkt, now_ms, ctr, false)
+    }
+
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    fn process_staged<P: PacketBuf>(
+        &mut self,
+        index: usize,
+        snap: &Snapshot,
+        in_port: u8,
+        pkt: &mut P,
+        now_ms: u64,
+        ctr: &WorkerCounters,
+        may_steer: bool,
+    ) -> Verdict {
         let staged = index < self.ahead_len && self.ahead[index].ip && self.ahead[index].frame == Ahead::frame_of(pkt.data());
         if !staged {
-            return self.process_from(snap, in_port, pkt, now_ms, ctr, true);
+            return self.process_from(snap, in_port, pkt, now_ms, ctr, may_steer);
         }
         self.state.frag_event = FragEvent::None;
         if let Some(v) = check_l2(snap, in_port, pkt.data()) {
@@ -383,7 +413,7 @@ impl Pipeline {
         if !vlan_served(snap, in_port, &a.parsed) {
             return Verdict::Drop(DropReason::VlanNotServed);
         }
-        let cx = Cx { snap, in_port, now_ms, ctr, may_steer: true };
+        let cx = Cx { snap, in_port, now_ms, ctr, may_steer };
         let vip = (a.vip != u32::MAX).then_some(a.vip as usize);
         let pre = (a.service != u32::MAX).then_some(Classified { service: a.service, hash: a.hash });
         let v = self.state.decide_with(&cx, &a.parsed, pkt, vip, pre);

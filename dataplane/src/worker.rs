@@ -188,6 +188,9 @@ enum Arrival {
     Staged(usize),
     /// Handed over by another worker (or held back by this one).
     Steered,
+    /// Handed over by another worker, packet `n` of a burst of them that
+    /// went through the look-ahead stages.
+    StagedSteered(usize),
 }
 
 /// Where packets go, and the counters, burst buffers and hold-back area
@@ -348,6 +351,7 @@ impl<P: PacketBuf> Out<'_, P> {
             Arrival::Port => pipeline.process(snap, port, &mut pkt, self.now_ms, self.ctr),
             Arrival::Staged(i) => pipeline.process_ahead(i, snap, port, &mut pkt, self.now_ms, self.ctr),
             Arrival::Steered => pipeline.process_steered(snap, port, &mut pkt, self.now_ms, self.ctr),
+            Arrival::StagedSteered(i) => pipeline.process_ahead_steered(i, snap, port, &mut pkt, self.now_ms, self.ctr),
         };
         self.route(io, pipeline, capacity, v, port, exception, pkt);
         if let FragEvent::Pinned(key) = pipeline.frag_event() {
@@ -529,12 +533,31 @@ impl<IO: PacketIo> Worker<IO> {
             }
         }
         if let Some((st, me)) = steering.as_ref() {
-            let mut n = 0;
-            while n < BURST {
+            // Another core wrote these packets last: a burst of them is
+            // taken first, their descriptions and frames requested for all
+            // (and, with staging, the look-ahead stages run over them), so
+            // that their cache misses overlap instead of adding up.
+            let mut from = [(0u8, None); BURST];
+            debug_assert!(rx.is_empty(), "every input burst was drained");
+            while rx.len() < BURST {
                 let Some(s) = st.pop(*me) else { break };
-                n += 1;
-                ctr.steered_in.add(1);
-                out.process(io, pipeline, snap, capacity, s.port, s.exception, s.pkt, Arrival::Steered);
+                s.pkt.prefetch_meta();
+                from[rx.len()] = (s.port, s.exception);
+                rx.push(s.pkt);
+            }
+            let n = rx.len();
+            ctr.steered_in.add(n as u64);
+            if staged {
+                let hints: &IO = io;
+                pipeline.prefetch_burst(snap, ctr, rx, |a| hints.prefetch(a));
+            } else {
+                for pkt in rx.iter() {
+                    pkt.prefetch();
+                }
+            }
+            for (i, (pkt, (port, exception))) in rx.drain(..).zip(from).enumerate() {
+                let arrival = if staged { Arrival::StagedSteered(i) } else { Arrival::Steered };
+                out.process(io, pipeline, snap, capacity, port, exception, pkt, arrival);
             }
             total += n;
         }

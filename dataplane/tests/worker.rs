@@ -335,6 +335,18 @@ fn client_of(frame: &[u8]) -> Addr {
 
 #[test]
 fn steering_brings_every_packet_of_a_flow_to_one_endpoint() {
+    steer_every_packet_of_a_flow_to_one_endpoint(usize::MAX);
+}
+
+/// The same with every burst, steered ones too, through the look-ahead stages.
+#[test]
+fn steering_through_the_look_ahead_stages_brings_every_packet_of_a_flow_to_one_endpoint() {
+    steer_every_packet_of_a_flow_to_one_endpoint(0);
+}
+
+/// Three workers, each flow's packets spread over them; bursts go through
+/// the look-ahead stages when the tables take `staging` bytes or more.
+fn steer_every_packet_of_a_flow_to_one_endpoint(staging: usize) {
     use sluice_dataplane::counters::Ledger;
     use sluice_dataplane::steer::Steering;
     use std::sync::atomic::{AtomicBool, Ordering};
@@ -352,7 +364,7 @@ fn steering_brings_every_packet_of_a_flow_to_one_endpoint() {
         let (tx, rx) = mpsc::channel::<Vec<Vec<u8>>>();
         let ctr = Arc::new(WorkerCounters::new(8, 1000));
         let cfg = WorkerConfig { id: k as u32, stash_capacity: 512, ..config() };
-        let mut w = Worker::new(MemIo::new(3, 3), p.reader(), Arc::clone(&ctr), &cfg).with_steering(Arc::clone(&steering), k);
+        let mut w = Worker::new(MemIo::new(3, 3), p.reader(), Arc::clone(&ctr), &cfg).with_steering(Arc::clone(&steering), k).with_staging(staging);
         let stop = Arc::clone(&stop);
         feeds.push(tx);
         counters.push(ctr);

@@ -235,6 +235,12 @@ impl PacketBuf for Mbuf {
     }
 
     #[inline(always)]
+    fn prefetch_meta(&self) {
+        // The first cache line of the rte_mbuf: buf_addr, data_off, lengths.
+        prefetch(self.0.as_ptr().cast::<u8>());
+    }
+
+    #[inline(always)]
     fn rss_hash(&self) -> Option<u32> {
         let m = self.raw();
         if m.ol_flags & u64::from(sys::RTE_MBUF_F_RX_RSS_HASH) != 0 {
