@@ -156,7 +156,7 @@ sluice_mpps() { # yaml admin [binary]
   grep -q 'port=front.*mac=02:70:63:61:70:00' "$log" || { cat "$log" >&2; echo "net_pcap MAC is not the generator's" >&2; return 1; }
   [ "$drops" -eq 0 ] || { echo "sluice dropped $drops packets (rx $rx, balanced $bal)" >&2; return 1; }
   if [ "$WORKERS" != 1 ]; then
-    echo "$steer $rx" | awk '{ printf "%.4f\n", $2 ? $1 / $2 : 0 }' >>"$WORK/steer"
+    echo "$steer $rx" | awk '{ printf "%.4f\n", $2 ? $1 / $2 : 0 }' >>"$WORK/steer${3:+-base}"
     echo "  (sluice: $steer of $rx received dropped at a full steering queue)" >&2
   fi
   echo "$c0 $c1 $t0 $t1" | awk '{ printf "%.3f\n", ($2 - $1) / ($4 - $3) / 1e6 }'
@@ -180,7 +180,7 @@ for c in $CASES; do
     base_yaml="$WORK/$c-stateless.yaml"
   fi
   tp=(); sl=(); bs=(); declare -A rf=()
-  rm -f "$WORK/steer"
+  rm -f "$WORK/steer" "$WORK/steer-base"
   for r in $(seq 1 "$ROUNDS"); do
     t=$(testpmd_mpps "$WORK/$c.yaml" "$WORK/$c.pcap" "pvt-tp-$$")
     s=$(sluice_mpps "$WORK/$c.yaml" "$admin")
@@ -215,6 +215,7 @@ for c in $CASES; do
   done
   [ ${#refs_json[@]} -gt 0 ] && base_json+=$(IFS=,; printf ',"testpmd_refs":{%s}' "${refs_json[*]}")
   [ -s "$WORK/steer" ] && base_json+=$(printf ',"steer_dropped_share":[%s]' "$(paste -sd, "$WORK/steer")")
+  [ -s "$WORK/steer-base" ] && base_json+=$(printf ',"base_steer_dropped_share":[%s]' "$(paste -sd, "$WORK/steer-base")")
   echo
   json_cases+=("$(printf '{"case":"%s","args":"%s","testpmd_mpps":[%s],"sluice_mpps":[%s],"testpmd_median":%s,"sluice_median":%s,"ratio":%.4f%s}' \
     "$c" "$args" "$(IFS=,; echo "${tp[*]}")" "$(IFS=,; echo "${sl[*]}")" "$mt" "$ms" "$ratio" "$base_json")")
