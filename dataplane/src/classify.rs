@@ -274,6 +274,10 @@ fn vip_hash(a: u128) -> usize {
     (x.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) as usize
 }
 
+/// A port hash up to this size stays in a core's cache
+/// ([`Classifier::port_slot_addr`]).
+const PORT_SLOTS_CACHED_BYTES: usize = 64 << 10;
+
 #[inline(always)]
 #[allow(clippy::cast_possible_truncation)] // folding to the table size
 fn port_hash(a: u128, slot: usize, port: u16) -> usize {
@@ -541,6 +545,19 @@ impl Classifier {
             Some(v) => (Some(v), self.classify_vip(v, flow, has_ports, l4)),
             None => (None, Lookup::NotVip),
         }
+    }
+
+    /// Where [`Classifier::classify_with_vip`] first looks for `flow` (a
+    /// packet with ports): the slot of the port hash its probe starts at
+    /// (for a prefetch; not read). `None` when the port hash is small
+    /// enough to stay in the cache, where a prefetch would only cost.
+    #[inline(always)]
+    pub fn port_slot_addr(&self, flow: &Flow) -> Option<*const u8> {
+        if std::mem::size_of_val(self.port_slots.as_slice()) <= PORT_SLOTS_CACHED_BYTES {
+            return None;
+        }
+        let h = port_hash(flow.dst.0, slot_of(flow.proto), flow.dport) & self.port_mask;
+        Some(self.port_slots.as_ptr().wrapping_add(h).cast())
     }
 
     /// Classifies a packet of `flow` (ports meaningful when `has_ports`)

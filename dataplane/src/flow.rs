@@ -486,13 +486,16 @@ impl FlowTable {
     }
 
     /// Where the key of the flow of `service` whose [`flow_hash`] is `hash`
-    /// would be, when a way of its bucket has its signature (for a
-    /// prefetch once the bucket is in the cache: reads the bucket only).
+    /// would be, when a way of its bucket has its signature, and that way's
+    /// pin (for prefetches once the bucket is in the cache: reads the bucket
+    /// only; the key is not compared, so the way may be another flow's or
+    /// expired).
     #[inline(always)]
-    pub fn key_addr(&self, hash: u64, service: u32) -> Option<*const u8> {
+    pub fn way_hint(&self, hash: u64, service: u32) -> Option<(*const u8, FlowPin)> {
         let (b, sig) = self.place(hash, service);
-        let w = self.bucket(b).sig.iter().position(|&s| s == sig)?;
-        Some(self.keys.all().as_ptr().wrapping_add(b * FLOW_WAYS + w).cast())
+        let bucket = self.bucket(b);
+        let w = bucket.sig.iter().position(|&s| s == sig)?;
+        Some((self.keys.all().as_ptr().wrapping_add(b * FLOW_WAYS + w).cast(), FlowPin(bucket.pin[w])))
     }
 
     /// One pass over the bucket of `key` (whose [`flow_hash`] is `hash`) at

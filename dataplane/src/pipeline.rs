@@ -94,6 +94,8 @@ impl Default for PipelineConfig {
     }
 }
 
+const _: () = assert!(BURST <= 64, "the look-ahead stages keep a bit per packet of a burst in a u64");
+
 /// What the look-ahead stages learned of one packet of a burst, kept so
 /// that processing it does not parse and classify it again.
 #[derive(Clone, Copy, Debug, Default)]
@@ -114,11 +116,47 @@ struct Ahead {
     hash: u64,
     /// A TCP SYN (without ACK), when `service` is set.
     syn: bool,
+    /// The position of the endpoint its Maglev table entry names (its
+    /// record requested; its counters a stage later).
+    chosen: Option<u16>,
+    /// The endpoint the way of the flow-table bucket with the flow's
+    /// signature is pinned to, when the service's table did not name it
+    /// (its record requested; its counters a stage later).
+    pinned: Option<u16>,
+    /// The draw of the random algorithm it is expected to make (its table
+    /// entry requested), and the position of the endpoint that entry names
+    /// (its record requested; its counters a stage later).
+    draw: Option<u64>,
+    drawn: Option<u16>,
 }
 
 impl Ahead {
     fn frame_of(frame: &[u8]) -> (usize, usize) {
         (frame.as_ptr() as usize, frame.len())
+    }
+
+    /// The classification of the look-ahead stages for a packet parsed as
+    /// IP (`frame`): its VIP, and for the common case its service (then
+    /// requested), flow hash and whether it is a TCP SYN.
+    #[inline(always)]
+    fn classify(&mut self, snap: &Snapshot, frame: &[u8], prefetch: &impl Fn(*const u8)) {
+        let c = &snap.classifier;
+        let p = &self.parsed;
+        if p.frag != Fragment::No || p.icmp_error {
+            self.vip = c.vip_index(p.flow.dst).map_or(u32::MAX, |v| u32::try_from(v).unwrap_or(u32::MAX));
+            return;
+        }
+        let l4 = frame.get(usize::from(p.l4)..usize::from(p.ip_end));
+        let (vip, lookup) = c.classify_with_vip(&p.flow, p.has_ports, l4);
+        let Some(vip) = vip else { return };
+        self.vip = u32::try_from(vip).unwrap_or(u32::MAX);
+        let Lookup::Route(r) = lookup else { return };
+        let Some(s) = c.service_of(r) else { return };
+        let Some(svc) = snap.services.get(s as usize) else { return };
+        prefetch(std::sync::Arc::as_ptr(svc).cast());
+        self.service = s;
+        self.hash = flow_hash(&p.flow);
+        self.syn = p.flow.proto == 6 && p.has_ports && l4.and_then(|l| l.get(TCP_FLAGS)).is_some_and(|f| f & (TCP_SYN | TCP_ACK) == TCP_SYN);
     }
 }
 
@@ -272,13 +310,24 @@ impl Pipeline {
     /// l3fwd and VPP's nodes do: what [`Pipeline::process`] will read for
     /// each packet is requested with `prefetch` one dependency level at a
     /// time for the whole burst, so that the cache misses of the burst
-    /// overlap instead of adding up. Stage 1 parses and classifies each
-    /// packet (frames requested first) and requests its service; stage 2
-    /// its table entry, flow-table bucket and service counters; stage 3 the
-    /// key of the bucket's way with the flow's signature, the endpoint its
-    /// table entry names and that endpoint's counters. Only
-    /// the common case (a whole datagram to a VIP, not an ICMP error) is
-    /// looked at. Reads only: no state, verdict or counter changes.
+    /// overlap instead of adding up (frames requested first):
+    /// - stage 1 parses and classifies each packet and requests its
+    ///   service; when the port hash is too big for the cache, the slot the
+    ///   classification starts at is requested first, and the burst
+    ///   classified in a second pass;
+    /// - stage 2 its table entry, flow-table bucket and service counters;
+    /// - stage 3 the key of the bucket's way with the flow's signature, the
+    ///   endpoint its table entry names, and the endpoint that way is pinned
+    ///   to when the table named another; stage 4 the counters of those
+    ///   endpoints;
+    /// - a packet of a random service that is expected to draw (a SYN, a
+    ///   flow without a pin) has the draw it will make worked out ahead,
+    ///   from a copy of the generator: its table entry is requested in
+    ///   stage 3, the endpoint it names in stage 4 and that endpoint's
+    ///   counters in stage 5.
+    ///
+    /// Only the common case (a whole datagram to a VIP, not an ICMP error)
+    /// is looked at. Reads only: no state, verdict or counter changes.
     pub fn prefetch_burst<P: PacketBuf>(&mut self, snap: &Snapshot, ctr: &WorkerCounters, pkts: &[P], prefetch: impl Fn(*const u8)) {
         let pkts = pkts.get(..BURST).unwrap_or(pkts);
         for pkt in pkts {
@@ -286,7 +335,11 @@ impl Pipeline {
         }
         let c = &snap.classifier;
         self.ahead_len = pkts.len();
-        for (a, pkt) in self.ahead.iter_mut().zip(pkts) {
+        // Stage 1: parse, and classify; when the port hash is too big to
+        // stay in the cache, the slot each packet's classification starts
+        // at is requested first, and the burst classified in a second pass.
+        let mut later = 0u64; // bit i: packet i classified in the second pass
+        for (i, (a, pkt)) in self.ahead.iter_mut().zip(pkts).enumerate() {
             let frame = pkt.data();
             a.frame = Ahead::frame_of(frame);
             a.vip = u32::MAX;
@@ -297,21 +350,21 @@ impl Pipeline {
                 continue;
             }
             let p = &a.parsed;
-            if p.frag != Fragment::No || p.icmp_error {
-                a.vip = c.vip_index(p.flow.dst).map_or(u32::MAX, |v| u32::try_from(v).unwrap_or(u32::MAX));
-                continue;
+            if p.has_ports && p.frag == Fragment::No && !p.icmp_error {
+                if let Some(slot) = c.port_slot_addr(&p.flow) {
+                    prefetch(slot);
+                    later |= 1 << i;
+                    continue;
+                }
             }
-            let l4 = frame.get(usize::from(p.l4)..usize::from(p.ip_end));
-            let (vip, lookup) = c.classify_with_vip(&p.flow, p.has_ports, l4);
-            let Some(vip) = vip else { continue };
-            a.vip = u32::try_from(vip).unwrap_or(u32::MAX);
-            let Lookup::Route(r) = lookup else { continue };
-            let Some(s) = c.service_of(r) else { continue };
-            let Some(svc) = snap.services.get(s as usize) else { continue };
-            prefetch(std::sync::Arc::as_ptr(svc).cast());
-            a.service = s;
-            a.hash = flow_hash(&p.flow);
-            a.syn = p.flow.proto == 6 && p.has_ports && l4.and_then(|l| l.get(TCP_FLAGS)).is_some_and(|f| f & (TCP_SYN | TCP_ACK) == TCP_SYN);
+            a.classify(snap, frame, &prefetch);
+        }
+        if later != 0 {
+            for (i, (a, pkt)) in self.ahead.iter_mut().zip(pkts).enumerate() {
+                if later & 1 << i != 0 {
+                    a.classify(snap, pkt.data(), &prefetch);
+                }
+            }
         }
         for a in &self.ahead[..pkts.len()] {
             let Some(svc) = snap.services.get(a.service as usize) else { continue };
@@ -333,25 +386,81 @@ impl Pipeline {
                 prefetch(std::ptr::from_ref(sc).cast());
             }
         }
-        for a in &self.ahead[..pkts.len()] {
+        // The draws of the random algorithm the burst's packets will make,
+        // in their order, from a copy of the generator (nothing changes):
+        // where a guess of which packets make one is wrong, a request is
+        // wasted, never an outcome changed.
+        let mut rng = self.state.rng;
+        for a in &mut self.ahead[..pkts.len()] {
+            (a.chosen, a.pinned, a.draw, a.drawn) = (None, None, None, None);
             let Some(svc) = snap.services.get(a.service as usize) else { continue };
-            if svc.flow_table {
-                // The bucket requested a stage ago: the key of the way
-                // whose signature matches, which a hit compares.
-                if let Some(k) = self.state.flows.key_addr(a.hash, svc.key) {
-                    prefetch(k);
+            if svc.algorithm == Algorithm::Maglev {
+                if let Some(t) = &svc.table {
+                    // The entry requested a stage ago: the endpoint it names.
+                    let at = t.lookup(a.hash);
+                    prefetch(svc.endpoint_addr(at));
+                    a.chosen = Some(at);
                 }
             }
-            if svc.algorithm != Algorithm::Maglev {
+            if !svc.flow_table {
                 continue;
             }
-            let Some(t) = &svc.table else { continue };
-            let at = t.lookup(a.hash);
-            prefetch(svc.endpoint_addr(at));
-            if let Some(ep) = svc.endpoint_at(at) {
+            // The bucket requested a stage ago: the key of the way whose
+            // signature matches, which a hit compares, and the endpoint
+            // that way is pinned to (where [`Service::pinned_flow`] looks
+            // first; read even for a SYN, which then takes the table), when
+            // the table did not name it (a random service's flows, a Maglev
+            // flow pinned before its table changed).
+            let hint = self.state.flows.way_hint(a.hash, svc.key);
+            if let Some((key, pin)) = hint {
+                prefetch(key);
+                let id = pin.endpoint();
+                if a.chosen != Some(id) {
+                    prefetch(svc.endpoint_addr(id));
+                    a.pinned = Some(id);
+                }
+            }
+            if svc.algorithm == Algorithm::Random && (a.syn || hint.is_none()) {
+                // A SYN, or a flow without a pin: it draws.
+                let (next, draw) = random_step(rng);
+                rng = next;
+                if let Some(t) = &svc.table {
+                    prefetch(t.entry_addr(draw));
+                    a.draw = Some(draw);
+                }
+            }
+        }
+        for a in &mut self.ahead[..pkts.len()] {
+            // Stage 4: the counters of the endpoints whose records were
+            // requested a stage ago; the endpoint a draw names, its table
+            // entry requested a stage ago.
+            let Some(svc) = snap.services.get(a.service as usize) else { continue };
+            let counters = |ep: &Endpoint| {
                 if let Some(ec) = ctr.endpoints.get(ep.counter as usize) {
                     prefetch(std::ptr::from_ref(ec).cast());
                 }
+            };
+            if let Some(ep) = a.chosen.and_then(|at| svc.endpoint_at(at)) {
+                counters(ep);
+            }
+            if let Some(ep) = a.pinned.and_then(|id| svc.endpoint_at(id).filter(|e| e.id == id)) {
+                counters(ep);
+            }
+            if let (Some(draw), Some(t)) = (a.draw, &svc.table) {
+                let at = t.lookup(draw);
+                prefetch(svc.endpoint_addr(at));
+                a.drawn = Some(at);
+            }
+        }
+        if rng == self.state.rng {
+            return; // nothing drew
+        }
+        for a in &self.ahead[..pkts.len()] {
+            // Stage 5: the counters of the endpoint a draw names.
+            let Some(at) = a.drawn else { continue };
+            let Some(ep) = snap.services.get(a.service as usize).and_then(|svc| svc.endpoint_at(at)) else { continue };
+            if let Some(ec) = ctr.endpoints.get(ep.counter as usize) {
+                prefetch(std::ptr::from_ref(ec).cast());
             }
         }
     }
@@ -360,38 +469,12 @@ impl Pipeline {
     /// [`Pipeline::prefetch_burst`]: what the stages learned of it (headers,
     /// VIP, service, flow hash) is used instead of being worked out again.
     /// A packet the stages did not see (or not as it is now) is processed
-    /// from scratch; the verdict is the same either way.
-    #[inline]
-    pub fn process_ahead<P: PacketBuf>(
-        &mut self,
-        index: usize,
-        snap: &Snapshot,
-        in_port: u8,
-        pkt: &mut P,
-        now_ms: u64,
-        ctr: &WorkerCounters,
-    ) -> Verdict {
-        self.process_staged(index, snap, in_port, pkt, now_ms, ctr, true)
-    }
-
-    /// [`Pipeline::process_ahead`] for a packet another worker handed over
-    /// (as [`Pipeline::process_steered`]: never steered again).
-    #[inline]
-    pub fn process_ahead_steered<P: PacketBuf>(
-        &mut self,
-        index: usize,
-        snap: &Snapshot,
-        in_port: u8,
-        pkt: &mut P,
-        now_ms: u64,
-        ctr: &WorkerCounters,
-    ) -> Verdict {
-        self.process_staged(index, snap, in_port, pkt, now_ms, ctr, false)
-    }
-
+    /// from scratch; the verdict is the same either way. `may_steer` false:
+    /// a packet another worker handed over, never steered again (as
+    /// [`Pipeline::process_steered`]).
     #[inline(always)]
     #[allow(clippy::too_many_arguments)]
-    fn process_staged<P: PacketBuf>(
+    pub fn process_ahead<P: PacketBuf>(
         &mut self,
         index: usize,
         snap: &Snapshot,
@@ -537,6 +620,16 @@ fn to_kernel<P: PacketBuf>(snap: &Snapshot, in_port: u8, pkt: &mut P) -> Verdict
     Verdict::Exception
 }
 
+/// One step of the `random` algorithm's generator (xorshift64*) from
+/// state `x`: the next state and the draw.
+#[inline(always)]
+fn random_step(mut x: u64) -> (u64, u64) {
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    (x, x.wrapping_mul(0x2545_f491_4f6c_dd1d))
+}
+
 /// What a decision needs besides the packet.
 struct Cx<'a> {
     snap: &'a Snapshot,
@@ -549,13 +642,9 @@ struct Cx<'a> {
 impl State {
     #[inline(always)]
     fn next_random(&mut self) -> u64 {
-        // xorshift64*
-        let mut x = self.rng;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.rng = x;
-        x.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        let (next, draw) = random_step(self.rng);
+        self.rng = next;
+        draw
     }
 
     /// The worker that owns the flows between `client` and `vip`, when it

@@ -349,9 +349,9 @@ impl<P: PacketBuf> Out<'_, P> {
     ) {
         let v = match from {
             Arrival::Port => pipeline.process(snap, port, &mut pkt, self.now_ms, self.ctr),
-            Arrival::Staged(i) => pipeline.process_ahead(i, snap, port, &mut pkt, self.now_ms, self.ctr),
+            Arrival::Staged(i) => pipeline.process_ahead(i, snap, port, &mut pkt, self.now_ms, self.ctr, true),
             Arrival::Steered => pipeline.process_steered(snap, port, &mut pkt, self.now_ms, self.ctr),
-            Arrival::StagedSteered(i) => pipeline.process_ahead_steered(i, snap, port, &mut pkt, self.now_ms, self.ctr),
+            Arrival::StagedSteered(i) => pipeline.process_ahead(i, snap, port, &mut pkt, self.now_ms, self.ctr, false),
         };
         self.route(io, pipeline, capacity, v, port, exception, pkt);
         if let FragEvent::Pinned(key) = pipeline.frag_event() {
@@ -536,30 +536,34 @@ impl<IO: PacketIo> Worker<IO> {
             // Another core wrote these packets last: a burst of them is
             // taken first, their descriptions and frames requested for all
             // (and, with staging, the look-ahead stages run over them), so
-            // that their cache misses overlap instead of adding up.
-            let mut from = [(0u8, None); BURST];
-            debug_assert!(rx.is_empty(), "every input burst was drained");
-            while rx.len() < BURST {
-                let Some(s) = st.pop(*me) else { break };
-                s.pkt.prefetch_meta();
-                from[rx.len()] = (s.port, s.exception);
-                rx.push(s.pkt);
-            }
-            let n = rx.len();
-            ctr.steered_in.add(n as u64);
-            if staged {
-                let hints: &IO = io;
-                pipeline.prefetch_burst(snap, ctr, rx, |a| hints.prefetch(a));
-            } else {
-                for pkt in rx.iter() {
-                    pkt.prefetch();
+            // that their cache misses overlap instead of adding up. A poll
+            // with none waiting costs one look at the queue.
+            let mut next = st.pop(*me);
+            if next.is_some() {
+                let mut from = [(0u8, None); BURST];
+                debug_assert!(rx.is_empty(), "every input burst was drained");
+                while let Some(s) = next {
+                    s.pkt.prefetch_meta();
+                    from[rx.len()] = (s.port, s.exception);
+                    rx.push(s.pkt);
+                    next = if rx.len() < BURST { st.pop(*me) } else { None };
                 }
+                let n = rx.len();
+                ctr.steered_in.add(n as u64);
+                if staged {
+                    let hints: &IO = io;
+                    pipeline.prefetch_burst(snap, ctr, rx, |a| hints.prefetch(a));
+                } else {
+                    for pkt in rx.iter() {
+                        pkt.prefetch();
+                    }
+                }
+                for (i, (pkt, (port, exception))) in rx.drain(..).zip(from).enumerate() {
+                    let arrival = if staged { Arrival::StagedSteered(i) } else { Arrival::Steered };
+                    out.process(io, pipeline, snap, capacity, port, exception, pkt, arrival);
+                }
+                total += n;
             }
-            for (i, (pkt, (port, exception))) in rx.drain(..).zip(from).enumerate() {
-                let arrival = if staged { Arrival::StagedSteered(i) } else { Arrival::Steered };
-                out.process(io, pipeline, snap, capacity, port, exception, pkt, arrival);
-            }
-            total += n;
         }
         if !out.stash.is_empty() {
             let ttl = *stash_ttl_ms;

@@ -765,3 +765,64 @@ fn a_syn_and_its_endpoints_answer_meet_in_the_handshake_table_across_workers() {
     assert_conserved(&mut front);
     assert_conserved(&mut back);
 }
+
+/// The look-ahead stages work out the draws the packets of a random
+/// service will make, in their order, without changing the generator: the
+/// endpoint each new flow (a UDP flow without a pin, a SYN) goes to had its
+/// record and counters requested before the packet was processed. With 500
+/// endpoints and 32 packets a burst, a wrong guess of the draws would leave
+/// most chosen endpoints unrequested.
+#[test]
+fn the_look_ahead_stages_request_the_endpoints_random_draws_pick() {
+    use sluice_dataplane::pipeline::{Pipeline, PipelineConfig};
+    use sluice_dataplane::service::{EndpointSpec, Service, ServiceSpec};
+    use sluice_dataplane::snapshot::{NextHop, PortInfo};
+    let eps = (0..500u16)
+        .map(|id| EndpointSpec {
+            id,
+            incarnation: 1,
+            weight: 1,
+            draining: false,
+            addr: Addr::v4([192, 168, (id >> 8) as u8, id as u8]),
+            port: 1,
+            mac: ep_mac(1, id, 1),
+            delivery: Delivery::L2,
+            counter: u32::from(id),
+        })
+        .collect();
+    let spec = ServiceSpec { name: "many".into(), key: 0, algorithm: Algorithm::Random, flow_table: true, limit: 1024, table_size: 0, endpoints: eps };
+    let routes = [route("udp", 0, Addr::v4(VIP), Some(53), &[proto::UDP]), route("tcp", 0, Addr::v4(VIP), Some(80), &[proto::TCP])];
+    let ports = vec![PortInfo { mac: FRONT_MAC, mtu: 1500, vlan: 0 }, PortInfo { mac: BACK_MAC, mtu: 1500, vlan: 0 }];
+    let snap = Snapshot::new(1, &routes, vec![Arc::new(Service::build(&spec).unwrap())], ports, Some(NextHop { port: 0, mac: GW_MAC }), None);
+    let svc = Arc::clone(&snap.services[0]);
+    let ctr = WorkerCounters::new(1, 500);
+    let mut pl = Pipeline::new(&PipelineConfig::default(), 42);
+    let (mut drawn, mut requested) = (0, 0);
+    // New UDP flows, SYNs of new TCP flows, then the same SYNs again (they
+    // have pins now, and a SYN draws all the same).
+    for round in 0..3u16 {
+        let frames: Vec<Vec<u8>> = (0..32u16)
+            .map(|i| match round {
+                0 => to_vip(2000 + i, 53, proto::UDP),
+                _ => to_vip_flags(3000 + i, 80, proto::TCP, TCP_SYN),
+            })
+            .collect();
+        let mut bufs: Vec<MemBuf> = frames.iter().map(|f| MemBuf::new(f)).collect();
+        let asked = std::cell::RefCell::new(HashSet::new());
+        pl.prefetch_burst(&snap, &ctr, &bufs, |a| {
+            asked.borrow_mut().insert(a as usize);
+        });
+        let asked = asked.into_inner();
+        for (i, b) in bufs.iter_mut().enumerate() {
+            let v = pl.process_ahead(i, &snap, 0, b, 1, &ctr, true);
+            assert!(matches!(v, sluice_dataplane::verdict::Verdict::Forward(1)), "round {round} packet {i}: {v:?}");
+            let mac = dst_mac(b);
+            let ep = svc.endpoints().find(|e| ep_mac(1, e.id, 1) == mac).expect("sent to an endpoint");
+            let record = svc.endpoint_addr(svc.position(ep)) as usize;
+            let counters = std::ptr::from_ref(&ctr.endpoints[ep.counter as usize]) as usize;
+            drawn += 1;
+            requested += usize::from(asked.contains(&record) && asked.contains(&counters));
+        }
+    }
+    assert_eq!(requested, drawn, "every endpoint a draw picked was requested ahead, with its counters");
+}
