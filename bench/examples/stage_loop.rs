@@ -1,7 +1,16 @@
 //! Runs one stage of the pipeline N times over prepared frames, for
 //! `bench/instructions.sh`, which counts instructions with callgrind.
 //!
-//!   STAGE=parse|classify|interval|hash|rewrite|refresh|process|cidr|none N=100000 ROUTES=1|100|10000
+//!   STAGE=parse|classify|interval|hash|rewrite|refresh|process|staged|cidr|none N=100000 ROUTES=1|100|10000
+//!   FLOW_TABLE=1 ALGORITHM=maglev|random SYN=1
+//!
+//! `staged` is what a worker does to a burst of 32 when its tables are
+//! large: the look-ahead stages over the burst
+//! ([`Pipeline::prefetch_burst`]), then each packet processed with what
+//! they learned ([`Pipeline::process_ahead`]); `process` is one packet at a
+//! time. Services keep per-flow state with `FLOW_TABLE=1` (the default
+//! configuration's), use the random algorithm with `ALGORITHM=random`, and
+//! the frames are TCP SYNs with `SYN=1` (ACKs otherwise: established flows).
 //!
 //! `classify` is the lookup the pipeline makes (the port hash first);
 //! `interval` the same lookup by the VIP's hash and the interval search
@@ -13,7 +22,8 @@
 
 use std::hint::black_box;
 
-use sluice_bench::{appliance, frames};
+use sluice_bench::{appliance_with, frames_with_flags};
+use sluice_dataplane::service::Algorithm;
 use sluice_dataplane::addr::{Addr, Cidr};
 use sluice_dataplane::counters::WorkerCounters;
 use sluice_dataplane::hash::flow_hash;
@@ -32,6 +42,7 @@ enum Stage {
     Refresh,
     Rewrite,
     Process,
+    Staged,
     Cidr,
 }
 
@@ -44,6 +55,7 @@ fn main() {
         "refresh" => Stage::Refresh,
         "rewrite" => Stage::Rewrite,
         "process" => Stage::Process,
+        "staged" => Stage::Staged,
         "cidr" => Stage::Cidr,
         _ => Stage::None,
     };
@@ -54,8 +66,10 @@ fn main() {
         r if r <= 100 => (10, r),
         _ => (20, 1000),
     };
-    let a = appliance(routes, per_vip, services, 25);
-    let t = frames(&a, 1024, 7);
+    let flag = |k: &str| std::env::var(k).is_ok_and(|v| v == "1");
+    let algorithm = if std::env::var("ALGORITHM").is_ok_and(|v| v == "random") { Algorithm::Random } else { Algorithm::Maglev };
+    let a = appliance_with(routes, per_vip, services, 25, algorithm, flag("FLOW_TABLE"));
+    let t = frames_with_flags(&a, 1024, 7, if flag("SYN") { 0x02 } else { 0x10 });
     let mut bufs: Vec<MemBuf> = t.iter().map(|f| MemBuf::new(f)).collect();
     let parsed: Vec<Parsed> = t
         .iter()
@@ -102,6 +116,21 @@ fn main() {
             Stage::Process => {
                 bufs[k].reset(&t[k]);
                 black_box(pl.process(&a.snapshot, 0, &mut bufs[k], 1, &ctr));
+            }
+            Stage::Staged => {
+                // A burst of 32 every 32nd packet (1024 frames: bursts never wrap).
+                if k % 32 == 0 {
+                    let burst = &mut bufs[k..k + 32];
+                    for (b, f) in burst.iter_mut().zip(&t[k..k + 32]) {
+                        b.reset(f);
+                    }
+                    pl.prefetch_burst(&a.snapshot, &ctr, burst, |addr| {
+                        black_box(addr);
+                    });
+                    for (j, b) in burst.iter_mut().enumerate() {
+                        black_box(pl.process_ahead(j, &a.snapshot, 0, b, 1, &ctr, true));
+                    }
+                }
             }
             Stage::Cidr => {
                 black_box(black_box(&prefixes[i & 3]).contains(black_box(addrs[(i >> 2) & 3])));

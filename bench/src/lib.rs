@@ -26,8 +26,14 @@ pub fn vip(i: u32) -> [u8; 4] {
 }
 
 /// A service of `n` L2 endpoints, identifiers below `limit`.
-#[allow(clippy::cast_possible_truncation)] // synthetic addresses
 pub fn service(key: u32, n: u16, limit: u32, algorithm: Algorithm) -> Service {
+    service_with(key, n, limit, algorithm, false)
+}
+
+/// [`service`], keeping per-flow state in the worker's flow table when
+/// `flow_table`.
+#[allow(clippy::cast_possible_truncation)] // synthetic addresses
+pub fn service_with(key: u32, n: u16, limit: u32, algorithm: Algorithm, flow_table: bool) -> Service {
     let eps = (0..n)
         .map(|i| EndpointSpec {
             id: i,
@@ -45,7 +51,7 @@ pub fn service(key: u32, n: u16, limit: u32, algorithm: Algorithm) -> Service {
         name: format!("svc-{key}"),
         key,
         algorithm,
-        flow_table: false,
+        flow_table,
         limit,
         table_size: 0,
         endpoints: eps,
@@ -64,11 +70,17 @@ pub struct Appliance {
     pub targets: Vec<([u8; 4], u16)>,
 }
 
-/// Builds an [`Appliance`].
-#[allow(clippy::cast_possible_truncation)] // synthetic ports
+/// Builds an [`Appliance`] of Maglev services without flow state.
 pub fn appliance(routes: u32, ports_per_vip: u32, services: u32, endpoints: u16) -> Appliance {
+    appliance_with(routes, ports_per_vip, services, endpoints, Algorithm::Maglev, false)
+}
+
+/// Builds an [`Appliance`] whose services use `algorithm`, with per-flow
+/// state when `flow_table`.
+#[allow(clippy::cast_possible_truncation)] // synthetic ports
+pub fn appliance_with(routes: u32, ports_per_vip: u32, services: u32, endpoints: u16, algorithm: Algorithm, flow_table: bool) -> Appliance {
     let svcs: Vec<Arc<Service>> =
-        (0..services).map(|k| Arc::new(service(k, endpoints, 32, Algorithm::Maglev))).collect();
+        (0..services).map(|k| Arc::new(service_with(k, endpoints, 32, algorithm, flow_table))).collect();
     let mut specs = Vec::new();
     let mut targets = Vec::new();
     for r in 0..routes {
