@@ -123,14 +123,26 @@ struct Ahead {
     /// signature is pinned to, when the service's table did not name it
     /// (its record requested; its counters a stage later).
     pinned: Option<u16>,
-    /// The draw of the random algorithm it is expected to make (its table
-    /// entry requested), and the position of the endpoint that entry names
-    /// (its record requested; its counters a stage later).
+    /// What it is expected to look its service's table up with, when that
+    /// is known only once its bucket is read: the draw of the random
+    /// algorithm (a SYN, a flow without a pin), or the flow hash for a
+    /// Maglev flow without a pin (its table entry requested in stage 3);
+    /// and the position of the endpoint that entry names (its record
+    /// requested; its counters a stage later).
     draw: Option<u64>,
     drawn: Option<u16>,
 }
 
 impl Ahead {
+    /// Whether the packet looks its Maglev service's table up for certain,
+    /// so that the stages request the entry at once: without flow state, or
+    /// a SYN (which takes the table whatever its pin). A packet of a flow
+    /// with a pin follows the pin and leaves the table alone.
+    #[inline(always)]
+    fn takes_table(&self, svc: &Service) -> bool {
+        svc.algorithm == Algorithm::Maglev && (!svc.flow_table || self.syn)
+    }
+
     fn frame_of(frame: &[u8]) -> (usize, usize) {
         (frame.as_ptr() as usize, frame.len())
     }
@@ -315,16 +327,19 @@ impl Pipeline {
     ///   service; when the port hash is too big for the cache, the slot the
     ///   classification starts at is requested first, and the burst
     ///   classified in a second pass;
-    /// - stage 2 its table entry, flow-table bucket and service counters;
+    /// - stage 2 its flow-table bucket, its service counters and, when it
+    ///   will take its Maglev table for certain (no flow state, or a SYN),
+    ///   its table entry;
     /// - stage 3 the key of the bucket's way with the flow's signature, the
     ///   endpoint its table entry names, and the endpoint that way is pinned
-    ///   to when the table named another; stage 4 the counters of those
-    ///   endpoints;
-    /// - a packet of a random service that is expected to draw (a SYN, a
-    ///   flow without a pin) has the draw it will make worked out ahead,
-    ///   from a copy of the generator: its table entry is requested in
-    ///   stage 3, the endpoint it names in stage 4 and that endpoint's
-    ///   counters in stage 5.
+    ///   to when the table did not name it; stage 4 the counters of those
+    ///   endpoints. A flow with a pin leaves the table alone;
+    /// - a packet that takes its table once its bucket is read (a Maglev
+    ///   flow without a pin; a random service's packet expected to draw: a
+    ///   SYN, a flow without a pin, the draw worked out ahead from a copy of
+    ///   the generator) has its table entry requested in stage 3, the
+    ///   endpoint it names in stage 4 and that endpoint's counters in
+    ///   stage 5.
     ///
     /// Only the common case (a whole datagram to a VIP, not an ICMP error)
     /// is looked at. Reads only: no state, verdict or counter changes.
@@ -369,7 +384,7 @@ impl Pipeline {
         for a in &self.ahead[..pkts.len()] {
             let Some(svc) = snap.services.get(a.service as usize) else { continue };
             if let Some(t) = &svc.table {
-                if svc.algorithm == Algorithm::Maglev {
+                if a.takes_table(svc) {
                     prefetch(t.entry_addr(a.hash));
                 }
             }
@@ -391,10 +406,11 @@ impl Pipeline {
         // where a guess of which packets make one is wrong, a request is
         // wasted, never an outcome changed.
         let mut rng = self.state.rng;
+        let mut late = false; // a table entry requested in stage 3
         for a in &mut self.ahead[..pkts.len()] {
             (a.chosen, a.pinned, a.draw, a.drawn) = (None, None, None, None);
             let Some(svc) = snap.services.get(a.service as usize) else { continue };
-            if svc.algorithm == Algorithm::Maglev {
+            if a.takes_table(svc) {
                 if let Some(t) = &svc.table {
                     // The entry requested a stage ago: the endpoint it names.
                     let at = t.lookup(a.hash);
@@ -420,31 +436,34 @@ impl Pipeline {
                     a.pinned = Some(id);
                 }
             }
-            if svc.algorithm == Algorithm::Random && (a.syn || hint.is_none()) {
+            let draw = match svc.algorithm {
                 // A SYN, or a flow without a pin: it draws.
-                let (next, draw) = random_step(rng);
-                rng = next;
-                if let Some(t) = &svc.table {
-                    prefetch(t.entry_addr(draw));
-                    a.draw = Some(draw);
+                Algorithm::Random if a.syn || hint.is_none() => {
+                    let (next, draw) = random_step(rng);
+                    rng = next;
+                    Some(draw)
                 }
+                // A flow without a pin (not a SYN, whose entry is already
+                // requested): it takes the table.
+                Algorithm::Maglev if !a.syn && hint.is_none() => Some(a.hash),
+                _ => None,
+            };
+            if let (Some(draw), Some(t)) = (draw, &svc.table) {
+                prefetch(t.entry_addr(draw));
+                a.draw = Some(draw);
+                late = true;
             }
         }
         for a in &mut self.ahead[..pkts.len()] {
             // Stage 4: the counters of the endpoints whose records were
-            // requested a stage ago; the endpoint a draw names, its table
-            // entry requested a stage ago.
+            // requested a stage ago; the endpoint a late table entry names (its
+            // entry requested a stage ago).
             let Some(svc) = snap.services.get(a.service as usize) else { continue };
-            let counters = |ep: &Endpoint| {
-                if let Some(ec) = ctr.endpoints.get(ep.counter as usize) {
-                    prefetch(std::ptr::from_ref(ec).cast());
-                }
-            };
             if let Some(ep) = a.chosen.and_then(|at| svc.endpoint_at(at)) {
-                counters(ep);
+                request_counters(ctr, ep, &prefetch);
             }
             if let Some(ep) = a.pinned.and_then(|id| svc.endpoint_at(id).filter(|e| e.id == id)) {
-                counters(ep);
+                request_counters(ctr, ep, &prefetch);
             }
             if let (Some(draw), Some(t)) = (a.draw, &svc.table) {
                 let at = t.lookup(draw);
@@ -452,15 +471,14 @@ impl Pipeline {
                 a.drawn = Some(at);
             }
         }
-        if rng == self.state.rng {
-            return; // nothing drew
+        if !late {
+            return; // no table entry requested in stage 3
         }
         for a in &self.ahead[..pkts.len()] {
-            // Stage 5: the counters of the endpoint a draw names.
+            // Stage 5: the counters of the endpoint a late entry names.
             let Some(at) = a.drawn else { continue };
-            let Some(ep) = snap.services.get(a.service as usize).and_then(|svc| svc.endpoint_at(at)) else { continue };
-            if let Some(ec) = ctr.endpoints.get(ep.counter as usize) {
-                prefetch(std::ptr::from_ref(ec).cast());
+            if let Some(ep) = snap.services.get(a.service as usize).and_then(|svc| svc.endpoint_at(at)) {
+                request_counters(ctr, ep, &prefetch);
             }
         }
     }
@@ -1001,6 +1019,15 @@ fn answered(hs: &Handshakes, p: &Parsed, frame: &[u8]) {
 fn dont_fragment(frame: &[u8], p: &Parsed) -> bool {
     let at = usize::from(p.l3) + v4::FRAG;
     frame.get(at).is_some_and(|b| u16::from(*b) << 8 & v4::DF != 0)
+}
+
+/// Requests (`prefetch`) the counters of endpoint `ep`, which [`count`]
+/// adds to.
+#[inline(always)]
+fn request_counters(ctr: &WorkerCounters, ep: &Endpoint, prefetch: &impl Fn(*const u8)) {
+    if let Some(ec) = ctr.endpoints.get(ep.counter as usize) {
+        prefetch(std::ptr::from_ref(ec).cast());
+    }
 }
 
 #[inline(always)]

@@ -766,15 +766,11 @@ fn a_syn_and_its_endpoints_answer_meet_in_the_handshake_table_across_workers() {
     assert_conserved(&mut back);
 }
 
-/// The look-ahead stages work out the draws the packets of a random
-/// service will make, in their order, without changing the generator: the
-/// endpoint each new flow (a UDP flow without a pin, a SYN) goes to had its
-/// record and counters requested before the packet was processed. With 500
-/// endpoints and 32 packets a burst, a wrong guess of the draws would leave
-/// most chosen endpoints unrequested.
-#[test]
-fn the_look_ahead_stages_request_the_endpoints_random_draws_pick() {
-    use sluice_dataplane::pipeline::{Pipeline, PipelineConfig};
+/// A snapshot of one service of 500 endpoints (`algorithm`, with flow
+/// state) behind a UDP route (port 53) and a TCP route (port 80) of the
+/// VIP, and that service: with 500 endpoints, the records and table
+/// entries packets go to are far apart.
+fn many_endpoints(algorithm: Algorithm) -> (Snapshot, Arc<sluice_dataplane::service::Service>) {
     use sluice_dataplane::service::{EndpointSpec, Service, ServiceSpec};
     use sluice_dataplane::snapshot::{NextHop, PortInfo};
     let eps = (0..500u16)
@@ -790,11 +786,24 @@ fn the_look_ahead_stages_request_the_endpoints_random_draws_pick() {
             counter: u32::from(id),
         })
         .collect();
-    let spec = ServiceSpec { name: "many".into(), key: 0, algorithm: Algorithm::Random, flow_table: true, limit: 1024, table_size: 0, endpoints: eps };
+    let spec = ServiceSpec { name: "many".into(), key: 0, algorithm, flow_table: true, limit: 1024, table_size: 0, endpoints: eps };
     let routes = [route("udp", 0, Addr::v4(VIP), Some(53), &[proto::UDP]), route("tcp", 0, Addr::v4(VIP), Some(80), &[proto::TCP])];
     let ports = vec![PortInfo { mac: FRONT_MAC, mtu: 1500, vlan: 0 }, PortInfo { mac: BACK_MAC, mtu: 1500, vlan: 0 }];
     let snap = Snapshot::new(1, &routes, vec![Arc::new(Service::build(&spec).unwrap())], ports, Some(NextHop { port: 0, mac: GW_MAC }), None);
     let svc = Arc::clone(&snap.services[0]);
+    (snap, svc)
+}
+
+/// The look-ahead stages work out the draws the packets of a random
+/// service will make, in their order, without changing the generator: the
+/// endpoint each new flow (a UDP flow without a pin, a SYN) goes to had its
+/// record and counters requested before the packet was processed. With 500
+/// endpoints and 32 packets a burst, a wrong guess of the draws would leave
+/// most chosen endpoints unrequested.
+#[test]
+fn the_look_ahead_stages_request_the_endpoints_random_draws_pick() {
+    use sluice_dataplane::pipeline::{Pipeline, PipelineConfig};
+    let (snap, svc) = many_endpoints(Algorithm::Random);
     let ctr = WorkerCounters::new(1, 500);
     let mut pl = Pipeline::new(&PipelineConfig::default(), 42);
     let (mut drawn, mut requested) = (0, 0);
@@ -825,4 +834,57 @@ fn the_look_ahead_stages_request_the_endpoints_random_draws_pick() {
         }
     }
     assert_eq!(requested, drawn, "every endpoint a draw picked was requested ahead, with its counters");
+}
+
+/// The look-ahead stages with a Maglev service that keeps flow state: a
+/// new flow (a UDP flow without a pin, a SYN) has the endpoint its table
+/// entry names requested, with its counters; an established flow (the same
+/// flows again, pinned) has its pinned endpoint and counters requested and
+/// not its table entry, which it does not read (a miss of every packet with
+/// large tables otherwise).
+#[test]
+fn the_look_ahead_stages_leave_the_table_of_an_established_flow_alone() {
+    use sluice_dataplane::hash::flow_hash;
+    use sluice_dataplane::parse::{parse_into, Parsed};
+    use sluice_dataplane::pipeline::{Pipeline, PipelineConfig};
+    let (snap, svc) = many_endpoints(Algorithm::Maglev);
+    let table = svc.table.as_ref().expect("a Maglev table");
+    let ctr = WorkerCounters::new(1, 500);
+    let mut pl = Pipeline::new(&PipelineConfig::default(), 42);
+    // Rounds: new UDP flows, new TCP flows (ACKs), SYNs of new TCP flows,
+    // then each again (established; a SYN takes the table all the same).
+    let rounds: [(u16, u16, u8, u8, bool); 6] = [
+        (2000, 53, proto::UDP, TCP_ACK, false),
+        (3000, 80, proto::TCP, TCP_ACK, false),
+        (4000, 80, proto::TCP, TCP_SYN, false),
+        (2000, 53, proto::UDP, TCP_ACK, true),
+        (3000, 80, proto::TCP, TCP_ACK, true),
+        (4000, 80, proto::TCP, TCP_SYN, false),
+    ];
+    for (round, &(first, dport, protocol, flags, established)) in rounds.iter().enumerate() {
+        let frames: Vec<Vec<u8>> = (0..32u16).map(|i| to_vip_flags(first + i, dport, protocol, flags)).collect();
+        let mut bufs: Vec<MemBuf> = frames.iter().map(|f| MemBuf::new(f)).collect();
+        let asked = std::cell::RefCell::new(HashSet::new());
+        pl.prefetch_burst(&snap, &ctr, &bufs, |a| {
+            asked.borrow_mut().insert(a as usize);
+        });
+        let asked = asked.into_inner();
+        let (mut sent, mut requested, mut entries) = (0, 0, 0);
+        for (i, b) in bufs.iter_mut().enumerate() {
+            let mut p = Parsed::default();
+            parse_into(&frames[i], &mut p).expect("the frame parses");
+            entries += usize::from(asked.contains(&(table.entry_addr(flow_hash(&p.flow)) as usize)));
+            let v = pl.process_ahead(i, &snap, 0, b, 1, &ctr, true);
+            assert!(matches!(v, sluice_dataplane::verdict::Verdict::Forward(1)), "round {round} packet {i}: {v:?}");
+            let mac = dst_mac(b);
+            let ep = svc.endpoints().find(|e| ep_mac(1, e.id, 1) == mac).expect("sent to an endpoint");
+            let record = svc.endpoint_addr(svc.position(ep)) as usize;
+            let counters = std::ptr::from_ref(&ctr.endpoints[ep.counter as usize]) as usize;
+            sent += 1;
+            requested += usize::from(asked.contains(&record) && asked.contains(&counters));
+        }
+        assert_eq!(requested, sent, "round {round}: every endpoint a packet went to was requested ahead, with its counters");
+        let want = if established { 0 } else { sent };
+        assert_eq!(entries, want, "round {round}: table entries requested (established: {established})");
+    }
 }
