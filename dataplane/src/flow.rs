@@ -534,7 +534,7 @@ impl FlowTable {
     /// Gives `key` the pin `pin` at `slot` (found by [`FlowTable::probe`]
     /// for this key, with nothing changed since), with the deadline of its
     /// state from `now`.
-    #[inline]
+    #[inline(always)]
     #[allow(clippy::cast_possible_truncation)] // seconds modulo 2^16
     pub fn set(&mut self, slot: Slot, key: &FlowKey, pin: FlowPin, now: u32) {
         let deadline = (now as u16).wrapping_add(self.timeouts.of(pin.state()));
