@@ -10,7 +10,10 @@ the harness checks against the MAC `sluice run` logs.
 Shape of a case, as the criterion bench `pipeline` (bench/src/lib.rs):
 `routes` TCP routes over routes/per_vip VIPs, each VIP with routes on
 `per_vip` destination ports, spread round robin over `services` services of
-`endpoints` endpoints each; `flows` distinct 5-tuples cycle over the routes.
+`endpoints` endpoints each; `flows` distinct 5-tuples cycle over the routes,
+TCP SYNs (new connections: with per-flow state, every packet takes the
+service's choice again) or, with `--tcp ack`, ACKs (established connections:
+the pcap replays, so from its second pass on each flow follows its pin).
 
     gen_pipeline_case.py --routes 10000 --per-vip 20 --services 1000 \
         --endpoints 25 --flows 100000 --family 4 --algorithm maglev \
@@ -54,8 +57,11 @@ def client(k: int, family: int) -> bytes:
     return ipaddress.IPv6Address((0xFD00_0030 << 96) | k).packed
 
 
-def tcp_syn(src: bytes, dst: bytes, sport: int, dport: int, family: int) -> bytes:
-    tcp = struct.pack("!HHIIBBHHH", sport, dport, 1, 0, 5 << 4, 0x02, 65535, 0, 0)
+TCP_FLAGS = {"syn": 0x02, "ack": 0x10}
+
+
+def tcp_frame(src: bytes, dst: bytes, sport: int, dport: int, family: int, flags: int) -> bytes:
+    tcp = struct.pack("!HHIIBBHHH", sport, dport, 1, 1 if flags & 0x10 else 0, 5 << 4, flags, 65535, 0, 0)
     if family == 4:
         pseudo = src + dst + struct.pack("!BBH", 0, 6, len(tcp))
     else:
@@ -89,6 +95,9 @@ def main() -> None:
     a.add_argument("--extra", default="", help="more keys under dpdk: (YAML flow mapping body)")
     a.add_argument("--worker", default="", help="a worker: mapping (YAML flow mapping body)")
     a.add_argument("--stateless", action="store_true", help="defaults.flowTable: false (no per-flow state)")
+    a.add_argument("--tcp", choices=sorted(TCP_FLAGS), default="syn",
+                   help="the frames' TCP flags: syn (every packet opens a connection) or ack (established "
+                        "connections: after the pcap's first pass each flow follows its pin)")
     o = a.parse_args()
     fam = o.family
     nvips = max(1, o.routes // o.per_vip)
@@ -150,7 +159,7 @@ def main() -> None:
             r = k % o.routes
             v, p = divmod(r, o.per_vip)
             dst = ipaddress.ip_address(vip(v % nvips, fam)).packed
-            fr = tcp_syn(client(k + 1, fam), dst, 1024 + k % 60000, FIRST_PORT + p, fam)
+            fr = tcp_frame(client(k + 1, fam), dst, 1024 + k % 60000, FIRST_PORT + p, fam, TCP_FLAGS[o.tcp])
             f.write(struct.pack("<IIII", 0, 0, len(fr), len(fr)) + fr)
     print(o.flows)
 

@@ -13,7 +13,12 @@
 # ports, 100 services); 10,000 routes (500 VIPs x 20 ports) over 1,000
 # services x 25 endpoints with 100,000 flows (r10000) or 1,000,000 flows
 # (r10000x1m, not in the default set: its pcap takes a minute to make and
-# 3.3 GB of mbufs); each IPv4 and IPv6, maglev and random. Prints Mpps (per
+# 3.3 GB of mbufs); each IPv4 and IPv6, maglev and random. The frames are
+# TCP SYNs: with per-flow state (the default) each packet is a new
+# connection, taking the service's choice again. A case name ending in -ack
+# (e.g. r10000-v4-random-ack, not in the default set) sends ACKs instead:
+# established connections, each following its pin once the pcap has been
+# through once. Prints Mpps (per
 # core with one worker) and the ratio sluice/testpmd (of the medians)
 # for each, and writes them as JSON under bench/results/.
 #
@@ -26,6 +31,7 @@
 #   bench/pipeline_vs_testpmd.sh                  # every case, 3 rounds of 4 s
 #   ROUNDS=5 SECS=10 bench/pipeline_vs_testpmd.sh
 #   CASES="r1-v4-maglev r10000-v6-random" bench/pipeline_vs_testpmd.sh
+#   CASES="r10000-v4-maglev-ack r10000-v4-random-ack" bench/pipeline_vs_testpmd.sh
 #   SMOKE=1 bench/pipeline_vs_testpmd.sh          # CI: two small cases, 1 s,
 #                                                 # checks that both forward, never the rates
 #   SLUICE_BASE=/tmp/sluice-before bench/pipeline_vs_testpmd.sh
@@ -80,15 +86,16 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 
 # case name -> generator arguments
 case_args() {
-  local r fam alg
-  IFS=- read -r r fam alg <<<"$1"
+  local r fam alg tcp
+  IFS=- read -r r fam alg tcp <<<"$1"
+  case "${tcp:-syn}" in syn | ack) ;; *) echo "unknown case $1 (the last part is syn or ack)" >&2; return 1 ;; esac
   case "$r" in
     r1) echo "--routes 1 --per-vip 1 --services 1 --flows 4096" ;;
     r100) echo "--routes 100 --per-vip 10 --services 100 --flows 4096" ;;
     r10000) echo "--routes 10000 --per-vip 20 --services 1000 --flows 100000" ;;
     r10000x1m) echo "--routes 10000 --per-vip 20 --services 1000 --flows 1000000" ;;
     *) echo "unknown case $1" >&2; return 1 ;;
-  esac | sed "s/\$/ --endpoints 25 --family ${fam#v} --algorithm $alg/"
+  esac | sed "s/\$/ --endpoints 25 --family ${fam#v} --algorithm $alg --tcp ${tcp:-syn}/"
 }
 
 # The EAL arguments sluice derives from a configuration, for testpmd.
