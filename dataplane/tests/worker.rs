@@ -794,6 +794,40 @@ fn many_endpoints(algorithm: Algorithm) -> (Snapshot, Arc<sluice_dataplane::serv
     (snap, svc)
 }
 
+/// The addresses the look-ahead stages request for the burst `bufs`.
+fn requests_of(pl: &mut sluice_dataplane::pipeline::Pipeline, snap: &Snapshot, ctr: &WorkerCounters, bufs: &[MemBuf]) -> HashSet<usize> {
+    let asked = std::cell::RefCell::new(HashSet::new());
+    pl.prefetch_burst(snap, ctr, bufs, |a| {
+        asked.borrow_mut().insert(a as usize);
+    });
+    asked.into_inner()
+}
+
+/// Processes the burst `bufs` after its look-ahead stages (each packet
+/// must go to an endpoint of `svc`): how many went to an endpoint whose
+/// record and counters were among the requests `asked`.
+fn process_requested(
+    pl: &mut sluice_dataplane::pipeline::Pipeline,
+    snap: &Snapshot,
+    svc: &sluice_dataplane::service::Service,
+    ctr: &WorkerCounters,
+    bufs: &mut [MemBuf],
+    asked: &HashSet<usize>,
+    round: usize,
+) -> usize {
+    let mut requested = 0;
+    for (i, b) in bufs.iter_mut().enumerate() {
+        let v = pl.process_ahead(i, snap, 0, b, 1, ctr, true);
+        assert!(matches!(v, sluice_dataplane::verdict::Verdict::Forward(1)), "round {round} packet {i}: {v:?}");
+        let mac = dst_mac(b);
+        let ep = svc.endpoints().find(|e| ep_mac(1, e.id, 1) == mac).expect("sent to an endpoint");
+        let record = svc.endpoint_addr(svc.position(ep)) as usize;
+        let counters = std::ptr::from_ref(&ctr.endpoints[ep.counter as usize]) as usize;
+        requested += usize::from(asked.contains(&record) && asked.contains(&counters));
+    }
+    requested
+}
+
 /// The look-ahead stages work out the draws the packets of a random
 /// service will make, in their order, without changing the generator: the
 /// endpoint each new flow (a UDP flow without a pin, a SYN) goes to had its
@@ -817,21 +851,9 @@ fn the_look_ahead_stages_request_the_endpoints_random_draws_pick() {
             })
             .collect();
         let mut bufs: Vec<MemBuf> = frames.iter().map(|f| MemBuf::new(f)).collect();
-        let asked = std::cell::RefCell::new(HashSet::new());
-        pl.prefetch_burst(&snap, &ctr, &bufs, |a| {
-            asked.borrow_mut().insert(a as usize);
-        });
-        let asked = asked.into_inner();
-        for (i, b) in bufs.iter_mut().enumerate() {
-            let v = pl.process_ahead(i, &snap, 0, b, 1, &ctr, true);
-            assert!(matches!(v, sluice_dataplane::verdict::Verdict::Forward(1)), "round {round} packet {i}: {v:?}");
-            let mac = dst_mac(b);
-            let ep = svc.endpoints().find(|e| ep_mac(1, e.id, 1) == mac).expect("sent to an endpoint");
-            let record = svc.endpoint_addr(svc.position(ep)) as usize;
-            let counters = std::ptr::from_ref(&ctr.endpoints[ep.counter as usize]) as usize;
-            drawn += 1;
-            requested += usize::from(asked.contains(&record) && asked.contains(&counters));
-        }
+        let asked = requests_of(&mut pl, &snap, &ctr, &bufs);
+        drawn += bufs.len();
+        requested += process_requested(&mut pl, &snap, &svc, &ctr, &mut bufs, &asked, usize::from(round));
     }
     assert_eq!(requested, drawn, "every endpoint a draw picked was requested ahead, with its counters");
 }
@@ -864,25 +886,17 @@ fn the_look_ahead_stages_leave_the_table_of_an_established_flow_alone() {
     for (round, &(first, dport, protocol, flags, established)) in rounds.iter().enumerate() {
         let frames: Vec<Vec<u8>> = (0..32u16).map(|i| to_vip_flags(first + i, dport, protocol, flags)).collect();
         let mut bufs: Vec<MemBuf> = frames.iter().map(|f| MemBuf::new(f)).collect();
-        let asked = std::cell::RefCell::new(HashSet::new());
-        pl.prefetch_burst(&snap, &ctr, &bufs, |a| {
-            asked.borrow_mut().insert(a as usize);
-        });
-        let asked = asked.into_inner();
-        let (mut sent, mut requested, mut entries) = (0, 0, 0);
-        for (i, b) in bufs.iter_mut().enumerate() {
-            let mut p = Parsed::default();
-            parse_into(&frames[i], &mut p).expect("the frame parses");
-            entries += usize::from(asked.contains(&(table.entry_addr(flow_hash(&p.flow)) as usize)));
-            let v = pl.process_ahead(i, &snap, 0, b, 1, &ctr, true);
-            assert!(matches!(v, sluice_dataplane::verdict::Verdict::Forward(1)), "round {round} packet {i}: {v:?}");
-            let mac = dst_mac(b);
-            let ep = svc.endpoints().find(|e| ep_mac(1, e.id, 1) == mac).expect("sent to an endpoint");
-            let record = svc.endpoint_addr(svc.position(ep)) as usize;
-            let counters = std::ptr::from_ref(&ctr.endpoints[ep.counter as usize]) as usize;
-            sent += 1;
-            requested += usize::from(asked.contains(&record) && asked.contains(&counters));
-        }
+        let asked = requests_of(&mut pl, &snap, &ctr, &bufs);
+        let entries = frames
+            .iter()
+            .filter(|f| {
+                let mut p = Parsed::default();
+                parse_into(f, &mut p).expect("the frame parses");
+                asked.contains(&(table.entry_addr(flow_hash(&p.flow)) as usize))
+            })
+            .count();
+        let sent = bufs.len();
+        let requested = process_requested(&mut pl, &snap, &svc, &ctr, &mut bufs, &asked, round);
         assert_eq!(requested, sent, "round {round}: every endpoint a packet went to was requested ahead, with its counters");
         let want = if established { 0 } else { sent };
         assert_eq!(entries, want, "round {round}: table entries requested (established: {established})");
